@@ -1,0 +1,3 @@
+from ckptbench.cli import main
+
+main()

@@ -1,0 +1,183 @@
+"""The ckptbench command line: parse, call one core function, render, map errors to exit codes."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from ckptbench import __version__
+from ckptbench.errors import EXIT_BAD_INPUT, CkptbenchError
+
+app = typer.Typer(
+    name="ckptbench",
+    help="Measure what activation checkpointing costs and saves when training LLaMA-class models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+# Tables go to stdout; when it is a pipe or a file, do not squeeze them into 80 columns.
+out = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, highlight=False)
+
+
+def fail(exc: CkptbenchError) -> typer.Exit:
+    """Print one red line to stderr and turn the error into its exit code."""
+    err.print(f"[red]error:[/red] {exc}", soft_wrap=True, markup=True)
+    return typer.Exit(exc.exit_code)
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"ckptbench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Measure what activation checkpointing costs and saves when training LLaMA-class models."""
+
+
+ConfigArg = Annotated[Path, typer.Argument(help="Sweep config (YAML), e.g. configs/llama7b.yaml.")]
+
+
+def _sigterm_as_interrupt(*_: Any) -> None:
+    raise KeyboardInterrupt
+
+
+@app.command()
+def sweep(
+    config: ConfigArg,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Run directory (default results/<name>-<timestamp>).")
+    ] = None,
+    results_root: Annotated[Path, typer.Option("--results", help="Folder for new run directories.")] = Path(
+        "results"
+    ),
+) -> None:
+    """Run a sweep: real training steps for every point of CONFIG; writes run.json and points.jsonl."""
+    from ckptbench.config import load_config
+    from ckptbench.report import run_header, summary_table, write_summaries
+    from ckptbench.results import load_run
+    from ckptbench.sweep import run_sweep
+
+    try:
+        cfg = load_config(config)
+        progress = _SweepProgress(len(cfg.points_list()))
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+        with progress:
+            outcome = run_sweep(cfg, out=out_dir, results_root=results_root, on_progress=progress.update)
+    except CkptbenchError as exc:
+        raise fail(exc) from None
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted:[/yellow] finished points are on disk; the run is marked interrupted")
+        raise typer.Exit(130) from None
+    run = load_run(outcome.run_dir)
+    write_summaries(run)
+    err.print(run_header(run))
+    out.print(summary_table(run))
+    err.print(f"results: {outcome.run_dir}")
+
+
+class _SweepProgress:
+    """A rich progress bar over points on stderr, with a line per finished point."""
+
+    def __init__(self, total: int) -> None:
+        self.progress = Progress(
+            TextColumn("[bold]sweep"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            TextColumn("{task.description}"),
+            console=err,
+            transient=False,
+        )
+        self.task = self.progress.add_task("", total=total)
+
+    def __enter__(self) -> _SweepProgress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)
+
+    def update(self, event: Any) -> None:
+        from ckptbench.results import point_stats
+
+        p = event.point
+        label = f"{p.layout} b={p.batch_size} s={p.seq_len} {p.precision}"
+        if event.record is None:
+            self.progress.update(self.task, description=label)
+            return
+        rec = event.record
+        stats = point_stats(rec)
+        if rec["status"] == "ok":
+            detail = (
+                f"peak {rec['peak_allocated_bytes'] / 2**30:.2f} GiB, "
+                f"{stats['median_step_time_s'] * 1e3:.1f} ms/step, {stats['tokens_per_s']:,.0f} tok/s"
+            )
+        else:
+            detail = f"{rec['status']}: {rec.get('reason') or ''}"
+        self.progress.console.print(f"  {label}: {detail}", markup=False)
+        self.progress.advance(self.task)
+
+
+@app.command()
+def layouts(config: ConfigArg) -> None:
+    """Print exactly which decoder layers (and sub-modules) each layout of CONFIG checkpoints."""
+    from ckptbench.config import load_config
+    from ckptbench.layouts import parse_layout
+    from ckptbench.report import rich_table
+
+    try:
+        cfg = load_config(config)
+    except CkptbenchError as exc:
+        raise fail(exc) from None
+    n = cfg.model.num_layers
+    names = list(dict.fromkeys([*cfg.sweep.layout, *(p.layout for p in cfg.points if p.layout)]))
+    rows = []
+    for name in names:
+        plan = parse_layout(name, n)
+        wraps = "decoder layer" if plan.granularity == "block" else ", ".join(plan.submodules)
+        rows.append(
+            {
+                "layout": name,
+                "layers (0-based)": plan.describe_layers(),
+                "count": f"{len(plan.layers)}/{n}",
+                "wraps": wraps if plan.layers else "-",
+                "modules": _modules_text(plan.targets),
+            }
+        )
+    columns = ["layout", "layers (0-based)", "count", "wraps", "modules"]
+    out.print(rich_table(rows, columns, title=f"{cfg.model.name}: {n} decoder layers"))
+
+
+def _modules_text(targets: tuple[str, ...]) -> str:
+    if not targets:
+        return "-"
+    shown = [f"model.layers.{t}" for t in targets[:3]]
+    more = f" (+{len(targets) - 3} more)" if len(targets) > 3 else ""
+    return ", ".join(shown) + more
+
+
+def main() -> None:
+    """Entry point for ``python -m ckptbench``."""
+    try:
+        app()
+    except CkptbenchError as exc:  # safety net: commands convert their own errors
+        err.print(f"[red]error:[/red] {exc}")
+        sys.exit(exc.exit_code)
+
+
+__all__ = ["EXIT_BAD_INPUT", "app", "main"]

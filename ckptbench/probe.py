@@ -1,0 +1,176 @@
+"""Memory and time measurement behind one interface: CUDA allocator stats, or a CPU live-tensor tracker."""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+class Probe(Protocol):
+    """What the runner needs to measure a point, whatever the device."""
+
+    kind: str
+
+    def sync(self) -> None: ...
+    def now(self) -> float: ...
+    def allocated(self) -> int: ...
+    def reset_peak(self) -> None: ...
+    def peak_allocated(self) -> int: ...
+    def peak_reserved(self) -> int: ...
+    def counters(self) -> dict[str, int]: ...
+    def release(self) -> None: ...
+    def adopt(self, tensors: Iterable[Any]) -> None: ...
+
+
+class CudaProbe:
+    """torch.cuda memory statistics and synchronized wall-clock time."""
+
+    kind = "cuda"
+
+    def __init__(self, device: torch.device, *, cap_bytes: int | None = None) -> None:
+        self.device = device
+        if cap_bytes is not None:
+            total = torch.cuda.get_device_properties(device).total_memory
+            # The caching allocator refuses to reserve more than this fraction: a smaller card.
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total), device)
+
+    def sync(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak_allocated(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device)
+
+    def peak_reserved(self) -> int:
+        return torch.cuda.max_memory_reserved(self.device)
+
+    def counters(self) -> dict[str, int]:
+        stats = torch.cuda.memory_stats(self.device)
+        return {"num_alloc_retries": int(stats.get("num_alloc_retries", 0)), "num_ooms": int(stats.get("num_ooms", 0))}
+
+    def release(self) -> None:
+        torch.cuda.empty_cache()
+
+    def adopt(self, tensors: Iterable[Any]) -> None:
+        """Nothing to do: the CUDA allocator already counts every tensor."""
+
+
+class LiveTensorTracker(TorchDispatchMode):
+    """Counts the bytes of live tensor storages created by every dispatched op (and registered ones).
+
+    Each storage is counted once (views share it) and uncounted when it is freed, so the
+    running total is the memory a caching-free allocator would hold. An optional cap makes
+    an allocation past it raise ``torch.OutOfMemoryError``, like a small card would.
+    """
+
+    def __init__(self, *, cap_bytes: int | None = None) -> None:
+        super().__init__()
+        self.cap_bytes = cap_bytes
+        self.live = 0
+        self.peak = 0
+        self.num_ooms = 0
+        self._sizes: dict[int, int] = {}
+
+    def track(self, tensors: Iterable[Any]) -> None:
+        """Count tensors created before tracking began (parameters, optimizer state)."""
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self._add(t)
+        self.peak = max(self.peak, self.live)
+
+    def _add(self, t: torch.Tensor) -> None:
+        if t.device.type == "meta" or t.is_sparse:
+            return
+        storage = t.untyped_storage()
+        sid = id(storage)
+        if sid in self._sizes:
+            return
+        nbytes = storage.nbytes()
+        self._sizes[sid] = nbytes
+        self.live += nbytes
+        weakref.finalize(storage, self._free, sid)
+
+    def _free(self, sid: int) -> None:
+        self.live -= self._sizes.pop(sid, 0)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        before = self.live
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self._add(t)
+        if self.cap_bytes is not None and self.live > self.cap_bytes:
+            self.num_ooms += 1
+            grew = self.live - before
+            del out
+            raise torch.OutOfMemoryError(
+                f"CPU tracker: tried to allocate {grew / 2**20:.2f} MiB in {func} "
+                f"with {before / 2**20:.2f} MiB live; the cap is {self.cap_bytes / 2**20:.2f} MiB"
+            )
+        self.peak = max(self.peak, self.live)
+        return out
+
+
+class TrackerProbe:
+    """CPU probe: a live-tensor tracker stands in for the CUDA allocator (reserved equals allocated)."""
+
+    kind = "cpu-tracker"
+
+    def __init__(self, *, cap_bytes: int | None = None) -> None:
+        self.tracker = LiveTensorTracker(cap_bytes=cap_bytes)
+
+    def sync(self) -> None:
+        pass
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def allocated(self) -> int:
+        return self.tracker.live
+
+    def reset_peak(self) -> None:
+        self.tracker.peak = self.tracker.live
+
+    def peak_allocated(self) -> int:
+        return self.tracker.peak
+
+    def peak_reserved(self) -> int:
+        return self.tracker.peak
+
+    def counters(self) -> dict[str, int]:
+        return {"num_alloc_retries": 0, "num_ooms": self.tracker.num_ooms}
+
+    def release(self) -> None:
+        pass
+
+    def adopt(self, tensors: Iterable[Any]) -> None:
+        """Count tensors created outside the tracker (the model's parameters and buffers, the batch)."""
+        self.tracker.track(tensors)
+
+
+def tensor_bytes(tensors: Iterable[Any]) -> int:
+    """Bytes of the distinct storages among ``tensors`` (views and repeats counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            storage = t.untyped_storage()
+            key = storage.data_ptr() if storage.data_ptr() else id(storage)
+            if key not in seen:
+                seen.add(key)
+                total += storage.nbytes()
+    return total

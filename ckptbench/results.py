@@ -1,0 +1,232 @@
+"""On-disk schema of a run (run.json + points.jsonl), append/load, and the DataFrame view."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckptbench.errors import ResultsError
+
+SCHEMA_VERSION = 1
+RUN_FILE = "run.json"
+POINTS_FILE = "points.jsonl"
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON through a temporary file and a rename, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, sort_keys=True, indent=2)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write text through a temporary file and a rename."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def create_run_dir(base: Path, name: str, stamp: str) -> Path:
+    """A new run directory under ``base``; never reuses one (exclusive mkdir, suffix on collision)."""
+    base.mkdir(parents=True, exist_ok=True)
+    for n in range(1000):
+        candidate = base / (f"{name}-{stamp}" if n == 0 else f"{name}-{stamp}-{n}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise ResultsError(f"{base}: could not create a new run directory for {name!r}")
+
+
+class RunWriter:
+    """Appends one JSON line per finished point, flushed and synced as it finishes."""
+
+    def __init__(self, run_dir: Path, meta: dict[str, Any]) -> None:
+        self.run_dir = run_dir
+        self.meta = {"schema_version": SCHEMA_VERSION, **meta}
+        write_json_atomic(run_dir / RUN_FILE, self.meta)
+
+    def append(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, sort_keys=True)
+        with open(self.run_dir / POINTS_FILE, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def set_status(self, status: str, **extra: Any) -> None:
+        """Mark the run complete / interrupted / failed in run.json (atomically)."""
+        self.meta.update(status=status, **extra)
+        write_json_atomic(self.run_dir / RUN_FILE, self.meta)
+
+
+@dataclass
+class Run:
+    """A loaded run: its metadata, raw point records and any load warnings."""
+
+    path: Path
+    meta: dict[str, Any]
+    points: list[dict[str, Any]]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.meta.get("config", {})
+
+    @property
+    def environment(self) -> dict[str, Any]:
+        return self.meta.get("environment", {})
+
+
+def resolve_run_path(ref: str | Path, *, results_root: Path = Path("results")) -> Path:
+    """A run directory given as a path or as a run name under ``results/``."""
+    p = Path(ref)
+    for candidate in (p, results_root / p):
+        if (candidate / RUN_FILE).is_file():
+            return candidate
+    if p.is_dir() or (results_root / p).is_dir():
+        raise ResultsError(f"{ref}: not a ckptbench run (no {RUN_FILE} inside)")
+    raise ResultsError(f"{ref}: no such run directory (looked at {p} and {results_root / p})")
+
+
+def load_run(ref: str | Path, *, results_root: Path = Path("results")) -> Run:
+    """Read run.json and points.jsonl; tolerate a truncated last line with a warning."""
+    path = resolve_run_path(ref, results_root=results_root)
+    try:
+        meta = json.loads((path / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ResultsError(f"{path / RUN_FILE}: unreadable ({exc.__class__.__name__}: {exc})") from None
+    if not isinstance(meta, dict):
+        raise ResultsError(f"{path / RUN_FILE}: not a JSON object")
+    version = meta.get("schema_version")
+    if version != SCHEMA_VERSION:
+        newer = isinstance(version, int) and version > SCHEMA_VERSION
+        which = "a newer" if newer else "an older"
+        raise ResultsError(
+            f"{path}: written by {which} ckptbench (schema {version!r}, this one reads {SCHEMA_VERSION}); "
+            f"use ckptbench {meta.get('ckptbench_version', '?')} to read it"
+        )
+    run = Run(path=path, meta=meta, points=[])
+    _read_points(run)
+    return run
+
+
+def _read_points(run: Run) -> None:
+    pfile = run.path / POINTS_FILE
+    if not pfile.exists():
+        return
+    try:
+        lines = pfile.read_text(encoding="utf-8").split("\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"{pfile}: unreadable ({exc.__class__.__name__})") from None
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or "key" not in record:
+                raise ValueError("not a point record")
+        except ValueError:
+            if i == last:
+                msg = f"{pfile}: ignored a truncated last line (line {i + 1}; the run was cut off mid-write)"
+                run.warnings.append(msg)
+                warnings.warn(msg, stacklevel=2)
+                continue
+            raise ResultsError(f"{pfile}: line {i + 1} is not a valid point record") from None
+        run.points.append(record)
+
+
+# ---------------------------------------------------------------- derived statistics (computed on read)
+
+KEY_FIELDS = ("model", "layout", "batch_size", "seq_len", "precision", "optimizer")
+
+
+def point_stats(rec: dict[str, Any]) -> dict[str, Any]:
+    """Derived statistics of one point record: median/spread of time, tokens/s, MFU/HFU, activation bytes."""
+    times = rec.get("step_times_s") or []
+    out: dict[str, Any] = {
+        "median_step_time_s": None,
+        "min_step_time_s": None,
+        "max_step_time_s": None,
+        "step_time_iqr_s": None,
+        "tokens_per_s": None,
+        "mfu": None,
+        "hfu": None,
+        "activation_bytes": None,
+    }
+    if times:
+        med = statistics.median(times)
+        q = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else [med, med, med]
+        tokens = rec.get("tokens_per_step") or 0
+        out.update(
+            median_step_time_s=med,
+            min_step_time_s=min(times),
+            max_step_time_s=max(times),
+            step_time_iqr_s=q[2] - q[0],
+            tokens_per_s=tokens / med if med > 0 else None,
+        )
+        peak = rec.get("peak_tflops")
+        if peak and med > 0:
+            out["mfu"] = rec.get("model_flops_per_step", 0) / med / (peak * 1e12)
+            out["hfu"] = rec.get("hardware_flops_per_step", 0) / med / (peak * 1e12)
+    mem = rec.get("memory") or {}
+    peak_alloc = rec.get("peak_allocated_bytes")
+    if peak_alloc is not None and mem:
+        static = mem.get("params_bytes", 0) + mem.get("grads_bytes", 0) + mem.get("optimizer_state_bytes", 0)
+        out["activation_bytes"] = max(0, peak_alloc - static)
+    return out
+
+
+def to_frame(run: Run) -> Any:
+    """One row per point: key fields, status, memory, derived statistics (pandas DataFrame)."""
+    import pandas as pd
+
+    rows = []
+    for rec in run.points:
+        key = rec.get("key", {})
+        mem = rec.get("memory") or {}
+        row = {f: key.get(f) for f in KEY_FIELDS}
+        row.update({k: v for k, v in key.items() if k not in row})
+        row.update(
+            status=rec.get("status"),
+            reason=rec.get("reason"),
+            layers_checkpointed=rec.get("layers_checkpointed"),
+            num_checkpointed=rec.get("num_checkpointed"),
+            peak_allocated_bytes=rec.get("peak_allocated_bytes"),
+            peak_reserved_bytes=rec.get("peak_reserved_bytes"),
+            params_bytes=mem.get("params_bytes"),
+            grads_bytes=mem.get("grads_bytes"),
+            optimizer_state_bytes=mem.get("optimizer_state_bytes"),
+            leaked=mem.get("leaked"),
+            num_alloc_retries=rec.get("num_alloc_retries"),
+            loss_match=(rec.get("loss_check") or {}).get("match"),
+            predicted_peak_allocated_bytes=rec.get("predicted_peak_allocated_bytes"),
+        )
+        row.update(point_stats(rec))
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,275 @@
+"""Execute points: build/reuse the model, warm up, measure, handle OOM and leaks, report progress."""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ckptbench.config import Point, SweepConfig
+from ckptbench.errors import EnvironmentError_
+from ckptbench.flops import ModelShape, peak_tflops_for, step_flops
+from ckptbench.layouts import LayoutPlan, parse_layout
+from ckptbench.model import applied, build_model, layer_param_counts, llama_config, reset_weights
+from ckptbench.probe import CudaProbe, Probe, TrackerProbe, tensor_bytes
+from ckptbench.step import Trainer, make_batch, make_optimizer, param_dtype
+
+LEAK_TOLERANCE_BYTES = 1 << 20  # 1 MiB: allocator bookkeeping and tiny caches stay below it
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A progress event: a point started (record is None) or finished."""
+
+    index: int
+    total: int
+    point: Point
+    record: dict[str, Any] | None = None
+
+
+def resolve_device(cfg: SweepConfig) -> torch.device:
+    """'auto' picks CUDA when present; asking for CUDA without a GPU is a clear error."""
+    if cfg.device == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if cfg.device == "cuda":
+        raise EnvironmentError_(
+            "device: cuda was requested but no CUDA GPU is visible; run `ckptbench estimate` "
+            "for a prediction, or use a CPU config such as configs/tiny.yaml"
+        )
+    return torch.device("cpu")
+
+
+def make_probe(cfg: SweepConfig, device: torch.device) -> Probe:
+    cap = int(cfg.memory_cap_gib * 2**30) if cfg.memory_cap_gib else None
+    return CudaProbe(device, cap_bytes=cap) if device.type == "cuda" else TrackerProbe(cap_bytes=cap)
+
+
+@dataclass
+class _ModelSlot:
+    """The one live model; rebuilt only when the precision (parameter dtype) changes."""
+
+    precision: str | None = None
+    model: Any = None
+    build_s: float | None = None
+
+
+@dataclass
+class Runner:
+    """Runs a list of points on one device, one model at a time, and yields a record per point."""
+
+    cfg: SweepConfig
+    device: torch.device
+    probe: Probe
+    gpu_name: str | None = None
+    _slot: _ModelSlot = field(default_factory=_ModelSlot)
+    _reference: dict[tuple[str, int, int], list[float]] = field(default_factory=dict)
+    _oom_at: dict[tuple[str, str, int], int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.llama = llama_config(self.cfg.model)
+        counts = layer_param_counts(self.llama)
+        self.shape = ModelShape(
+            num_layers=self.llama.num_hidden_layers,
+            hidden_size=self.llama.hidden_size,
+            attn_params=counts["attn"],
+            mlp_params=counts["mlp"],
+            layer_params=counts["layer"],
+            lm_head_params=counts["lm_head"],
+        )
+        self.peak_tflops = self.cfg.peak_tflops or peak_tflops_for(self.gpu_name)
+
+    def run(self, points: list[Point], on_record: Callable[[Progress], None]) -> None:
+        """Measure every point in order, reporting each start and finish."""
+        try:
+            for i, point in enumerate(points):
+                on_record(Progress(i, len(points), point))
+                on_record(Progress(i, len(points), point, self.run_point(point)))
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Free the model and return cached device memory."""
+        self._slot = _ModelSlot()
+        gc.collect()
+        self.probe.release()
+
+    def run_point(self, point: Point) -> dict[str, Any]:
+        plan = parse_layout(point.layout, self.shape.num_layers)
+        base = self._base_record(point, plan)
+        skip_from = self._oom_at.get((point.precision, point.layout, point.seq_len))
+        if self.cfg.skip_after_oom and skip_from is not None and point.batch_size > skip_from:
+            return {**base, "status": "skipped", "reason": f"batch {skip_from} already ran out of memory"}
+        started = time.perf_counter()
+        record = self._measure_safely(point, plan, base)
+        record["wall_s"] = time.perf_counter() - started
+        if record["status"] == "oom":
+            self._oom_at[(point.precision, point.layout, point.seq_len)] = point.batch_size
+        return record
+
+    def _base_record(self, point: Point, plan: LayoutPlan) -> dict[str, Any]:
+        model_flops, hw_flops = step_flops(self.shape, plan, batch_size=point.batch_size, seq_len=point.seq_len)
+        return {
+            "key": point.key,
+            "status": None,
+            "reason": None,
+            "plan": {"layers": list(plan.layers), "granularity": plan.granularity, "targets": list(plan.targets)},
+            "layers_checkpointed": plan.describe_layers(),
+            "num_checkpointed": len(plan.layers),
+            "tokens_per_step": point.tokens,
+            "model_flops_per_step": model_flops,
+            "hardware_flops_per_step": hw_flops,
+            "peak_tflops": self.peak_tflops,
+            "probe": self.probe.kind,
+        }
+
+    def _model(self, precision: str) -> Any:
+        slot = self._slot
+        if slot.precision != precision:
+            self._slot = slot = _ModelSlot()  # free the old model before building the next
+            gc.collect()
+            self.probe.release()
+            t0 = time.perf_counter()
+            dtype = param_dtype(precision)
+            model = build_model(self.cfg.model, device=self.device, dtype=dtype, seed=self.cfg.seed)
+            self.probe.adopt([*model.parameters(), *model.buffers()])
+            self.probe.sync()
+            slot.model, slot.precision, slot.build_s = model, precision, time.perf_counter() - t0
+        return slot.model
+
+    def _measure_safely(self, point: Point, plan: LayoutPlan, base: dict[str, Any]) -> dict[str, Any]:
+        record = dict(base)
+        failure: tuple[str, str] | None = None
+        baseline: int | None = None
+        try:
+            model = self._model(point.precision)
+            record["model_build_s"] = self._slot.build_s
+            self._slot.build_s = None
+            baseline = self.probe.allocated()
+            record.update(self._measure(model, point, plan))
+        except torch.OutOfMemoryError as exc:
+            failure = ("oom", _first_line(exc))
+        except (RuntimeError, ValueError) as exc:
+            failure = ("error", f"{exc.__class__.__name__}: {_first_line(exc)}")
+        # Outside the except block: the traceback (and the tensors its frames hold) is gone now.
+        if failure is not None:
+            record["status"], record["reason"] = failure
+        self._cleanup()
+        record["memory"] = {**record.get("memory", {}), **self._leak_check(baseline)}
+        if record["memory"].get("leaked"):
+            self._slot = _ModelSlot()  # rebuild: the next point must not inherit the leak
+            self.close()
+        return record
+
+    def _cleanup(self) -> None:
+        if self._slot.model is not None:
+            self._slot.model.zero_grad(set_to_none=True)
+        gc.collect()
+        self.probe.release()
+
+    def _leak_check(self, baseline: int | None) -> dict[str, Any]:
+        if baseline is None:
+            return {}
+        after = self.probe.allocated()
+        leak = after - baseline
+        return {
+            "baseline_allocated_bytes": baseline,
+            "after_point_allocated_bytes": after,
+            "leaked": leak > LEAK_TOLERANCE_BYTES,
+        }
+
+    def _measure(self, model: Any, point: Point, plan: LayoutPlan) -> dict[str, Any]:
+        cfg, probe = self.cfg, self.probe
+        reset_weights(model, seed=cfg.seed, std=self.llama.initializer_range)
+        params = [p for p in model.parameters() if p.requires_grad]
+        batch = make_batch(
+            seed=cfg.seed, batch_size=point.batch_size, seq_len=point.seq_len,
+            vocab_size=self.llama.vocab_size, device=self.device,
+        )
+        probe.adopt([batch])
+        with applied(model, plan), _tracking(probe):
+            optimizer = make_optimizer(point.optimizer, params, lr=cfg.lr)
+            trainer = Trainer(model, optimizer, point.precision, self.device.type)
+            warm_times, warm_losses = self._steps(trainer, batch, cfg.warmup_steps)
+            static = _static_memory(model, optimizer)
+            static["window_start_allocated_bytes"] = probe.allocated()
+            probe.reset_peak()
+            before = probe.counters()
+            times, losses = self._steps(trainer, batch, cfg.measured_steps)
+            peak_alloc, peak_res = probe.peak_allocated(), probe.peak_reserved()
+            after = probe.counters()
+            del trainer, optimizer
+        return {
+            "status": "ok",
+            "warmup_times_s": warm_times,
+            "warmup_losses": warm_losses,
+            "step_times_s": times,
+            "losses": losses,
+            "peak_allocated_bytes": peak_alloc,
+            "peak_reserved_bytes": peak_res,
+            "num_alloc_retries": after["num_alloc_retries"] - before["num_alloc_retries"],
+            "num_ooms": after["num_ooms"] - before["num_ooms"],
+            "memory": static,
+            "loss_check": self._loss_check(point, warm_losses + losses),
+        }
+
+    def _steps(self, trainer: Trainer, batch: torch.Tensor, n: int) -> tuple[list[float], list[float]]:
+        probe = self.probe
+        times: list[float] = []
+        losses: list[torch.Tensor] = []
+        for _ in range(n):
+            probe.sync()  # every clock read is preceded by a device synchronize
+            t0 = probe.now()
+            losses.append(trainer.step(batch))
+            probe.sync()
+            times.append(probe.now() - t0)
+        return times, [float(x) for x in losses]
+
+    def _loss_check(self, point: Point, losses: list[float]) -> dict[str, Any] | None:
+        cell = (point.precision, point.seq_len, point.batch_size)
+        if point.layout == "none":
+            self._reference[cell] = losses
+            return {"reference": "none", "max_rel_diff": 0.0, "match": all(map(math.isfinite, losses))}
+        ref = self._reference.get(cell)
+        if ref is None or len(ref) != len(losses):
+            return None
+        diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref, strict=True))
+        ok = diff <= self.cfg.loss_rtol and all(map(math.isfinite, losses))
+        return {"reference": "none", "max_rel_diff": diff, "match": ok}
+
+
+class _tracking:
+    """Activate the CPU tracker for the block (a no-op on CUDA)."""
+
+    def __init__(self, probe: Probe) -> None:
+        self.tracker = probe.tracker if isinstance(probe, TrackerProbe) else None
+
+    def __enter__(self) -> None:
+        if self.tracker is not None:
+            self.tracker.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.tracker is not None:
+            self.tracker.__exit__(*exc)
+
+
+def _static_memory(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Parameters, gradients (one per trainable parameter, same dtype) and optimizer state, in bytes."""
+    params = list(model.parameters())
+    state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    return {
+        "params_bytes": tensor_bytes(params),
+        "grads_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+        "optimizer_state_bytes": tensor_bytes(state),
+    }
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else exc.__class__.__name__

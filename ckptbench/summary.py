@@ -1,0 +1,73 @@
+"""The summary table of a run as plain rows (pure; rendering lives in report.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ckptbench.results import Run, to_frame
+
+GIB = 2**30
+MIB = 2**20
+
+COLUMNS: tuple[str, ...] = (
+    "layout",
+    "batch",
+    "seq",
+    "precision",
+    "ckpt layers",
+    "peak",
+    "reserved",
+    "activation",
+    "step ms",
+    "± ms",
+    "tok/s",
+    "MFU",
+    "status",
+)
+
+
+def _num(value: Any, fmt: str, scale: float = 1.0) -> str:
+    if value is None or value != value:  # None or NaN
+        return "-"
+    return format(value / scale, fmt)
+
+
+def _mem(value: Any, scale: int, unit: str) -> str:
+    text = _num(value, ".2f", scale)
+    return text if text == "-" else f"{text} {unit}"
+
+
+def summary_rows(run: Run) -> list[dict[str, str]]:
+    """One display row per point, in run order: strings ready for any renderer."""
+    frame = to_frame(run)
+    peaks = [v for v in frame.get("peak_allocated_bytes", []) if v == v and v is not None]
+    # GiB for real models; tiny CPU models are shown in MiB so that differences stay visible.
+    scale, unit = (GIB, "GiB") if not peaks or max(peaks) >= GIB else (MIB, "MiB")
+    rows: list[dict[str, str]] = []
+    for rec in frame.to_dict("records"):
+        ok = rec["status"] == "ok"
+        status = rec["status"] if ok or not rec.get("reason") else f"{rec['status']}: {rec['reason']}"
+        if ok and rec.get("loss_match") is False:
+            status = "ok (loss mismatch)"
+        if ok and (rec.get("leaked") or False):
+            status = "ok (leak)"
+        rows.append(
+            {
+                "layout": str(rec["layout"]),
+                "batch": str(rec["batch_size"]),
+                "seq": str(rec["seq_len"]),
+                "precision": str(rec["precision"]),
+                "ckpt layers": str(rec.get("layers_checkpointed") or "-"),
+                "peak": _mem(rec.get("peak_allocated_bytes") if ok else None, scale, unit),
+                "reserved": _mem(rec.get("peak_reserved_bytes") if ok else None, scale, unit),
+                "activation": _mem(rec.get("activation_bytes") if ok else None, scale, unit),
+                "step ms": _num(rec.get("median_step_time_s"), ".1f", 1e-3),
+                "± ms": _num(rec.get("step_time_iqr_s"), ".1f", 1e-3),
+                "tok/s": _num(rec.get("tokens_per_s"), ",.0f"),
+                "MFU": _num(rec.get("mfu") * 100 if rec.get("mfu") is not None else None, ".1f") + (
+                    "%" if rec.get("mfu") is not None else ""
+                ),
+                "status": status,
+            }
+        )
+    return rows
