@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -16,9 +17,13 @@ from ckptbench.layouts import parse_layout
 from ckptbench.presets import PRESETS, preset_names
 
 Precision = Literal["bf16", "fp16", "fp32", "amp_bf16", "amp_fp16"]
-OptimizerName = Literal["adamw_fused", "adamw_foreach", "sgd"]
+OptimizerName = Literal["adamw_fused", "adamw_foreach", "sgd", "adafactor", "adamw_8bit"]
 DeviceName = Literal["auto", "cuda", "cpu"]
 AttnImpl = Literal["sdpa", "eager"]
+# Activation offloading: 'none'; 'all' keeps every tensor autograd saves (outside checkpointed
+# regions) in pinned host memory; 'ckpt_inputs' offloads only the inputs of checkpointed modules.
+Offload = Literal["none", "all", "ckpt_inputs"]
+LORA_PATTERN = r"^(none|r[1-9][0-9]*)$"
 
 
 class _Strict(BaseModel):
@@ -66,8 +71,26 @@ class SweepAxes(_Strict):
     batch_size: list[int] = Field(default_factory=lambda: [1], min_length=1)
     seq_len: list[int] = Field(default_factory=lambda: [512], min_length=1)
     precision: list[Precision] = Field(default_factory=lambda: ["bf16"], min_length=1)
+    # Optional axes; an unset one takes the single top-level value (optimizer, attn_implementation).
+    optimizer: list[OptimizerName] | None = Field(default=None, min_length=1)
+    # Gradient accumulation: micro-batches of batch_size per optimizer step.
+    micro_batches: list[int] = Field(default_factory=lambda: [1], min_length=1)
+    offload: list[Offload] = Field(default_factory=lambda: ["none"], min_length=1)
+    # 'none' (full fine-tuning) or 'r<rank>' (LoRA through peft on lora.target_modules).
+    lora: list[str] = Field(default_factory=lambda: ["none"], min_length=1)
+    # torch.compile the model; compile time is recorded apart and never counted in step time.
+    compile: list[bool] = Field(default_factory=lambda: [False], min_length=1)
+    attn_implementation: list[AttnImpl] | None = Field(default=None, min_length=1)
 
-    @field_validator("batch_size", "seq_len")
+    @field_validator("lora")
+    @classmethod
+    def _lora_spec(cls, values: list[str]) -> list[str]:
+        for v in values:
+            if not re.fullmatch(LORA_PATTERN, str(v)):
+                raise ValueError(f"LoRA entries are 'none' or 'r<rank>' such as 'r16', got {v!r}")
+        return values
+
+    @field_validator("batch_size", "seq_len", "micro_batches")
     @classmethod
     def _positive(cls, values: list[int]) -> list[int]:
         for v in values:
@@ -83,6 +106,19 @@ class PointSpec(_Strict):
     batch_size: int | None = Field(default=None, ge=1)
     seq_len: int | None = Field(default=None, ge=1)
     precision: Precision | None = None
+    optimizer: OptimizerName | None = None
+    micro_batches: int | None = Field(default=None, ge=1)
+    offload: Offload | None = None
+    lora: str | None = Field(default=None, pattern=LORA_PATTERN)
+    compile: bool | None = None
+    attn_implementation: AttnImpl | None = None
+
+
+class LoraSpec(_Strict):
+    """LoRA settings shared by every 'r<rank>' point."""
+
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
+    alpha: float = Field(default=16.0, gt=0)
 
 
 class SweepConfig(_Strict):
@@ -97,7 +133,11 @@ class SweepConfig(_Strict):
     warmup_steps: int = Field(default=2, ge=1)
     measured_steps: int = Field(default=5, ge=1)
     optimizer: OptimizerName = "adamw_fused"
+    # After each step gradients are freed (true, the default) or zeroed in place and kept (false).
+    zero_grad_to_none: bool = True
     lr: float = Field(default=1e-5, gt=0)
+    # LoRA settings for the sweep's 'r<rank>' points.
+    lora: LoraSpec = Field(default_factory=LoraSpec)
     seed: int = 0
     # Dense bf16 peak of the GPU for MFU/HFU; null picks it from the built-in table by GPU name.
     peak_tflops: float | None = Field(default=None, gt=0)
@@ -146,10 +186,12 @@ def _check_layout(layout: str, num_layers: int, where: str) -> None:
 
 def check_cpu_compatible(cfg: SweepConfig) -> None:
     """Raise ValueError for settings a CPU run cannot honour."""
-    precisions = {*cfg.sweep.precision, *(p.precision for p in cfg.points if p.precision)}
-    fp16 = sorted(p for p in precisions if p in ("fp16", "amp_fp16"))
+    points = cfg.points_list()
+    fp16 = sorted({p.precision for p in points if p.precision in ("fp16", "amp_fp16")})
     if fp16:
         raise ValueError(f"sweep.precision: {fp16[0]} is not supported on CPU; use bf16, amp_bf16 or fp32")
+    if any(p.offload != "none" for p in points):
+        raise ValueError("sweep.offload: activation offloading moves tensors to host memory and needs a CUDA device")
 
 
 @dataclass(frozen=True, order=True)
@@ -157,11 +199,16 @@ class Point:
     """One cell of the grid. ``key`` identifies it across runs."""
 
     precision: str
+    lora: str
     layout: str
     seq_len: int
     batch_size: int
     model: str
     optimizer: str
+    micro_batches: int = 1
+    offload: str = "none"
+    compile: bool = False
+    attn_implementation: str = "sdpa"
 
     @property
     def key(self) -> dict[str, Any]:
@@ -172,6 +219,11 @@ class Point:
             "seq_len": self.seq_len,
             "precision": self.precision,
             "optimizer": self.optimizer,
+            "micro_batches": self.micro_batches,
+            "offload": self.offload,
+            "lora": self.lora,
+            "compile": self.compile,
+            "attn_implementation": self.attn_implementation,
         }
 
     @property
@@ -181,7 +233,8 @@ class Point:
 
     @property
     def tokens(self) -> int:
-        return self.batch_size * self.seq_len
+        """Tokens per optimizer step (every micro-batch counts)."""
+        return self.batch_size * self.seq_len * self.micro_batches
 
 
 def key_id(key: dict[str, Any]) -> str:
@@ -189,37 +242,51 @@ def key_id(key: dict[str, Any]) -> str:
     return "|".join(f"{k}={key[k]}" for k in sorted(key))
 
 
+_AXES = ("precision", "lora", "layout", "seq_len", "batch_size", "optimizer", "micro_batches", "offload",
+         "compile", "attn_implementation")
+
+
+def _axis_values(cfg: SweepConfig) -> dict[str, list[Any]]:
+    axes = cfg.sweep
+    return {
+        "precision": list(axes.precision),
+        "lora": list(axes.lora),
+        "layout": list(axes.layout),
+        "seq_len": list(axes.seq_len),
+        "batch_size": list(axes.batch_size),
+        "optimizer": list(axes.optimizer or [cfg.optimizer]),
+        "micro_batches": list(axes.micro_batches),
+        "offload": list(axes.offload),
+        "compile": list(axes.compile),
+        "attn_implementation": list(axes.attn_implementation or [cfg.model.attn_implementation]),
+    }
+
+
 def expand(cfg: SweepConfig) -> list[Point]:
     """Grid (unless replaced) plus explicit points, de-duplicated, ordered for model reuse.
 
-    Precision is the outer loop (the model is rebuilt only when it changes) and batch size
-    the inner one, ascending, so a layout that runs out of memory can skip larger batches.
+    Precision and LoRA are the outer loops (the model is rebuilt only when they change), 'none'
+    runs first among layouts (its losses are the reference), and batch size is the innermost
+    loop, ascending, so a layout that runs out of memory can skip larger batches.
     """
-    axes = cfg.sweep
-    cells: set[tuple[str, str, int, int]] = set()
+    values = _axis_values(cfg)
+    cells: set[tuple[Any, ...]] = set()
     if cfg.points_mode == "add" or not cfg.points:
-        cells.update(itertools.product(axes.precision, axes.layout, axes.seq_len, axes.batch_size))
+        cells.update(itertools.product(*(values[a] for a in _AXES)))
     for spec in cfg.points:
-        cells.add(
-            (
-                spec.precision or axes.precision[0],
-                spec.layout or axes.layout[0],
-                spec.seq_len or axes.seq_len[0],
-                spec.batch_size or axes.batch_size[0],
-            )
-        )
-    order_p = {p: i for i, p in enumerate(axes.precision)}
-    # 'none' runs first in each cell: its losses are the reference the other layouts must match.
-    order_l = {layout: i for i, layout in enumerate(axes.layout)}
-    order_l["none"] = -1
+        given = spec.model_dump()
+        cells.add(tuple(given[a] if given.get(a) is not None else values[a][0] for a in _AXES))
+    rank = {a: {v: i for i, v in enumerate(values[a])} for a in _AXES}
+    rank["layout"]["none"] = -1
 
-    def sort_key(c: tuple[str, str, int, int]) -> tuple[int, int, str, int, int]:
-        return (order_p.get(c[0], len(order_p)), order_l.get(c[1], len(order_l)), c[1], c[2], c[3])
+    def sort_key(cell: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple((rank[a].get(v, len(rank[a])), str(v)) for a, v in zip(_AXES, cell, strict=True))
 
-    return [
-        Point(precision=p, layout=lay, seq_len=s, batch_size=b, model=cfg.model.name, optimizer=cfg.optimizer)
-        for p, lay, s, b in sorted(cells, key=sort_key)
-    ]
+    order = ["precision", "lora", "optimizer", "micro_batches", "offload", "compile", "attn_implementation",
+             "layout", "seq_len", "batch_size"]
+    idx = [_AXES.index(a) for a in order]
+    cells_sorted = sorted(cells, key=lambda c: tuple(sort_key(c)[i] for i in idx))
+    return [Point(model=cfg.model.name, **dict(zip(_AXES, c, strict=True))) for c in cells_sorted]
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:

@@ -15,9 +15,18 @@ from ckptbench.config import Point, SweepConfig
 from ckptbench.errors import EnvironmentError_
 from ckptbench.flops import ModelShape, peak_tflops_for, step_flops
 from ckptbench.layouts import LayoutPlan, parse_layout
-from ckptbench.model import applied, build_model, layer_param_counts, llama_config, reset_weights
+from ckptbench.model import (
+    applied,
+    apply_lora,
+    attention,
+    build_model,
+    layer_param_counts,
+    llama_config,
+    reset_weights,
+)
+from ckptbench.offload import HostOffload
 from ckptbench.probe import CudaProbe, Probe, TrackerProbe, tensor_bytes
-from ckptbench.step import Trainer, make_batch, make_optimizer, param_dtype
+from ckptbench.step import OptimizerUnavailable, Trainer, make_batch, make_optimizer, param_dtype
 
 LEAK_TOLERANCE_BYTES = 1 << 20  # 1 MiB: allocator bookkeeping and tiny caches stay below it
 
@@ -55,7 +64,7 @@ def make_probe(cfg: SweepConfig, device: torch.device) -> Probe:
 class _ModelSlot:
     """The one live model; rebuilt only when the precision (parameter dtype) changes."""
 
-    precision: str | None = None
+    precision: tuple[str, str] | None = None  # (precision, lora)
     model: Any = None
     build_s: float | None = None
 
@@ -69,8 +78,8 @@ class Runner:
     probe: Probe
     gpu_name: str | None = None
     _slot: _ModelSlot = field(default_factory=_ModelSlot)
-    _reference: dict[tuple[str, int, int], list[float]] = field(default_factory=dict)
-    _oom_at: dict[tuple[str, str, int], int] = field(default_factory=dict)
+    _reference: dict[tuple[Any, ...], list[float]] = field(default_factory=dict)
+    _oom_at: dict[tuple[Any, ...], int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.llama = llama_config(self.cfg.model)
@@ -103,18 +112,20 @@ class Runner:
     def run_point(self, point: Point) -> dict[str, Any]:
         plan = parse_layout(point.layout, self.shape.num_layers)
         base = self._base_record(point, plan)
-        skip_from = self._oom_at.get((point.precision, point.layout, point.seq_len))
+        skip_from = self._oom_at.get(_batch_free(point))
         if self.cfg.skip_after_oom and skip_from is not None and point.batch_size > skip_from:
             return {**base, "status": "skipped", "reason": f"batch {skip_from} already ran out of memory"}
         started = time.perf_counter()
         record = self._measure_safely(point, plan, base)
         record["wall_s"] = time.perf_counter() - started
         if record["status"] == "oom":
-            self._oom_at[(point.precision, point.layout, point.seq_len)] = point.batch_size
+            self._oom_at[_batch_free(point)] = point.batch_size
         return record
 
     def _base_record(self, point: Point, plan: LayoutPlan) -> dict[str, Any]:
-        model_flops, hw_flops = step_flops(self.shape, plan, batch_size=point.batch_size, seq_len=point.seq_len)
+        model_flops, hw_flops = step_flops(
+            self.shape, plan, tokens=point.tokens, seq_len=point.seq_len, frozen_base=point.lora != "none"
+        )
         return {
             "key": point.key,
             "status": None,
@@ -129,18 +140,21 @@ class Runner:
             "probe": self.probe.kind,
         }
 
-    def _model(self, precision: str) -> Any:
+    def _model(self, point: Point) -> Any:
+        """The model for a point's precision and LoRA setting, built only when those change."""
         slot = self._slot
-        if slot.precision != precision:
+        if slot.precision != (point.precision, point.lora):
             self._slot = slot = _ModelSlot()  # free the old model before building the next
             gc.collect()
             self.probe.release()
             t0 = time.perf_counter()
-            dtype = param_dtype(precision)
+            dtype = param_dtype(point.precision)
             model = build_model(self.cfg.model, device=self.device, dtype=dtype, seed=self.cfg.seed)
+            if point.lora != "none":
+                model = apply_lora(model, rank=int(point.lora[1:]), spec=self.cfg.lora)
             self.probe.adopt([*model.parameters(), *model.buffers()])
             self.probe.sync()
-            slot.model, slot.precision, slot.build_s = model, precision, time.perf_counter() - t0
+            slot.model, slot.precision, slot.build_s = model, (point.precision, point.lora), time.perf_counter() - t0
         return slot.model
 
     def _measure_safely(self, point: Point, plan: LayoutPlan, base: dict[str, Any]) -> dict[str, Any]:
@@ -148,13 +162,15 @@ class Runner:
         failure: tuple[str, str] | None = None
         baseline: int | None = None
         try:
-            model = self._model(point.precision)
+            model = self._model(point)
             record["model_build_s"] = self._slot.build_s
             self._slot.build_s = None
             baseline = self.probe.allocated()
             record.update(self._measure(model, point, plan))
         except torch.OutOfMemoryError as exc:
             failure = ("oom", _first_line(exc))
+        except (OptimizerUnavailable, ModuleNotFoundError) as exc:
+            failure = ("skipped", _first_line(exc))
         except (RuntimeError, ValueError) as exc:
             failure = ("error", f"{exc.__class__.__name__}: {_first_line(exc)}")
         # Outside the except block: the traceback (and the tensors its frames hold) is gone now.
@@ -186,37 +202,66 @@ class Runner:
 
     def _measure(self, model: Any, point: Point, plan: LayoutPlan) -> dict[str, Any]:
         cfg, probe = self.cfg, self.probe
+        if point.compile and point.offload != "none":
+            return {"status": "skipped", "reason": "torch.compile with activation offloading is not supported"}
         reset_weights(model, seed=cfg.seed, std=self.llama.initializer_range)
         params = [p for p in model.parameters() if p.requires_grad]
         batch = make_batch(
-            seed=cfg.seed, batch_size=point.batch_size, seq_len=point.seq_len,
-            vocab_size=self.llama.vocab_size, device=self.device,
+            seed=cfg.seed,
+            batch_size=point.batch_size,
+            seq_len=point.seq_len,
+            vocab_size=self.llama.vocab_size,
+            device=self.device,
         )
         probe.adopt([batch])
-        with applied(model, plan), _tracking(probe):
-            optimizer = make_optimizer(point.optimizer, params, lr=cfg.lr)
-            trainer = Trainer(model, optimizer, point.precision, self.device.type)
-            warm_times, warm_losses = self._steps(trainer, batch, cfg.warmup_steps)
-            static = _static_memory(model, optimizer)
-            static["window_start_allocated_bytes"] = probe.allocated()
-            probe.reset_peak()
-            before = probe.counters()
-            times, losses = self._steps(trainer, batch, cfg.measured_steps)
-            peak_alloc, peak_res = probe.peak_allocated(), probe.peak_reserved()
-            after = probe.counters()
-            del trainer, optimizer
+        host = HostOffload(pin_memory=self.device.type == "cuda") if point.offload != "none" else None
+        ckpt_offload = host if point.offload == "ckpt_inputs" else None
+        with (
+            applied(model, plan, offload_inputs=ckpt_offload),
+            attention(model, point.attn_implementation),
+            _tracking(probe),
+        ):
+            trainer = Trainer(
+                model,
+                make_optimizer(point.optimizer, params, lr=cfg.lr),
+                point.precision,
+                self.device.type,
+                micro_batches=point.micro_batches,
+                zero_grad_to_none=cfg.zero_grad_to_none,
+                forward=torch.compile(model) if point.compile else None,
+                offload=host.active if point.offload == "all" else None,
+            )
+            result = self._window(trainer, batch)
+            result["memory"].update(_static_memory(model, trainer.optimizer))
+            del trainer
+        if host is not None:
+            result["host_offload_peak_bytes"] = host.peak_bytes
+        if point.compile:
+            result["compile_s"] = result["warmup_times_s"][0]  # the first warm-up step compiles
+            torch._dynamo.reset()
+        result["loss_check"] = self._loss_check(point, result["warmup_losses"] + result["losses"])
+        return result
+
+    def _window(self, trainer: Trainer, batch: torch.Tensor) -> dict[str, Any]:
+        """Warm-up, then the measured steps with peak statistics reset right before them."""
+        probe = self.probe
+        warm_times, warm_losses = self._steps(trainer, batch, self.cfg.warmup_steps)
+        start_alloc = probe.allocated()
+        probe.reset_peak()
+        before = probe.counters()
+        times, losses = self._steps(trainer, batch, self.cfg.measured_steps)
+        after = probe.counters()
         return {
             "status": "ok",
             "warmup_times_s": warm_times,
             "warmup_losses": warm_losses,
             "step_times_s": times,
             "losses": losses,
-            "peak_allocated_bytes": peak_alloc,
-            "peak_reserved_bytes": peak_res,
+            "peak_allocated_bytes": probe.peak_allocated(),
+            "peak_reserved_bytes": probe.peak_reserved(),
             "num_alloc_retries": after["num_alloc_retries"] - before["num_alloc_retries"],
             "num_ooms": after["num_ooms"] - before["num_ooms"],
-            "memory": static,
-            "loss_check": self._loss_check(point, warm_losses + losses),
+            "memory": {"window_start_allocated_bytes": start_alloc},
         }
 
     def _steps(self, trainer: Trainer, batch: torch.Tensor, n: int) -> tuple[list[float], list[float]]:
@@ -232,7 +277,7 @@ class Runner:
         return times, [float(x) for x in losses]
 
     def _loss_check(self, point: Point, losses: list[float]) -> dict[str, Any] | None:
-        cell = (point.precision, point.seq_len, point.batch_size)
+        cell = tuple(sorted((k, v) for k, v in point.key.items() if k != "layout"))
         if point.layout == "none":
             self._reference[cell] = losses
             return {"reference": "none", "max_rel_diff": 0.0, "match": all(map(math.isfinite, losses))}
@@ -268,6 +313,11 @@ def _static_memory(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, in
         "grads_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
         "optimizer_state_bytes": tensor_bytes(state),
     }
+
+
+def _batch_free(point: Point) -> tuple[Any, ...]:
+    """A point's key without its batch size: larger batches of it are skipped after an OOM."""
+    return tuple(sorted((k, v) for k, v in point.key.items() if k != "batch_size"))
 
 
 def _first_line(exc: BaseException) -> str:
