@@ -85,9 +85,13 @@ def _varying_axes(keys: Sequence[dict[str, Any]]) -> list[str]:
 
 def candidates(run: Run, *, seq_len: int | None = None) -> list[Candidate]:
     """The run's ok points (optionally of one sequence length) with a throughput and a peak."""
-    scope = [(i, r) for i, r in enumerate(run.points) if seq_len is None or _seq(r) == seq_len]
+    scope = [
+        (i, r)
+        for i, r in enumerate(run.points)
+        if r.get("status") == "ok" and (seq_len is None or _seq(r) == seq_len)
+    ]
     extra = _varying_axes([r.get("key", {}) for _, r in scope])
-    found = (_candidate(i, r, extra=extra) for i, r in scope if r.get("status") == "ok")
+    found = (_candidate(i, r, extra=extra) for i, r in scope)
     return [c for c in found if c is not None]
 
 
@@ -259,19 +263,21 @@ def explain(rec: Recommendation) -> str:
         if rec.smallest is None:
             return f"Nothing fits under {budget}: no point of the run finished ok ({rec.num_points} points)."
         s = rec.smallest
+        headroom = f" with {fmt_bytes(rec.headroom_bytes)} headroom" if rec.headroom_bytes else ""
         return (
-            f"Nothing fits under {budget} with {fmt_bytes(rec.headroom_bytes)} headroom: the smallest point, "
+            f"Nothing fits under {budget}{headroom}: the smallest point, "
             f"{s.label}, needs {fmt_bytes(s.memory_bytes)} peak reserved, "
             f"{fmt_bytes(s.memory_bytes - rec.limit_bytes)} over the {fmt_bytes(rec.limit_bytes)} limit."
         )
     b = rec.best
     parts = ", ".join(f"{label} {fmt_bytes(b.breakdown[f])}" for f, label in BREAKDOWN)
     dom, share = dominant_part(b)
+    asked = f" ({fmt_bytes(rec.headroom_bytes)} headroom asked)" if rec.headroom_bytes else ""
     text = (
         f"{b.label} is the fastest point that fits: {b.tokens_per_s:,.0f} tokens/s at "
         f"{fmt_bytes(b.memory_bytes)} peak reserved ({fmt_bytes(b.peak_allocated_bytes)} allocated: {parts}; "
         f"{dom} dominates with {share:.0%}), leaving {fmt_bytes(rec.budget_bytes - b.memory_bytes)} of the "
-        f"{budget} budget free ({fmt_bytes(rec.headroom_bytes)} headroom asked)."
+        f"{budget} budget free{asked}."
     )
     if rec.runners_up:
         r = rec.runners_up[0]

@@ -15,12 +15,15 @@ CHOICE_COLUMNS = (
 )
 PARETO_COLUMNS = ("point", "ckpt layers", "reserved", "allocated", "tok/s", "fits")
 _RIGHT = {"reserved", "allocated", "activation", "tok/s", "vs best", "vs budget"}
+_WRAP = {"ckpt layers"}  # the only column that may wrap; long layer lists fold
 _STYLE = {"best": "bold green", "no fit": "yellow", "smallest": "yellow"}
 
 
 def heading(rec: Recommendation) -> str:
     """'Under 80.00 GiB (4.00 GiB headroom: at most 76.00 GiB peak reserved), seq 2048'."""
     seq = f", seq_len {rec.seq_len}" if rec.seq_len is not None else ""
+    if not rec.headroom_bytes:
+        return f"Under {fmt_bytes(rec.budget_bytes)} of peak reserved memory, no headroom{seq}"
     return (
         f"Under {fmt_bytes(rec.budget_bytes)} ({fmt_bytes(rec.headroom_bytes)} headroom: at most "
         f"{fmt_bytes(rec.limit_bytes)} peak reserved){seq}"
@@ -102,7 +105,9 @@ def notes(rec: Recommendation) -> list[str]:
 def _rich(rows: list[dict[str, str]], columns: tuple[str, ...], title: str) -> Table:
     table = Table(title=title, header_style="bold", title_justify="left")
     for col in columns:
-        table.add_column(col, justify="right" if col in _RIGHT else "left", overflow="fold")
+        table.add_column(
+            col, justify="right" if col in _RIGHT else "left", no_wrap=col not in _WRAP, overflow="fold"
+        )
     for row in rows:
         table.add_row(*(row[c] for c in columns), style=_STYLE.get(row.get("role", "")))
     return table
