@@ -1,4 +1,6 @@
-"""PNG plots of a run (matplotlib, Agg canvas; no pyplot state): memory, speed, trade-off, breakdown.
+"""PNG bar plots of a run (matplotlib Figure + Agg, no pyplot state): peak memory, speed, breakdown.
+
+The memory/throughput scatter lives in plot_tradeoff.py; run_report.write_plots draws all four.
 
 Only points that finished ok are drawn as values; out-of-memory and skipped points are marked
 as text in their slot, so a missing bar is never mistaken for a zero.
@@ -6,42 +8,43 @@ as text in their slot, so a missing bar is never mistaken for a zero.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import statistics
 from pathlib import Path
 from typing import Any
 
+from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from ckptbench.recommend import BREAKDOWN, Candidate, Recommendation, candidates, pareto_front
+from ckptbench.recommend import BREAKDOWN, Candidate, candidates
 from ckptbench.results import Run, to_frame
 from ckptbench.units import GIB, MIB, fmt_bytes
 
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">")
 PART_COLORS = ("#4c72b0", "#8da0cb", "#dd8452", "#55a868")
 DPI = 110
 
 
-class _Data:
+class PlotData:
     """The run as rows, with the orders and colours every plot shares."""
 
     def __init__(self, run: Run) -> None:
         self.run = run
         self.rows: list[dict[str, Any]] = to_frame(run).to_dict("records")
         keys = [p.get("key", {}) for p in run.points]
-        for row, key in zip(self.rows, keys, strict=True):
-            row["key"] = key
+        for row, rec in zip(self.rows, run.points, strict=True):
+            row["key"] = rec.get("key", {})
+            row["quartiles_s"] = _quartiles(rec.get("step_times_s") or [])
         self.layouts = list(dict.fromkeys(str(k.get("layout")) for k in keys))
         self.batches = sorted({k.get("batch_size") for k in keys}, key=lambda b: (b is None, b))
         names = sorted({n for k in keys for n in k} - {"layout", "batch_size"})
         self.facet_axes = [n for n in names if len({repr(k.get(n)) for k in keys}) > 1]
         peaks = [r["peak_reserved_bytes"] for r in self.rows if _num(r["peak_reserved_bytes"])]
         self.scale, self.unit = (GIB, "GiB") if not peaks or max(peaks) >= GIB else (MIB, "MiB")
-        cmap = _colormap("viridis")
+        cmap = colormaps["viridis"]
         n = max(len(self.batches) - 1, 1)
         self.batch_color = {b: cmap(0.1 + 0.75 * i / n) for i, b in enumerate(self.batches)}
-        tab = _colormap("tab10" if len(self.layouts) <= 10 else "tab20")
+        tab = colormaps["tab10" if len(self.layouts) <= 10 else "tab20"]
         self.layout_color = {lay: tab(i % tab.N) for i, lay in enumerate(self.layouts)}
 
     def facets(self) -> list[tuple[str, list[dict[str, Any]]]]:
@@ -53,10 +56,14 @@ class _Data:
         return list(groups.items())
 
 
-def _colormap(name: str) -> Any:
-    import matplotlib
-
-    return matplotlib.colormaps[name]
+def _quartiles(times: list[float]) -> tuple[float, float] | None:
+    """First and third quartile of the measured step times (the same method as point_stats)."""
+    if not times:
+        return None
+    if len(times) == 1:
+        return times[0], times[0]
+    q = statistics.quantiles(times, n=4, method="inclusive")
+    return q[0], q[2]
 
 
 def _num(value: Any) -> bool:
@@ -67,12 +74,14 @@ def _short(name: str) -> str:
     return {"seq_len": "seq", "batch_size": "batch"}.get(name, name)
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def save(fig: Figure, path: Path) -> Path:
     fig.savefig(path, dpi=DPI, bbox_inches="tight")
     return path
 
 
-def _grouped_bars(ax: Axes, data: _Data, rows: list[dict[str, Any]], value: Any, *, err: Any = None) -> None:
+def _grouped_bars(
+    ax: Axes, data: PlotData, rows: list[dict[str, Any]], value: Any, *, err: Any = None
+) -> None:
     """One group per layout, one bar per batch size; non-ok points leave a labelled slot."""
     layouts = [lay for lay in data.layouts if any(r["layout"] == lay for r in rows)]
     width = 0.8 / max(len(data.batches), 1)
@@ -83,7 +92,7 @@ def _grouped_bars(ax: Axes, data: _Data, rows: list[dict[str, Any]], value: Any,
                 continue
             x = i - 0.4 + width * (j + 0.5)
             if row["status"] == "ok" and _num(value(row)):
-                yerr = err(row) if err is not None and _num(err(row)) else None
+                yerr = err(row) if err is not None else None
                 ax.bar(x, value(row), width, color=data.batch_color[batch], yerr=yerr, capsize=2)
             else:
                 color = "#c44e52" if row["status"] == "oom" else "#777777"
@@ -94,7 +103,7 @@ def _grouped_bars(ax: Axes, data: _Data, rows: list[dict[str, Any]], value: Any,
     ax.grid(axis="y", alpha=0.3)
 
 
-def _batch_legend(ax: Axes, data: _Data, rows: list[dict[str, Any]]) -> None:
+def _batch_legend(ax: Axes, data: PlotData, rows: list[dict[str, Any]]) -> None:
     """Any labelled lines of the axes (budget, card), then the colours of the batch sizes shown."""
     handles, labels = ax.get_legend_handles_labels()
     shown = [b for b in data.batches if any(r["batch_size"] == b for r in rows)]
@@ -108,13 +117,13 @@ def _hline(ax: Axes, y: float, label: str, color: str, style: str) -> None:
     ax.set_ylim(top=max(ax.get_ylim()[1], y * 1.06))
 
 
-def _width(data: _Data) -> float:
+def _width(data: PlotData) -> float:
     return min(16.0, max(9.0, 0.35 * len(data.layouts) * max(len(data.batches), 2)))
 
 
 def plot_peak_memory(run: Run, path: Path, *, budget_bytes: int | None = None) -> Path:
     """Grouped bars: peak reserved memory per layout and batch size, with the budget and the card."""
-    data = _Data(run)
+    data = PlotData(run)
     facets = data.facets()
     fig = Figure(figsize=(_width(data), 3.8 * len(facets)), layout="constrained")
     axes = fig.subplots(len(facets), 1, squeeze=False)[:, 0]
@@ -130,20 +139,19 @@ def plot_peak_memory(run: Run, path: Path, *, budget_bytes: int | None = None) -
             _hline(ax, budget_bytes / data.scale, f"budget {fmt_bytes(budget_bytes)}", "#c44e52", "--")
         _batch_legend(ax, data, rows)
     fig.suptitle(f"Peak reserved memory per layout and batch size: {run.name}", fontsize=12)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_speed(run: Run, path: Path) -> Path:
     """Step time (median; error bar: inter-quartile range) and tokens/s per layout and batch size."""
-    data = _Data(run)
+    data = PlotData(run)
     facets = data.facets()
     fig = Figure(figsize=(_width(data), 3.4 * 2 * len(facets)), layout="constrained")
     axes = fig.subplots(2 * len(facets), 1, squeeze=False)[:, 0]
     for i, (label, rows) in enumerate(facets):
         ax_t, ax_s = axes[2 * i], axes[2 * i + 1]
         where = f" ({label})" if label else ""
-        _grouped_bars(ax_t, data, rows, lambda r: r["median_step_time_s"] * 1e3,
-                      err=lambda r: r["step_time_iqr_s"] * 1e3 / 2)
+        _grouped_bars(ax_t, data, rows, lambda r: r["median_step_time_s"] * 1e3, err=_iqr_ms)
         ax_t.set_ylabel("median step time (ms)")
         ax_t.set_title(f"Step time{where}, error bar: inter-quartile range", fontsize=10)
         _grouped_bars(ax_s, data, rows, lambda r: r["tokens_per_s"])
@@ -152,78 +160,16 @@ def plot_speed(run: Run, path: Path) -> Path:
         _batch_legend(ax_t, data, rows)
         _batch_legend(ax_s, data, rows)
     fig.suptitle(f"Step time and throughput per layout: {run.name}", fontsize=12)
-    return _save(fig, path)
+    return save(fig, path)
 
 
-def plot_tradeoff(run: Run, path: Path, *, rec: Recommendation | None = None) -> Path:
-    """Scatter of peak reserved memory against tokens/s, the Pareto front, the budget and the winner."""
-    data = _Data(run)
-    cands = candidates(run, seq_len=rec.seq_len if rec is not None else None)
-    front = pareto_front(cands)
-    fig = Figure(figsize=(11, 6.4), layout="constrained")
-    ax = fig.subplots()
-    marker = {b: MARKERS[i % len(MARKERS)] for i, b in enumerate(data.batches)}
-    for c in cands:
-        ax.scatter(c.memory_bytes / data.scale, c.tokens_per_s, color=data.layout_color[c.layout],
-                   marker=marker[c.key.get("batch_size")], s=46, edgecolor="black", linewidth=0.4, zorder=3)
-    ax.step([c.memory_bytes / data.scale for c in front], [c.tokens_per_s for c in front], where="post",
-            color="black", linewidth=1.2, zorder=2, label="Pareto front")
-    if rec is not None:
-        _budget_marks(ax, rec, data.scale)
-    ax.margins(x=0.06, y=0.1)
-    _label_front(ax, front, data.scale, keep=rec.best if rec is not None else None)
-    ax.set_xlabel(f"peak reserved memory ({data.unit})")
-    ax.set_ylabel("throughput (tokens/s)")
-    ax.grid(alpha=0.3)
-    _tradeoff_legend(ax, data, marker, {c.key.get("batch_size") for c in cands})
-    seq = f", seq {rec.seq_len}" if rec is not None and rec.seq_len is not None else ""
-    fig.suptitle(f"Memory against throughput (ok points{seq}): {run.name}", fontsize=12)
-    return _save(fig, path)
-
-
-def _label_front(ax: Axes, front: Sequence[Candidate], scale: int, *, keep: Candidate | None) -> None:
-    """Name front points up and to the left, where no point can be (it would dominate them);
-    skip a label that would sit on the previous one."""
-    to_axes = ax.transData + ax.transAxes.inverted()
-    last: tuple[float, float] | None = None
-    for c in front:
-        x, y = to_axes.transform((c.memory_bytes / scale, c.tokens_per_s))
-        crowded = last is not None and abs(y - last[1]) < 0.04 and abs(x - last[0]) < 0.3
-        if crowded and c is not keep:
-            continue
-        ax.annotate(c.label, (c.memory_bytes / scale, c.tokens_per_s), xytext=(-5, 5), ha="right",
-                    textcoords="offset points", fontsize=7.5, color="#222222",
-                    fontweight="bold" if c is keep else "normal")
-        last = (x, y)
-
-
-def _budget_marks(ax: Axes, rec: Recommendation, scale: int) -> None:
-    ax.axvline(rec.budget_bytes / scale, color="#c44e52", linestyle="--", linewidth=1.2,
-               label=f"budget {fmt_bytes(rec.budget_bytes)}")
-    if rec.headroom_bytes:
-        ax.axvspan(rec.limit_bytes / scale, rec.budget_bytes / scale, color="#c44e52", alpha=0.12,
-                   label=f"headroom {fmt_bytes(rec.headroom_bytes)}")
-    if rec.best is not None:
-        b = rec.best
-        ax.scatter(b.memory_bytes / scale, b.tokens_per_s, s=320, facecolor="none", edgecolor="#c44e52",
-                   linewidth=2, zorder=4, label="best under budget")
-
-
-def _tradeoff_legend(ax: Axes, data: _Data, marker: dict[Any, str], batches: set[Any]) -> None:
-    """One legend outside the axes: the lines, then layout colours, then batch-size markers."""
-    handles, labels = ax.get_legend_handles_labels()
-    blank = Line2D([], [], linestyle="")
-    handles.append(blank)
-    labels.append("layout (colour)")
-    for lay, color in data.layout_color.items():
-        handles.append(Line2D([], [], color=color, marker="o", linestyle="", markeredgecolor="black"))
-        labels.append(lay)
-    handles.append(blank)
-    labels.append("batch size (marker)")
-    for b in (b for b in data.batches if b in batches):
-        handles.append(Line2D([], [], color="grey", marker=marker[b], linestyle=""))
-        labels.append(f"batch {b}")
-    ax.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+def _iqr_ms(row: dict[str, Any]) -> list[list[float]] | None:
+    """Error bar from the median down to the first and up to the third quartile, in ms."""
+    q = row.get("quartiles_s")
+    if q is None:
+        return None
+    med = row["median_step_time_s"]
+    return [[max(0.0, med - q[0]) * 1e3], [max(0.0, q[1] - med) * 1e3]]
 
 
 def reference_shape(run: Run) -> dict[str, Any] | None:
@@ -240,7 +186,7 @@ def reference_shape(run: Run) -> dict[str, Any] | None:
 
 def plot_breakdown(run: Run, path: Path, *, budget_bytes: int | None = None) -> Path:
     """Stacked bars per layout at one shared shape: params, grads, optimizer state, activation, cache."""
-    data = _Data(run)
+    data = PlotData(run)
     shape = reference_shape(run) or {}
     by_layout = {c.layout: c for c in candidates(run) if {k: c.key.get(k) for k in shape} == shape}
     fig = Figure(figsize=(max(9.0, 0.9 * len(data.layouts) + 3), 5.4), layout="constrained")
@@ -269,7 +215,7 @@ def plot_breakdown(run: Run, path: Path, *, budget_bytes: int | None = None) -> 
     names = ["batch_size", "seq_len", *(n for n in data.facet_axes if n != "seq_len")]
     where = ", ".join(f"{_short(n)} {shape[n]}" for n in names if n in shape)
     fig.suptitle(f"Memory breakdown at the peak, per layout ({where}): {run.name}", fontsize=12)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def _stack(ax: Axes, x: int, c: Candidate, scale: int, unit: str) -> None:
@@ -284,15 +230,3 @@ def _stack(ax: Axes, x: int, c: Candidate, scale: int, unit: str) -> None:
                label="reserved, not allocated")
     ax.annotate(f"{c.memory_bytes / scale:.1f} {unit}", (x, bottom + cache), xytext=(0, 2),
                 textcoords="offset points", ha="center", va="bottom", fontsize=8)
-
-
-def write_plots(run: Run, out_dir: Path, *, rec: Recommendation | None = None) -> list[Path]:
-    """All four PNGs into ``out_dir``; returns their paths in report order."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    budget = rec.budget_bytes if rec is not None else None
-    return [
-        plot_peak_memory(run, out_dir / "peak_memory.png", budget_bytes=budget),
-        plot_speed(run, out_dir / "speed.png"),
-        plot_tradeoff(run, out_dir / "tradeoff.png", rec=rec),
-        plot_breakdown(run, out_dir / "memory_breakdown.png", budget_bytes=budget),
-    ]

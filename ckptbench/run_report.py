@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptbench.plots import write_plots
+from ckptbench.plot_tradeoff import plot_tradeoff
+from ckptbench.plots import plot_breakdown, plot_peak_memory, plot_speed
 from ckptbench.recommend import Recommendation, candidates, pareto_front
 from ckptbench.recommend_report import markdown_pareto, markdown_recommendation
 from ckptbench.report import markdown_table, run_header
@@ -65,6 +66,18 @@ def write_report(run: Run, *, out_dir: Path, rec: Recommendation | None = None) 
     path = out_dir / REPORT_FILE
     write_text_atomic(path, "\n".join(sections))
     return ReportFiles(markdown=path, plots=plots)
+
+
+def write_plots(run: Run, out_dir: Path, *, rec: Recommendation | None = None) -> list[Path]:
+    """All four PNGs into ``out_dir``; returns their paths in report order."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    budget = rec.budget_bytes if rec is not None else None
+    return [
+        plot_peak_memory(run, out_dir / "peak_memory.png", budget_bytes=budget),
+        plot_speed(run, out_dir / "speed.png"),
+        plot_tradeoff(run, out_dir / "tradeoff.png", rec=rec),
+        plot_breakdown(run, out_dir / "memory_breakdown.png", budget_bytes=budget),
+    ]
 
 
 def _header(run: Run) -> str:

@@ -80,7 +80,7 @@ def test_report_without_budget_in_default_folder(tmp_path: Path) -> None:
 
 def test_grouped_bars_skip_and_mark_points_that_did_not_run() -> None:
     run = load_run(SYNTHETIC)
-    data = plots._Data(run)
+    data = plots.PlotData(run)
     label, rows = data.facets()[0]
     assert label == "seq 2048"
     ax = Figure().subplots()
