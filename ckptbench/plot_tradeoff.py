@@ -10,7 +10,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from ckptbench.plots import PlotData, save
+from ckptbench.plots import PlotData, empty_note, save
 from ckptbench.recommend import Candidate, Recommendation, candidates, pareto_front
 from ckptbench.results import Run
 from ckptbench.units import fmt_bytes
@@ -25,6 +25,8 @@ def plot_tradeoff(run: Run, path: Path, *, rec: Recommendation | None = None) ->
     front = pareto_front(cands)
     fig = Figure(figsize=(11, 6.4), layout="constrained")
     ax = fig.subplots()
+    if not cands:
+        empty_note(ax, "no point finished ok: nothing to plot")
     marker = {b: MARKERS[i % len(MARKERS)] for i, b in enumerate(data.batches)}
     for c in cands:
         ax.scatter(c.memory_bytes / data.scale, c.tokens_per_s, color=data.layout_color[c.layout],

@@ -79,6 +79,11 @@ def save(fig: Figure, path: Path) -> Path:
     return path
 
 
+def empty_note(ax: Axes, text: str) -> None:
+    """A centred grey note on axes that have nothing to show."""
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=11, color="#777777")
+
+
 def _grouped_bars(
     ax: Axes, data: PlotData, rows: list[dict[str, Any]], value: Any, *, err: Any = None
 ) -> None:
@@ -100,6 +105,7 @@ def _grouped_bars(
                         fontsize=7, color=color, fontweight="bold")
     ax.set_xticks(range(len(layouts)), layouts, rotation=30 if len(layouts) > 5 else 0, ha="right")
     ax.set_xlim(-0.6, len(layouts) - 0.4)
+    ax.set_ylim(bottom=0)  # bars start at zero; OOM/SKIPPED marks sit there
     ax.grid(axis="y", alpha=0.3)
 
 
@@ -187,11 +193,14 @@ def reference_shape(run: Run) -> dict[str, Any] | None:
 def plot_breakdown(run: Run, path: Path, *, budget_bytes: int | None = None) -> Path:
     """Stacked bars per layout at one shared shape: params, grads, optimizer state, activation, cache."""
     data = PlotData(run)
-    shape = reference_shape(run) or {}
-    by_layout = {c.layout: c for c in candidates(run) if {k: c.key.get(k) for k in shape} == shape}
+    shape = reference_shape(run)
+    by_layout = {c.layout: c for c in candidates(run) if shape and {k: c.key.get(k) for k in shape} == shape}
     fig = Figure(figsize=(max(9.0, 0.9 * len(data.layouts) + 3), 5.4), layout="constrained")
     ax = fig.subplots()
-    for i, lay in enumerate(data.layouts):
+    if shape is None:
+        empty_note(ax, "no point finished ok: nothing to break down")
+        shape = {}
+    for i, lay in enumerate(data.layouts if by_layout else []):
         c = by_layout.get(lay)
         if c is not None:
             _stack(ax, i, c, data.scale, data.unit)
@@ -206,6 +215,7 @@ def plot_breakdown(run: Run, path: Path, *, budget_bytes: int | None = None) -> 
     ax.set_ylabel(f"memory at peak ({data.unit})")
     ax.grid(axis="y", alpha=0.3)
     ax.margins(y=0.08)
+    ax.set_ylim(bottom=0)
     if budget_bytes:
         _hline(ax, budget_bytes / data.scale, f"budget {fmt_bytes(budget_bytes)}", "#c44e52", "--")
     handles, labels = ax.get_legend_handles_labels()
@@ -214,7 +224,8 @@ def plot_breakdown(run: Run, path: Path, *, budget_bytes: int | None = None) -> 
               bbox_to_anchor=(1.01, 1.0), title="numbers: peak reserved", title_fontsize=8)
     names = ["batch_size", "seq_len", *(n for n in data.facet_axes if n != "seq_len")]
     where = ", ".join(f"{_short(n)} {shape[n]}" for n in names if n in shape)
-    fig.suptitle(f"Memory breakdown at the peak, per layout ({where}): {run.name}", fontsize=12)
+    where = f" ({where})" if where else ""
+    fig.suptitle(f"Memory breakdown at the peak, per layout{where}: {run.name}", fontsize=12)
     return save(fig, path)
 
 

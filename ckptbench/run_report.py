@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckptbench.errors import ResultsError
 from ckptbench.plot_tradeoff import plot_tradeoff
 from ckptbench.plots import plot_breakdown, plot_peak_memory, plot_speed
 from ckptbench.recommend import Recommendation, candidates, pareto_front
@@ -49,6 +50,8 @@ def default_out_dir(run: Run) -> Path:
 
 def write_report(run: Run, *, out_dir: Path, rec: Recommendation | None = None) -> ReportFiles:
     """Write the PNG plots and report.md (which links them by relative path) into ``out_dir``."""
+    if not run.points:
+        raise ResultsError(f"{run.path}: the run has no finished points yet; nothing to report")
     plots = write_plots(run, out_dir, rec=rec)
     sections = [_header(run)]
     if rec is not None:

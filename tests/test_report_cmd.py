@@ -78,6 +78,22 @@ def test_report_without_budget_in_default_folder(tmp_path: Path) -> None:
         png_size(run_dir / "report" / name)
 
 
+def test_report_of_a_run_where_nothing_ran(tmp_path: Path) -> None:
+    run_dir = tmp_path / "all-oom"
+    run_dir.mkdir()
+    shutil.copy(TINY / "run.json", run_dir / "run.json")
+    result = runner.invoke(app, ["report", str(run_dir), "--budget", "1"])
+    assert result.exit_code == 2 and "no finished points yet" in result.stderr  # no points.jsonl at all
+    oom = [line for line in (TINY / "points.jsonl").read_text().splitlines() if '"status": "oom"' in line]
+    (run_dir / "points.jsonl").write_text("\n".join(oom) + "\n")
+    result = runner.invoke(app, ["report", str(run_dir), "--budget", "1"])
+    assert result.exit_code == 0, result.output
+    text = (run_dir / "report" / "report.md").read_text(encoding="utf-8")
+    assert "**Nothing fits under 1.00 GiB: no point of the run finished ok (2 points).**" in text
+    for name in PNGS:
+        png_size(run_dir / "report" / name)
+
+
 def test_grouped_bars_skip_and_mark_points_that_did_not_run() -> None:
     run = load_run(SYNTHETIC)
     data = plots.PlotData(run)
