@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ckptbench import __version__
 from ckptbench.errors import EXIT_BAD_INPUT, CkptbenchError, ConfigError, ResultsError
+from ckptbench.recommend import DEFAULT_HEADROOM
 
 app = typer.Typer(
     name="ckptbench",
@@ -183,20 +184,21 @@ def recommend_cmd(
     run: RunArg,
     budget: BudgetOpt = None,
     seq_len: SeqLenOpt = None,
-    headroom: HeadroomOpt = "5%",
+    headroom: HeadroomOpt = DEFAULT_HEADROOM,
     fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
 ) -> None:
     """The fastest measured point whose peak reserved memory fits the budget, and the Pareto front."""
     import json
 
     from ckptbench.recommend_report import rich_recommendation
+    from ckptbench.results import load_run
 
     try:
         if fmt not in ("table", "json"):
             raise ConfigError(f"--format: {fmt!r} is not one of table, json")
         if budget is None:
             raise ConfigError("--budget is required, e.g. --budget 80 (GiB) or --budget 80GiB")
-        rec = _recommendation(run, budget=budget, headroom=headroom, seq_len=seq_len)
+        rec = _recommendation(load_run(run), budget=budget, headroom=headroom, seq_len=seq_len)
     except CkptbenchError as exc:
         raise fail(exc) from None
     if fmt == "json":
@@ -205,14 +207,13 @@ def recommend_cmd(
         out.print(rich_recommendation(rec))
 
 
-def _recommendation(run: str, *, budget: str, headroom: str, seq_len: int | None) -> Any:
+def _recommendation(run: Any, *, budget: str, headroom: str, seq_len: int | None) -> Any:
     from ckptbench.recommend import recommend
-    from ckptbench.results import load_run
     from ckptbench.units import parse_headroom, parse_size
 
     budget_bytes = parse_size(budget)
     headroom_bytes = parse_headroom(headroom, budget_bytes=budget_bytes)
-    return recommend(load_run(run), budget_bytes=budget_bytes, headroom_bytes=headroom_bytes, seq_len=seq_len)
+    return recommend(run, budget_bytes=budget_bytes, headroom_bytes=headroom_bytes, seq_len=seq_len)
 
 
 @app.command("report")
@@ -221,7 +222,7 @@ def report_cmd(
     out_dir: ReportOutOpt = None,
     budget: BudgetOpt = None,
     seq_len: SeqLenOpt = None,
-    headroom: HeadroomOpt = "5%",
+    headroom: HeadroomOpt = DEFAULT_HEADROOM,
 ) -> None:
     """Write report.md (tables, recommendation when --budget is given) and PNG plots of a run."""
     from ckptbench.results import load_run
@@ -229,7 +230,7 @@ def report_cmd(
 
     try:
         loaded = load_run(run)
-        rec = _recommendation(run, budget=budget, headroom=headroom, seq_len=seq_len) if budget else None
+        rec = _recommendation(loaded, budget=budget, headroom=headroom, seq_len=seq_len) if budget else None
         files = write_report(loaded, out_dir=out_dir or default_out_dir(loaded), rec=rec)
     except CkptbenchError as exc:
         raise fail(exc) from None
