@@ -14,7 +14,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ckptbench import __version__
-from ckptbench.errors import EXIT_BAD_INPUT, EXIT_REGRESSION, CkptbenchError
+from ckptbench.errors import EXIT_BAD_INPUT, EXIT_REGRESSION, CkptbenchError, ConfigError, ResultsError
+from ckptbench.recommend import DEFAULT_HEADROOM
 
 app = typer.Typer(
     name="ckptbench",
@@ -238,6 +239,83 @@ def _print_comparison(comp: Any, fmt: Format, *, only_changed: bool) -> None:
         sys.stdout.write(RENDERERS[fmt.value](comp, only_changed=only_changed))
     for line in comp.gate_failures:
         err.print(f"[red]gate failed:[/red] {escape(line)}", soft_wrap=True)
+
+
+RunArg = Annotated[str, typer.Argument(help="Run directory, or a run name under results/.")]
+BudgetOpt = Annotated[
+    str | None, typer.Option("--budget", help="Memory budget: GiB (80) or with a unit (80GiB, 512MiB).")
+]
+HeadroomOpt = Annotated[
+    str, typer.Option("--headroom", help="Kept free under the budget: a share of it (5%) or a size (2GiB).")
+]
+SeqLenOpt = Annotated[
+    int | None, typer.Option("--seq-len", help="Only consider points of this sequence length.")
+]
+ReportOutOpt = Annotated[
+    Path | None, typer.Option("--out", help="Folder for report.md and the PNGs (default RUN/report).")
+]
+
+
+@app.command("recommend")
+def recommend_cmd(
+    run: RunArg,
+    budget: BudgetOpt = None,
+    seq_len: SeqLenOpt = None,
+    headroom: HeadroomOpt = DEFAULT_HEADROOM,
+    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+) -> None:
+    """The fastest measured point whose peak reserved memory fits the budget, and the Pareto front."""
+    import json
+
+    from ckptbench.recommend_report import rich_recommendation
+    from ckptbench.results import load_run
+
+    try:
+        if fmt not in ("table", "json"):
+            raise ConfigError(f"--format: {fmt!r} is not one of table, json")
+        if budget is None:
+            raise ConfigError("--budget is required, e.g. --budget 80 (GiB) or --budget 80GiB")
+        rec = _recommendation(load_run(run), budget=budget, headroom=headroom, seq_len=seq_len)
+    except CkptbenchError as exc:
+        raise fail(exc) from None
+    if fmt == "json":
+        typer.echo(json.dumps(rec.to_json(), sort_keys=True, indent=2))
+    else:
+        out.print(rich_recommendation(rec))
+
+
+def _recommendation(run: Any, *, budget: str, headroom: str, seq_len: int | None) -> Any:
+    from ckptbench.recommend import recommend
+    from ckptbench.units import parse_headroom, parse_size
+
+    budget_bytes = parse_size(budget)
+    headroom_bytes = parse_headroom(headroom, budget_bytes=budget_bytes)
+    return recommend(run, budget_bytes=budget_bytes, headroom_bytes=headroom_bytes, seq_len=seq_len)
+
+
+@app.command("report")
+def report_cmd(
+    run: RunArg,
+    out_dir: ReportOutOpt = None,
+    budget: BudgetOpt = None,
+    seq_len: SeqLenOpt = None,
+    headroom: HeadroomOpt = DEFAULT_HEADROOM,
+) -> None:
+    """Write report.md (tables, recommendation when --budget is given) and PNG plots of a run."""
+    from ckptbench.results import load_run
+    from ckptbench.run_report import default_out_dir, write_report
+
+    try:
+        loaded = load_run(run)
+        rec = _recommendation(loaded, budget=budget, headroom=headroom, seq_len=seq_len) if budget else None
+        files = write_report(loaded, out_dir=out_dir or default_out_dir(loaded), rec=rec)
+    except CkptbenchError as exc:
+        raise fail(exc) from None
+    except OSError as exc:
+        raise fail(ResultsError(f"cannot write the report: {exc}")) from None
+    for plot in files.plots:
+        err.print(f"plot: {plot}", markup=False)
+    out.print(str(files.markdown), markup=False)
 
 
 def _modules_text(targets: tuple[str, ...]) -> str:
