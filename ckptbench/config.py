@@ -192,6 +192,11 @@ def check_cpu_compatible(cfg: SweepConfig) -> None:
         raise ValueError(f"sweep.precision: {fp16[0]} is not supported on CPU; use bf16, amp_bf16 or fp32")
     if any(p.offload != "none" for p in points):
         raise ValueError("sweep.offload: activation offloading moves tensors to host memory and needs a CUDA device")
+    if any(p.compile for p in points):
+        raise ValueError(
+            "sweep.compile: torch.compile cannot run under the CPU memory tracker (a TorchDispatchMode); "
+            "compile points need a CUDA device"
+        )
 
 
 @dataclass(frozen=True, order=True)

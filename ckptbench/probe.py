@@ -84,6 +84,7 @@ class LiveTensorTracker(TorchDispatchMode):
         self.peak = 0
         self.num_ooms = 0
         self._sizes: dict[int, int] = {}
+        self._ignored: set[int] = set()
 
     def track(self, tensors: Iterable[Any]) -> None:
         """Count tensors created before tracking began (parameters, optimizer state)."""
@@ -97,7 +98,7 @@ class LiveTensorTracker(TorchDispatchMode):
             return
         storage = t.untyped_storage()
         sid = id(storage)
-        if sid in self._sizes:
+        if sid in self._sizes or sid in self._ignored:
             return
         nbytes = storage.nbytes()
         self._sizes[sid] = nbytes
@@ -106,6 +107,19 @@ class LiveTensorTracker(TorchDispatchMode):
 
     def _free(self, sid: int) -> None:
         self.live -= self._sizes.pop(sid, 0)
+        self._ignored.discard(sid)
+
+    def forget(self, t: torch.Tensor) -> None:
+        """Stop counting ``t``'s storage: it stands for memory elsewhere (emulated host offload)."""
+        storage = t.untyped_storage()
+        sid = id(storage)
+        if sid in self._ignored:
+            return
+        self._ignored.add(sid)
+        if sid in self._sizes:
+            self.live -= self._sizes.pop(sid)  # its finalizer (_free) also clears the ignore mark
+        else:
+            weakref.finalize(storage, self._ignored.discard, sid)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))

@@ -78,7 +78,7 @@ class Trainer:
 
     def step(self, input_ids: torch.Tensor) -> torch.Tensor:
         """One optimizer step on ``input_ids`` (also the labels); returns the mean detached loss."""
-        forward = self.forward or self.model
+        forward = self.forward if self.forward is not None else self.model
         offload = self.offload or contextlib.nullcontext
         total = torch.zeros((), device=input_ids.device)
         for _ in range(self.micro_batches):
