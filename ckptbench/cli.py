@@ -69,7 +69,7 @@ def sweep(
 ) -> None:
     """Run a sweep: real training steps for every point of CONFIG; writes run.json and points.jsonl."""
     from ckptbench.config import load_config
-    from ckptbench.report import run_header, summary_table, write_summaries
+    from ckptbench.report import run_header, search_table, summary_table, write_summaries
     from ckptbench.results import load_run
     from ckptbench.sweep import run_sweep
 
@@ -88,6 +88,8 @@ def sweep(
     write_summaries(run)
     err.print(run_header(run))
     out.print(summary_table(run))
+    if run.meta.get("searches"):
+        out.print(search_table(run))
     err.print(f"results: {outcome.run_dir}")
 
 

@@ -67,8 +67,10 @@ class ModelSpec(_Strict):
 class SweepAxes(_Strict):
     """The grid: its cells are the cartesian product of these lists."""
 
+    # Layout strings (see `ckptbench layouts`); 'fit' searches the fewest layers that fit the budget.
     layout: list[str] = Field(default_factory=lambda: ["none"], min_length=1)
-    batch_size: list[int] = Field(default_factory=lambda: [1], min_length=1)
+    # Batch sizes, or 'max': per layout, the largest batch that fits (doubling, then bisection).
+    batch_size: list[int] | Literal["max"] = Field(default_factory=lambda: [1], min_length=1)
     seq_len: list[int] = Field(default_factory=lambda: [512], min_length=1)
     precision: list[Precision] = Field(default_factory=lambda: ["bf16"], min_length=1)
     # Optional axes; an unset one takes the single top-level value (optimizer, attn_implementation).
@@ -92,7 +94,9 @@ class SweepAxes(_Strict):
 
     @field_validator("batch_size", "seq_len", "micro_batches")
     @classmethod
-    def _positive(cls, values: list[int]) -> list[int]:
+    def _positive(cls, values: list[int] | str) -> list[int] | str:
+        if isinstance(values, str):
+            return values
         for v in values:
             if v < 1:
                 raise ValueError(f"must be positive integers, got {v}")
@@ -145,6 +149,11 @@ class SweepConfig(_Strict):
     loss_rtol: float = Field(default=1e-2, gt=0)
     # After a point runs out of memory, skip larger batch sizes of the same layout/seq/precision.
     skip_after_oom: bool = True
+    # Searches (batch_size: max, layout: fit) keep peak reserved memory within this many GiB;
+    # null means whatever runs without running out of memory (the card, or memory_cap_gib).
+    budget_gib: float | None = Field(default=None, gt=0)
+    # batch_size: max never probes beyond this batch size.
+    search_max_batch: int = Field(default=1024, ge=1)
     sweep: SweepAxes = Field(default_factory=SweepAxes)
     # Explicit cells, added to the grid or replacing it (points_mode).
     points: list[PointSpec] = Field(default_factory=list)
@@ -157,10 +166,17 @@ class SweepConfig(_Strict):
         if not isinstance(num_layers, int) or num_layers < 1:
             raise ValueError(f"model.overrides.num_hidden_layers must be a positive integer, got {num_layers!r}")
         for i, layout in enumerate(self.sweep.layout):
-            _check_layout(layout, num_layers, f"sweep.layout.{i}")
+            if layout != "fit":
+                _check_layout(layout, num_layers, f"sweep.layout.{i}")
+        if self.sweep.batch_size == "max" and "fit" in self.sweep.layout:
+            raise ValueError("sweep: batch_size: max and layout: fit search different axes; use one at a time")
         for i, spec in enumerate(self.points):
             if spec.layout is not None:
                 _check_layout(spec.layout, num_layers, f"points.{i}.layout")
+        if any(p.layout == "fit" for p in self.points) or (
+            self.sweep.batch_size == "max" and any(p.batch_size is None for p in self.points)
+        ):
+            raise ValueError("points: explicit points need a concrete layout and batch size, not a search")
         max_pos = resolved.get("max_position_embeddings")
         seqs = [*self.sweep.seq_len, *(p.seq_len for p in self.points if p.seq_len)]
         if isinstance(max_pos, int) and any(s > max_pos for s in seqs):
@@ -256,15 +272,31 @@ def _axis_values(cfg: SweepConfig) -> dict[str, list[Any]]:
     return {
         "precision": list(axes.precision),
         "lora": list(axes.lora),
-        "layout": list(axes.layout),
+        "layout": [x for x in axes.layout if x != "fit"],
         "seq_len": list(axes.seq_len),
-        "batch_size": list(axes.batch_size),
+        "batch_size": [] if axes.batch_size == "max" else list(axes.batch_size),
         "optimizer": list(axes.optimizer or [cfg.optimizer]),
         "micro_batches": list(axes.micro_batches),
         "offload": list(axes.offload),
         "compile": list(axes.compile),
         "attn_implementation": list(axes.attn_implementation or [cfg.model.attn_implementation]),
     }
+
+
+def search_templates(cfg: SweepConfig) -> list[tuple[str, Point]]:
+    """('batch_max' | 'layout_fit', template point) for every searched cell, in execution order.
+
+    The template carries every other axis; the searched one is a placeholder (batch 1, layout 'none').
+    """
+    values = _axis_values(cfg)
+    if cfg.sweep.batch_size == "max":
+        kind, values["batch_size"] = "batch_max", [1]
+    elif "fit" in cfg.sweep.layout:
+        kind, values["layout"] = "layout_fit", ["none"]
+    else:
+        return []
+    cells = itertools.product(*(values[a] for a in _AXES))
+    return [(kind, Point(model=cfg.model.name, **dict(zip(_AXES, c, strict=True)))) for c in cells]
 
 
 def expand(cfg: SweepConfig) -> list[Point]:

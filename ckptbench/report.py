@@ -77,3 +77,25 @@ def write_summaries(run: Run) -> tuple[Path, Path]:
     text = f"# {run.name}\n\n{run_header(run)}\n\n" + markdown_table(summary_rows(run), COLUMNS) + note
     write_text_atomic(md_path, text)
     return csv_path, md_path
+
+
+def search_rows(run: Run) -> list[dict[str, str]]:
+    """One row per search of a run (batch_size: max, layout: fit) with its measured answer."""
+    rows = []
+    for s in run.meta.get("searches") or []:
+        answer = s.get("answer") or {}
+        if s.get("kind") == "batch_max":
+            text = "nothing fits" if answer.get("batch_size") is None else f"batch {answer['batch_size']}"
+            if answer.get("first_failing_batch_size"):
+                text += f" (batch {answer['first_failing_batch_size']} does not fit)"
+        else:
+            k = answer.get("num_checkpointed")
+            text = "nothing fits, even 'all'" if k is None else f"{answer['layout']} ({k} layers)"
+        probes = ", ".join(str(p) for p in s.get("probes", []))
+        rows.append({"search": str(s.get("kind")), "cell": str(s.get("group")), "answer": text, "probes": probes})
+    return rows
+
+
+def search_table(run: Run) -> Table:
+    """The answers of a run's searches, each resting on the measured probes it lists."""
+    return rich_table(search_rows(run), ["search", "cell", "answer", "probes"], title="searches (measured)")

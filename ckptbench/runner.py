@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,9 +26,24 @@ from ckptbench.model import (
 )
 from ckptbench.offload import HostOffload
 from ckptbench.probe import CudaProbe, Probe, TrackerProbe, tensor_bytes
+from ckptbench.search import Search
 from ckptbench.step import OptimizerUnavailable, Trainer, make_batch, make_optimizer, param_dtype
 
 LEAK_TOLERANCE_BYTES = 1 << 20  # 1 MiB: allocator bookkeeping and tiny caches stay below it
+
+
+_PROBES_GUESS = 6  # probes a search usually needs; the progress total grows if it needs more
+
+
+@dataclass
+class _Counter:
+    total: int
+    done: int = 0
+
+    def next(self) -> int:
+        self.done += 1
+        self.total = max(self.total, self.done)
+        return self.done - 1
 
 
 @dataclass(frozen=True)
@@ -80,6 +95,7 @@ class Runner:
     _slot: _ModelSlot = field(default_factory=_ModelSlot)
     _reference: dict[tuple[Any, ...], list[float]] = field(default_factory=dict)
     _oom_at: dict[tuple[Any, ...], int] = field(default_factory=dict)
+    _done: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.llama = llama_config(self.cfg.model)
@@ -94,14 +110,43 @@ class Runner:
         )
         self.peak_tflops = self.cfg.peak_tflops or peak_tflops_for(self.gpu_name)
 
-    def run(self, points: list[Point], on_record: Callable[[Progress], None]) -> None:
-        """Measure every point in order, reporting each start and finish."""
+    def run(
+        self,
+        points: list[Point],
+        on_record: Callable[[Progress], None],
+        searches: Sequence[Search] = (),
+    ) -> list[dict[str, Any]]:
+        """Measure every point in order, then run the searches; report each start and finish.
+
+        Returns the searches' outcomes. A search probe that equals an already measured point reuses
+        that point's record instead of measuring it twice.
+        """
+        counter = _Counter(total=len(points) + _PROBES_GUESS * len(searches))
         try:
-            for i, point in enumerate(points):
-                on_record(Progress(i, len(points), point))
-                on_record(Progress(i, len(points), point, self.run_point(point)))
+            for point in points:
+                self._report(point, counter, on_record, search=False)
+            budget = int(self.cfg.budget_gib * 2**30) if self.cfg.budget_gib else None
+            outcomes = []
+            for search in searches:
+                while (point := search.next_point(budget)) is not None:
+                    record = self._done.get(point.key_id) or self._report(point, counter, on_record, search=True)
+                    search.observe(point, record, budget)
+                outcomes.append(search.outcome())
+            return outcomes
         finally:
             self.close()
+
+    def _report(
+        self, point: Point, counter: _Counter, on_record: Callable[[Progress], None], *, search: bool
+    ) -> dict[str, Any]:
+        i = counter.next()
+        on_record(Progress(i, counter.total, point))
+        record = self.run_point(point, allow_skip=not search)
+        if search:
+            record["search"] = True
+        self._done[point.key_id] = record
+        on_record(Progress(i, counter.total, point, record))
+        return record
 
     def close(self) -> None:
         """Free the model and return cached device memory."""
@@ -109,11 +154,11 @@ class Runner:
         gc.collect()
         self.probe.release()
 
-    def run_point(self, point: Point) -> dict[str, Any]:
+    def run_point(self, point: Point, *, allow_skip: bool = True) -> dict[str, Any]:
         plan = parse_layout(point.layout, self.shape.num_layers)
         base = self._base_record(point, plan)
         skip_from = self._oom_at.get(_batch_free(point))
-        if self.cfg.skip_after_oom and skip_from is not None and point.batch_size > skip_from:
+        if allow_skip and self.cfg.skip_after_oom and skip_from is not None and point.batch_size > skip_from:
             return {**base, "status": "skipped", "reason": f"batch {skip_from} already ran out of memory"}
         started = time.perf_counter()
         record = self._measure_safely(point, plan, base)

@@ -14,6 +14,7 @@ from ckptbench.errors import ConfigError, ResultsError
 from ckptbench.model import llama_config
 from ckptbench.results import RUN_FILE, RunWriter, create_run_dir
 from ckptbench.runner import Progress, Runner, make_probe, resolve_device
+from ckptbench.search import make_searches
 
 
 @dataclass
@@ -81,12 +82,12 @@ def run_sweep(
 
     runner = Runner(cfg, device, probe, gpu_name=environment.get("gpu_name"))
     try:
-        runner.run(points, record)
+        searches = runner.run(points, record, make_searches(cfg))
     except KeyboardInterrupt:
         writer.set_status("interrupted", finished_points=len(records))
         raise
     except BaseException:
         writer.set_status("failed", finished_points=len(records))
         raise
-    writer.set_status("complete", finished_points=len(records))
+    writer.set_status("complete", finished_points=len(records), searches=searches)
     return SweepOutcome(run_dir=run_dir, records=records, status="complete")

@@ -1,0 +1,107 @@
+"""batch_size: max and layout: fit: correct boundaries from measured points, every probe recorded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckptbench.config import Point
+from ckptbench.search import BatchMaxSearch, LayoutFitSearch
+from ckptbench.sweep import run_sweep
+from tests.conftest import tiny_config
+
+TEMPLATE = Point(precision="fp32", lora="none", layout="none", seq_len=64, batch_size=1, model="m", optimizer="sgd")
+
+
+def drive(search: Any, oracle: Any, budget: int | None = None) -> list[Any]:
+    probes = []
+    while (point := search.next_point(budget)) is not None:
+        probes.append(point)
+        search.observe(point, oracle(point), budget)
+    return probes
+
+
+@pytest.mark.parametrize(("boundary", "expected_probes"), [
+    (13, [1, 2, 4, 8, 16, 12, 14, 13]),
+    (1, [1, 2]),
+    (16, [1, 2, 4, 8, 16, 32, 24, 20, 18, 17]),
+    (0, [1]),
+])
+def test_batch_max_doubles_then_bisects(boundary: int, expected_probes: list[int]) -> None:
+    search = BatchMaxSearch(TEMPLATE, limit=1024)
+    probes = drive(search, lambda p: {"status": "ok" if p.batch_size <= boundary else "oom"})
+    assert [p.batch_size for p in probes] == expected_probes
+    assert search.outcome()["answer"]["batch_size"] == (boundary or None)
+
+
+def test_batch_max_stops_at_the_limit() -> None:
+    search = BatchMaxSearch(TEMPLATE, limit=8)
+    probes = drive(search, lambda p: {"status": "ok"})
+    assert [p.batch_size for p in probes] == [1, 2, 4, 8]
+    assert search.outcome()["answer"] == {"batch_size": 8, "first_failing_batch_size": None}
+
+
+def _peaks(k: int) -> int:
+    # 32 layers, each checkpointed early layer saves 10 units, late ones 8 (position effect).
+    return 1000 - sum(10 if i < 16 else 8 for i in range(k))
+
+
+@pytest.mark.parametrize("budget", [1000, 999, 900, 841, 840, 705, 600])
+def test_layout_fit_finds_the_fewest_layers(budget: int) -> None:
+    search = LayoutFitSearch(TEMPLATE, num_layers=32)
+
+    def oracle(p: Point) -> dict[str, Any]:
+        k = 0 if p.layout == "none" else 32 if p.layout == "all" else int(p.layout.split(":")[1])
+        return {"status": "ok", "peak_reserved_bytes": _peaks(k)}
+
+    probes = drive(search, oracle, budget)
+    expected = next((k for k in range(33) if _peaks(k) <= budget), None)
+    assert search.outcome()["answer"]["num_checkpointed"] == expected
+    assert len(probes) <= 8  # the measured per-layer cost proposes k: few probes, not 32
+    layouts = [p.layout for p in probes]
+    assert len(set(layouts)) == len(layouts)
+
+
+def _records(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (run_dir / "points.jsonl").read_text().splitlines()]
+
+
+def test_batch_max_on_cpu_under_a_tracker_cap(tmp_path: Path) -> None:
+    cfg = tiny_config(
+        memory_cap_gib=40 / 1024,  # 40 MiB: enforced by the CPU live-tensor tracker
+        measured_steps=1,
+        sweep={"layout": ["none", "all"], "batch_size": "max", "seq_len": [128], "precision": ["fp32"]},
+    )
+    outcome = run_sweep(cfg, out=tmp_path / "run")
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    answers = {s["key"]["layout"]: s for s in meta["searches"]}
+    records = _records(tmp_path / "run")
+    assert len(records) == sum(len(s["probes"]) for s in meta["searches"]) == len(outcome.records)
+    for layout, search in answers.items():
+        best = search["answer"]["batch_size"]
+        by_batch = {r["key"]["batch_size"]: r for r in records if r["key"]["layout"] == layout}
+        assert by_batch[best]["status"] == "ok"
+        assert by_batch[best + 1]["status"] == "oom"  # the boundary was probed on both sides
+        assert all(r.get("search") for r in by_batch.values())
+    assert answers["all"]["answer"]["batch_size"] > answers["none"]["answer"]["batch_size"]
+
+
+def test_layout_fit_on_cpu_under_a_tracker_cap(tmp_path: Path) -> None:
+    cfg = tiny_config(
+        memory_cap_gib=34 / 1024,
+        measured_steps=1,
+        sweep={"layout": ["fit"], "batch_size": [2], "seq_len": [128], "precision": ["fp32"]},
+    )
+    run_sweep(cfg, out=tmp_path / "run")
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    (search,) = meta["searches"]
+    k = search["answer"]["num_checkpointed"]
+    assert 0 < k < 8, search
+    status = {r["key"]["layout"]: r["status"] for r in _records(tmp_path / "run")}
+    assert set(status) == set(search["probes"])
+    assert status[search["answer"]["layout"]] == "ok"
+    fewer = "none" if k == 1 else f"first:{k - 1}"
+    assert status[fewer] == "oom"
