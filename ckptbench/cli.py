@@ -5,23 +5,18 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ckptbench import __version__
-from ckptbench.errors import EXIT_BAD_INPUT, CkptbenchError
+from ckptbench.errors import EXIT_BAD_INPUT, EXIT_REGRESSION, CkptbenchError, ConfigError, ResultsError
+from ckptbench.recommend import DEFAULT_HEADROOM
 
 app = typer.Typer(
     name="ckptbench",
@@ -248,6 +243,158 @@ def layouts(config: ConfigArg) -> None:
         )
     columns = ["layout", "layers (0-based)", "count", "wraps", "modules"]
     out.print(rich_table(rows, columns, title=f"{cfg.model.name}: {n} decoder layers"))
+
+
+class Format(str, Enum):
+    table = "table"
+    markdown = "markdown"
+    csv = "csv"
+    json = "json"
+
+
+RunArg = Annotated[str, typer.Argument(help="A run directory, or a run name under --results.")]
+FormatOpt = Annotated[Format, typer.Option("--format", help="table (default), markdown, csv or json.")]
+OnlyChangedOpt = Annotated[bool, typer.Option("--only-changed", help="Hide unchanged and within-noise rows.")]
+FailMemoryOpt = Annotated[
+    float | None,
+    typer.Option("--fail-memory", min=0, metavar="PCT", help="Exit 3 if peak allocated grows > PCT%."),
+]
+FailTimeOpt = Annotated[
+    float | None,
+    typer.Option("--fail-time", min=0, metavar="PCT", help="Exit 3 if step time grows > PCT% (significant)."),
+]
+FailOomOpt = Annotated[
+    bool, typer.Option("--fail-oom", help="Exit 3 on a new OOM (implied by --fail-memory/--fail-time).")
+]
+MemoryTolOpt = Annotated[
+    float,
+    typer.Option("--memory-tolerance", min=0, metavar="PCT", help="A memory change up to PCT% is unchanged."),
+]
+TimeNoiseOpt = Annotated[
+    float, typer.Option("--time-noise", min=0, metavar="PCT", help="A step-time change under PCT% is noise.")
+]
+ResultsOpt = Annotated[Path, typer.Option("--results", help="Where run names are looked up.")]
+
+
+@app.command()
+def compare(
+    run_a: RunArg,
+    run_b: RunArg,
+    fmt: FormatOpt = Format.table,
+    only_changed: OnlyChangedOpt = False,
+    fail_memory: FailMemoryOpt = None,
+    fail_time: FailTimeOpt = None,
+    fail_oom: FailOomOpt = False,
+    memory_tolerance: MemoryTolOpt = 0.1,
+    time_noise: TimeNoiseOpt = 2.0,
+    results_root: ResultsOpt = Path("results"),
+) -> None:
+    """Compare RUN_B against the base RUN_A: memory, speed, OOMs, environment; gates for CI."""
+    from ckptbench.compare import Gates, Thresholds, compare_refs
+
+    oom = fail_oom or fail_memory is not None or fail_time is not None
+    gates = Gates(memory_pct=fail_memory, time_pct=fail_time, new_oom=oom)
+    thresholds = Thresholds(memory_rtol=memory_tolerance / 100, time_rtol=time_noise / 100)
+    try:
+        comp = compare_refs(run_a, run_b, results_root=results_root, thresholds=thresholds, gates=gates)
+    except CkptbenchError as exc:
+        raise fail(exc) from None
+    _print_comparison(comp, fmt, only_changed=only_changed)
+    if comp.gate_failures:
+        raise typer.Exit(EXIT_REGRESSION)
+
+
+def _print_comparison(comp: Any, fmt: Format, *, only_changed: bool) -> None:
+    """Tables and machine-readable output to stdout; warnings (table/csv) and gate failures to stderr."""
+    from ckptbench.compare_report import RENDERERS, compare_table, warning_lines
+
+    if fmt in (Format.table, Format.csv):  # markdown and json carry the warnings inside
+        for line in warning_lines(comp):
+            err.print(f"[yellow]warning:[/yellow] {escape(line)}", soft_wrap=True)
+    if fmt is Format.table:
+        for renderable in compare_table(comp, only_changed=only_changed):
+            out.print(renderable, soft_wrap=True)
+    else:
+        sys.stdout.write(RENDERERS[fmt.value](comp, only_changed=only_changed))
+    for line in comp.gate_failures:
+        err.print(f"[red]gate failed:[/red] {escape(line)}", soft_wrap=True)
+
+
+RunArg = Annotated[str, typer.Argument(help="Run directory, or a run name under results/.")]
+BudgetOpt = Annotated[
+    str | None, typer.Option("--budget", help="Memory budget: GiB (80) or with a unit (80GiB, 512MiB).")
+]
+HeadroomOpt = Annotated[
+    str, typer.Option("--headroom", help="Kept free under the budget: a share of it (5%) or a size (2GiB).")
+]
+SeqLenOpt = Annotated[
+    int | None, typer.Option("--seq-len", help="Only consider points of this sequence length.")
+]
+ReportOutOpt = Annotated[
+    Path | None, typer.Option("--out", help="Folder for report.md and the PNGs (default RUN/report).")
+]
+
+
+@app.command("recommend")
+def recommend_cmd(
+    run: RunArg,
+    budget: BudgetOpt = None,
+    seq_len: SeqLenOpt = None,
+    headroom: HeadroomOpt = DEFAULT_HEADROOM,
+    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+) -> None:
+    """The fastest measured point whose peak reserved memory fits the budget, and the Pareto front."""
+    import json
+
+    from ckptbench.recommend_report import rich_recommendation
+    from ckptbench.results import load_run
+
+    try:
+        if fmt not in ("table", "json"):
+            raise ConfigError(f"--format: {fmt!r} is not one of table, json")
+        if budget is None:
+            raise ConfigError("--budget is required, e.g. --budget 80 (GiB) or --budget 80GiB")
+        rec = _recommendation(load_run(run), budget=budget, headroom=headroom, seq_len=seq_len)
+    except CkptbenchError as exc:
+        raise fail(exc) from None
+    if fmt == "json":
+        typer.echo(json.dumps(rec.to_json(), sort_keys=True, indent=2))
+    else:
+        out.print(rich_recommendation(rec))
+
+
+def _recommendation(run: Any, *, budget: str, headroom: str, seq_len: int | None) -> Any:
+    from ckptbench.recommend import recommend
+    from ckptbench.units import parse_headroom, parse_size
+
+    budget_bytes = parse_size(budget)
+    headroom_bytes = parse_headroom(headroom, budget_bytes=budget_bytes)
+    return recommend(run, budget_bytes=budget_bytes, headroom_bytes=headroom_bytes, seq_len=seq_len)
+
+
+@app.command("report")
+def report_cmd(
+    run: RunArg,
+    out_dir: ReportOutOpt = None,
+    budget: BudgetOpt = None,
+    seq_len: SeqLenOpt = None,
+    headroom: HeadroomOpt = DEFAULT_HEADROOM,
+) -> None:
+    """Write report.md (tables, recommendation when --budget is given) and PNG plots of a run."""
+    from ckptbench.results import load_run
+    from ckptbench.run_report import default_out_dir, write_report
+
+    try:
+        loaded = load_run(run)
+        rec = _recommendation(loaded, budget=budget, headroom=headroom, seq_len=seq_len) if budget else None
+        files = write_report(loaded, out_dir=out_dir or default_out_dir(loaded), rec=rec)
+    except CkptbenchError as exc:
+        raise fail(exc) from None
+    except OSError as exc:
+        raise fail(ResultsError(f"cannot write the report: {exc}")) from None
+    for plot in files.plots:
+        err.print(f"plot: {plot}", markup=False)
+    out.print(str(files.markdown), markup=False)
 
 
 def _modules_text(targets: tuple[str, ...]) -> str:

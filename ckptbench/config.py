@@ -20,9 +20,13 @@ from ckptbench.layouts import parse_layout
 from ckptbench.presets import PRESETS, preset_names
 
 Precision = Literal["bf16", "fp16", "fp32", "amp_bf16", "amp_fp16"]
-OptimizerName = Literal["adamw_fused", "adamw_foreach", "sgd"]
+OptimizerName = Literal["adamw_fused", "adamw_foreach", "sgd", "adafactor", "adamw_8bit"]
 DeviceName = Literal["auto", "cuda", "cpu"]
 AttnImpl = Literal["sdpa", "eager"]
+# Activation offloading: 'none'; 'all' keeps every tensor autograd saves (outside checkpointed
+# regions) in pinned host memory; 'ckpt_inputs' offloads only the inputs of checkpointed modules.
+Offload = Literal["none", "all", "ckpt_inputs"]
+LORA_PATTERN = r"^(none|r[1-9][0-9]*)$"
 
 MAX_LAYERS = 4096  # far above any real LLaMA; keeps layout expansion cheap for absurd inputs
 MAX_SEED = 2**32 - 1
@@ -74,8 +78,26 @@ class SweepAxes(_Strict):
     batch_size: list[int] = Field(default_factory=lambda: [1], min_length=1)
     seq_len: list[int] = Field(default_factory=lambda: [512], min_length=1)
     precision: list[Precision] = Field(default_factory=lambda: ["bf16"], min_length=1)
+    # Optional axes; an unset one takes the single top-level value (optimizer, attn_implementation).
+    optimizer: list[OptimizerName] | None = Field(default=None, min_length=1)
+    # Gradient accumulation: micro-batches of batch_size per optimizer step.
+    micro_batches: list[int] = Field(default_factory=lambda: [1], min_length=1)
+    offload: list[Offload] = Field(default_factory=lambda: ["none"], min_length=1)
+    # 'none' (full fine-tuning) or 'r<rank>' (LoRA through peft on lora.target_modules).
+    lora: list[str] = Field(default_factory=lambda: ["none"], min_length=1)
+    # torch.compile the model; compile time is recorded apart and never counted in step time.
+    compile: list[bool] = Field(default_factory=lambda: [False], min_length=1)
+    attn_implementation: list[AttnImpl] | None = Field(default=None, min_length=1)
 
-    @field_validator("batch_size", "seq_len")
+    @field_validator("lora")
+    @classmethod
+    def _lora_spec(cls, values: list[str]) -> list[str]:
+        for v in values:
+            if not re.fullmatch(LORA_PATTERN, str(v)):
+                raise ValueError(f"LoRA entries are 'none' or 'r<rank>' such as 'r16', got {v!r}")
+        return values
+
+    @field_validator("batch_size", "seq_len", "micro_batches")
     @classmethod
     def _positive(cls, values: list[int]) -> list[int]:
         for v in values:
@@ -91,6 +113,19 @@ class PointSpec(_Strict):
     batch_size: int | None = Field(default=None, ge=1)
     seq_len: int | None = Field(default=None, ge=1)
     precision: Precision | None = None
+    optimizer: OptimizerName | None = None
+    micro_batches: int | None = Field(default=None, ge=1)
+    offload: Offload | None = None
+    lora: str | None = Field(default=None, pattern=LORA_PATTERN)
+    compile: bool | None = None
+    attn_implementation: AttnImpl | None = None
+
+
+class LoraSpec(_Strict):
+    """LoRA settings shared by every 'r<rank>' point."""
+
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
+    alpha: float = Field(default=16.0, gt=0)
 
 
 class SweepConfig(_Strict):
@@ -105,7 +140,11 @@ class SweepConfig(_Strict):
     warmup_steps: int = Field(default=2, ge=1)
     measured_steps: int = Field(default=5, ge=1)
     optimizer: OptimizerName = "adamw_fused"
+    # After each step gradients are freed (true, the default) or zeroed in place and kept (false).
+    zero_grad_to_none: bool = True
     lr: float = Field(default=1e-5, gt=0)
+    # LoRA settings for the sweep's 'r<rank>' points.
+    lora: LoraSpec = Field(default_factory=LoraSpec)
     seed: int = 0
     # Dense bf16 peak of the GPU for MFU/HFU; null picks it from the built-in table by GPU name.
     peak_tflops: float | None = Field(default=None, gt=0)
@@ -190,11 +229,23 @@ def check_cpu_compatible(cfg: SweepConfig) -> None:
     A memory cap is allowed on CPU: the live-tensor tracker enforces it (an allocation past the
     cap raises an out-of-memory error, like a smaller card would).
     """
-    fields = [*(("sweep.precision", p) for p in cfg.sweep.precision)]
-    fields += [(f"points.{i}.precision", p.precision) for i, p in enumerate(cfg.points) if p.precision]
-    for where, precision in fields:
-        if precision in ("fp16", "amp_fp16"):
-            raise ValueError(f"{where}: {precision} is not supported on CPU; use bf16, amp_bf16 or fp32")
+    points = cfg.points_list()
+    checks = (
+        ("precision", lambda v: v in ("fp16", "amp_fp16"), "is not supported on CPU; use bf16, amp_bf16 or fp32"),
+        ("offload", lambda v: v != "none", "moves activations to host memory and needs a CUDA device"),
+    )
+    for axis, bad, why in checks:
+        found = sorted({getattr(p, axis) for p in points if bad(getattr(p, axis))})
+        if found:
+            raise ValueError(f"{_field_of(cfg, axis, found[0])}: {found[0]} {why}")
+
+
+def _field_of(cfg: SweepConfig, axis: str, value: Any) -> str:
+    """Where a value of a sweep axis comes from: an explicit point (points.N.<axis>) or sweep.<axis>."""
+    for i, spec in enumerate(cfg.points):
+        if getattr(spec, axis, None) == value:
+            return f"points.{i}.{axis}"
+    return f"sweep.{axis}"
 
 
 @dataclass(frozen=True, order=True)
@@ -202,11 +253,16 @@ class Point:
     """One cell of the grid. ``key`` identifies it across runs."""
 
     precision: str
+    lora: str
     layout: str
     seq_len: int
     batch_size: int
     model: str
     optimizer: str
+    micro_batches: int = 1
+    offload: str = "none"
+    compile: bool = False
+    attn_implementation: str = "sdpa"
 
     @property
     def key(self) -> dict[str, Any]:
@@ -217,6 +273,11 @@ class Point:
             "seq_len": self.seq_len,
             "precision": self.precision,
             "optimizer": self.optimizer,
+            "micro_batches": self.micro_batches,
+            "offload": self.offload,
+            "lora": self.lora,
+            "compile": self.compile,
+            "attn_implementation": self.attn_implementation,
         }
 
     @property
@@ -226,7 +287,8 @@ class Point:
 
     @property
     def tokens(self) -> int:
-        return self.batch_size * self.seq_len
+        """Tokens per optimizer step (every micro-batch counts)."""
+        return self.batch_size * self.seq_len * self.micro_batches
 
 
 def key_id(key: dict[str, Any]) -> str:
@@ -234,37 +296,51 @@ def key_id(key: dict[str, Any]) -> str:
     return "|".join(f"{k}={key[k]}" for k in sorted(key))
 
 
+_AXES = ("precision", "lora", "layout", "seq_len", "batch_size", "optimizer", "micro_batches", "offload",
+         "compile", "attn_implementation")
+
+
+def _axis_values(cfg: SweepConfig) -> dict[str, list[Any]]:
+    axes = cfg.sweep
+    return {
+        "precision": list(axes.precision),
+        "lora": list(axes.lora),
+        "layout": list(axes.layout),
+        "seq_len": list(axes.seq_len),
+        "batch_size": list(axes.batch_size),
+        "optimizer": list(axes.optimizer or [cfg.optimizer]),
+        "micro_batches": list(axes.micro_batches),
+        "offload": list(axes.offload),
+        "compile": list(axes.compile),
+        "attn_implementation": list(axes.attn_implementation or [cfg.model.attn_implementation]),
+    }
+
+
 def expand(cfg: SweepConfig) -> list[Point]:
     """Grid (unless replaced) plus explicit points, de-duplicated, ordered for model reuse.
 
-    Precision is the outer loop (the model is rebuilt only when it changes) and batch size
-    the inner one, ascending, so a layout that runs out of memory can skip larger batches.
+    Precision and LoRA are the outer loops (the model is rebuilt only when they change), 'none'
+    runs first among layouts (its losses are the reference), and batch size is the innermost
+    loop, ascending, so a layout that runs out of memory can skip larger batches.
     """
-    axes = cfg.sweep
-    cells: set[tuple[str, str, int, int]] = set()
+    values = _axis_values(cfg)
+    cells: set[tuple[Any, ...]] = set()
     if cfg.points_mode == "add" or not cfg.points:
-        cells.update(itertools.product(axes.precision, axes.layout, axes.seq_len, axes.batch_size))
+        cells.update(itertools.product(*(values[a] for a in _AXES)))
     for spec in cfg.points:
-        cells.add(
-            (
-                spec.precision or axes.precision[0],
-                spec.layout or axes.layout[0],
-                spec.seq_len or axes.seq_len[0],
-                spec.batch_size or axes.batch_size[0],
-            )
-        )
-    order_p = {p: i for i, p in enumerate(axes.precision)}
-    # 'none' runs first in each cell: its losses are the reference the other layouts must match.
-    order_l = {layout: i for i, layout in enumerate(axes.layout)}
-    order_l["none"] = -1
+        given = spec.model_dump()
+        cells.add(tuple(given[a] if given.get(a) is not None else values[a][0] for a in _AXES))
+    rank = {a: {v: i for i, v in enumerate(values[a])} for a in _AXES}
+    rank["layout"]["none"] = -1
 
-    def sort_key(c: tuple[str, str, int, int]) -> tuple[int, int, str, int, int]:
-        return (order_p.get(c[0], len(order_p)), order_l.get(c[1], len(order_l)), c[1], c[2], c[3])
+    def sort_key(cell: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple((rank[a].get(v, len(rank[a])), str(v)) for a, v in zip(_AXES, cell, strict=True))
 
-    return [
-        Point(precision=p, layout=lay, seq_len=s, batch_size=b, model=cfg.model.name, optimizer=cfg.optimizer)
-        for p, lay, s, b in sorted(cells, key=sort_key)
-    ]
+    order = ["precision", "lora", "optimizer", "micro_batches", "offload", "compile", "attn_implementation",
+             "layout", "seq_len", "batch_size"]
+    idx = [_AXES.index(a) for a in order]
+    cells_sorted = sorted(cells, key=lambda c: tuple(sort_key(c)[i] for i in idx))
+    return [Point(model=cfg.model.name, **dict(zip(_AXES, c, strict=True))) for c in cells_sorted]
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:

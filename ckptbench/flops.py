@@ -38,21 +38,26 @@ class ModelShape:
         return self.num_layers * self.layer_params + self.lm_head_params
 
 
-def step_flops(shape: ModelShape, plan: LayoutPlan, *, batch_size: int, seq_len: int) -> tuple[int, int]:
-    """(model FLOPs, hardware FLOPs) of one forward+backward+update over batch_size x seq_len tokens.
+def step_flops(
+    shape: ModelShape, plan: LayoutPlan, *, tokens: int, seq_len: int, frozen_base: bool = False
+) -> tuple[int, int]:
+    """(model FLOPs, hardware FLOPs) of one optimizer step over ``tokens`` tokens of length ``seq_len``.
 
     Model FLOPs per token: 6N plus attention scores, 12 * layers * hidden * seq (the PaLM
-    convention, not halved for causal masking). Hardware FLOPs add one more forward of
-    every checkpointed part: 2 * its parameters plus, for attention, 4 * hidden * seq.
+    convention, not halved for causal masking); with a frozen base (LoRA) the weight gradients
+    are not computed: 4N (adapter FLOPs are neglected). Hardware FLOPs add one more forward of
+    every checkpointed part: 2 * its parameters plus, for attention, 4 * hidden * seq; per-op
+    (selective) checkpointing saves the matmul and attention outputs, so it adds none of these.
     """
-    tokens = batch_size * seq_len
     attn_fwd_per_layer = 4 * shape.hidden_size * seq_len
-    model = tokens * (6 * shape.matmul_params + 3 * shape.num_layers * attn_fwd_per_layer)
+    per_param = 4 if frozen_base else 6
+    model = tokens * (per_param * shape.matmul_params + 3 * shape.num_layers * attn_fwd_per_layer)
     per_layer = {
         "block": 2 * shape.layer_params + attn_fwd_per_layer,
         "attn": 2 * shape.attn_params + attn_fwd_per_layer,
         "mlp": 2 * shape.mlp_params,
         "attn+mlp": 2 * (shape.attn_params + shape.mlp_params) + attn_fwd_per_layer,
+        "selective": 0,
     }[plan.granularity]
     recompute = tokens * per_layer * len(plan.layers)
     return model, model + recompute

@@ -11,6 +11,8 @@ Grammar (layer indices are 0-based decoder-layer indices of ``model.model.layers
     GRANULARITY := "block" (default: the whole decoder layer)
                  | "attn" | "mlp"              only that sub-module of each chosen layer
                  | "attn+mlp"                  attention and MLP wrapped separately
+                 | "selective"                 the whole layer, per-op: matmul and attention outputs
+                                               are saved, everything else is recomputed
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Literal, get_args
 
 from ckptbench.errors import LayoutError
 
-Granularity = Literal["block", "attn", "mlp", "attn+mlp"]
+Granularity = Literal["block", "attn", "mlp", "attn+mlp", "selective"]
 GRANULARITIES: tuple[str, ...] = get_args(Granularity)
 
 _SUBMODULES: dict[str, tuple[str, ...]] = {
@@ -29,11 +31,12 @@ _SUBMODULES: dict[str, tuple[str, ...]] = {
     "attn": ("self_attn",),
     "mlp": ("mlp",),
     "attn+mlp": ("self_attn", "mlp"),
+    "selective": ("",),
 }
 
 SYNTAX_HELP = (
     "none | all | every:N[+OFFSET] | first:K | last:K | range:A-B | layers:I,J,... "
-    "optionally followed by @block|@attn|@mlp|@attn+mlp"
+    "optionally followed by @block|@attn|@mlp|@attn+mlp|@selective"
 )
 
 
@@ -69,6 +72,7 @@ class LayoutPlan:
             "attn": "self_attn only",
             "mlp": "mlp only",
             "attn+mlp": "self_attn and mlp wrapped separately",
+            "selective": "whole decoder layer, per-op (matmuls and attention saved)",
         }[self.granularity]
         return f"{len(self.layers)}/{self.num_layers} layers [{self.describe_layers()}], {part}"
 

@@ -9,12 +9,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from ckptbench.config import ModelSpec
+from ckptbench.config import LoraSpec, ModelSpec
 from ckptbench.errors import ConfigError
 from ckptbench.layouts import LayoutPlan
+from ckptbench.offload import HostOffload
 
 _LLAMA_FIELDS = frozenset(LlamaConfig().to_dict())
 
@@ -56,41 +57,122 @@ def reset_weights(model: nn.Module, *, seed: int, std: float = 0.02) -> None:
     """Re-initialise every parameter deterministically, so each point starts from the same weights."""
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     for name, param in model.named_parameters():
-        if name.endswith("norm.weight"):
-            param.fill_(1.0)
+        if name.endswith("norm.weight") or "lora_B" in name:
+            param.fill_(1.0 if name.endswith("norm.weight") else 0.0)
         else:
             param.normal_(0.0, std, generator=gen)
 
 
-def _checkpointed(forward: Any) -> Any:
+def apply_lora(model: LlamaForCausalLM, *, rank: int, spec: LoraSpec) -> nn.Module:
+    """Wrap the model with peft LoRA adapters: base weights frozen, adapters trainable."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ModuleNotFoundError("peft is not installed (pip install peft) and LoRA points need it") from None
+    lora = LoraConfig(
+        r=rank, lora_alpha=spec.alpha, target_modules=list(spec.target_modules), lora_dropout=0.0, bias="none"
+    )
+    wrapped = get_peft_model(model, lora)
+    # Reentrant checkpointing (used by ckpt_inputs offloading) needs an input that requires grad.
+    model.enable_input_require_grads()
+    return wrapped
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """``model.model.layers`` of the LlamaForCausalLM, also under a peft wrapper."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.model.layers
+
+
+def _saved_ops() -> frozenset[Any]:
+    """Ops whose outputs selective checkpointing keeps: matmuls and fused attention kernels."""
+    aten = torch.ops.aten
+    names = (
+        "mm", "addmm", "bmm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+    )
+    return frozenset(getattr(aten, n).default for n in names if hasattr(aten, n))
+
+
+def _selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in _saved_ops() else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _selective_context() -> Any:
+    return create_selective_checkpoint_contexts(_selective_policy)
+
+
+def _checkpointed(forward: Any, *, selective: bool, offload: HostOffload | None) -> Any:
+    if offload is not None:
+        return _checkpointed_offloaded(forward, offload)
+
     @functools.wraps(forward)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         # Non-reentrant checkpointing: keyword arguments and non-tensor outputs are allowed.
+        if selective:
+            return checkpoint(forward, *args, use_reentrant=False, context_fn=_selective_context, **kwargs)
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
     return wrapped
 
 
-def plan_modules(model: LlamaForCausalLM, plan: LayoutPlan) -> list[nn.Module]:
+def _checkpointed_offloaded(forward: Any, offload: HostOffload) -> Any:
+    """Reentrant checkpoint: its one saved tensor, the module input, goes to host memory."""
+
+    @functools.wraps(forward)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            hidden, rest = args[0], args[1:]
+
+            def run(h: torch.Tensor) -> Any:
+                return forward(h, *rest, **kwargs)
+        else:
+            hidden = kwargs.pop("hidden_states")
+
+            def run(h: torch.Tensor) -> Any:
+                return forward(hidden_states=h, **kwargs)
+
+        with offload.active():
+            return checkpoint(run, hidden, use_reentrant=True)
+
+    return wrapped
+
+
+def plan_modules(model: nn.Module, plan: LayoutPlan) -> list[nn.Module]:
     """The modules a plan wraps, resolved against the model's own decoder layers."""
-    layers = model.model.layers
+    layers = decoder_layers(model)
     if len(layers) != plan.num_layers:
         raise ValueError(f"plan is for {plan.num_layers} layers, the model has {len(layers)}")
     return [layers.get_submodule(target) for target in plan.targets]
 
 
 @contextlib.contextmanager
-def applied(model: LlamaForCausalLM, plan: LayoutPlan) -> Iterator[list[nn.Module]]:
+def applied(
+    model: nn.Module, plan: LayoutPlan, *, offload_inputs: HostOffload | None = None
+) -> Iterator[list[nn.Module]]:
     """Checkpoint the plan's modules for the duration of the block, then restore them."""
     modules = plan_modules(model, plan)
+    selective = plan.granularity == "selective"
     for module in modules:
         # An instance attribute shadows the class forward; nn.Module.__call__ still runs hooks outside it.
-        module.forward = _checkpointed(module.forward)
+        module.forward = _checkpointed(module.forward, selective=selective, offload=offload_inputs)
     try:
         yield modules
     finally:
         for module in modules:
             del module.forward
+
+
+@contextlib.contextmanager
+def attention(model: nn.Module, impl: str) -> Iterator[None]:
+    """Switch the attention implementation (shared config object) for the block."""
+    config = decoder_layers(model)[0].self_attn.config
+    old = config._attn_implementation
+    config._attn_implementation = impl
+    try:
+        yield
+    finally:
+        config._attn_implementation = old
 
 
 def layer_param_counts(cfg: LlamaConfig) -> dict[str, int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from rich.table import Table
@@ -26,14 +26,16 @@ def rich_table(rows: Sequence[dict[str, str]], columns: Sequence[str], *, title:
     return table
 
 
-def markdown_table(rows: Sequence[dict[str, str]], columns: Sequence[str]) -> str:
-    """A GitHub-flavoured Markdown table of string rows."""
+def markdown_table(
+    rows: Sequence[dict[str, str]], columns: Sequence[str], *, right: Collection[str] = _RIGHT
+) -> str:
+    """A GitHub-flavoured Markdown table of string rows; ``right`` names the right-aligned columns."""
 
     def cell(text: str) -> str:
         return text.replace("|", "\\|")
 
     lines = ["| " + " | ".join(columns) + " |"]
-    lines.append("| " + " | ".join("---:" if c in _RIGHT else "---" for c in columns) + " |")
+    lines.append("| " + " | ".join("---:" if c in right else "---" for c in columns) + " |")
     lines += ["| " + " | ".join(cell(r[c]) for c in columns) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 

@@ -16,9 +16,18 @@ from ckptbench.config import Point, SweepConfig
 from ckptbench.errors import EnvironmentError_, RunFailure
 from ckptbench.flops import ModelShape, peak_tflops_for, step_flops
 from ckptbench.layouts import LayoutPlan, parse_layout
-from ckptbench.model import applied, build_model, layer_param_counts, llama_config, reset_weights
+from ckptbench.model import (
+    applied,
+    apply_lora,
+    attention,
+    build_model,
+    layer_param_counts,
+    llama_config,
+    reset_weights,
+)
+from ckptbench.offload import HostOffload
 from ckptbench.probe import CudaProbe, Probe, TrackerProbe, tensor_bytes
-from ckptbench.step import Trainer, make_batch, make_optimizer, param_dtype
+from ckptbench.step import OptimizerUnavailable, Trainer, make_batch, make_optimizer, param_dtype
 
 LEAK_TOLERANCE_BYTES = 1 << 20  # 1 MiB: allocator bookkeeping and tiny caches stay below it
 
@@ -68,7 +77,7 @@ def make_probe(cfg: SweepConfig, device: torch.device) -> Probe:
 class _ModelSlot:
     """The one live model; rebuilt only when the precision (parameter dtype) changes."""
 
-    precision: str | None = None
+    precision: tuple[str, str] | None = None  # (precision, lora)
     model: Any = None
     build_s: float | None = None
 
@@ -82,8 +91,8 @@ class Runner:
     probe: Probe
     gpu_name: str | None = None
     _slot: _ModelSlot = field(default_factory=_ModelSlot)
-    _reference: dict[tuple[str, int, int], list[float]] = field(default_factory=dict)
-    _oom_at: dict[tuple[str, str, int], int] = field(default_factory=dict)
+    _reference: dict[tuple[Any, ...], list[float]] = field(default_factory=dict)
+    _oom_at: dict[tuple[Any, ...], int] = field(default_factory=dict)
     _broken: bool = False  # a fatal device error happened: no more CUDA calls
 
     def __post_init__(self) -> None:
@@ -128,7 +137,7 @@ class Runner:
     def remember(self, point: Point, record: dict[str, Any]) -> None:
         """Let a finished point (or one recorded by an earlier, resumed run) inform later points."""
         if record.get("status") == "oom":
-            where = (point.precision, point.layout, point.seq_len)
+            where = _batch_free(point)
             self._oom_at[where] = min(point.batch_size, self._oom_at.get(where, point.batch_size))
         if record.get("status") == "ok" and point.layout == "none":
             losses = [*(record.get("warmup_losses") or []), *(record.get("losses") or [])]
@@ -136,13 +145,13 @@ class Runner:
 
     @staticmethod
     def _cell(point: Point) -> tuple[Any, ...]:
-        """The points whose losses must match each other (all layouts of one shape and precision)."""
-        return (point.precision, point.seq_len, point.batch_size)
+        """The points whose losses must match each other: every layout of one cell."""
+        return tuple(sorted((k, v) for k, v in point.key.items() if k != "layout"))
 
     def run_point(self, point: Point) -> dict[str, Any]:
         plan = parse_layout(point.layout, self.shape.num_layers)
         base = self._base_record(point, plan)
-        skip_from = self._oom_at.get((point.precision, point.layout, point.seq_len))
+        skip_from = self._oom_at.get(_batch_free(point))
         if self.cfg.skip_after_oom and skip_from is not None and point.batch_size > skip_from:
             return {**base, "status": "skipped", "reason": f"batch {skip_from} already ran out of memory"}
         started = time.perf_counter()
@@ -153,15 +162,13 @@ class Runner:
 
     def _base_record(self, point: Point, plan: LayoutPlan) -> dict[str, Any]:
         model_flops, hw_flops = step_flops(
-            self.shape, plan, batch_size=point.batch_size, seq_len=point.seq_len
+            self.shape, plan, tokens=point.tokens, seq_len=point.seq_len, frozen_base=point.lora != "none"
         )
         return {
             "key": point.key,
             "status": None,
             "reason": None,
-            "plan": {
-                "layers": list(plan.layers), "granularity": plan.granularity, "targets": list(plan.targets)
-            },
+            "plan": {"layers": list(plan.layers), "granularity": plan.granularity, "targets": list(plan.targets)},
             "layers_checkpointed": plan.describe_layers(),
             "num_checkpointed": len(plan.layers),
             "tokens_per_step": point.tokens,
@@ -171,18 +178,21 @@ class Runner:
             "probe": self.probe.kind,
         }
 
-    def _model(self, precision: str) -> Any:
+    def _model(self, point: Point) -> Any:
+        """The model for a point's precision and LoRA setting, built only when those change."""
         slot = self._slot
-        if slot.precision != precision:
+        if slot.precision != (point.precision, point.lora):
             self._slot = slot = _ModelSlot()  # free the old model before building the next
             gc.collect()
             self.probe.release()
             t0 = time.perf_counter()
-            dtype = param_dtype(precision)
+            dtype = param_dtype(point.precision)
             model = build_model(self.cfg.model, device=self.device, dtype=dtype, seed=self.cfg.seed)
+            if point.lora != "none":
+                model = apply_lora(model, rank=int(point.lora[1:]), spec=self.cfg.lora)
             self.probe.adopt([*model.parameters(), *model.buffers()])
             self.probe.sync()
-            slot.model, slot.precision, slot.build_s = model, precision, time.perf_counter() - t0
+            slot.model, slot.precision, slot.build_s = model, (point.precision, point.lora), time.perf_counter() - t0
         return slot.model
 
     def _measure_safely(self, point: Point, plan: LayoutPlan, base: dict[str, Any]) -> dict[str, Any]:
@@ -190,7 +200,7 @@ class Runner:
         failure: tuple[str, str] | None = None
         baseline: int | None = None
         try:
-            model = self._model(point.precision)
+            model = self._model(point)
             record["model_build_s"] = self._slot.build_s
             self._slot.build_s = None
             baseline = self.probe.allocated()
@@ -198,6 +208,8 @@ class Runner:
             record.update(self._measure(model, point, plan))
         except torch.OutOfMemoryError as exc:
             failure = ("oom", _first_line(exc))
+        except (OptimizerUnavailable, ModuleNotFoundError) as exc:
+            failure = ("skipped", _first_line(exc))
         except Exception as exc:  # one point's failure is a result; the sweep goes on where that is safe
             failure = ("error", f"{exc.__class__.__name__}: {_first_line(exc)}")
             self._broken = is_fatal_device_error(exc)
@@ -235,37 +247,66 @@ class Runner:
 
     def _measure(self, model: Any, point: Point, plan: LayoutPlan) -> dict[str, Any]:
         cfg, probe = self.cfg, self.probe
+        if point.compile and point.offload != "none":
+            return {"status": "skipped", "reason": "torch.compile with activation offloading is not supported"}
         reset_weights(model, seed=cfg.seed, std=self.llama.initializer_range)
         params = [p for p in model.parameters() if p.requires_grad]
         batch = make_batch(
-            seed=cfg.seed, batch_size=point.batch_size, seq_len=point.seq_len,
-            vocab_size=self.llama.vocab_size, device=self.device,
+            seed=cfg.seed,
+            batch_size=point.batch_size,
+            seq_len=point.seq_len,
+            vocab_size=self.llama.vocab_size,
+            device=self.device,
         )
         probe.adopt([batch])
-        with applied(model, plan), _tracking(probe):
-            optimizer = make_optimizer(point.optimizer, params, lr=cfg.lr)
-            trainer = Trainer(model, optimizer, point.precision, self.device.type)
-            warm_times, warm_losses = self._steps(trainer, batch, cfg.warmup_steps)
-            static = _static_memory(model, optimizer)
-            static["window_start_allocated_bytes"] = probe.allocated()
-            probe.reset_peak()
-            before = probe.counters()
-            times, losses = self._steps(trainer, batch, cfg.measured_steps)
-            peak_alloc, peak_res = probe.peak_allocated(), probe.peak_reserved()
-            after = probe.counters()
-            del trainer, optimizer
+        host = HostOffload(pin_memory=self.device.type == "cuda") if point.offload != "none" else None
+        ckpt_offload = host if point.offload == "ckpt_inputs" else None
+        with (
+            applied(model, plan, offload_inputs=ckpt_offload),
+            attention(model, point.attn_implementation),
+            _tracking(probe),
+        ):
+            trainer = Trainer(
+                model,
+                make_optimizer(point.optimizer, params, lr=cfg.lr),
+                point.precision,
+                self.device.type,
+                micro_batches=point.micro_batches,
+                zero_grad_to_none=cfg.zero_grad_to_none,
+                forward=torch.compile(model) if point.compile else None,
+                offload=host.active if point.offload == "all" else None,
+            )
+            result = self._window(trainer, batch)
+            result["memory"].update(_static_memory(model, trainer.optimizer))
+            del trainer
+        if host is not None:
+            result["host_offload_peak_bytes"] = host.peak_bytes
+        if point.compile:
+            result["compile_s"] = result["warmup_times_s"][0]  # the first warm-up step compiles
+            torch._dynamo.reset()
+        result["loss_check"] = self._loss_check(point, result["warmup_losses"] + result["losses"])
+        return result
+
+    def _window(self, trainer: Trainer, batch: torch.Tensor) -> dict[str, Any]:
+        """Warm-up, then the measured steps with peak statistics reset right before them."""
+        probe = self.probe
+        warm_times, warm_losses = self._steps(trainer, batch, self.cfg.warmup_steps)
+        start_alloc = probe.allocated()
+        probe.reset_peak()
+        before = probe.counters()
+        times, losses = self._steps(trainer, batch, self.cfg.measured_steps)
+        after = probe.counters()
         return {
             "status": "ok",
             "warmup_times_s": warm_times,
             "warmup_losses": warm_losses,
             "step_times_s": times,
             "losses": losses,
-            "peak_allocated_bytes": peak_alloc,
-            "peak_reserved_bytes": peak_res,
+            "peak_allocated_bytes": probe.peak_allocated(),
+            "peak_reserved_bytes": probe.peak_reserved(),
             "num_alloc_retries": after["num_alloc_retries"] - before["num_alloc_retries"],
             "num_ooms": after["num_ooms"] - before["num_ooms"],
-            "memory": static,
-            "loss_check": self._loss_check(point, warm_losses + losses),
+            "memory": {"window_start_allocated_bytes": start_alloc},
         }
 
     def _steps(self, trainer: Trainer, batch: torch.Tensor, n: int) -> tuple[list[float], list[float]]:
@@ -326,6 +367,11 @@ def is_fatal_device_error(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return "out of memory" not in text and any(marker in text for marker in _FATAL_MARKERS)
+
+
+def _batch_free(point: Point) -> tuple[Any, ...]:
+    """A point's key without its batch size: larger batches of it are skipped after an OOM."""
+    return tuple(sorted((k, v) for k, v in point.key.items() if k != "batch_size"))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -24,25 +24,47 @@ def param_dtype(precision: str) -> torch.dtype:
     return _PRECISIONS[precision][0]
 
 
+class OptimizerUnavailable(RuntimeError):
+    """The optimizer's package is not installed: the point is skipped, not failed."""
+
+
 def make_optimizer(name: str, params: list[nn.Parameter], *, lr: float) -> torch.optim.Optimizer:
-    """AdamW fused (one kernel over all tensors), AdamW foreach, or SGD with momentum."""
+    """AdamW fused or foreach, SGD with momentum, Adafactor, or bitsandbytes' 8-bit AdamW."""
     if name == "adamw_fused":
         return torch.optim.AdamW(params, lr=lr, fused=True)
     if name == "adamw_foreach":
+        # foreach keeps a temporary copy of the state it updates during the step: the peak shows it.
         return torch.optim.AdamW(params, lr=lr, foreach=True, fused=False)
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if name == "adafactor":
+        return torch.optim.Adafactor(params, lr=lr)
+    if name == "adamw_8bit":
+        try:
+            import bitsandbytes as bnb
+        except ImportError:
+            raise OptimizerUnavailable("bitsandbytes is not installed (pip install bitsandbytes)") from None
+        return bnb.optim.AdamW8bit(params, lr=lr)
     raise ValueError(f"unknown optimizer {name!r}")
 
 
 @dataclass
 class Trainer:
-    """Runs forward with labels, backward, optimizer step and zero-grad for one precision mode."""
+    """Runs forward with labels, backward, optimizer step and zero-grad for one precision mode.
+
+    ``forward`` is the module called for the forward pass (the compiled model, when compiled);
+    with ``micro_batches`` > 1 the gradients of that many forward/backward passes are accumulated
+    before one optimizer step; ``offload`` keeps saved activations in host memory.
+    """
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
     precision: str
     device_type: str
+    micro_batches: int = 1
+    zero_grad_to_none: bool = True
+    forward: nn.Module | None = None
+    offload: Callable[[], contextlib.AbstractContextManager[None]] | None = None
 
     def __post_init__(self) -> None:
         amp_dtype = _PRECISIONS[self.precision][1]
@@ -55,18 +77,24 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device_type) if self.precision == "amp_fp16" else None
 
     def step(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """One optimizer step on ``input_ids`` (also the labels); returns the detached loss."""
-        with self._autocast():
-            loss = self.model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+        """One optimizer step on ``input_ids`` (also the labels); returns the mean detached loss."""
+        forward = self.forward or self.model
+        offload = self.offload or contextlib.nullcontext
+        total = torch.zeros((), device=input_ids.device)
+        for _ in range(self.micro_batches):
+            with self._autocast(), offload():
+                loss = forward(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+            scaled = loss / self.micro_batches
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            total += loss.detach().float()
+            del loss, scaled
         if self.scaler is not None:
-            self.scaler.scale(loss).backward()
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
-            loss.backward()
             self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        self.optimizer.zero_grad(set_to_none=self.zero_grad_to_none)
+        return total / self.micro_batches
 
 
 def make_batch(*, seed: int, batch_size: int, seq_len: int, vocab_size: int, device: torch.device) -> torch.Tensor:

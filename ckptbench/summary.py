@@ -32,6 +32,12 @@ def _num(value: Any, fmt: str, scale: float = 1.0) -> str:
     return format(value / scale, fmt)
 
 
+def _percent(value: Any) -> str:
+    # pandas turns a missing MFU into NaN, so "is not None" is not enough here.
+    text = _num(value * 100 if value is not None else None, ".1f")
+    return text if text == "-" else f"{text}%"
+
+
 def _mem(value: Any, scale: int, unit: str) -> str:
     text = _num(value, ".2f", scale)
     return text if text == "-" else f"{text} {unit}"
@@ -64,9 +70,7 @@ def summary_rows(run: Run) -> list[dict[str, str]]:
                 "step ms": _num(rec.get("median_step_time_s"), ".1f", 1e-3),
                 "± ms": _num(rec.get("step_time_iqr_s"), ".1f", 1e-3),
                 "tok/s": _num(rec.get("tokens_per_s"), ",.0f"),
-                "MFU": _num(rec.get("mfu") * 100 if rec.get("mfu") is not None else None, ".1f") + (
-                    "%" if rec.get("mfu") is not None else ""
-                ),
+                "MFU": _percent(rec.get("mfu")),
                 "status": status,
             }
         )
