@@ -31,6 +31,7 @@ LORA_PATTERN = r"^(none|r[1-9][0-9]*)$"
 MAX_LAYERS = 4096  # far above any real LLaMA; keeps layout expansion cheap for absurd inputs
 MAX_SEED = 2**32 - 1
 MAX_NAME_CHARS = 100
+MAX_GRID_POINTS = 100_000  # days of GPU time even for tiny points; guards against a typo'd grid
 
 
 class _Strict(BaseModel):
@@ -188,6 +189,7 @@ class SweepConfig(_Strict):
                 "model.overrides.num_hidden_layers: must be an integer from 1 to "
                 f"{MAX_LAYERS}, got {_shown(num_layers)}"
             )
+        _check_grid_size(self.sweep)
         for i, layout in enumerate(self.sweep.layout):
             _check_layout(layout, num_layers, f"sweep.layout.{i}")
         for i, spec in enumerate(self.points):
@@ -208,6 +210,12 @@ def _check_layout(layout: str, num_layers: int, where: str) -> None:
         parse_layout(layout, num_layers)
     except LayoutError as exc:
         raise ValueError(f"{where}: {exc}") from None
+
+
+def _check_grid_size(axes: SweepAxes) -> None:
+    size = math.prod(len(v) for v in axes.model_dump().values() if isinstance(v, list))
+    if size > MAX_GRID_POINTS:
+        raise ValueError(f"sweep: the grid has {size} points, more than {MAX_GRID_POINTS}; split it into several")
 
 
 def _check_seq_lens(cfg: SweepConfig, max_pos: Any) -> None:

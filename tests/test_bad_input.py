@@ -81,6 +81,14 @@ CASES: list[Any] = [
         "sweep.precision: fp16 is not supported on CPU",
     ),
     ("amp-fp16-point-on-cpu", merged(points=[{"precision": "amp_fp16"}]), [], "points.0.precision"),
+    ("offload-on-cpu", merged(sweep=axes(offload=["all"])), [], "sweep.offload: all moves activations to host"),
+    ("micro-batches-zero", merged(sweep=axes(micro_batches=[0])), [], "sweep.micro_batches"),
+    (
+        "grid-too-big",
+        merged(sweep=axes(batch_size=list(range(1, 1001)), seq_len=list(range(1, 201)))),
+        [],
+        "sweep: the grid",
+    ),
     ("negative-cap", merged(memory_cap_gib=-1), [], "memory_cap_gib"),
     ("infinite-lr", merged(lr=float("inf")), [], "lr: must be a finite number"),
     ("bad-name", merged(name="a/b"), [], "name"),
@@ -204,6 +212,11 @@ FIELDS = sorted(
         "num_hidden_layers",
         "max_position_embeddings",
         "attn_implementation",
+        "offload",
+        "lora",
+        "micro_batches",
+        "compile",
+        "optimizer",
     }
 )
 scalars = (
@@ -212,15 +225,12 @@ scalars = (
     | st.integers()
     | st.floats()
     | st.text(max_size=12)
-    | st.sampled_from(
-        ["all", "none", "every:2", "first:0", "range:9-1", "layers:1,99", "fp16", "tiny", "cpu"]
-    )
+    | st.sampled_from(["all", "none", "every:2", "first:0", "range:9-1", "layers:1,99", "fp16", "tiny", "cpu"])
 )
 values = st.recursive(
     scalars,
     lambda inner: (
-        st.lists(inner, max_size=4)
-        | st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=6), inner, max_size=4)
+        st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=6), inner, max_size=4)
     ),
     max_leaves=20,
 )
