@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 from enum import Enum
@@ -31,7 +32,8 @@ err = Console(stderr=True, highlight=False)
 
 def fail(exc: CkptbenchError) -> typer.Exit:
     """Print one red line to stderr and turn the error into its exit code."""
-    err.print(f"[red]error:[/red] {exc}", soft_wrap=True, markup=True)
+    # The message may quote user input: escape markup, no emoji codes, never wrap it.
+    err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, markup=True, emoji=False)
     return typer.Exit(exc.exit_code)
 
 
@@ -53,8 +55,22 @@ def _root(
 ConfigArg = Annotated[Path, typer.Argument(help="Sweep config (YAML), e.g. configs/llama7b.yaml.")]
 
 
-def _sigterm_as_interrupt(*_: Any) -> None:
-    raise KeyboardInterrupt
+class _Interrupts:
+    """Ctrl-C and SIGTERM raise KeyboardInterrupt once; later ones are ignored while the run is marked."""
+
+    def __enter__(self) -> _Interrupts:
+        self.fired = False
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def _handle(self, *_: Any) -> None:
+        if not self.fired:
+            self.fired = True
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 @app.command()
@@ -66,31 +82,90 @@ def sweep(
     results_root: Annotated[Path, typer.Option("--results", help="Folder for new run directories.")] = Path(
         "results"
     ),
+    resume: Annotated[
+        Path | None,
+        typer.Option("--resume", help="Finish an interrupted or failed run in RUN_DIR (same config).",
+                     metavar="RUN_DIR"),
+    ] = None,
+    isolate: Annotated[
+        bool, typer.Option("--isolate", help="Run each point in a fresh process: a crash fails one point.")
+    ] = False,
+    point_timeout: Annotated[
+        float | None,
+        typer.Option("--point-timeout", help="With --isolate: kill a point running longer than this.",
+                     metavar="SECONDS"),
+    ] = None,
 ) -> None:
     """Run a sweep: real training steps for every point of CONFIG; writes run.json and points.jsonl."""
     from ckptbench.config import load_config
-    from ckptbench.report import run_header, search_table, summary_table, write_summaries
-    from ckptbench.results import load_run
-    from ckptbench.sweep import run_sweep
 
-    try:
-        cfg = load_config(config)
-        progress = _SweepProgress(len(cfg.points_list()))
-        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-        with progress:
-            outcome = run_sweep(cfg, out=out_dir, results_root=results_root, on_progress=progress.update)
-    except CkptbenchError as exc:
-        raise fail(exc) from None
-    except KeyboardInterrupt:
-        err.print("[yellow]interrupted:[/yellow] finished points are on disk; the run is marked interrupted")
-        raise typer.Exit(130) from None
-    run = load_run(outcome.run_dir)
-    write_summaries(run)
-    err.print(run_header(run))
+    with _Interrupts():
+        try:
+            cfg = load_config(config)  # before torch is imported: a bad config fails in a blink
+            from ckptbench.sweep import run_sweep
+
+            with _SweepProgress(len(cfg.points_list())) as progress:
+                outcome = run_sweep(
+                    cfg, out=out_dir, results_root=results_root, on_progress=progress.update,
+                    resume=resume, isolate=isolate, point_timeout_s=point_timeout,
+                )
+        except CkptbenchError as exc:
+            raise fail(exc) from None
+        except KeyboardInterrupt as exc:
+            raise _interrupted(exc, config) from None
+        for note in outcome.warnings:
+            err.print(f"[yellow]warning:[/yellow] {escape(note)}", soft_wrap=True)
+        run = _write_summaries(outcome.run_dir)
+    _report(run, outcome, config)
+
+
+def _report(run: Any, outcome: Any, config: Path) -> None:
+    """After a sweep: failures and resume notes on stderr, the summary table on stdout."""
+    from ckptbench.report import run_header, search_table, summary_table
+
+    again = f"ckptbench sweep {escape(str(config))} --resume {escape(str(outcome.run_dir))}"
+    failed = sum(1 for r in outcome.records if r.get("status") == "error")
+    if failed:
+        err.print(f"[yellow]warning:[/yellow] {failed} point(s) failed (status error); retry: {again}")
+    if outcome.already_done:
+        err.print(f"resumed: {outcome.already_done} points were already done; {len(outcome.records)} ran now")
+    err.print(run_header(run), markup=False)
     out.print(summary_table(run))
     if run.meta.get("searches"):
         out.print(search_table(run))
-    err.print(f"results: {outcome.run_dir}")
+    err.print(f"results: {escape(str(outcome.run_dir))}")
+
+
+def _interrupted(exc: KeyboardInterrupt, config: Path) -> typer.Exit:
+    """Say what is on disk after Ctrl-C/SIGTERM (and write the partial summaries); exit code 130."""
+    # A SweepInterrupted once the run directory exists: it says where and how far.
+    run_dir, finished, total = (getattr(exc, name, None) for name in ("run_dir", "finished", "total"))
+    if run_dir is None:
+        err.print("[yellow]interrupted:[/yellow] before the sweep started; no point was run")
+        return typer.Exit(130)
+    with contextlib.suppress(CkptbenchError, OSError):  # the points themselves are safe already
+        _write_summaries(run_dir)
+    err.print(
+        f"[yellow]interrupted:[/yellow] {finished} of {total} points are on disk in "
+        f"{escape(str(run_dir))}; finish with: ckptbench sweep {escape(str(config))} "
+        f"--resume {escape(str(run_dir))}",
+        soft_wrap=True,
+    )
+    return typer.Exit(130)
+
+
+def _write_summaries(run_dir: Path) -> Any:
+    """Write summary.csv/summary.md of what is on disk; returns the loaded run."""
+    import warnings
+
+    from ckptbench.report import write_summaries
+    from ckptbench.results import load_run
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a truncated last line was already reported by the sweep
+        run = load_run(run_dir)
+    write_summaries(run)
+    return run
 
 
 class _SweepProgress:
@@ -111,19 +186,23 @@ class _SweepProgress:
         self.task = self.progress.add_task("", total=total)
 
     def __enter__(self) -> _SweepProgress:
-        self.progress.__enter__()
+        self.started = False  # shown from the first point on: an early error stays a single line
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.progress.__exit__(*exc)
+        if self.started:
+            self.progress.__exit__(*exc)
 
     def update(self, event: Any) -> None:
         from ckptbench.results import point_stats
 
+        if not self.started:
+            self.progress.__enter__()
+            self.started = True
         p = event.point
         label = f"{p.layout} b={p.batch_size} s={p.seq_len} {p.precision}"
         if event.record is None:
-            self.progress.update(self.task, description=label)
+            self.progress.update(self.task, description=escape(label), total=event.total)
             return
         rec = event.record
         stats = point_stats(rec)

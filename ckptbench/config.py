@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticSerializationError
 
 from ckptbench.errors import ConfigError, LayoutError
 from ckptbench.layouts import parse_layout
@@ -24,6 +27,11 @@ AttnImpl = Literal["sdpa", "eager"]
 # regions) in pinned host memory; 'ckpt_inputs' offloads only the inputs of checkpointed modules.
 Offload = Literal["none", "all", "ckpt_inputs"]
 LORA_PATTERN = r"^(none|r[1-9][0-9]*)$"
+
+MAX_LAYERS = 4096  # far above any real LLaMA; keeps layout expansion cheap for absurd inputs
+MAX_SEED = 2**32 - 1
+MAX_NAME_CHARS = 100
+MAX_GRID_POINTS = 100_000  # days of GPU time even for tiny points; guards against a typo'd grid
 
 
 class _Strict(BaseModel):
@@ -159,12 +167,38 @@ class SweepConfig(_Strict):
     points: list[PointSpec] = Field(default_factory=list)
     points_mode: Literal["add", "replace"] = "add"
 
+    @field_validator("memory_cap_gib", "lr", "peak_tflops", "loss_rtol")
+    @classmethod
+    def _finite(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_range(cls, value: int) -> int:
+        if not 0 <= value <= MAX_SEED:
+            raise ValueError(f"must be an integer from 0 to {MAX_SEED}")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _short_name(cls, value: str) -> str:
+        if len(value) > MAX_NAME_CHARS:  # it becomes part of a directory name
+            raise ValueError(f"must be at most {MAX_NAME_CHARS} characters")
+        return value
+
     @model_validator(mode="after")
     def _check_against_model(self) -> SweepConfig:
         resolved = self.model.resolved()
         num_layers = resolved.get("num_hidden_layers")
-        if not isinstance(num_layers, int) or num_layers < 1:
-            raise ValueError(f"model.overrides.num_hidden_layers must be a positive integer, got {num_layers!r}")
+        is_int = isinstance(num_layers, int) and not isinstance(num_layers, bool)
+        if not is_int or not 1 <= num_layers <= MAX_LAYERS:
+            raise ValueError(
+                "model.overrides.num_hidden_layers: must be an integer from 1 to "
+                f"{MAX_LAYERS}, got {_shown(num_layers)}"
+            )
+        _check_grid_size(self.sweep)
         for i, layout in enumerate(self.sweep.layout):
             if layout != "fit":
                 _check_layout(layout, num_layers, f"sweep.layout.{i}")
@@ -177,13 +211,7 @@ class SweepConfig(_Strict):
             self.sweep.batch_size == "max" and any(p.batch_size is None for p in self.points)
         ):
             raise ValueError("points: explicit points need a concrete layout and batch size, not a search")
-        max_pos = resolved.get("max_position_embeddings")
-        seqs = [*self.sweep.seq_len, *(p.seq_len for p in self.points if p.seq_len)]
-        if isinstance(max_pos, int) and any(s > max_pos for s in seqs):
-            raise ValueError(
-                f"seq_len {max(seqs)} exceeds the model's max_position_embeddings ({max_pos}); "
-                "raise it in model.overrides or lower seq_len"
-            )
+        _check_seq_lens(self, resolved.get("max_position_embeddings"))
         if self.device == "cpu":
             check_cpu_compatible(self)
         return self
@@ -200,19 +228,49 @@ def _check_layout(layout: str, num_layers: int, where: str) -> None:
         raise ValueError(f"{where}: {exc}") from None
 
 
+def _check_grid_size(axes: SweepAxes) -> None:
+    size = math.prod(len(v) for v in axes.model_dump().values() if isinstance(v, list))
+    if size > MAX_GRID_POINTS:
+        raise ValueError(f"sweep: the grid has {size} points, more than {MAX_GRID_POINTS}; split it into several")
+
+
+def _check_seq_lens(cfg: SweepConfig, max_pos: Any) -> None:
+    if isinstance(max_pos, bool) or not isinstance(max_pos, int):
+        return
+    fields = [*(("sweep.seq_len", s) for s in cfg.sweep.seq_len)]
+    fields += [(f"points.{i}.seq_len", p.seq_len) for i, p in enumerate(cfg.points) if p.seq_len]
+    for where, seq in fields:
+        if seq > max_pos:
+            raise ValueError(
+                f"{where}: {seq} exceeds the model's max_position_embeddings ({max_pos}); "
+                "raise it in model.overrides or lower seq_len"
+            )
+
+
 def check_cpu_compatible(cfg: SweepConfig) -> None:
-    """Raise ValueError for settings a CPU run cannot honour."""
+    """Raise ValueError for settings a CPU run cannot honour.
+
+    A memory cap is allowed on CPU: the live-tensor tracker enforces it (an allocation past the
+    cap raises an out-of-memory error, like a smaller card would).
+    """
     points = cfg.points_list()
-    fp16 = sorted({p.precision for p in points if p.precision in ("fp16", "amp_fp16")})
-    if fp16:
-        raise ValueError(f"sweep.precision: {fp16[0]} is not supported on CPU; use bf16, amp_bf16 or fp32")
-    if any(p.offload != "none" for p in points):
-        raise ValueError("sweep.offload: activation offloading moves tensors to host memory and needs a CUDA device")
-    if any(p.compile for p in points):
-        raise ValueError(
-            "sweep.compile: torch.compile cannot run under the CPU memory tracker (a TorchDispatchMode); "
-            "compile points need a CUDA device"
-        )
+    checks = (
+        ("precision", lambda v: v in ("fp16", "amp_fp16"), "is not supported on CPU; use bf16, amp_bf16 or fp32"),
+        ("offload", lambda v: v != "none", "moves activations to host memory and needs a CUDA device"),
+        ("compile", bool, "cannot run under the CPU memory tracker (a TorchDispatchMode); compile needs CUDA"),
+    )
+    for axis, bad, why in checks:
+        found = sorted({getattr(p, axis) for p in points if bad(getattr(p, axis))})
+        if found:
+            raise ValueError(f"{_field_of(cfg, axis, found[0])}: {found[0]} {why}")
+
+
+def _field_of(cfg: SweepConfig, axis: str, value: Any) -> str:
+    """Where a value of a sweep axis comes from: an explicit point (points.N.<axis>) or sweep.<axis>."""
+    for i, spec in enumerate(cfg.points):
+        if getattr(spec, axis, None) == value:
+            return f"points.{i}.{axis}"
+    return f"sweep.{axis}"
 
 
 @dataclass(frozen=True, order=True)
@@ -334,34 +392,83 @@ def _fields_at(loc: tuple[Any, ...]) -> list[str]:
     """Valid field names of the model that owns ``loc`` (for 'did you mean')."""
     model: Any = SweepConfig
     for part in loc[:-1]:
+        if isinstance(part, int):  # an index into a list of models (points.3.layuot)
+            continue
         field = getattr(model, "model_fields", {}).get(part)
         if field is None:
             return []
         model = field.annotation
+        inner = getattr(model, "__args__", ())
+        model = next((a for a in inner if hasattr(a, "model_fields")), model)
     return list(getattr(model, "model_fields", {}))
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """A short one-line repr of a user's value."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _closest(word: Any, choices: list[str]) -> str:
+    hint = difflib.get_close_matches(str(word), choices, n=1) if isinstance(word, str | int) else []
+    return f"; did you mean {hint[0]!r}?" if hint else ""
 
 
 def _error_line(source: str, err: dict[str, Any]) -> str:
     loc = tuple(err.get("loc", ()))
     where = _format_loc(loc)
-    if err.get("type") == "extra_forbidden":
-        hint = difflib.get_close_matches(str(loc[-1]), _fields_at(loc), n=1) if loc else []
-        extra = f"; did you mean {hint[0]!r}?" if hint else ""
-        return f"{source}: unknown field {where!r}{extra}"
+    kind = err.get("type")
+    if kind == "extra_forbidden":
+        return f"{source}: unknown field {where!r}{_closest(loc[-1], _fields_at(loc)) if loc else ''}"
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    if not loc:  # model-level checks start their message with the field path themselves
+        return f"{source}: {msg}"
     given = err.get("input")
-    shown = "" if isinstance(given, dict | list) or err.get("type") == "missing" else f" (got {given!r})"
-    return f"{source}: {where}: {msg}{shown}"
+    shown = "" if isinstance(given, dict | list) or kind == "missing" else f" (got {_shown(given)})"
+    hint = ""
+    if kind == "literal_error":
+        allowed = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
+        hint = _closest(given, allowed)
+    return f"{source}: {where}: {msg}{shown}{hint}"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def parse_config(data: Any, *, source: str = "config") -> SweepConfig:
     """Validate already-parsed YAML data; raise ConfigError with one line naming the field."""
+    if data is None:
+        raise ConfigError(f"{source}: the config is empty; it needs at least a 'name' field")
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of fields, got {type(data).__name__}")
     try:
-        return SweepConfig.model_validate(data)
+        cfg = SweepConfig.model_validate(data)
+        # The resolved config is stored as JSON in every run: it must round-trip.
+        json.dumps(cfg.model_dump(mode="json"))
     except ValidationError as exc:
-        raise ConfigError(_error_line(source, exc.errors()[0])) from None
+        raise ConfigError(_one_line(_error_line(source, exc.errors()[0]))) from None
+    except (ValueError, TypeError, RecursionError, PydanticSerializationError):
+        # Only free-form fields (model.overrides) can hold such values: a recursive YAML alias, bytes.
+        raise ConfigError(
+            f"{source}: model.overrides: values must be plain numbers, strings, lists or mappings"
+        ) from None
+    return cfg
+
+
+def loads_config(text: str, *, source: str = "config") -> SweepConfig:
+    """Parse YAML text and validate it; every problem is a one-line ConfigError."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or (str(exc).strip().splitlines() or ["unparsable"])[0]
+        raise ConfigError(_one_line(f"{source}: invalid YAML{where}: {problem}")) from None
+    except Exception as exc:  # PyYAML's constructors raise others: 2020-13-45, '!!int' (an empty int)
+        why = f"{exc.__class__.__name__}: {_shown(str(exc))}"
+        raise ConfigError(_one_line(f"{source}: invalid YAML value ({why})")) from None
+    return parse_config(data, source=source)
 
 
 def load_config(path: str | Path) -> SweepConfig:
@@ -373,13 +480,11 @@ def load_config(path: str | Path) -> SweepConfig:
         raise ConfigError(f"{p}: no such config file") from None
     except IsADirectoryError:
         raise ConfigError(f"{p}: is a directory, not a config file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p}: cannot read config file ({exc.__class__.__name__}: {exc})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{p}: invalid YAML{where}: {problem}") from None
-    return parse_config(data, source=str(p))
+    except PermissionError:
+        raise ConfigError(f"{p}: cannot read config file (permission denied)") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: cannot read config file (not UTF-8 text: byte {exc.start})") from None
+    except OSError as exc:
+        reason = f"{exc.__class__.__name__}: {exc.strerror or exc}"
+        raise ConfigError(_one_line(f"{p}: cannot read config file ({reason})")) from None
+    return loads_config(text, source=str(p))

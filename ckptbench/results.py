@@ -13,9 +13,15 @@ from typing import Any
 
 from ckptbench.errors import ResultsError
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
 SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
 POINTS_FILE = "points.jsonl"
+LOCK_FILE = ".lock"
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -23,6 +29,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o644)  # mkstemp makes it private; results are meant to be shared
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(data, fh, sort_keys=True, indent=2)
             fh.write("\n")
@@ -38,8 +45,11 @@ def write_text_atomic(path: Path, text: str) -> None:
     """Write text through a temporary file and a rename."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o644)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -59,13 +69,65 @@ def create_run_dir(base: Path, name: str, stamp: str) -> Path:
     raise ResultsError(f"{base}: could not create a new run directory for {name!r}")
 
 
+def _lock_run_dir(run_dir: Path) -> int | None:
+    """Hold an exclusive lock on the run directory for this process's lifetime (released on any exit)."""
+    if fcntl is None:  # not POSIX: no locking; create_run_dir's exclusive mkdir still separates new runs
+        return None
+    fd = os.open(run_dir / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ResultsError(f"{run_dir}: in use by another ckptbench process (nothing was changed)") from None
+    return fd
+
+
+def repair_points_file(path: Path) -> bool:
+    """Cut a truncated last line (a crash mid-write) so that appended lines stay valid; True if cut."""
+    if not path.exists():
+        return False
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return False
+    with open(path, "r+b") as fh:
+        fh.truncate(data.rfind(b"\n") + 1)
+    return True
+
+
 class RunWriter:
-    """Appends one JSON line per finished point, flushed and synced as it finishes."""
+    """Appends one JSON line per finished point, flushed and synced as it finishes.
+
+    The writer holds an exclusive lock on the run directory, so two sweeps never write to the
+    same run, whether it is new (``--out``) or resumed.
+    """
 
     def __init__(self, run_dir: Path, meta: dict[str, Any]) -> None:
         self.run_dir = run_dir
-        self.meta = {"schema_version": SCHEMA_VERSION, **meta}
-        write_json_atomic(run_dir / RUN_FILE, self.meta)
+        self._lock = _lock_run_dir(run_dir)
+        try:
+            if (run_dir / RUN_FILE).exists():  # checked under the lock: no race with another --out
+                raise ResultsError(f"{run_dir}: already holds a run; choose another --out (nothing changed)")
+            self.meta = {"schema_version": SCHEMA_VERSION, **meta}
+            write_json_atomic(run_dir / RUN_FILE, self.meta)
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def reopen(cls, run_dir: Path) -> RunWriter:
+        """Continue an existing run (``--resume``): lock it and cut a truncated last line.
+
+        The caller re-reads the run under the lock and then calls :meth:`set_status`.
+        """
+        writer = cls.__new__(cls)
+        writer.run_dir, writer.meta = run_dir, {}
+        writer._lock = _lock_run_dir(run_dir)
+        try:
+            repair_points_file(run_dir / POINTS_FILE)
+        except BaseException:
+            writer.close()
+            raise
+        return writer
 
     def append(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, sort_keys=True)
@@ -78,6 +140,12 @@ class RunWriter:
         """Mark the run complete / interrupted / failed in run.json (atomically)."""
         self.meta.update(status=status, **extra)
         write_json_atomic(self.run_dir / RUN_FILE, self.meta)
+
+    def close(self) -> None:
+        """Release the run directory's lock."""
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
 
 @dataclass
@@ -110,7 +178,8 @@ def resolve_run_path(ref: str | Path, *, results_root: Path = Path("results")) -
             return candidate
     if p.is_dir() or (results_root / p).is_dir():
         raise ResultsError(f"{ref}: not a ckptbench run (no {RUN_FILE} inside)")
-    raise ResultsError(f"{ref}: no such run directory (looked at {p} and {results_root / p})")
+    looked = p if p.is_absolute() else f"{p} and {results_root / p}"
+    raise ResultsError(f"{ref}: no such run directory (looked at {looked})")
 
 
 def load_run(ref: str | Path, *, results_root: Path = Path("results")) -> Run:
@@ -132,7 +201,19 @@ def load_run(ref: str | Path, *, results_root: Path = Path("results")) -> Run:
         )
     run = Run(path=path, meta=meta, points=[])
     _read_points(run)
+    run.points = latest_per_key(run.points)
     return run
+
+
+def record_key_text(record: dict[str, Any]) -> str:
+    """A point record's key as stable text (for matching records across runs and retries)."""
+    return json.dumps(record.get("key"), sort_keys=True)
+
+
+def latest_per_key(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per key: a retried point (``--resume``) supersedes its earlier record."""
+    last = {record_key_text(r): i for i, r in enumerate(records)}
+    return [r for i, r in enumerate(records) if last[record_key_text(r)] == i]
 
 
 def _read_points(run: Run) -> None:

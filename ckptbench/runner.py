@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 
+from ckptbench import testhooks
 from ckptbench.config import Point, SweepConfig
-from ckptbench.errors import EnvironmentError_
+from ckptbench.errors import EnvironmentError_, RunFailure
 from ckptbench.flops import ModelShape, peak_tflops_for, step_flops
 from ckptbench.layouts import LayoutPlan, parse_layout
 from ckptbench.model import (
@@ -30,6 +31,18 @@ from ckptbench.search import Search
 from ckptbench.step import OptimizerUnavailable, Trainer, make_batch, make_optimizer, param_dtype
 
 LEAK_TOLERANCE_BYTES = 1 << 20  # 1 MiB: allocator bookkeeping and tiny caches stay below it
+
+# Errors after which the CUDA context is unusable (every later CUDA call fails): stop the sweep.
+_FATAL_MARKERS = (
+    "device-side assert",
+    "illegal memory access",
+    "unspecified launch failure",
+    "misaligned address",
+    "illegal instruction",
+    "uncorrectable ECC",
+    "CUDA error",
+    "CUBLAS_STATUS_EXECUTION_FAILED",
+)
 
 
 _PROBES_GUESS = 6  # probes a search usually needs; the progress total grows if it needs more
@@ -96,6 +109,7 @@ class Runner:
     _reference: dict[tuple[Any, ...], list[float]] = field(default_factory=dict)
     _oom_at: dict[tuple[Any, ...], int] = field(default_factory=dict)
     _done: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _broken: bool = False  # a fatal device error happened: no more CUDA calls
 
     def __post_init__(self) -> None:
         self.llama = llama_config(self.cfg.model)
@@ -119,7 +133,9 @@ class Runner:
         """Measure every point in order, then run the searches; report each start and finish.
 
         Returns the searches' outcomes. A search probe that equals an already measured point reuses
-        that point's record instead of measuring it twice.
+        that point's record instead of measuring it twice. A failed point is recorded and the sweep
+        goes on, except after a fatal device error (the CUDA context is unusable): that point is
+        recorded, then RunFailure stops the sweep.
         """
         counter = _Counter(total=len(points) + _PROBES_GUESS * len(searches))
         try:
@@ -146,13 +162,34 @@ class Runner:
             record["search"] = True
         self._done[point.key_id] = record
         on_record(Progress(i, counter.total, point, record))
+        if record.get("fatal"):
+            raise RunFailure(
+                f"{point.key_id}: {record['reason']}; stopped the sweep because the GPU is unusable "
+                "after such an error (--isolate runs each point in its own process and goes on)"
+            )
         return record
 
     def close(self) -> None:
         """Free the model and return cached device memory."""
         self._slot = _ModelSlot()
         gc.collect()
-        self.probe.release()
+        if not self._broken:  # after a fatal CUDA error, empty_cache would raise it again
+            self.probe.release()
+
+    def remember(self, point: Point, record: dict[str, Any]) -> None:
+        """Let a finished point (or one recorded by an earlier, resumed run) inform later points."""
+        self._done[point.key_id] = record
+        if record.get("status") == "oom":
+            where = _batch_free(point)
+            self._oom_at[where] = min(point.batch_size, self._oom_at.get(where, point.batch_size))
+        if record.get("status") == "ok" and point.layout == "none":
+            losses = [*(record.get("warmup_losses") or []), *(record.get("losses") or [])]
+            self._reference[self._cell(point)] = [float(x) for x in losses]
+
+    @staticmethod
+    def _cell(point: Point) -> tuple[Any, ...]:
+        """The points whose losses must match each other: every layout of one cell."""
+        return tuple(sorted((k, v) for k, v in point.key.items() if k != "layout"))
 
     def run_point(self, point: Point, *, allow_skip: bool = True) -> dict[str, Any]:
         plan = parse_layout(point.layout, self.shape.num_layers)
@@ -163,8 +200,7 @@ class Runner:
         started = time.perf_counter()
         record = self._measure_safely(point, plan, base)
         record["wall_s"] = time.perf_counter() - started
-        if record["status"] == "oom":
-            self._oom_at[_batch_free(point)] = point.batch_size
+        self.remember(point, record)
         return record
 
     def _base_record(self, point: Point, plan: LayoutPlan) -> dict[str, Any]:
@@ -211,21 +247,27 @@ class Runner:
             record["model_build_s"] = self._slot.build_s
             self._slot.build_s = None
             baseline = self.probe.allocated()
+            testhooks.fire(point.key, model=model, probe=self.probe, device=self.device)
             record.update(self._measure(model, point, plan))
         except torch.OutOfMemoryError as exc:
             failure = ("oom", _first_line(exc))
         except (OptimizerUnavailable, ModuleNotFoundError) as exc:
             failure = ("skipped", _first_line(exc))
-        except (RuntimeError, ValueError) as exc:
+        except Exception as exc:  # one point's failure is a result; the sweep goes on where that is safe
             failure = ("error", f"{exc.__class__.__name__}: {_first_line(exc)}")
+            self._broken = is_fatal_device_error(exc)
         # Outside the except block: the traceback (and the tensors its frames hold) is gone now.
         if failure is not None:
             record["status"], record["reason"] = failure
+        if self._broken:
+            record["fatal"] = True
+            return record  # no cleanup: any further CUDA call would fail the same way
         self._cleanup()
         record["memory"] = {**record.get("memory", {}), **self._leak_check(baseline)}
         if record["memory"].get("leaked"):
             self._slot = _ModelSlot()  # rebuild: the next point must not inherit the leak
             self.close()
+            record["model_rebuilt"] = True
         return record
 
     def _cleanup(self) -> None:
@@ -242,6 +284,7 @@ class Runner:
         return {
             "baseline_allocated_bytes": baseline,
             "after_point_allocated_bytes": after,
+            "leaked_bytes": leak,
             "leaked": leak > LEAK_TOLERANCE_BYTES,
         }
 
@@ -322,7 +365,7 @@ class Runner:
         return times, [float(x) for x in losses]
 
     def _loss_check(self, point: Point, losses: list[float]) -> dict[str, Any] | None:
-        cell = tuple(sorted((k, v) for k, v in point.key.items() if k != "layout"))
+        cell = self._cell(point)
         if point.layout == "none":
             self._reference[cell] = losses
             return {"reference": "none", "max_rel_diff": 0.0, "match": all(map(math.isfinite, losses))}
@@ -358,6 +401,15 @@ def _static_memory(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, in
         "grads_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
         "optimizer_state_bytes": tensor_bytes(state),
     }
+
+
+def is_fatal_device_error(exc: BaseException) -> bool:
+    """Whether ``exc`` leaves the CUDA context unusable (a device-side assert, an illegal access...)."""
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return True
+    text = str(exc)
+    return "out of memory" not in text and any(marker in text for marker in _FATAL_MARKERS)
 
 
 def _batch_free(point: Point) -> tuple[Any, ...]:

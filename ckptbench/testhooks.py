@@ -1,0 +1,61 @@
+"""TEST-ONLY fault injection, switched on by environment variables. Never set these in a real run.
+
+Each variable selects points by their key: ``FIELD=VALUE`` pairs separated by ``;``, all of which
+must match the point's key as text (for example ``layout=all`` or ``layout=all;batch_size=2``).
+
+- ``CKPTBENCH_TEST_CRASH``: the point's process kills itself with SIGKILL (a segfault stand-in).
+- ``CKPTBENCH_TEST_HANG``: the point sleeps forever (a hung step, for ``--point-timeout``).
+- ``CKPTBENCH_TEST_LEAK``: the point leaves a 4 MiB tensor attached to the model (a leak).
+- ``CKPTBENCH_TEST_CUDA_ERROR``: the point raises the error a device-side assert produces.
+- ``CKPTBENCH_TEST_ERROR``: the point raises an ordinary RuntimeError.
+
+The runner calls :func:`fire` once per point, after the model is built and before the steps.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import torch
+
+LEAK_BYTES = 4 << 20
+
+
+def matches(spec: str | None, key: dict[str, Any]) -> bool:
+    """Whether a ``FIELD=VALUE;...`` spec selects the point with this key."""
+    if not spec:
+        return False
+    for pair in spec.split(";"):
+        field, sep, value = pair.partition("=")
+        if not sep or str(key.get(field.strip())) != value.strip():
+            return False
+    return True
+
+
+def _selected(name: str, key: dict[str, Any]) -> bool:
+    return matches(os.environ.get(f"CKPTBENCH_TEST_{name}"), key)
+
+
+def fire(key: dict[str, Any], *, model: Any, probe: Any, device: torch.device) -> None:
+    """Inject the fault the environment asks for into the point with this key (normally nothing)."""
+    if _selected("CRASH", key):
+        print("ckptbench test hook: killing the point's process (CKPTBENCH_TEST_CRASH)", file=sys.stderr)
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if _selected("HANG", key):
+        print("ckptbench test hook: hanging the point (CKPTBENCH_TEST_HANG)", file=sys.stderr)
+        sys.stderr.flush()
+        while True:
+            time.sleep(3600)
+    if _selected("LEAK", key):
+        leak = torch.zeros(LEAK_BYTES // 4, dtype=torch.float32, device=device)
+        probe.adopt([leak])  # the CPU tracker counts only tensors it is told about or sees created
+        model._ckptbench_test_leak = leak  # survives the point, like a stray reference would
+    if _selected("CUDA_ERROR", key):
+        raise RuntimeError("CUDA error: device-side assert triggered (CKPTBENCH_TEST_CUDA_ERROR)")
+    if _selected("ERROR", key):
+        raise RuntimeError("injected failure (CKPTBENCH_TEST_ERROR)")

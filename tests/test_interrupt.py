@@ -1,0 +1,113 @@
+"""Real processes: Ctrl-C during a sweep, --resume, and --isolate with a crashing and a hanging point."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from ckptbench.config import key_id
+from ckptbench.results import load_run
+from ckptbench.sweep import run_sweep
+from tests.conftest import tiny_config
+
+REPO = Path(__file__).resolve().parent.parent
+AXES = {"layout": ["none", "all", "every:2"], "batch_size": [1], "seq_len": [64], "precision": ["fp32"]}
+CONFIG = {"measured_steps": 1, "optimizer": "adamw_foreach", "sweep": AXES}
+# One intra-op thread everywhere: fast on a busy 2-core machine, and the same losses in every process.
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ckptbench", "sweep", *args]
+
+
+def _summary(records: list[dict[str, Any]]) -> dict[str, tuple[str, list[float]]]:
+    return {
+        key_id(r["key"]): (r["status"], r.get("warmup_losses", []) + r.get("losses", [])) for r in records
+    }
+
+
+def test_ctrl_c_keeps_finished_points_and_resume_completes_them(tmp_path: Path) -> None:
+    config = tmp_path / "tiny.yaml"
+    config.write_text(json.dumps(tiny_config(**CONFIG).model_dump(mode="json")))  # JSON is YAML
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        _cli(str(config), "--out", str(run_dir)),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        env=ENV,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:  # the first finished point prints "  none b=1 s=64 fp32: peak ..."
+        if "s=64 fp32: peak" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 130, rest
+    assert "interrupted:" in rest and f"--resume {run_dir}" in rest and "Traceback" not in rest
+    interrupted = load_run(run_dir)
+    assert interrupted.meta["status"] == "interrupted"
+    assert 1 <= len(interrupted.points) < 3 and interrupted.meta["finished_points"] == len(interrupted.points)
+    assert (run_dir / "summary.md").exists()
+
+    resumed = subprocess.run(
+        _cli(str(config), "--resume", str(run_dir)),
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    finished = load_run(run_dir)
+    assert finished.meta["status"] == "complete" and len(finished.meta["resumes"]) == 1
+    lines = (run_dir / "points.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and [json.loads(x) for x in lines[: len(interrupted.points)]] == interrupted.points
+
+    reference = run_sweep(tiny_config(**CONFIG), out=tmp_path / "uninterrupted")
+    assert _summary(finished.points) == _summary(reference.records)  # same keys, statuses and losses
+
+
+def test_isolate_records_a_crashed_and_a_hung_point_and_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("CKPTBENCH_TEST_CRASH", "layout=all")
+    monkeypatch.setenv("CKPTBENCH_TEST_HANG", "layout=every:2")
+    started = time.monotonic()
+    outcome = run_sweep(tiny_config(**CONFIG), out=tmp_path / "run", isolate=True, point_timeout_s=8)
+    recs = {r["key"]["layout"]: r for r in outcome.records}
+    assert [r["status"] for r in outcome.records] == ["ok", "error", "error"]
+    assert recs["all"]["reason"].startswith("the point process was killed by SIGKILL; stderr: ")
+    assert "CKPTBENCH_TEST_CRASH" in recs["all"]["stderr_tail"]
+    assert recs["every:2"]["reason"].startswith("timed out after 8 s (--point-timeout) and was killed")
+    assert "CKPTBENCH_TEST_HANG" in recs["every:2"]["reason"]
+    assert recs["none"]["isolated"] and recs["none"]["loss_check"]["match"] is True
+    run = load_run(tmp_path / "run")
+    assert run.meta["status"] == "complete" and run.meta["options"] == {
+        "isolate": True,
+        "point_timeout_s": 8,
+    }
+    assert [p["status"] for p in run.points] == ["ok", "error", "error"]
+    assert time.monotonic() - started < 240
