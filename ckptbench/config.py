@@ -385,7 +385,9 @@ def expand(cfg: SweepConfig) -> list[Point]:
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(x) for x in loc) or "(top level)"
+    # Union members appear in pydantic locations as type tags ('list[int]', "literal['max']"): not fields.
+    parts = [str(x) for x in loc if not (isinstance(x, str) and ("[" in x or "(" in x))]
+    return ".".join(parts) or "(top level)"
 
 
 def _fields_at(loc: tuple[Any, ...]) -> list[str]:

@@ -46,16 +46,10 @@ class IsolatedRunner(Runner):
         if record.get("status") in ("ok", "oom"):
             self._history.append(record)  # sent to later children: loss references and OOM skips
 
-    def run_point(self, point: Point, *, allow_skip: bool = True) -> dict[str, Any]:
-        self._allow_skip = allow_skip
-        return super().run_point(point, allow_skip=allow_skip)
-
     def _measure_safely(self, point: Point, plan: LayoutPlan, base: dict[str, Any]) -> dict[str, Any]:
-        allow_skip = getattr(self, "_allow_skip", True)
         request = {
             "config": self.cfg.model_dump(mode="json"),
             "key": point.key,
-            "allow_skip": allow_skip,
             "gpu_name": self.gpu_name,
             "done": self._history,
             "parent_pid": os.getpid(),
@@ -169,7 +163,8 @@ def child_main(request_path: str) -> int:
     point = Point(**request["key"])  # a grid point or a search probe
     Path(request["ready"]).touch()  # from here on, --point-timeout applies
     try:
-        record = runner.run_point(point, allow_skip=request.get("allow_skip", True))
+        # The parent already decided this point runs (OOM skips are its call), so never skip here.
+        record = runner.run_point(point, allow_skip=False)
     finally:
         runner.close()
     write_json_atomic(Path(request["result"]), record)
