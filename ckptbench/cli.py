@@ -16,7 +16,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ckptbench import __version__
 from ckptbench.errors import EXIT_BAD_INPUT, EXIT_REGRESSION, CkptbenchError, ConfigError, ResultsError
+from ckptbench.config import setup_label
 from ckptbench.recommend import DEFAULT_HEADROOM
+from ckptbench.units import fmt_bytes
 
 app = typer.Typer(
     name="ckptbench",
@@ -200,7 +202,8 @@ class _SweepProgress:
             self.progress.__enter__()
             self.started = True
         p = event.point
-        label = f"{p.layout} b={p.batch_size} s={p.seq_len} {p.precision}"
+        label = " ".join(filter(None, [f"{p.layout} b={p.batch_size} s={p.seq_len} {p.precision}",
+                                       setup_label(p.key)]))
         if event.record is None:
             self.progress.update(self.task, description=escape(label), total=event.total)
             return
@@ -208,7 +211,7 @@ class _SweepProgress:
         stats = point_stats(rec)
         if rec["status"] == "ok":
             detail = (
-                f"peak {rec['peak_allocated_bytes'] / 2**30:.2f} GiB, "
+                f"peak {fmt_bytes(rec['peak_allocated_bytes'])}, "
                 f"{stats['median_step_time_s'] * 1e3:.1f} ms/step, {stats['tokens_per_s']:,.0f} tok/s"
             )
         else:

@@ -273,6 +273,22 @@ def _field_of(cfg: SweepConfig, axis: str, value: Any) -> str:
     return f"sweep.{axis}"
 
 
+# Values of the technique axes that mean "plain training"; tables name only the axes that differ.
+AXIS_DEFAULTS: dict[str, Any] = {
+    "optimizer": "adamw_fused",
+    "micro_batches": 1,
+    "offload": "none",
+    "lora": "none",
+    "compile": False,
+    "attn_implementation": "sdpa",
+}
+
+
+def setup_label(key: dict[str, Any]) -> str:
+    """The technique axes of a key that differ from plain training: 'optimizer=sgd offload=all'."""
+    return " ".join(f"{k}={key[k]}" for k in AXIS_DEFAULTS if k in key and key[k] != AXIS_DEFAULTS[k])
+
+
 @dataclass(frozen=True, order=True)
 class Point:
     """One cell of the grid. ``key`` identifies it across runs."""

@@ -10,9 +10,10 @@ from pathlib import Path
 from rich.table import Table
 
 from ckptbench.results import Run, to_frame, write_text_atomic
-from ckptbench.summary import COLUMNS, summary_rows
+from ckptbench.summary import summary_columns, summary_rows
 
-_RIGHT = {"batch", "seq", "peak", "reserved", "activation", "step ms", "± ms", "tok/s", "MFU", "count"}
+_RIGHT = {"batch", "seq", "peak", "predicted", "pred. err", "reserved", "activation", "step ms", "± ms", "tok/s",
+          "MFU", "count"}
 
 
 def rich_table(rows: Sequence[dict[str, str]], columns: Sequence[str], *, title: str | None = None) -> Table:
@@ -50,7 +51,7 @@ def csv_text(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> str:
 
 def summary_table(run: Run) -> Table:
     """The final table of a sweep."""
-    return rich_table(summary_rows(run), COLUMNS, title=f"ckptbench: {run.name}")
+    return rich_table(summary_rows(run), summary_columns(run), title=f"ckptbench: {run.name}")
 
 
 def run_header(run: Run) -> str:
@@ -74,7 +75,7 @@ def write_summaries(run: Run) -> tuple[Path, Path]:
             "\nMemory on CPU is measured by ckptbench's live-tensor tracker (reserved = allocated); "
             "CPU step times include the tracker's overhead.\n"
         )
-    text = f"# {run.name}\n\n{run_header(run)}\n\n" + markdown_table(summary_rows(run), COLUMNS) + note
+    text = f"# {run.name}\n\n{run_header(run)}\n\n" + markdown_table(summary_rows(run), summary_columns(run)) + note
     write_text_atomic(md_path, text)
     return csv_path, md_path
 

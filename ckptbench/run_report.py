@@ -12,7 +12,7 @@ from ckptbench.recommend import Recommendation, candidates, pareto_front
 from ckptbench.recommend_report import markdown_pareto, markdown_recommendation
 from ckptbench.report import markdown_table, run_header
 from ckptbench.results import Run, write_text_atomic
-from ckptbench.summary import COLUMNS, summary_rows
+from ckptbench.summary import summary_columns, summary_rows
 from ckptbench.units import fmt_bytes
 
 REPORT_FILE = "report.md"
@@ -60,7 +60,7 @@ def write_report(run: Run, *, out_dir: Path, rec: Recommendation | None = None) 
     else:
         sections.append(markdown_pareto(pareto_front(candidates(run))))
     sections.append(_plots_section(plots))
-    sections.append("## All points\n\n" + markdown_table(summary_rows(run), COLUMNS))
+    sections.append("## All points\n\n" + markdown_table(summary_rows(run), summary_columns(run)))
     if run.environment.get("device_type") == "cpu":
         sections.append(
             "Memory on CPU is measured by ckptbench's live-tensor tracker (reserved = allocated); "

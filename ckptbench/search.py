@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ckptbench.config import Point
+from ckptbench.config import Point, setup_label
 
 
 def fits(record: dict[str, Any], budget_bytes: int | None) -> bool:
@@ -24,8 +24,6 @@ def fits(record: dict[str, Any], budget_bytes: int | None) -> bool:
     return reserved <= budget_bytes
 
 
-_DEFAULTS = {"optimizer": "adamw_fused", "micro_batches": 1, "offload": "none", "lora": "none",
-             "compile": False, "attn_implementation": "sdpa"}
 _SHORT = {"layout": "{}", "batch_size": "b={}", "seq_len": "s={}", "precision": "{}"}
 
 
@@ -33,8 +31,8 @@ def group_label(point: Point, axis: str) -> str:
     """The point's key without the searched axis, short: main axes, then the others that differ from defaults."""
     key = point.key
     parts = [fmt.format(key[k]) for k, fmt in _SHORT.items() if k != axis]
-    parts += [f"{k}={v}" for k, v in key.items() if k in _DEFAULTS and v != _DEFAULTS[k] and k != axis]
-    return " ".join(parts)
+    extras = setup_label({k: v for k, v in key.items() if k != axis})
+    return " ".join([*parts, extras] if extras else parts)
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ckptbench.config import setup_label
 from ckptbench.results import Run, to_frame
 
 GIB = 2**30
@@ -43,6 +44,25 @@ def _mem(value: Any, scale: int, unit: str) -> str:
     return text if text == "-" else f"{text} {unit}"
 
 
+def summary_columns(run: Run) -> tuple[str, ...]:
+    """COLUMNS, plus 'setup' when a technique axis varies and 'predicted'/'pred. err' when estimated."""
+    cols = list(COLUMNS)
+    if any(setup_label(p.get("key", {})) for p in run.points):
+        cols.insert(cols.index("precision") + 1, "setup")
+    if any(p.get("predicted_peak_allocated_bytes") for p in run.points):
+        at = cols.index("peak") + 1
+        cols[at:at] = ["predicted", "pred. err"]
+    return tuple(cols)
+
+
+def _prediction(rec: dict[str, Any], scale: int, unit: str) -> tuple[str, str]:
+    pred, meas = rec.get("predicted_peak_allocated_bytes"), rec.get("peak_allocated_bytes")
+    if pred is None or pred != pred:
+        return "-", "-"
+    err = "-" if rec["status"] != "ok" or not meas else f"{(pred - meas) / meas * 100:+.2f}%"
+    return _mem(pred, scale, unit) + " (est.)", err
+
+
 def summary_rows(run: Run) -> list[dict[str, str]]:
     """One display row per point, in run order: strings ready for any renderer."""
     frame = to_frame(run)
@@ -57,8 +77,12 @@ def summary_rows(run: Run) -> list[dict[str, str]]:
             status = "ok (loss mismatch)"
         if ok and (rec.get("leaked") or False):
             status = "ok (leak)"
+        predicted, pred_err = _prediction(rec, scale, unit)
         rows.append(
             {
+                "setup": setup_label({k: v for k, v in rec.items() if v == v and v is not None}) or "-",
+                "predicted": predicted,
+                "pred. err": pred_err,
                 "layout": str(rec["layout"]),
                 "batch": str(rec["batch_size"]),
                 "seq": str(rec["seq_len"]),

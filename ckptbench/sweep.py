@@ -6,6 +6,7 @@ import contextlib
 import datetime as dt
 import difflib
 import signal
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -230,6 +231,7 @@ def _run_points(
         if on_progress is not None:
             on_progress(event)
 
+    started = time.perf_counter()
     try:
         outcomes = runner.run(todo, record, searches)
     except KeyboardInterrupt:
@@ -241,5 +243,8 @@ def _run_points(
     except BaseException:
         _mark(writer, "failed", len(done) + len(records))
         raise
-    writer.set_status("complete", finished_points=len(done) + len(records), searches=outcomes)
+    # The runner's wall time (model builds, resets, warm-up, measured steps, cleanup): compare it with
+    # the sum of the step times to see what the tool itself costs.
+    wall = time.perf_counter() - started
+    writer.set_status("complete", finished_points=len(done) + len(records), searches=outcomes, sweep_wall_s=wall)
     return records

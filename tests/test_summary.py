@@ -1,0 +1,44 @@
+"""Summary table columns follow what the run holds: technique axes and predictions appear when present."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ckptbench.results import Run
+from ckptbench.summary import COLUMNS, summary_columns, summary_rows
+
+
+def _rec(layout: str, **key: Any) -> dict[str, Any]:
+    return {
+        "key": {"model": "m", "layout": layout, "batch_size": 2, "seq_len": 64, "precision": "bf16",
+                "optimizer": "adamw_fused", "micro_batches": 1, "offload": "none", "lora": "none",
+                "compile": False, "attn_implementation": "sdpa", **key},
+        "status": "ok",
+        "step_times_s": [0.5, 0.5, 0.6],
+        "tokens_per_step": 128,
+        "peak_allocated_bytes": 3 * 2**30,
+        "peak_reserved_bytes": 4 * 2**30,
+        "memory": {"params_bytes": 2**30, "grads_bytes": 2**30, "optimizer_state_bytes": 0},
+    }
+
+
+def test_plain_run_has_the_base_columns() -> None:
+    run = Run(path=Path("x"), meta={}, points=[_rec("none"), _rec("all")])
+    assert summary_columns(run) == COLUMNS
+    assert summary_rows(run)[0]["activation"] == "1.00 GiB"
+
+
+def test_technique_axes_get_a_setup_column() -> None:
+    run = Run(path=Path("x"), meta={}, points=[_rec("none"), _rec("none", optimizer="sgd", offload="all")])
+    cols = summary_columns(run)
+    assert cols[cols.index("precision") + 1] == "setup"
+    assert [r["setup"] for r in summary_rows(run)] == ["-", "optimizer=sgd offload=all"]
+
+
+def test_predictions_are_shown_as_estimates_with_their_error() -> None:
+    rec = {**_rec("none"), "predicted_peak_allocated_bytes": int(3.03 * 2**30)}
+    run = Run(path=Path("x"), meta={}, points=[rec])
+    assert "predicted" in summary_columns(run)
+    row = summary_rows(run)[0]
+    assert row["predicted"] == "3.03 GiB (est.)" and row["pred. err"] == "+1.00%"
