@@ -15,8 +15,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ckptbench import __version__
-from ckptbench.errors import EXIT_BAD_INPUT, EXIT_REGRESSION, CkptbenchError, ConfigError, ResultsError
 from ckptbench.config import setup_label
+from ckptbench.errors import EXIT_BAD_INPUT, EXIT_REGRESSION, CkptbenchError, ConfigError, ResultsError
 from ckptbench.recommend import DEFAULT_HEADROOM
 from ckptbench.units import fmt_bytes
 
