@@ -35,10 +35,11 @@ class CudaProbe:
 
     def __init__(self, device: torch.device, *, cap_bytes: int | None = None) -> None:
         self.device = device
-        if cap_bytes is not None:
-            total = torch.cuda.get_device_properties(device).total_memory
-            # The caching allocator refuses to reserve more than this fraction: a smaller card.
-            torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total), device)
+        total = torch.cuda.get_device_properties(device).total_memory
+        # The caching allocator refuses to reserve more than this fraction: a smaller card. Set it
+        # (or lift it) every time: the fraction is per process and outlives an earlier probe.
+        fraction = 1.0 if cap_bytes is None else min(1.0, cap_bytes / total)
+        torch.cuda.set_per_process_memory_fraction(fraction, device)
 
     def sync(self) -> None:
         torch.cuda.synchronize(self.device)
