@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -10,8 +11,8 @@ import torch
 from ckptbench.config import SweepConfig, parse_config
 
 
-def tiny_config(**overrides: Any) -> SweepConfig:
-    """A CPU config of the tiny preset; keyword arguments replace top-level fields."""
+def tiny_data(**overrides: Any) -> dict[str, Any]:
+    """Config data for a CPU sweep of the tiny preset; keyword arguments replace top-level fields."""
     data: dict[str, Any] = {
         "name": "t",
         "device": "cpu",
@@ -21,7 +22,21 @@ def tiny_config(**overrides: Any) -> SweepConfig:
         "sweep": {"layout": ["none"], "batch_size": [2], "seq_len": [128], "precision": ["fp32"]},
     }
     data.update(overrides)
-    return parse_config(data)
+    return data
+
+
+def tiny_config(**overrides: Any) -> SweepConfig:
+    """The validated config of tiny_data(**overrides)."""
+    return parse_config(tiny_data(**overrides))
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: tiny models run faster on a busy 2-core machine, and losses are deterministic."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -18,18 +18,16 @@ from typer.testing import CliRunner
 from ckptbench.cli import app
 from ckptbench.config import SweepConfig, loads_config, parse_config
 from ckptbench.errors import ConfigError
+from tests.conftest import tiny_data
 
 REPO = Path(__file__).resolve().parent.parent
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
 
-GOOD: dict[str, Any] = {
-    "name": "bad",
-    "device": "cpu",
-    "model": {"preset": "tiny"},
-    "warmup_steps": 1,
-    "measured_steps": 1,
-    "sweep": {"layout": ["none"], "batch_size": [1], "seq_len": [64], "precision": ["fp32"]},
-}
+GOOD: dict[str, Any] = tiny_data(
+    name="bad",
+    measured_steps=1,
+    sweep={"layout": ["none"], "batch_size": [1], "seq_len": [64], "precision": ["fp32"]},
+)
 
 
 def merged(**changes: Any) -> dict[str, Any]:

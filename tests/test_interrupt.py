@@ -8,12 +8,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from ckptbench.config import key_id
 from ckptbench.results import load_run
@@ -26,13 +24,6 @@ CONFIG = {"measured_steps": 1, "optimizer": "adamw_foreach", "sweep": AXES}
 # One intra-op thread everywhere: fast on a busy 2-core machine, and the same losses in every process.
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _cli(*args: str) -> list[str]:
