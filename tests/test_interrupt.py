@@ -25,7 +25,6 @@ CONFIG = {"measured_steps": 1, "optimizer": "adamw_foreach", "sweep": AXES}
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
 
-
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "ckptbench", "sweep", *args]
 
@@ -49,8 +48,8 @@ def test_ctrl_c_keeps_finished_points_and_resume_completes_them(tmp_path: Path) 
         cwd=tmp_path,
     )
     assert proc.stderr is not None
-    for line in proc.stderr:  # the first finished point prints "  none b=1 s=64 fp32: peak ..."
-        if "s=64 fp32: peak" in line:
+    for line in proc.stderr:  # the first finished point prints "  none b=1 s=64 fp32 optimizer=...: peak ..."
+        if "b=1 s=64 fp32" in line and ": peak" in line:
             proc.send_signal(signal.SIGINT)
             break
     rest = proc.stderr.read()
