@@ -24,6 +24,7 @@ from ckptbench.model import (
     layer_param_counts,
     llama_config,
     reset_weights,
+    warm_device_libraries,
 )
 from ckptbench.offload import HostOffload
 from ckptbench.probe import CudaProbe, Probe, TrackerProbe, tensor_bytes
@@ -230,6 +231,7 @@ class Runner:
             self.probe.release()
             t0 = time.perf_counter()
             dtype = param_dtype(point.precision)
+            warm_device_libraries(self.device, dtype)
             model = build_model(self.cfg.model, device=self.device, dtype=dtype, seed=self.cfg.seed)
             if point.lora != "none":
                 model = apply_lora(model, rank=int(point.lora[1:]), spec=self.cfg.lora)

@@ -12,11 +12,13 @@ from tests.test_runner import run_points
 
 pytestmark = pytest.mark.gpu
 
-SMALL_GPU = {"preset": "small"}
+# Wide layers, small vocabulary: each layer's activations outweigh the logits, so the layer choice shows.
+SMALL_GPU = {"preset": "small", "overrides": {"hidden_size": 1024, "intermediate_size": 2752,
+                                              "num_attention_heads": 8, "num_key_value_heads": 8}}
 
 
 def gpu_config(**overrides: Any) -> Any:
-    return tiny_config(device="cuda", model=SMALL_GPU, measured_steps=3, warmup_steps=2, **overrides)
+    return tiny_config(**{"device": "cuda", "model": SMALL_GPU, "measured_steps": 3, "warmup_steps": 2, **overrides})
 
 
 def test_cuda_peaks_follow_the_layout() -> None:
