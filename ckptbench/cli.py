@@ -97,6 +97,10 @@ def sweep(
         typer.Option("--point-timeout", help="With --isolate: kill a point running longer than this.",
                      metavar="SECONDS"),
     ] = None,
+    predict: Annotated[
+        bool,
+        typer.Option("--predict/--no-predict", help="Record each point's estimated peak next to the measured one."),
+    ] = True,
 ) -> None:
     """Run a sweep: real training steps for every point of CONFIG; writes run.json and points.jsonl."""
     from ckptbench.config import load_config
@@ -109,7 +113,7 @@ def sweep(
             with _SweepProgress(len(cfg.points_list())) as progress:
                 outcome = run_sweep(
                     cfg, out=out_dir, results_root=results_root, on_progress=progress.update,
-                    resume=resume, isolate=isolate, point_timeout_s=point_timeout,
+                    resume=resume, isolate=isolate, point_timeout_s=point_timeout, predict=predict,
                 )
         except CkptbenchError as exc:
             raise fail(exc) from None

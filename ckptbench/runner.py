@@ -111,6 +111,7 @@ class Runner:
     _oom_at: dict[tuple[Any, ...], int] = field(default_factory=dict)
     _done: dict[str, dict[str, Any]] = field(default_factory=dict)
     _broken: bool = False  # a fatal device error happened: no more CUDA calls
+    predictions: dict[str, int | None] = field(default_factory=dict)  # predicted peak bytes by key_id
 
     def __post_init__(self) -> None:
         self.llama = llama_config(self.cfg.model)
@@ -219,6 +220,8 @@ class Runner:
             "model_flops_per_step": model_flops,
             "hardware_flops_per_step": hw_flops,
             "peak_tflops": self.peak_tflops,
+            # An estimate (ckptbench estimate, made before the run), kept next to the measurement.
+            "predicted_peak_allocated_bytes": self.predictions.get(point.key_id),
             "probe": self.probe.kind,
         }
 

@@ -180,6 +180,7 @@ def run_sweep(
     resume: Path | None = None,
     isolate: bool = False,
     point_timeout_s: float | None = None,
+    predict: bool = True,
 ) -> SweepOutcome:
     """Run every point of ``cfg`` (or, with ``resume``, those a run lacks); each is on disk as it ends."""
     _check_options(out=out, resume=resume, isolate=isolate, timeout_s=point_timeout_s)
@@ -198,11 +199,27 @@ def run_sweep(
         meta = {"num_points": len(points), "options": options}
         writer = _new_run(cfg, out=out, results_root=results_root, environment=environment, meta=meta)
         done, notes = {}, []
+    if predict:
+        runner.predictions = _predictions(cfg, points, runner.device.type)
     try:
         records = _run_points(runner, points, done, writer, on_progress, searches=make_searches(cfg))
     finally:
         writer.close()
     return SweepOutcome(writer.run_dir, records, "complete", already_done=len(done), warnings=list(notes))
+
+
+def _predictions(cfg: SweepConfig, points: list[Point], device_type: str) -> dict[str, int | None]:
+    """Predicted peak allocated bytes of every grid point for this device (an estimate, made up front).
+
+    A prediction that cannot be made leaves the points without one: the sweep itself never depends on it.
+    """
+    try:
+        from ckptbench.estimate import predict_points
+
+        return predict_points(cfg, points, target="cuda" if device_type == "cuda" else "cpu")
+    except Exception as exc:  # the estimator is an aid; a failure in it must not cost a measured run
+        warnings.warn(f"no predictions recorded: {exc.__class__.__name__}: {exc}", stacklevel=2)
+        return {}
 
 
 def _run_points(
