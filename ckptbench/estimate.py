@@ -34,6 +34,7 @@ from ckptbench.layercosts import (
 from ckptbench.layouts import parse_layout
 from ckptbench.memtrace import CATEGORIES, GRADS, OPTIMIZER_STATE, PARAMS
 from ckptbench.step import OptimizerUnavailable
+from ckptbench.units import fmt_bytes
 
 GIB = 2**30
 Target = Literal["cpu", "cuda"]
@@ -92,9 +93,9 @@ class Estimate:
             return None
         part = self.breakdown[self.dominant or "params"]
         return (
-            f"needs {self.peak_bytes / GIB:.1f} GiB > {self.budget_bytes / GIB:.1f} GiB budget "
+            f"needs {fmt_bytes(self.peak_bytes)} > {fmt_bytes(self.budget_bytes)} budget "
             f"(peak in the {self.peak_at}); largest part: {PART_NAMES[self.dominant or 'params']} "
-            f"{part / GIB:.1f} GiB ({part / self.peak_bytes:.0%})"
+            f"{fmt_bytes(part)} ({part / self.peak_bytes:.0%})"
         )
 
     def to_record(self) -> dict[str, Any]:
@@ -249,31 +250,29 @@ def estimate_points(
     return [est.estimate(p, budget_bytes=budget_bytes) for p in points]
 
 
-def default_target(cfg: SweepConfig) -> Target:
-    """The device a config's sweep would run on: CPU only when it says so."""
-    return "cpu" if cfg.device == "cpu" else "cuda"
-
-
-def budget_for(cfg: SweepConfig, budget_gib: float | None) -> int | None:
-    """The memory budget in bytes: ``--budget`` when given, else the config's memory cap."""
-    if budget_gib is not None and not budget_gib > 0:
-        raise ConfigError(f"--budget must be a positive number of GiB, got {budget_gib}")
-    gib = budget_gib if budget_gib is not None else cfg.memory_cap_gib
-    return None if gib is None else int(gib * GIB)
+def resolve_target(cfg: SweepConfig, target: str | None) -> Target:
+    """``--target`` when given ('cuda' or 'cpu'), else the device the config's sweep would run on."""
+    if target is None:
+        return "cpu" if cfg.device == "cpu" else "cuda"
+    if target not in ("cuda", "cpu"):
+        raise ConfigError(f"--target: {target!r} is not one of cuda, cpu")
+    return target  # type: ignore[return-value]
 
 
 def estimate_config(
     cfg: SweepConfig,
     *,
-    target: Target | None = None,
-    budget_gib: float | None = None,
+    target: str | None = None,
+    budget_bytes: int | None = None,
     method: Method = "fast",
     on_progress: Callable[[EstimateProgress], None] | None = None,
 ) -> list[Estimate]:
-    """Estimate every point of ``cfg`` (in execution order) against ``--budget`` or the config's cap."""
+    """Estimate every point of ``cfg`` (in execution order) against a budget, by default its memory cap."""
+    if budget_bytes is None and cfg.memory_cap_gib is not None:
+        budget_bytes = int(cfg.memory_cap_gib * GIB)
     return estimate_points(
-        cfg, cfg.points_list(), target=target or default_target(cfg), method=method,
-        budget_bytes=budget_for(cfg, budget_gib), on_progress=on_progress,
+        cfg, cfg.points_list(), target=resolve_target(cfg, target), method=method,
+        budget_bytes=budget_bytes, on_progress=on_progress,
     )
 
 
