@@ -100,6 +100,7 @@ class StepTracker(TorchDispatchMode):
         self.defer_shared = defer_shared
         self._shared: dict[int, str] = {}
         self._inputs: dict[int, int] = {}
+        self._ignored: set[int] = set()  # forgotten storages: in-place ops must not count them again
         self._deferred: list[tuple[int, int, str]] = []
         self._sizes: dict[int, tuple[int, int, int]] = {}  # storage id -> (bytes, category, segment number)
         self._labels: list[str] = []
@@ -153,14 +154,17 @@ class StepTracker(TorchDispatchMode):
 
     def forget(self, t: torch.Tensor) -> None:
         """Stop counting a storage that lives in host memory on the target (not on the GPU)."""
-        self._free(id(t.untyped_storage()))
+        sid = id(t.untyped_storage())
+        if sid in self._sizes:
+            self._free(sid)
+            self._ignored.add(sid)  # its finalizer (from _add) drops the id again
 
     def _add(self, t: torch.Tensor, category: int) -> None:
         if t.device.type == "meta" or t.is_sparse:
             return
         storage = t.untyped_storage()
         sid = id(storage)
-        if sid in self._sizes:
+        if sid in self._sizes or sid in self._ignored:
             return
         nbytes = self.kernels.block_bytes(storage.nbytes())
         self._sizes[sid] = (nbytes, category, len(self._labels) - 1)
@@ -169,6 +173,7 @@ class StepTracker(TorchDispatchMode):
         weakref.finalize(storage, self._free, sid)
 
     def _free(self, sid: int) -> None:
+        self._ignored.discard(sid)
         entry = self._sizes.pop(sid, None)
         if entry is None:
             return

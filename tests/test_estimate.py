@@ -193,6 +193,48 @@ def test_llama7b_grid_is_fast_and_traces_one_short_model_per_shape() -> None:
         assert peaks[("none", batch // 2, 2048)] < peaks[("none", batch, 2048)]
 
 
+H200_CHECK = Path(__file__).parents[1] / "results" / "h200-gpu-check-1" / "check"
+
+
+@pytest.mark.skipif(not (H200_CHECK / "points.jsonl").exists(), reason="no H200 results in this checkout")
+def test_predictions_match_the_h200_measurements_within_1_percent() -> None:
+    """LLaMA-7B bf16, fused AdamW, sdpa, 11 layouts at batch 2 and 6 at batch 8, measured on an H200."""
+    from ckptbench.results import load_run
+
+    run = load_run(H200_CHECK)
+    cfg = parse_config(run.config)
+    measured = {key_id_of(rec): rec for rec in run.points if rec["status"] == "ok"}
+    points = [p for p in cfg.points_list() if p.key_id in measured]
+    assert len(points) >= 15
+    for est in estimate_points(cfg, points, target="cuda"):
+        peak = measured[est.point.key_id]["peak_allocated_bytes"]
+        assert abs(est.peak_bytes - peak) / peak < 0.01, (est.point.layout, est.point.batch_size, est.peak_bytes, peak)
+
+
+def key_id_of(record: dict[str, Any]) -> str:
+    from ckptbench.config import key_id
+
+    return key_id(record["key"])
+
+
+def test_forgotten_host_copies_stay_uncounted_through_in_place_ops() -> None:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ckptbench.kernels import CpuKernels
+    from ckptbench.memtrace import StepTracker
+
+    tracker = StepTracker(CpuKernels())
+    with FakeTensorMode(), tracker:
+        host = torch.empty(1024)
+        tracker.forget(host)  # e.g. an offloaded activation's host copy
+        source = torch.ones(1024)
+        host.copy_(source)  # returns ``host`` itself
+        assert tracker.live == 1024 * 4  # only the source is device memory
+        del source
+        assert tracker.live == 0
+
+
 def test_predict_points_maps_key_ids_to_bytes() -> None:
     cfg = tiny_config(device="cuda", sweep={"layout": ["none", "all"], "batch_size": [2], "seq_len": [128]})
     predictions = predict_points(cfg, cfg.points_list())
