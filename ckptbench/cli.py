@@ -406,6 +406,41 @@ def report_cmd(
     out.print(str(files.markdown), markup=False)
 
 
+TargetOpt = Annotated[
+    str | None, typer.Option("--target", help="cuda (default) or cpu (what the live-tensor tracker measures).")
+]
+
+
+@app.command()
+def estimate(
+    config: ConfigArg,
+    fmt: FormatOpt = Format.table,
+    budget: BudgetOpt = None,
+    target: TargetOpt = None,
+    full: Annotated[bool, typer.Option("--full", help="Trace the whole model for every point (slow).")] = False,
+) -> None:
+    """Predict, without a GPU, each point's peak allocated memory and what it is made of."""
+    from ckptbench.config import load_config
+    from ckptbench.estimate import estimate_config
+    from ckptbench.estimate_report import RENDERERS, EstimateProgressBar, estimate_table
+    from ckptbench.units import parse_size
+
+    try:
+        cfg = load_config(config)
+        budget_bytes = parse_size(budget) if budget is not None else None
+        with EstimateProgressBar(err) as bar:
+            method = "full" if full else "fast"
+            estimates = estimate_config(
+                cfg, target=target, budget_bytes=budget_bytes, method=method, on_progress=bar.update
+            )
+    except CkptbenchError as exc:
+        raise fail(exc) from None
+    if fmt is Format.table:
+        out.print(estimate_table(estimates, name=cfg.name))
+    else:
+        sys.stdout.write(RENDERERS[fmt.value](estimates, name=cfg.name))
+
+
 def _modules_text(targets: tuple[str, ...]) -> str:
     if not targets:
         return "-"
