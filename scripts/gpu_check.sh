@@ -6,6 +6,7 @@
 #
 #   scripts/gpu_check.sh [OUT_DIR]        # on a GPU machine (OUT_DIR defaults to $OUT or /tmp/ckptbench-gpu)
 #   DRY=1 scripts/gpu_check.sh /tmp/dry   # plumbing check on CPU with configs/tiny.yaml
+#   SKIP_AXES=1 ...                        # leave out the technique-axes sweep
 set -uo pipefail
 OUT_DIR=${1:-${OUT:-/tmp/ckptbench-gpu}}
 WORK=$(mktemp -d /tmp/ckptbench-gpu-XXXX)
@@ -30,15 +31,17 @@ log "recommend and report at an 80 GiB budget"
 run ck recommend "$R/check" --budget 80
 run ck report "$R/check" --budget 80 --out "$R/check/report"
 pack
-log "technique axes on LLaMA-7B: $AXES"
-run ck sweep "$AXES" --out "$R/axes"
-pack
+if [ -z "${SKIP_AXES:-}" ]; then
+  log "technique axes on LLaMA-7B: $AXES"
+  run ck sweep "$AXES" --out "$R/axes"
+  pack
+fi
 if [ -z "${DRY:-}" ]; then
   log "GPU-marked tests"
   run "$PY" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
 fi
 log "overhead (sweep wall time vs warm-up + measured steps)"
-run "$PY" scripts/gpu_summary.py "$R/check" "$R/axes"
+run "$PY" scripts/gpu_summary.py "$R"/check ${SKIP_AXES:+} $( [ -z "${SKIP_AXES:-}" ] && echo "$R/axes")
 log "done"
 pack
 echo "wrote $OUT_DIR/gpu_results.tar.gz"
