@@ -35,7 +35,7 @@ def test_cuda_peaks_follow_the_layout() -> None:
 
 
 def test_cuda_oom_is_a_row_and_memory_is_released() -> None:
-    recs = run_points(gpu_config(memory_cap_gib=1.0, sweep={"layout": ["none", "all"], "batch_size": [1, 64],
+    recs = run_points(gpu_config(memory_cap_gib=4.0, sweep={"layout": ["none", "all"], "batch_size": [1, 64],
                                                            "seq_len": [2048], "precision": ["bf16"]}))
     assert recs[("none", 64)]["status"] == "oom"
     assert "out of memory" in recs[("none", 64)]["reason"].lower()
@@ -61,7 +61,11 @@ def test_cuda_offload_and_selective() -> None:
     peak = {k: r["peak_allocated_bytes"] for k, r in recs.items()}
     assert peak[("none", "all")] < peak[("none", "none")]
     assert recs[("none", "all")]["host_offload_peak_bytes"] > 0
-    assert peak[("all", "ckpt_inputs")] < peak[("all", "none")]
+    # Only the checkpointed layers' inputs go to the host: 8 layers x 8 x 1024 tokens x 1024 x bf16. (The
+    # device peak need not drop: reentrant recomputation has no early stop, and with every layer
+    # checkpointed the peak sits late in the backward pass, when those inputs are mostly freed.)
+    inputs = 8 * 8 * 1024 * 1024 * 2
+    assert inputs <= recs[("all", "ckpt_inputs")]["host_offload_peak_bytes"] < 2 * inputs
     assert peak[("all", "none")] < peak[("all@selective", "none")] < peak[("none", "none")]
     for rec in recs.values():
         assert rec["loss_check"]["match"] is True, rec["loss_check"]
