@@ -15,8 +15,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ckptbench import __version__
-from ckptbench.config import setup_label
 from ckptbench.errors import EXIT_BAD_INPUT, EXIT_REGRESSION, CkptbenchError, ConfigError, ResultsError
+from ckptbench.grid import setup_label
 from ckptbench.recommend import DEFAULT_HEADROOM
 from ckptbench.units import fmt_bytes
 
@@ -103,7 +103,7 @@ def sweep(
     ] = True,
 ) -> None:
     """Run a sweep: real training steps for every point of CONFIG; writes run.json and points.jsonl."""
-    from ckptbench.config import load_config
+    from ckptbench.config_load import load_config
 
     with _Interrupts():
         try:
@@ -227,7 +227,7 @@ class _SweepProgress:
 @app.command()
 def layouts(config: ConfigArg) -> None:
     """Print exactly which decoder layers (and sub-modules) each layout of CONFIG checkpoints."""
-    from ckptbench.config import load_config
+    from ckptbench.config_load import load_config
     from ckptbench.layouts import parse_layout
     from ckptbench.report import rich_table
 
@@ -420,7 +420,7 @@ def estimate(
     full: Annotated[bool, typer.Option("--full", help="Trace the whole model for every point (slow).")] = False,
 ) -> None:
     """Predict, without a GPU, each point's peak allocated memory and what it is made of."""
-    from ckptbench.config import load_config
+    from ckptbench.config_load import load_config
     from ckptbench.estimate import estimate_config
     from ckptbench.estimate_report import RENDERERS, EstimateProgressBar, estimate_table
     from ckptbench.units import parse_size

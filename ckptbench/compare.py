@@ -24,7 +24,7 @@ from ckptbench.compare_metrics import (
     Thresholds,
     compare_point,
 )
-from ckptbench.config import key_id
+from ckptbench.grid import key_id
 from ckptbench.results import Run, load_run
 
 # Environment fields and measurement-config fields whose differences are reported above the table;

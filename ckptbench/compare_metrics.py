@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ckptbench.config import key_id
+from ckptbench.grid import key_id
 from ckptbench.results import point_stats
 
 # Marks, per metric and per point.

@@ -19,9 +19,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ckptbench.config import Point, SweepConfig
+from ckptbench.config import SweepConfig
 from ckptbench.errors import ConfigError
 from ckptbench.faketrace import StepTrace, trace_optimizer, trace_step
+from ckptbench.grid import Point
 from ckptbench.layercosts import (
     Peak,
     StepCosts,

@@ -34,9 +34,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_leaves
 
-from ckptbench.config import Point, SweepConfig
+from ckptbench.config import SweepConfig
 from ckptbench.errors import ConfigError
 from ckptbench.fakeenv import EmulatedHostOffload, eager_transformers, swappable_fake_parameters
+from ckptbench.grid import Point
 from ckptbench.kernels import kernel_model
 from ckptbench.layouts import LayoutPlan, parse_layout
 from ckptbench.memtrace import (

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import ckptbench
-from ckptbench.config import Point, parse_config
+from ckptbench.config_load import parse_config
+from ckptbench.grid import Point
 from ckptbench.layouts import LayoutPlan
 from ckptbench.results import write_json_atomic
 from ckptbench.runner import Runner, make_probe, resolve_device

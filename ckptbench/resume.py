@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckptbench.config import SweepConfig, key_id
+from ckptbench.config import SweepConfig
 from ckptbench.errors import ConfigError
+from ckptbench.grid import key_id
 from ckptbench.results import Run
 
 DONE_STATUSES = frozenset({"ok", "oom", "skipped"})

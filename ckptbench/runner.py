@@ -12,9 +12,10 @@ from typing import Any
 import torch
 
 from ckptbench import testhooks
-from ckptbench.config import Point, SweepConfig
+from ckptbench.config import SweepConfig
 from ckptbench.errors import EnvironmentError_, RunFailure
 from ckptbench.flops import ModelShape, peak_tflops_for, step_flops
+from ckptbench.grid import Point
 from ckptbench.layouts import LayoutPlan, parse_layout
 from ckptbench.model import (
     applied,

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ckptbench.config import Point, setup_label
+from ckptbench.grid import Point, setup_label
 
 
 def fits(record: dict[str, Any], budget_bytes: int | None) -> bool:
@@ -168,7 +168,7 @@ Search = BatchMaxSearch | LayoutFitSearch
 
 def make_searches(cfg: Any) -> list[Search]:
     """The searches a config asks for (batch_size: max or layout: fit), one per searched cell."""
-    from ckptbench.config import search_templates
+    from ckptbench.grid import search_templates
 
     out: list[Search] = []
     for kind, template in search_templates(cfg):

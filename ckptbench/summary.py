@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckptbench.config import setup_label
+from ckptbench.grid import setup_label
 from ckptbench.results import Run, to_frame
 
 GIB = 2**30

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench import env
-from ckptbench.config import Point, SweepConfig, check_cpu_compatible
+from ckptbench.config import SweepConfig, check_cpu_compatible
 from ckptbench.errors import CkptbenchError, ConfigError, ResultsError, RunFailure
+from ckptbench.grid import Point
 from ckptbench.isolate import IsolatedRunner
 from ckptbench.model import llama_config
 from ckptbench.results import RUN_FILE, Run, RunWriter, create_run_dir, load_run, resolve_run_path

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from ckptbench.config import SweepConfig, parse_config
+from ckptbench.config import SweepConfig
+from ckptbench.config_load import parse_config
 
 
 def tiny_data(**overrides: Any) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from ckptbench.config import parse_config
+from ckptbench.config_load import parse_config
 from ckptbench.errors import ConfigError
 from ckptbench.layouts import parse_layout
 from ckptbench.model import applied, build_model

@@ -13,8 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from ckptbench.cli import app
-from ckptbench.config import Point, SweepConfig, load_config, parse_config
+from ckptbench.config import SweepConfig
+from ckptbench.config_load import load_config, parse_config
 from ckptbench.estimate import Estimate, Estimator, estimate_config, estimate_points, predict_points
+from ckptbench.grid import Point
 from ckptbench.kernels import CudaKernels
 from ckptbench.memtrace import CATEGORIES
 from ckptbench.runner import Progress, Runner, make_probe, resolve_device
@@ -212,7 +214,7 @@ def test_predictions_match_the_h200_measurements_within_1_percent() -> None:
 
 
 def key_id_of(record: dict[str, Any]) -> str:
-    from ckptbench.config import key_id
+    from ckptbench.grid import key_id
 
     return key_id(record["key"])
 

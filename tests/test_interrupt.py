@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ckptbench.config import key_id
+from ckptbench.grid import key_id
 from ckptbench.results import load_run
 from ckptbench.sweep import run_sweep
 from tests.conftest import tiny_config

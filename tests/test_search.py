@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ckptbench.config import Point
+from ckptbench.grid import Point
 from ckptbench.search import BatchMaxSearch, LayoutFitSearch
 from ckptbench.sweep import run_sweep
 from tests.conftest import tiny_config
