@@ -17,20 +17,17 @@ from ckptbench.errors import EnvironmentError_, RunFailure
 from ckptbench.flops import ModelShape, peak_tflops_for, step_flops
 from ckptbench.grid import Point
 from ckptbench.layouts import LayoutPlan, parse_layout
+from ckptbench.measure import measure_point
 from ckptbench.model import (
-    applied,
     apply_lora,
-    attention,
     build_model,
     layer_param_counts,
     llama_config,
-    reset_weights,
     warm_device_libraries,
 )
-from ckptbench.offload import HostOffload
-from ckptbench.probe import CudaProbe, Probe, TrackerProbe, tensor_bytes
+from ckptbench.probe import CudaProbe, Probe, TrackerProbe
 from ckptbench.search import Search
-from ckptbench.step import OptimizerUnavailable, Trainer, make_batch, make_optimizer, param_dtype
+from ckptbench.step import OptimizerUnavailable, param_dtype
 
 LEAK_TOLERANCE_BYTES = 1 << 20  # 1 MiB: allocator bookkeeping and tiny caches stay below it
 
@@ -295,80 +292,13 @@ class Runner:
         }
 
     def _measure(self, model: Any, point: Point, plan: LayoutPlan) -> dict[str, Any]:
-        cfg, probe = self.cfg, self.probe
-        if point.compile and point.offload != "none":
-            return {"status": "skipped", "reason": "torch.compile with activation offloading is not supported"}
-        reset_weights(model, seed=cfg.seed, std=self.llama.initializer_range)
-        params = [p for p in model.parameters() if p.requires_grad]
-        batch = make_batch(
-            seed=cfg.seed,
-            batch_size=point.batch_size,
-            seq_len=point.seq_len,
-            vocab_size=self.llama.vocab_size,
-            device=self.device,
+        result = measure_point(
+            model, point, plan, cfg=self.cfg, probe=self.probe, device=self.device,
+            init_std=self.llama.initializer_range, vocab_size=self.llama.vocab_size,
         )
-        probe.adopt([batch])
-        host = HostOffload(pin_memory=self.device.type == "cuda") if point.offload != "none" else None
-        ckpt_offload = host if point.offload == "ckpt_inputs" else None
-        with (
-            applied(model, plan, offload_inputs=ckpt_offload),
-            attention(model, point.attn_implementation),
-            _tracking(probe),
-        ):
-            trainer = Trainer(
-                model,
-                make_optimizer(point.optimizer, params, lr=cfg.lr),
-                point.precision,
-                self.device.type,
-                micro_batches=point.micro_batches,
-                zero_grad_to_none=cfg.zero_grad_to_none,
-                forward=torch.compile(model) if point.compile else None,
-                offload=host.active if point.offload == "all" else None,
-            )
-            result = self._window(trainer, batch)
-            result["memory"].update(_static_memory(model, trainer.optimizer))
-            del trainer
-        if host is not None:
-            result["host_offload_peak_bytes"] = host.peak_bytes
-        if point.compile:
-            result["compile_s"] = result["warmup_times_s"][0]  # the first warm-up step compiles
-            torch._dynamo.reset()
-        result["loss_check"] = self._loss_check(point, result["warmup_losses"] + result["losses"])
+        if result["status"] == "ok":
+            result["loss_check"] = self._loss_check(point, result["warmup_losses"] + result["losses"])
         return result
-
-    def _window(self, trainer: Trainer, batch: torch.Tensor) -> dict[str, Any]:
-        """Warm-up, then the measured steps with peak statistics reset right before them."""
-        probe = self.probe
-        warm_times, warm_losses = self._steps(trainer, batch, self.cfg.warmup_steps)
-        start_alloc = probe.allocated()
-        probe.reset_peak()
-        before = probe.counters()
-        times, losses = self._steps(trainer, batch, self.cfg.measured_steps)
-        after = probe.counters()
-        return {
-            "status": "ok",
-            "warmup_times_s": warm_times,
-            "warmup_losses": warm_losses,
-            "step_times_s": times,
-            "losses": losses,
-            "peak_allocated_bytes": probe.peak_allocated(),
-            "peak_reserved_bytes": probe.peak_reserved(),
-            "num_alloc_retries": after["num_alloc_retries"] - before["num_alloc_retries"],
-            "num_ooms": after["num_ooms"] - before["num_ooms"],
-            "memory": {"window_start_allocated_bytes": start_alloc},
-        }
-
-    def _steps(self, trainer: Trainer, batch: torch.Tensor, n: int) -> tuple[list[float], list[float]]:
-        probe = self.probe
-        times: list[float] = []
-        losses: list[torch.Tensor] = []
-        for _ in range(n):
-            probe.sync()  # every clock read is preceded by a device synchronize
-            t0 = probe.now()
-            losses.append(trainer.step(batch))
-            probe.sync()
-            times.append(probe.now() - t0)
-        return times, [float(x) for x in losses]
 
     def _loss_check(self, point: Point, losses: list[float]) -> dict[str, Any] | None:
         cell = self._cell(point)
@@ -381,32 +311,6 @@ class Runner:
         diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref, strict=True))
         ok = diff <= self.cfg.loss_rtol and all(map(math.isfinite, losses))
         return {"reference": "none", "max_rel_diff": diff, "match": ok}
-
-
-class _tracking:
-    """Activate the CPU tracker for the block (a no-op on CUDA)."""
-
-    def __init__(self, probe: Probe) -> None:
-        self.tracker = probe.tracker if isinstance(probe, TrackerProbe) else None
-
-    def __enter__(self) -> None:
-        if self.tracker is not None:
-            self.tracker.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.tracker is not None:
-            self.tracker.__exit__(*exc)
-
-
-def _static_memory(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Parameters, gradients (one per trainable parameter, same dtype) and optimizer state, in bytes."""
-    params = list(model.parameters())
-    state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
-    return {
-        "params_bytes": tensor_bytes(params),
-        "grads_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
-        "optimizer_state_bytes": tensor_bytes(state),
-    }
 
 
 def is_fatal_device_error(exc: BaseException) -> bool:
