@@ -413,20 +413,22 @@ TargetOpt = Annotated[
 
 @app.command()
 def estimate(
-    config: ConfigArg,
+    config: Annotated[Path, typer.Argument(help="Sweep config (YAML), or a run directory to set against.")],
     fmt: FormatOpt = Format.table,
     budget: BudgetOpt = None,
     target: TargetOpt = None,
     full: Annotated[bool, typer.Option("--full", help="Trace the whole model for every point (slow).")] = False,
 ) -> None:
-    """Predict, without a GPU, each point's peak allocated memory and what it is made of."""
-    from ckptbench.config_load import load_config
-    from ckptbench.estimate import estimate_config
+    """Predict, without a GPU, each point's peak allocated memory and what it is made of.
+
+    Given a run directory, estimate its points and show what the run measured next to them.
+    """
+    from ckptbench.estimate import estimate_config, load_input
     from ckptbench.estimate_report import RENDERERS, EstimateProgressBar, estimate_table
     from ckptbench.units import parse_size
 
     try:
-        cfg = load_config(config)
+        cfg, measured = load_input(config)
         budget_bytes = parse_size(budget) if budget is not None else None
         with EstimateProgressBar(err) as bar:
             method = "full" if full else "fast"
@@ -436,9 +438,9 @@ def estimate(
     except CkptbenchError as exc:
         raise fail(exc) from None
     if fmt is Format.table:
-        out.print(estimate_table(estimates, name=cfg.name))
+        out.print(estimate_table(estimates, name=cfg.name, measured=measured))
     else:
-        sys.stdout.write(RENDERERS[fmt.value](estimates, name=cfg.name))
+        sys.stdout.write(RENDERERS[fmt.value](estimates, name=cfg.name, measured=measured))
 
 
 def _modules_text(targets: tuple[str, ...]) -> str:

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from ckptbench.config import SweepConfig
+from ckptbench.config_load import load_config, parse_config
 from ckptbench.errors import ConfigError
 from ckptbench.faketrace import StepTrace, trace_optimizer, trace_step
-from ckptbench.grid import Point
+from ckptbench.grid import Point, key_id
 from ckptbench.layercosts import (
     Peak,
     StepCosts,
@@ -34,6 +36,7 @@ from ckptbench.layercosts import (
 )
 from ckptbench.layouts import parse_layout
 from ckptbench.memtrace import CATEGORIES, GRADS, OPTIMIZER_STATE, PARAMS
+from ckptbench.results import RUN_FILE, load_run
 from ckptbench.step import OptimizerUnavailable
 from ckptbench.units import fmt_bytes
 
@@ -275,6 +278,21 @@ def estimate_config(
         cfg, cfg.points_list(), target=resolve_target(cfg, target), method=method,
         budget_bytes=budget_bytes, on_progress=on_progress,
     )
+
+
+def load_input(path: str | Path) -> tuple[SweepConfig, dict[str, int | str]]:
+    """A YAML config, or a run directory: its resolved config and what it measured, by ``key_id``:
+    the peak allocated bytes of an ``ok`` point, else its status ('oom', 'skipped', ...)."""
+    p = Path(path)
+    if not (p / RUN_FILE).is_file():
+        return load_config(p), {}
+    run = load_run(p)
+    cfg = parse_config(run.config, source=str(p / RUN_FILE))
+    measured: dict[str, int | str] = {}
+    for rec in run.points:
+        ok = rec.get("status") == "ok" and rec.get("peak_allocated_bytes") is not None
+        measured[key_id(rec["key"])] = int(rec["peak_allocated_bytes"]) if ok else str(rec.get("status"))
+    return cfg, measured
 
 
 def predict_points(cfg: SweepConfig, points: Sequence[Point], *, target: Target = "cuda") -> dict[str, int | None]:

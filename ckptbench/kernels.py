@@ -21,6 +21,9 @@ formulas that do not depend on the device. What differs is modelled here:
   bytes. The CUDA backward (FlashAttention-2, ``mha_bwd``) also holds, while it runs, an fp32
   dQ accumulator (B x S rounded up to 128 x H x D rounded up to 32) and an fp32 softmax-dO sum
   (B x H x S rounded up to 128), plus full-head dK/dV buffers when K/V have fewer heads (GQA);
+- softmax backward (eager attention): CUDA's ``softmax_backward_cuda_out`` first computes
+  ``grad * output`` into a temporary of the gradient's size, which the fused CPU kernel does not
+  (log-softmax backward, used by the loss, has no such temporary);
 - embedding backward: CUDA's ``embedding_dense_backward`` with more than 3072 tokens sorts the
   indices and sums partial segments in an fp32 buffer of (tokens / 10 + min(tokens, vocab)) x
   hidden, plus int64 index buffers, held while the kernel runs;
@@ -45,6 +48,7 @@ import torch
 
 _FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 _EMBEDDING_BWD = torch.ops.aten.embedding_dense_backward.default
+_SOFTMAX_BWD = torch.ops.aten._softmax_backward_data.default
 
 CUDA_BLOCK_BYTES = 512
 _MIB = 2**20
@@ -94,6 +98,9 @@ class CudaKernels:
     def workspace_bytes(self, func: Any, args: tuple[Any, ...], out: Any) -> int:
         if func is _FLASH_BWD:
             return self._attention_backward(args[1], args[2])
+        if func is _SOFTMAX_BWD:
+            grad = args[0]
+            return self.block_bytes(grad.numel() * grad.element_size())  # tmp = grad * output
         if func is _EMBEDDING_BWD:
             return self._embedding_backward(args[0], args[1], num_weights=int(args[2]), scale=bool(args[4]))
         return 0
