@@ -26,13 +26,12 @@ segments, in execution order (``k`` is the micro-batch)::
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._pytree import tree_leaves
 
 from ckptbench.config import SweepConfig
 from ckptbench.errors import ConfigError
@@ -41,7 +40,6 @@ from ckptbench.grid import Point
 from ckptbench.kernels import kernel_model
 from ckptbench.layouts import LayoutPlan, parse_layout
 from ckptbench.memtrace import (
-    ACTIVATIONS,
     GRADS,
     LOGITS_LOSS,
     OPTIMIZER_STATE,
@@ -53,6 +51,7 @@ from ckptbench.memtrace import (
     Vector,
 )
 from ckptbench.model import applied, apply_lora, attention, build_model, decoder_layers
+from ckptbench.segmenthooks import SegmentMarks
 from ckptbench.step import Trainer, make_optimizer, param_dtype
 
 _CPU = torch.device("cpu")
@@ -142,13 +141,12 @@ def trace_step(
         for plan in plans:
             stack.enter_context(applied(model, plan, offload_inputs=host if point.offload == "ckpt_inputs" else None))
         stack.enter_context(attention(model, point.attn_implementation))
+        offload = host.active if host is not None and point.offload == "all" else None
         trainer = Trainer(
-            model, opt, point.precision, "cpu",
-            micro_batches=micro_batches or point.micro_batches,
-            zero_grad_to_none=cfg.zero_grad_to_none,
-            offload=host.active if host is not None and point.offload == "all" else None,
+            model, opt, point.precision, "cpu", micro_batches=micro_batches or point.micro_batches,
+            zero_grad_to_none=cfg.zero_grad_to_none, offload=offload,
         )
-        with _segment_hooks(model, opt, params, tracker), tracker:
+        with SegmentMarks(tracker, model).installed(opt, params), tracker:
             tracker.tag = LOGITS_LOSS
             tracker.mark("start")
             loss = trainer.step(batch)
@@ -185,77 +183,3 @@ def trace_optimizer(cfg: SweepConfig, point: Point, *, target: str) -> StepTrace
             opt.zero_grad(set_to_none=cfg.zero_grad_to_none)
             tracker.mark("end")
     return _result(tracker, static)
-
-
-@contextlib.contextmanager
-def _segment_hooks(
-    model: Any, opt: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter], tracker: StepTracker
-) -> Iterator[None]:
-    """Module, tensor and optimizer hooks that mark segment boundaries and land gradients."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    layers = decoder_layers(model)
-    last = len(layers) - 1
-    micro = [-1]  # index of the running micro-batch
-    handles: list[Any] = []
-
-    def on_grad(label: str) -> Any:
-        # A tensor hook fires when the tensor's gradient is complete; it must not capture tensors.
-        return lambda grad: tracker.mark(f"{label}@{micro[0]}")
-
-    def model_pre(module: Any, args: Any) -> None:
-        micro[0] += 1
-        tracker.tag = ACTIVATIONS
-        tracker.mark(f"pre@{micro[0]}")
-
-    def layer_pre(i: int) -> Any:
-        def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            tracker.mark(f"fwd:{i}@{micro[0]}")
-            hidden = args[0] if args else kwargs["hidden_states"]
-            if micro[0] == 0:
-                tracker.note_input(i, hidden)
-            if i == 0:
-                tracker.share(t for t in tree_leaves((args[1:], kwargs)) if t is not hidden)
-                tracker.share([hidden], kind="input0")
-            if hidden.requires_grad:
-                hidden.register_hook(on_grad(f"bwd:{i - 1}" if i else "tail"))
-
-        return hook
-
-    def norm_pre(module: Any, args: tuple[Any, ...]) -> None:
-        # Marked at the final norm, not in the last layer's forward hook: the layer call must have
-        # released its arguments (the last layer's input) so that they are freed in its segment.
-        tracker.mark(f"head@{micro[0]}")
-        args[0].register_hook(on_grad(f"bwd:{last}"))
-
-    def stack_post(module: Any, args: Any, output: Any) -> None:
-        tracker.mark(f"logits@{micro[0]}")
-
-    def model_post(module: Any, args: Any, output: Any) -> None:
-        tracker.mark(f"exit@{micro[0]}")
-        tracker.pending_label = f"back@{micro[0]}"
-
-    def lm_head_pre(module: Any, args: tuple[Any, ...]) -> None:
-        tracker.tag = LOGITS_LOSS
-        args[0].register_hook(lambda grad: setattr(tracker, "tag", TRANSIENT))
-
-    def opt_pre(*_: Any) -> None:
-        tracker.mark("opt")
-        tracker.tag = TRANSIENT
-
-    def opt_post(*_: Any) -> None:
-        tracker.mark("zero")
-        tracker.tag = LOGITS_LOSS  # the step's returned (mean) loss, which the runner keeps
-
-    handles.append(base.model.register_forward_pre_hook(model_pre))
-    handles.append(base.model.register_forward_hook(stack_post))
-    handles.append(model.register_forward_hook(model_post))
-    handles += [layer.register_forward_pre_hook(layer_pre(i), with_kwargs=True) for i, layer in enumerate(layers)]
-    handles.append(base.model.norm.register_forward_pre_hook(norm_pre))
-    handles.append(base.lm_head.register_forward_pre_hook(lm_head_pre))
-    handles += [p.register_post_accumulate_grad_hook(lambda p: tracker.reclassify(p.grad, GRADS)) for p in params]
-    handles += [opt.register_step_pre_hook(opt_pre), opt.register_step_post_hook(opt_post)]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
