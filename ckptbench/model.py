@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 from collections.abc import Iterator
 from typing import Any
@@ -24,7 +25,9 @@ def llama_config(spec: ModelSpec) -> LlamaConfig:
     """The LlamaConfig for a model spec; unknown override names are a ConfigError."""
     unknown = sorted(set(spec.overrides) - _LLAMA_FIELDS)
     if unknown:
-        raise ConfigError(f"model.overrides.{unknown[0]}: not a LlamaConfig field")
+        hint = difflib.get_close_matches(unknown[0], sorted(_LLAMA_FIELDS), n=1)
+        extra = f"; did you mean {hint[0]!r}?" if hint else ""
+        raise ConfigError(f"model.overrides.{unknown[0]}: not a LlamaConfig field{extra}")
     cfg = LlamaConfig(**spec.resolved())
     cfg._attn_implementation = spec.attn_implementation
     cfg.use_cache = False

@@ -180,7 +180,7 @@ class Runner:
         """Let a finished point (or one recorded by an earlier, resumed run) inform later points."""
         self._done[point.key_id] = record
         if record.get("status") == "oom":
-            where = _batch_free(point)
+            where = _key_without(point, "batch_size")
             self._oom_at[where] = min(point.batch_size, self._oom_at.get(where, point.batch_size))
         if record.get("status") == "ok" and point.layout == "none":
             losses = [*(record.get("warmup_losses") or []), *(record.get("losses") or [])]
@@ -189,12 +189,12 @@ class Runner:
     @staticmethod
     def _cell(point: Point) -> tuple[Any, ...]:
         """The points whose losses must match each other: every layout of one cell."""
-        return tuple(sorted((k, v) for k, v in point.key.items() if k != "layout"))
+        return _key_without(point, "layout")
 
     def run_point(self, point: Point, *, allow_skip: bool = True) -> dict[str, Any]:
         plan = parse_layout(point.layout, self.shape.num_layers)
         base = self._base_record(point, plan)
-        skip_from = self._oom_at.get(_batch_free(point))
+        skip_from = self._oom_at.get(_key_without(point, "batch_size"))
         if allow_skip and self.cfg.skip_after_oom and skip_from is not None and point.batch_size > skip_from:
             return {**base, "status": "skipped", "reason": f"batch {skip_from} already ran out of memory"}
         started = time.perf_counter()
@@ -227,9 +227,8 @@ class Runner:
         """The model for a point's precision and LoRA setting, built only when those change."""
         slot = self._slot
         if slot.precision != (point.precision, point.lora):
-            self._slot = slot = _ModelSlot()  # free the old model before building the next
-            gc.collect()
-            self.probe.release()
+            self.close()  # free the old model before building the next
+            slot = self._slot
             t0 = time.perf_counter()
             dtype = param_dtype(point.precision)
             warm_device_libraries(self.device, dtype)
@@ -268,8 +267,7 @@ class Runner:
         self._cleanup()
         record["memory"] = {**record.get("memory", {}), **self._leak_check(baseline)}
         if record["memory"].get("leaked"):
-            self._slot = _ModelSlot()  # rebuild: the next point must not inherit the leak
-            self.close()
+            self.close()  # drops the model: the next point gets a fresh one, not the leak
             record["model_rebuilt"] = True
         return record
 
@@ -301,11 +299,9 @@ class Runner:
         return result
 
     def _loss_check(self, point: Point, losses: list[float]) -> dict[str, Any] | None:
-        cell = self._cell(point)
-        if point.layout == "none":
-            self._reference[cell] = losses
+        if point.layout == "none":  # remember() keeps its losses as the cell's reference
             return {"reference": "none", "max_rel_diff": 0.0, "match": all(map(math.isfinite, losses))}
-        ref = self._reference.get(cell)
+        ref = self._reference.get(self._cell(point))
         if ref is None or len(ref) != len(losses):
             return None
         diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref, strict=True))
@@ -322,9 +318,10 @@ def is_fatal_device_error(exc: BaseException) -> bool:
     return "out of memory" not in text and any(marker in text for marker in _FATAL_MARKERS)
 
 
-def _batch_free(point: Point) -> tuple[Any, ...]:
-    """A point's key without its batch size: larger batches of it are skipped after an OOM."""
-    return tuple(sorted((k, v) for k, v in point.key.items() if k != "batch_size"))
+def _key_without(point: Point, field_name: str) -> tuple[Any, ...]:
+    """A point's key without one field: the points that differ only in it (batch size: OOM skips;
+    layout: loss references)."""
+    return tuple(sorted((k, v) for k, v in point.key.items() if k != field_name))
 
 
 def _first_line(exc: BaseException) -> str:

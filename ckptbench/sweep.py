@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import difflib
 import signal
 import time
 import warnings
@@ -18,7 +17,6 @@ from ckptbench.config import SweepConfig, check_cpu_compatible
 from ckptbench.errors import CkptbenchError, ConfigError, ResultsError, RunFailure
 from ckptbench.grid import Point
 from ckptbench.isolate import IsolatedRunner
-from ckptbench.model import llama_config
 from ckptbench.results import RUN_FILE, Run, RunWriter, create_run_dir, load_run, resolve_run_path
 from ckptbench.resume import check_resumable, done_records
 from ckptbench.runner import Progress, Runner, make_probe, resolve_device
@@ -69,17 +67,6 @@ def _check_options(*, out: Path | None, resume: Path | None, isolate: bool, time
         raise ConfigError(f"--point-timeout must be a positive number of seconds, got {timeout_s:g}")
 
 
-def _check_override_names(cfg: SweepConfig) -> None:
-    from transformers import LlamaConfig
-
-    known = sorted(LlamaConfig().to_dict())
-    for name in sorted(cfg.model.overrides):
-        if name not in known:
-            hint = difflib.get_close_matches(name, known, n=1)
-            extra = f"; did you mean {hint[0]!r}?" if hint else ""
-            raise ConfigError(f"model.overrides.{name}: not a LlamaConfig field{extra}")
-
-
 def _make_runner(
     cfg: SweepConfig, *, isolate: bool, timeout_s: float | None
 ) -> tuple[Runner, dict[str, Any]]:
@@ -93,9 +80,7 @@ def _make_runner(
     environment = env.collect(device.type)
     probe = make_probe(cfg, device)
     environment["probe"] = probe.kind
-    _check_override_names(cfg)
-    try:
-        llama_config(cfg.model)  # LlamaConfig checks the override values here, before anything is created
+    try:  # the runner builds the LlamaConfig: it checks the override values before anything is created
         gpu_name = environment.get("gpu_name")
         runner = (
             IsolatedRunner(cfg, device, probe, gpu_name, point_timeout_s=timeout_s)
