@@ -1,4 +1,4 @@
-"""Exceptions that carry a message a user can act on; cli.py maps them to exit codes."""
+"""Exceptions that carry a message a user can act on; ckptbench.cli maps them to exit codes."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ckptbench.results import load_run
+from ckptbench.results.store import load_run
 
 
 def overhead(run_dir: str) -> None:

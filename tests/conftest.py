@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from ckptbench.config import SweepConfig
-from ckptbench.config_load import parse_config
+from ckptbench.config.load import parse_config
+from ckptbench.config.schema import SweepConfig
 
 
 def tiny_data(**overrides: Any) -> dict[str, Any]:

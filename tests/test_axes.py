@@ -8,14 +8,17 @@ from typing import Any
 import pytest
 import torch
 
-from ckptbench.config_load import parse_config
+from ckptbench.bench.device import make_probe, resolve_device
+from ckptbench.bench.probes import LiveTensorTracker
+from ckptbench.bench.runner import Progress, Runner
+from ckptbench.config.layouts import parse_layout
+from ckptbench.config.load import parse_config
 from ckptbench.errors import ConfigError
-from ckptbench.layouts import parse_layout
-from ckptbench.model import applied, build_model
-from ckptbench.offload import HostOffload
-from ckptbench.probe import LiveTensorTracker
-from ckptbench.runner import Progress, Runner, make_probe, resolve_device
-from ckptbench.step import Trainer, make_batch, make_optimizer
+from ckptbench.train.checkpointing import applied
+from ckptbench.train.model import build_model
+from ckptbench.train.offload import HostOffload
+from ckptbench.train.optimizers import make_optimizer
+from ckptbench.train.step import Trainer, make_batch
 from tests.conftest import tiny_config
 
 SMALL = {"preset": "tiny", "overrides": {"num_hidden_layers": 2}}

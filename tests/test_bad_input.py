@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from ckptbench.cli import app
-from ckptbench.config import SweepConfig
-from ckptbench.config_load import loads_config, parse_config
+from ckptbench.config.load import loads_config, parse_config
+from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
 from tests.conftest import tiny_data
 

@@ -11,8 +11,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from ckptbench.cli import app
-from ckptbench.report import summary_table
-from ckptbench.results import load_run, to_frame
+from ckptbench.render.summary import summary_table
+from ckptbench.results.frame import to_frame
+from ckptbench.results.store import load_run
 
 FIXTURES = Path(__file__).parent / "fixtures"
 UPDATE = False  # set True locally to rewrite golden files after an intended change

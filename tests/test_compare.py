@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from ckptbench.analysis.compare import Gates, compare_refs, compare_runs, point_labels
+from ckptbench.analysis.marks import NOISE, Thresholds, compare_point, memory_mark, time_mark
 from ckptbench.cli import app
-from ckptbench.compare import Gates, compare_refs, compare_runs, point_labels
-from ckptbench.compare_metrics import NOISE, Thresholds, compare_point, memory_mark, time_mark
-from ckptbench.results import Run
+from ckptbench.results.store import Run
 
 RUNS = Path(__file__).parent / "fixtures" / "runs"
 GOLDEN = Path(__file__).parent / "fixtures" / "golden"

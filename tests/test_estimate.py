@@ -12,14 +12,15 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from ckptbench.bench.device import make_probe, resolve_device
+from ckptbench.bench.runner import Progress, Runner
 from ckptbench.cli import app
-from ckptbench.config import SweepConfig
-from ckptbench.config_load import load_config, parse_config
-from ckptbench.estimate import Estimate, Estimator, estimate_config, estimate_points, predict_points
-from ckptbench.grid import Point
-from ckptbench.kernels import CudaKernels
-from ckptbench.memtrace import CATEGORIES
-from ckptbench.runner import Progress, Runner, make_probe, resolve_device
+from ckptbench.config.grid import Point
+from ckptbench.config.load import load_config, parse_config
+from ckptbench.config.schema import SweepConfig
+from ckptbench.estimate.api import Estimate, Estimator, estimate_config, estimate_points, predict_points
+from ckptbench.estimate.device_model import CudaKernels
+from ckptbench.estimate.record import CATEGORIES
 from tests.conftest import tiny_config
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -216,8 +217,8 @@ def test_forgotten_host_copies_stay_uncounted_through_in_place_ops() -> None:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ckptbench.kernels import CpuKernels
-    from ckptbench.memtrace import StepTracker
+    from ckptbench.estimate.device_model import CpuKernels
+    from ckptbench.estimate.tracker import StepTracker
 
     tracker = StepTracker(CpuKernels())
     with FakeTensorMode(), tracker:

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ckptbench.config.layouts import compress_ranges, parse_layout
 from ckptbench.errors import LayoutError
-from ckptbench.layouts import compress_ranges, parse_layout
 
 
 @pytest.mark.parametrize(

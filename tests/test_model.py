@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ckptbench.config import ModelSpec
-from ckptbench.layouts import parse_layout
-from ckptbench.model import applied, build_model
-from ckptbench.step import Trainer, make_batch, make_optimizer
+from ckptbench.config.layouts import parse_layout
+from ckptbench.config.schema import ModelSpec
+from ckptbench.train.checkpointing import applied
+from ckptbench.train.model import build_model
+from ckptbench.train.optimizers import make_optimizer
+from ckptbench.train.step import Trainer, make_batch
 
 SPEC = ModelSpec(preset="tiny")
 CPU = torch.device("cpu")

@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
+from ckptbench.analysis.recommend import Candidate, candidates, pareto_front, recommend
 from ckptbench.errors import ConfigError
-from ckptbench.recommend import Candidate, candidates, pareto_front, recommend
-from ckptbench.recommend_report import rich_recommendation
-from ckptbench.results import Run, load_run
+from ckptbench.render.recommend import rich_recommendation
+from ckptbench.results.store import Run, load_run
 from ckptbench.units import GIB, MIB, parse_headroom, parse_size
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -12,9 +12,9 @@ import pytest
 from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
-from ckptbench import plots
 from ckptbench.cli import app
-from ckptbench.results import load_run
+from ckptbench.render import plots
+from ckptbench.results.store import load_run
 
 RUNS = Path(__file__).parent / "fixtures" / "report_runs"
 SYNTHETIC = RUNS / "synthetic-h200-llama7b"

@@ -14,11 +14,16 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from ckptbench import testhooks
-from ckptbench.cli import _Interrupts, app
-from ckptbench.config import SweepConfig
+from ckptbench.bench import faults
+from ckptbench.bench.device import is_fatal_device_error, make_probe, resolve_device
+from ckptbench.bench.resume import check_resumable, done_records, first_difference
+from ckptbench.bench.runner import Runner
+from ckptbench.bench.sweep import run_sweep
+from ckptbench.cli import app
+from ckptbench.cli.sweep import _Interrupts
+from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError, ResultsError
-from ckptbench.results import (
+from ckptbench.results.store import (
     POINTS_FILE,
     RUN_FILE,
     SCHEMA_VERSION,
@@ -27,9 +32,6 @@ from ckptbench.results import (
     load_run,
     write_json_atomic,
 )
-from ckptbench.resume import check_resumable, done_records, first_difference
-from ckptbench.runner import Runner, is_fatal_device_error, make_probe, resolve_device
-from ckptbench.sweep import run_sweep
 from tests.conftest import tiny_config
 
 AXES = {"layout": ["none", "all", "every:2"], "batch_size": [1], "seq_len": [64], "precision": ["fp32"]}
@@ -57,7 +59,7 @@ def test_leaking_point_is_flagged_and_the_next_point_starts_clean(monkeypatch: p
     none, leaky, after = recs["none"]["memory"], recs["all"]["memory"], recs["every:2"]["memory"]
     assert [recs[k]["status"] for k in ("none", "all", "every:2")] == ["ok", "ok", "ok"]
     assert (none["leaked"], leaky["leaked"], after["leaked"]) == (False, True, False)
-    assert leaky["leaked_bytes"] == testhooks.LEAK_BYTES and recs["all"]["model_rebuilt"] is True
+    assert leaky["leaked_bytes"] == faults.LEAK_BYTES and recs["all"]["model_rebuilt"] is True
     assert recs["every:2"]["model_build_s"] is not None  # the model was rebuilt after the leak
     # Without the rebuild the leaked 4 MiB would still be attached to the model here.
     assert after["baseline_allocated_bytes"] == none["baseline_allocated_bytes"]
@@ -110,10 +112,10 @@ def test_fatal_device_errors_are_told_apart(message: str, fatal: bool) -> None:
 
 def test_test_hooks_match_all_fields_of_the_key() -> None:
     key = {"layout": "layers:0,5", "batch_size": 2}
-    assert testhooks.matches("layout=layers:0,5", key)
-    assert testhooks.matches("layout=layers:0,5;batch_size=2", key)
-    assert not testhooks.matches("layout=layers:0,5;batch_size=4", key)
-    assert not testhooks.matches("", key) and not testhooks.matches(None, key)
+    assert faults.matches("layout=layers:0,5", key)
+    assert faults.matches("layout=layers:0,5;batch_size=2", key)
+    assert not faults.matches("layout=layers:0,5;batch_size=4", key)
+    assert not faults.matches("", key) and not faults.matches(None, key)
 
 
 # ---------------------------------------------------------------- results integrity

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from ckptbench.grid import Point
-from ckptbench.search import BatchMaxSearch, LayoutFitSearch
-from ckptbench.sweep import run_sweep
+from ckptbench.bench.search import BatchMaxSearch, LayoutFitSearch
+from ckptbench.bench.sweep import run_sweep
+from ckptbench.config.grid import Point
 from tests.conftest import tiny_config
 
 TEMPLATE = Point(precision="fp32", lora="none", layout="none", seq_len=64, batch_size=1, model="m", optimizer="sgd")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ckptbench.results import Run
-from ckptbench.summary import COLUMNS, summary_columns, summary_rows
+from ckptbench.render.summary import COLUMNS, summary_columns, summary_rows
+from ckptbench.results.store import Run
 
 
 def _rec(layout: str, **key: Any) -> dict[str, Any]:

@@ -1,0 +1,251 @@
+"""What changed between two runs: matched points, per-metric marks, environment differences, gates.
+
+Pure functions over loaded runs returning data (``compare_refs`` loads the two runs first);
+per-point marks live in analysis/marks.py, rendering in render/compare.py.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckptbench.analysis.marks import (
+    BETTER,
+    NEWLY_OOM,
+    NO_LONGER_OOM,
+    NOT_COMPARABLE,
+    UNCHANGED,
+    WORSE,
+    MetricChange,
+    PointChange,
+    Thresholds,
+    compare_point,
+)
+from ckptbench.config.grid import key_id
+from ckptbench.results.store import Run, load_run
+
+# Environment fields and measurement-config fields whose differences are reported above the table;
+# differences in the grid itself show up as added/removed points instead.
+ENV_FIELDS = (
+    "gpu_name",
+    "driver_version",
+    "cuda_version",
+    "torch",
+    "transformers",
+    "ckptbench_version",
+    "device_type",
+    "probe",
+)
+CONFIG_FIELDS = (
+    "model",
+    "warmup_steps",
+    "measured_steps",
+    "optimizer",
+    "lr",
+    "seed",
+    "memory_cap_gib",
+    "peak_tflops",
+)
+
+
+@dataclass(frozen=True)
+class Gates:
+    """CI gates; None / False disables one."""
+
+    memory_pct: float | None = None  # peak allocated grows by more than this many percent
+    time_pct: float | None = None  # median step time grows by more than this and the change is significant
+    new_oom: bool = False  # a point that ran before now runs out of memory
+
+
+@dataclass
+class Comparison:
+    """Everything compare found; ``to_dict`` is the documented JSON shape."""
+
+    base: dict[str, Any]
+    new: dict[str, Any]
+    thresholds: Thresholds
+    environment_differences: list[str]
+    notes: list[str]
+    points: list[PointChange]
+    added: list[dict[str, Any]]
+    removed: list[dict[str, Any]]
+    summary: dict[str, Any] = field(default_factory=dict)
+    gate_failures: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": "ckptbench.compare/1", **asdict(self)}
+
+
+def compare_runs(
+    base: Run, new: Run, *, thresholds: Thresholds = Thresholds(), gates: Gates = Gates()
+) -> Comparison:
+    """Match the points of two runs by key and compare every metric."""
+    base_pts = _by_key(base)
+    new_pts = _by_key(new)
+    labels = point_labels([rec["key"] for rec in (*base_pts.values(), *new_pts.values())])
+    matched = [k for k in base_pts if k in new_pts]
+    points = [compare_point(base_pts[k], new_pts[k], thresholds=thresholds, label=labels[k]) for k in matched]
+    comp = Comparison(
+        base=_run_info(base),
+        new=_run_info(new),
+        thresholds=thresholds,
+        environment_differences=environment_differences(base, new),
+        notes=[
+            *_run_notes(base, "base"),
+            *_run_notes(new, "new"),
+            *_power_notes([(base_pts[k], new_pts[k]) for k in matched], alpha=thresholds.alpha),
+        ],
+        points=points,
+        added=[_listed(new_pts[k], labels) for k in new_pts if k not in base_pts],
+        removed=[_listed(base_pts[k], labels) for k in base_pts if k not in new_pts],
+    )
+    comp.summary = summarize(comp)
+    comp.gate_failures = gate_failures(points, gates=gates, alpha=thresholds.alpha)
+    return comp
+
+
+def compare_refs(
+    base_ref: str | Path,
+    new_ref: str | Path,
+    *,
+    results_root: Path = Path("results"),
+    thresholds: Thresholds = Thresholds(),
+    gates: Gates = Gates(),
+) -> Comparison:
+    """Load two runs (directories or names under ``results_root``) and compare them."""
+    with warnings.catch_warnings():  # a truncated points file becomes a note of the comparison
+        warnings.simplefilter("ignore")
+        base = load_run(base_ref, results_root=results_root)
+        new = load_run(new_ref, results_root=results_root)
+    return compare_runs(base, new, thresholds=thresholds, gates=gates)
+
+
+def _by_key(run: Run) -> dict[str, dict[str, Any]]:
+    """Points by key text; a key recorded twice (a resumed run) keeps its last record."""
+    return {key_id(rec["key"]): rec for rec in run.points}
+
+
+def _run_info(run: Run) -> dict[str, Any]:
+    return {
+        "name": run.name,
+        "path": str(run.path),
+        "status": run.meta.get("status"),
+        "points": len(run.points),
+    }
+
+
+def _listed(rec: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+    kid = key_id(rec["key"])
+    return {"key": rec["key"], "key_id": kid, "label": labels[kid], "status": rec.get("status")}
+
+
+# Short names of the usual key fields in labels; other fields (new axes) appear as name=value.
+_LABEL_PREFIX = {"layout": "", "batch_size": "b=", "seq_len": "s=", "precision": ""}
+
+
+def point_labels(keys: list[dict[str, Any]]) -> dict[str, str]:
+    """Short display labels by key text: layout, batch, seq, precision, plus any field that varies."""
+    names: list[str] = list(_LABEL_PREFIX)
+    for key in keys:
+        names += [k for k in key if k not in names and len({str(other.get(k)) for other in keys}) > 1]
+    labels = {}
+    for key in keys:
+        parts = [f"{_LABEL_PREFIX.get(n, n + '=')}{key[n]}" for n in names if n in key]
+        labels[key_id(key)] = " ".join(parts)
+    return labels
+
+
+def _run_notes(run: Run, side: str) -> list[str]:
+    notes = [f"{side} run {run.name}: {w}" for w in run.warnings]
+    status = run.meta.get("status")
+    if status != "complete":
+        total = run.meta.get("num_points", "?")
+        held = f"{len(run.points)} of {total} points"
+        notes.append(f"{side} run {run.name} is {status} ({held}); compared on what it holds")
+    return notes
+
+
+def _power_notes(pairs: list[tuple[dict[str, Any], dict[str, Any]]], *, alpha: float) -> list[str]:
+    """Warn when too few measured steps make a significant step-time change impossible."""
+    sizes = {(len(b.get("step_times_s") or []), len(n.get("step_times_s") or [])) for b, n in pairs}
+    # The smallest two-sided exact Mann-Whitney p-value is 2 / C(n+m, n) (all samples of one side first).
+    weak = sorted((n, m) for n, m in sizes if n and m and 2 / math.comb(n + m, n) >= alpha)
+    if not weak:
+        return []
+    n, m = weak[0]
+    return [
+        f"with {n} and {m} measured steps the step-time test cannot reach p < {alpha:g}: "
+        "time changes are never flagged; measure more steps (measured_steps >= 5, 10 or more for CI)"
+    ]
+
+
+def environment_differences(base: Run, new: Run) -> list[str]:
+    """One line per environment or measurement-config field that differs between the runs."""
+    lines = []
+    for name in ENV_FIELDS:
+        a, b = base.environment.get(name), new.environment.get(name)
+        if a != b:
+            lines.append(f"{name}: {a} -> {b}")
+    for name in CONFIG_FIELDS:
+        a, b = base.config.get(name), new.config.get(name)
+        if a != b:
+            lines.append(f"config.{name}: {_flat(a)} -> {_flat(b)}")
+    return lines
+
+
+def _flat(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_flat(v)}" for k, v in sorted(value.items())) + "}"
+    return str(value)
+
+
+def _metric(point: PointChange, name: str) -> MetricChange | None:
+    return next((m for m in point.metrics if m.metric == name), None)
+
+
+def summarize(comp: Comparison) -> dict[str, Any]:
+    """Counts of point marks, added/removed, and the geometric mean and range of step-time ratios."""
+    counts = {
+        mark.replace(" ", "_"): 0
+        for mark in (WORSE, BETTER, UNCHANGED, NEWLY_OOM, NO_LONGER_OOM, NOT_COMPARABLE)
+    }
+    for p in comp.points:
+        counts[p.mark.replace(" ", "_")] += 1
+    ratios = [m.ratio for p in comp.points if (m := _metric(p, "median_step_time_s")) and m.ratio]
+    mem = [
+        abs(m.ratio - 1.0) * 100 for p in comp.points if (m := _metric(p, "peak_allocated_bytes")) and m.ratio
+    ]
+    return {
+        "matched": len(comp.points),
+        **counts,
+        "added": len(comp.added),
+        "removed": len(comp.removed),
+        "time_ratio_geomean": math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None,
+        "time_ratio_min": min(ratios, default=None),
+        "time_ratio_max": max(ratios, default=None),
+        "peak_allocated_max_change_pct": max(mem, default=None),
+    }
+
+
+def gate_failures(points: list[PointChange], *, gates: Gates, alpha: float) -> list[str]:
+    """One line per point and gate that fails."""
+    out = []
+    for p in points:
+        if gates.new_oom and p.mark == NEWLY_OOM:
+            out.append(f"{p.label}: newly out of memory")
+        mem = _metric(p, "peak_allocated_bytes")
+        if gates.memory_pct is not None and mem and mem.ratio is not None:
+            growth = (mem.ratio - 1.0) * 100
+            if growth > gates.memory_pct:
+                out.append(f"{p.label}: peak allocated +{growth:.2f}% > {gates.memory_pct:g}%")
+        t = _metric(p, "median_step_time_s")
+        if gates.time_pct is not None and t and t.ratio is not None and t.p_value is not None:
+            growth = (t.ratio - 1.0) * 100
+            if growth > gates.time_pct and t.p_value < alpha:
+                out.append(
+                    f"{p.label}: median step time +{growth:.2f}% > {gates.time_pct:g}% (p={t.p_value:.2g})"
+                )
+    return out

@@ -1,0 +1,290 @@
+"""The fastest measured point that fits a memory budget, and the memory/throughput Pareto front (pure).
+
+Memory here is **peak reserved bytes**: what the caching allocator held from the device during the
+measured steps (allocated tensors plus cached, fragmented blocks). That, not peak allocated, is what
+must fit on the card next to other processes; allocated underestimates it by the allocator's cache.
+Records without a reserved figure fall back to peak allocated (on CPU the two are equal).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptbench.errors import ConfigError
+from ckptbench.results.record import point_stats
+from ckptbench.results.store import Run
+from ckptbench.units import fmt_bytes
+
+DEFAULT_HEADROOM = "5%"  # of the budget: room for fragmentation growth, the CUDA context, other processes
+MEMORY_METRIC = "peak_reserved_bytes"
+BREAKDOWN = (
+    ("params_bytes", "params"),
+    ("grads_bytes", "grads"),
+    ("optimizer_state_bytes", "optimizer state"),
+    ("activation_bytes", "activation"),
+)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One ok point, reduced to what a recommendation needs."""
+
+    index: int  # position in points.jsonl (stable tie-break)
+    key: dict[str, Any]
+    label: str
+    memory_bytes: int  # peak reserved (see the module docstring)
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int | None
+    tokens_per_s: float
+    median_step_time_s: float
+    step_time_iqr_s: float
+    breakdown: dict[str, int]
+    layers_checkpointed: str | None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def layout(self) -> str:
+        return str(self.key.get("layout"))
+
+    @property
+    def relative_spread(self) -> float:
+        """Inter-quartile range of the step time over its median."""
+        return self.step_time_iqr_s / self.median_step_time_s if self.median_step_time_s > 0 else 0.0
+
+    def to_json(self, *, limit_bytes: int | None = None) -> dict[str, Any]:
+        out = {
+            "key": self.key,
+            "label": self.label,
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "tokens_per_s": self.tokens_per_s,
+            "median_step_time_s": self.median_step_time_s,
+            "step_time_iqr_s": self.step_time_iqr_s,
+            "memory": self.breakdown,
+            "layers_checkpointed": self.layers_checkpointed,
+            "notes": list(self.notes),
+        }
+        if limit_bytes is not None:
+            out["fits"] = self.memory_bytes <= limit_bytes
+        return out
+
+
+def point_label(key: dict[str, Any], *, extra: Sequence[str] = ()) -> str:
+    """'every:4 b=4 s=2048', plus any other key axes named in ``extra`` (those that vary in the run)."""
+    parts = [str(key.get("layout")), f"b={key.get('batch_size')}", f"s={key.get('seq_len')}"]
+    parts += [f"{name}={key.get(name)}" for name in extra]
+    return " ".join(parts)
+
+
+def _varying_axes(keys: Sequence[dict[str, Any]]) -> list[str]:
+    names = sorted({n for k in keys for n in k} - {"layout", "batch_size", "seq_len"})
+    return [n for n in names if len({repr(k.get(n)) for k in keys}) > 1]
+
+
+def candidates(run: Run, *, seq_len: int | None = None) -> list[Candidate]:
+    """The run's ok points (optionally of one sequence length) with a throughput and a peak."""
+    scope = [
+        (i, r)
+        for i, r in enumerate(run.points)
+        if r.get("status") == "ok" and (seq_len is None or _seq(r) == seq_len)
+    ]
+    extra = _varying_axes([r.get("key", {}) for _, r in scope])
+    found = (_candidate(i, r, extra=extra) for i, r in scope)
+    return [c for c in found if c is not None]
+
+
+def _seq(rec: dict[str, Any]) -> Any:
+    return (rec.get("key") or {}).get("seq_len")
+
+
+def _candidate(index: int, rec: dict[str, Any], *, extra: Sequence[str]) -> Candidate | None:
+    stats = point_stats(rec)
+    alloc, reserved = rec.get("peak_allocated_bytes"), rec.get("peak_reserved_bytes")
+    if stats["tokens_per_s"] is None or alloc is None:
+        return None
+    mem = rec.get("memory") or {}
+    breakdown = {name: int(mem.get(name) or 0) for name, _ in BREAKDOWN[:3]}
+    breakdown["activation_bytes"] = int(stats["activation_bytes"] or 0)
+    notes = []
+    if (rec.get("loss_check") or {}).get("match") is False:
+        notes.append("loss differs from the 'none' layout")
+    if mem.get("leaked"):
+        notes.append("memory leaked after the point")
+    return Candidate(
+        index=index,
+        key=dict(rec["key"]),
+        label=point_label(rec["key"], extra=extra),
+        memory_bytes=int(reserved if reserved is not None else alloc),
+        peak_allocated_bytes=int(alloc),
+        peak_reserved_bytes=None if reserved is None else int(reserved),
+        tokens_per_s=float(stats["tokens_per_s"]),
+        median_step_time_s=float(stats["median_step_time_s"]),
+        step_time_iqr_s=float(stats["step_time_iqr_s"] or 0.0),
+        breakdown=breakdown,
+        layers_checkpointed=rec.get("layers_checkpointed"),
+        notes=tuple(notes),
+    )
+
+
+def pareto_front(cands: Sequence[Candidate]) -> list[Candidate]:
+    """Points no other point beats on both axes (less or equal memory and more or equal tokens/s,
+    one of them strictly), by memory ascending. Exact duplicates both stay."""
+
+    def dominated(c: Candidate) -> bool:
+        return any(
+            o.memory_bytes <= c.memory_bytes
+            and o.tokens_per_s >= c.tokens_per_s
+            and (o.memory_bytes < c.memory_bytes or o.tokens_per_s > c.tokens_per_s)
+            for o in cands
+        )
+
+    return sorted((c for c in cands if not dominated(c)), key=lambda c: (c.memory_bytes, c.index))
+
+
+def _fastest(cands: Sequence[Candidate]) -> Candidate | None:
+    # Highest tokens/s; ties go to less memory, then to the earlier point.
+    return min(cands, key=lambda c: (-c.tokens_per_s, c.memory_bytes, c.index), default=None)
+
+
+def _smallest(cands: Sequence[Candidate]) -> Candidate | None:
+    return min(cands, key=lambda c: (c.memory_bytes, -c.tokens_per_s, c.index), default=None)
+
+
+@dataclass
+class Recommendation:
+    """The answer for one budget: the winner (or None), runners-up per layout, the Pareto front."""
+
+    run_name: str
+    budget_bytes: int
+    headroom_bytes: int
+    seq_len: int | None
+    best: Candidate | None
+    runners_up: list[Candidate]
+    no_fit_layouts: list[Candidate]  # the smallest point of each layout that has nothing under the limit
+    pareto: list[Candidate]
+    smallest: Candidate | None
+    fastest: Candidate | None
+    num_points: int
+    why: str = ""
+    # Runners-up whose speed gap to the best is inside the step-time spread.
+    within_noise: list[Candidate] = field(default_factory=list)
+    skipped_statuses: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def limit_bytes(self) -> int:
+        """The most peak reserved memory a point may have: the budget minus the headroom."""
+        return self.budget_bytes - self.headroom_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        lim = self.limit_bytes
+
+        def dump(c: Candidate | None) -> dict[str, Any] | None:
+            return None if c is None else c.to_json(limit_bytes=lim)
+
+        return {
+            "run": self.run_name,
+            "budget_bytes": self.budget_bytes,
+            "headroom_bytes": self.headroom_bytes,
+            "limit_bytes": lim,
+            "memory_metric": MEMORY_METRIC,
+            "seq_len": self.seq_len,
+            "fits": self.best is not None,
+            "best": dump(self.best),
+            "runners_up": [dump(c) for c in self.runners_up],
+            "no_fit_layouts": [dump(c) for c in self.no_fit_layouts],
+            "smallest": dump(self.smallest),
+            "fastest": dump(self.fastest),
+            "pareto": [dump(c) for c in self.pareto],
+            "num_points": self.num_points,
+            "within_noise": [c.label for c in self.within_noise],
+            "not_ok_points": self.skipped_statuses,
+            "why": self.why,
+        }
+
+
+def recommend(
+    run: Run, *, budget_bytes: int, headroom_bytes: int, seq_len: int | None = None
+) -> Recommendation:
+    """The fastest ok point whose peak reserved memory plus the headroom fits under the budget."""
+    if seq_len is not None and not any(_seq(r) == seq_len for r in run.points):
+        have = sorted({_seq(r) for r in run.points}, key=str)
+        raise ConfigError(f"--seq-len: the run has no point with seq_len {seq_len} (it has {have})")
+    cands = candidates(run, seq_len=seq_len)
+    limit = budget_bytes - headroom_bytes
+    best = _fastest([c for c in cands if c.memory_bytes <= limit])
+    runners_up, no_fit = _per_layout(cands, limit=limit, best=best)
+    scope = [r for r in run.points if seq_len is None or _seq(r) == seq_len]
+    not_ok = Counter(str(r.get("status")) for r in scope if r.get("status") != "ok")
+    rec = Recommendation(
+        run_name=run.name, budget_bytes=budget_bytes, headroom_bytes=headroom_bytes, seq_len=seq_len,
+        best=best, runners_up=runners_up, no_fit_layouts=no_fit, pareto=pareto_front(cands),
+        smallest=_smallest(cands), fastest=_fastest(cands), num_points=len(scope),
+        skipped_statuses=dict(sorted(not_ok.items())),
+    )
+    rec.within_noise = [c for c in runners_up if best is not None and _within_noise(best, c)]
+    rec.why = explain(rec)
+    return rec
+
+
+def _within_noise(best: Candidate, other: Candidate) -> bool:
+    """The speed gap is no larger than the step-time spread of either point."""
+    gap = (best.tokens_per_s - other.tokens_per_s) / best.tokens_per_s
+    return gap <= max(best.relative_spread, other.relative_spread)
+
+
+def _per_layout(
+    cands: Sequence[Candidate], *, limit: int, best: Candidate | None
+) -> tuple[list[Candidate], list[Candidate]]:
+    """The fastest fitting point of every other layout, and the smallest point of layouts where none fits."""
+    runners_up, no_fit = [], []
+    for layout in dict.fromkeys(c.layout for c in cands):
+        mine = [c for c in cands if c.layout == layout]
+        top = _fastest([c for c in mine if c.memory_bytes <= limit])
+        if top is None:
+            no_fit.append(_smallest(mine))
+        elif best is not None and layout != best.layout:
+            runners_up.append(top)
+    runners_up.sort(key=lambda c: (-c.tokens_per_s, c.memory_bytes, c.index))
+    return runners_up, [c for c in no_fit if c is not None]
+
+
+def dominant_part(c: Candidate) -> tuple[str, float]:
+    """The largest part of the winner's peak allocated memory and its share of it."""
+    name, value = max(((label, c.breakdown[f]) for f, label in BREAKDOWN), key=lambda t: t[1])
+    return name, value / c.peak_allocated_bytes if c.peak_allocated_bytes else 0.0
+
+
+def explain(rec: Recommendation) -> str:
+    """One or two sentences: why this point (or why nothing fits)."""
+    budget = fmt_bytes(rec.budget_bytes)
+    if rec.best is None:
+        if rec.smallest is None:
+            return f"Nothing fits under {budget}: no point of the run finished ok ({rec.num_points} points)."
+        s = rec.smallest
+        headroom = f" with {fmt_bytes(rec.headroom_bytes)} headroom" if rec.headroom_bytes else ""
+        return (
+            f"Nothing fits under {budget}{headroom}: the smallest point, "
+            f"{s.label}, needs {fmt_bytes(s.memory_bytes)} peak reserved, "
+            f"{fmt_bytes(s.memory_bytes - rec.limit_bytes)} over the {fmt_bytes(rec.limit_bytes)} limit."
+        )
+    b = rec.best
+    parts = ", ".join(f"{label} {fmt_bytes(b.breakdown[f])}" for f, label in BREAKDOWN)
+    dom, share = dominant_part(b)
+    asked = f" ({fmt_bytes(rec.headroom_bytes)} headroom asked)" if rec.headroom_bytes else ""
+    text = (
+        f"{b.label} is the fastest point that fits: {b.tokens_per_s:,.0f} tokens/s at "
+        f"{fmt_bytes(b.memory_bytes)} peak reserved ({fmt_bytes(b.peak_allocated_bytes)} allocated: {parts}; "
+        f"{dom} dominates with {share:.0%}), leaving {fmt_bytes(rec.budget_bytes - b.memory_bytes)} of the "
+        f"{budget} budget free{asked}."
+    )
+    if rec.runners_up:
+        r = rec.runners_up[0]
+        ratio = r.tokens_per_s / b.tokens_per_s
+        text += f" The best other layout, {r.label}, reaches {ratio:.0%} of that speed."
+    f = rec.fastest
+    if f is not None and f is not b:
+        text += f" The fastest point overall, {f.label}, needs {fmt_bytes(f.memory_bytes)}."
+    return text

@@ -1,0 +1,49 @@
+"""The device a sweep runs on, the probe that measures it, and which device errors end a sweep."""
+
+from __future__ import annotations
+
+import torch
+
+from ckptbench.bench.probes import CudaProbe, Probe, TrackerProbe
+from ckptbench.config.schema import SweepConfig
+from ckptbench.errors import EnvironmentError_
+
+# Errors after which the CUDA context is unusable (every later CUDA call fails): stop the sweep.
+_FATAL_MARKERS = (
+    "device-side assert",
+    "illegal memory access",
+    "unspecified launch failure",
+    "misaligned address",
+    "illegal instruction",
+    "uncorrectable ECC",
+    "CUDA error",
+    "CUBLAS_STATUS_EXECUTION_FAILED",
+)
+
+
+def resolve_device(cfg: SweepConfig) -> torch.device:
+    """'auto' picks CUDA when present; asking for CUDA without a GPU is a clear error."""
+    if cfg.device == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if cfg.device == "cuda":
+        raise EnvironmentError_(
+            "device: cuda was requested but no CUDA GPU is visible; run `ckptbench estimate` "
+            "for a prediction, or use a CPU config such as configs/tiny.yaml"
+        )
+    return torch.device("cpu")
+
+
+def make_probe(cfg: SweepConfig, device: torch.device) -> Probe:
+    cap = int(cfg.memory_cap_gib * 2**30) if cfg.memory_cap_gib else None
+    return CudaProbe(device, cap_bytes=cap) if device.type == "cuda" else TrackerProbe(cap_bytes=cap)
+
+
+def is_fatal_device_error(exc: BaseException) -> bool:
+    """Whether ``exc`` leaves the CUDA context unusable (a device-side assert, an illegal access...)."""
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return True
+    text = str(exc)
+    return "out of memory" not in text and any(marker in text for marker in _FATAL_MARKERS)

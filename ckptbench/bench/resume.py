@@ -1,0 +1,70 @@
+"""``--resume RUN_DIR``: check that a run still matches the config and machine; find what is left to do.
+
+A point counts as done when the run holds a record for its key with status ``ok``, ``oom`` or
+``skipped``; points recorded as ``error`` are run again (their new record supersedes the old
+one when the run is loaded). The run's stored, resolved config must equal the config given now,
+except for :data:`IGNORED_FIELDS`, which cannot change any measured number.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ckptbench.config.grid import key_id
+from ckptbench.config.schema import SweepConfig
+from ckptbench.errors import ConfigError
+from ckptbench.results.store import Run
+
+DONE_STATUSES = frozenset({"ok", "oom", "skipped"})
+# 'name' only names the run directory; every other field changes what is measured or how.
+IGNORED_FIELDS = frozenset({"name"})
+# Facts about the machine that must not change, or the new points would not compare with the old.
+ENVIRONMENT_FIELDS = ("device_type", "gpu_name", "torch", "transformers")
+_ABSENT = object()
+
+
+def _short(value: Any) -> str:
+    text = "(absent)" if value is _ABSENT else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def first_difference(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any] | None:
+    """The first dotted path where two JSON-like values differ, with both values; None if equal."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for name in sorted(set(old) | set(new), key=str):
+            where = f"{path}.{name}" if path else str(name)
+            if not path and name in IGNORED_FIELDS:
+                continue
+            found = first_difference(old.get(name, _ABSENT), new.get(name, _ABSENT), where)
+            if found is not None:
+                return found
+        return None
+    return None if old == new else (path or "(top level)", old, new)
+
+
+def check_resumable(cfg: SweepConfig, run: Run, environment: dict[str, Any]) -> None:
+    """Raise ConfigError (one line) unless ``run`` can be continued with ``cfg`` on this machine."""
+    found = first_difference(run.config, cfg.model_dump(mode="json"))
+    if found is not None:
+        where, old, new = found
+        raise ConfigError(
+            f"--resume {run.path}: the config no longer matches the run at {where} "
+            f"(run: {_short(old)}, now: {_short(new)}); resume with the run's config or start a new run"
+        )
+    for name in ENVIRONMENT_FIELDS:
+        old, new = run.environment.get(name), environment.get(name)
+        if old != new:
+            raise ConfigError(
+                f"--resume {run.path}: the run was measured with {name} {old!r}, this machine has {new!r}; "
+                "resume it where it was measured, or start a new run"
+            )
+
+
+def done_records(run: Run) -> dict[str, dict[str, Any]]:
+    """Finished records of ``run`` by key id (the same text as ``Point.key_id``)."""
+    done: dict[str, dict[str, Any]] = {}
+    for record in run.points:
+        key = record.get("key")
+        if isinstance(key, dict) and record.get("status") in DONE_STATUSES:
+            done[key_id(key)] = record
+    return done

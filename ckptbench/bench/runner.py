@@ -1,0 +1,284 @@
+"""Execute points: build/reuse the model, warm up, measure, handle OOM and leaks, report progress."""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ckptbench.bench import faults
+from ckptbench.bench.device import is_fatal_device_error
+from ckptbench.bench.probes import Probe
+from ckptbench.bench.search import Search
+from ckptbench.bench.window import measure_point
+from ckptbench.config.grid import Point
+from ckptbench.config.layouts import LayoutPlan, parse_layout
+from ckptbench.config.schema import SweepConfig
+from ckptbench.errors import RunFailure
+from ckptbench.train.flops import ModelShape, peak_tflops_for, step_flops
+from ckptbench.train.model import apply_lora, build_model, layer_param_counts, llama_config, warm_device_libraries
+from ckptbench.train.optimizers import OptimizerUnavailable
+from ckptbench.train.step import param_dtype
+
+LEAK_TOLERANCE_BYTES = 1 << 20  # 1 MiB: allocator bookkeeping and tiny caches stay below it
+
+_PROBES_GUESS = 6  # probes a search usually needs; the progress total grows if it needs more
+
+
+@dataclass
+class _Counter:
+    total: int
+    done: int = 0
+
+    def next(self) -> int:
+        self.done += 1
+        self.total = max(self.total, self.done)
+        return self.done - 1
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A progress event: a point started (record is None) or finished."""
+
+    index: int
+    total: int
+    point: Point
+    record: dict[str, Any] | None = None
+
+
+@dataclass
+class _ModelSlot:
+    """The one live model; rebuilt only when the precision (parameter dtype) changes."""
+
+    precision: tuple[str, str] | None = None  # (precision, lora)
+    model: Any = None
+    build_s: float | None = None
+
+
+@dataclass
+class Runner:
+    """Runs a list of points on one device, one model at a time, and yields a record per point."""
+
+    cfg: SweepConfig
+    device: torch.device
+    probe: Probe
+    gpu_name: str | None = None
+    _slot: _ModelSlot = field(default_factory=_ModelSlot)
+    _reference: dict[tuple[Any, ...], list[float]] = field(default_factory=dict)
+    _oom_at: dict[tuple[Any, ...], int] = field(default_factory=dict)
+    _done: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _broken: bool = False  # a fatal device error happened: no more CUDA calls
+    predictions: dict[str, int | None] = field(default_factory=dict)  # predicted peak bytes by key_id
+
+    def __post_init__(self) -> None:
+        self.llama = llama_config(self.cfg.model)
+        counts = layer_param_counts(self.llama)
+        self.shape = ModelShape(
+            num_layers=self.llama.num_hidden_layers,
+            hidden_size=self.llama.hidden_size,
+            attn_params=counts["attn"],
+            mlp_params=counts["mlp"],
+            layer_params=counts["layer"],
+            lm_head_params=counts["lm_head"],
+        )
+        self.peak_tflops = self.cfg.peak_tflops or peak_tflops_for(self.gpu_name)
+
+    def run(
+        self,
+        points: list[Point],
+        on_record: Callable[[Progress], None],
+        searches: Sequence[Search] = (),
+    ) -> list[dict[str, Any]]:
+        """Measure every point in order, then run the searches; report each start and finish.
+
+        Returns the searches' outcomes. A search probe that equals an already measured point reuses
+        that point's record instead of measuring it twice. A failed point is recorded and the sweep
+        goes on, except after a fatal device error (the CUDA context is unusable): that point is
+        recorded, then RunFailure stops the sweep.
+        """
+        counter = _Counter(total=len(points) + _PROBES_GUESS * len(searches))
+        try:
+            for point in points:
+                self._report(point, counter, on_record, search=False)
+            budget = int(self.cfg.budget_gib * 2**30) if self.cfg.budget_gib else None
+            outcomes = []
+            for search in searches:
+                while (probe := search.next_point(budget)) is not None:
+                    record = self._done.get(probe.key_id) or self._report(probe, counter, on_record, search=True)
+                    search.observe(probe, record, budget)
+                outcomes.append(search.outcome())
+            return outcomes
+        finally:
+            self.close()
+
+    def _report(
+        self, point: Point, counter: _Counter, on_record: Callable[[Progress], None], *, search: bool
+    ) -> dict[str, Any]:
+        i = counter.next()
+        on_record(Progress(i, counter.total, point))
+        record = self.run_point(point, allow_skip=not search)
+        if search:
+            record["search"] = True
+        self._done[point.key_id] = record
+        on_record(Progress(i, counter.total, point, record))
+        if record.get("fatal"):
+            raise RunFailure(
+                f"{point.key_id}: {record['reason']}; stopped the sweep because the GPU is unusable "
+                "after such an error (--isolate runs each point in its own process and goes on)"
+            )
+        return record
+
+    def close(self) -> None:
+        """Free the model and return cached device memory."""
+        self._slot = _ModelSlot()
+        gc.collect()
+        if not self._broken:  # after a fatal CUDA error, empty_cache would raise it again
+            self.probe.release()
+
+    def remember(self, point: Point, record: dict[str, Any]) -> None:
+        """Let a finished point (or one recorded by an earlier, resumed run) inform later points."""
+        self._done[point.key_id] = record
+        if record.get("status") == "oom":
+            where = _key_without(point, "batch_size")
+            self._oom_at[where] = min(point.batch_size, self._oom_at.get(where, point.batch_size))
+        if record.get("status") == "ok" and point.layout == "none":
+            losses = [*(record.get("warmup_losses") or []), *(record.get("losses") or [])]
+            self._reference[self._cell(point)] = [float(x) for x in losses]
+
+    @staticmethod
+    def _cell(point: Point) -> tuple[Any, ...]:
+        """The points whose losses must match each other: every layout of one cell."""
+        return _key_without(point, "layout")
+
+    def run_point(self, point: Point, *, allow_skip: bool = True) -> dict[str, Any]:
+        plan = parse_layout(point.layout, self.shape.num_layers)
+        base = self._base_record(point, plan)
+        skip_from = self._oom_at.get(_key_without(point, "batch_size"))
+        if allow_skip and self.cfg.skip_after_oom and skip_from is not None and point.batch_size > skip_from:
+            return {**base, "status": "skipped", "reason": f"batch {skip_from} already ran out of memory"}
+        started = time.perf_counter()
+        record = self._measure_safely(point, plan, base)
+        record["wall_s"] = time.perf_counter() - started
+        self.remember(point, record)
+        return record
+
+    def _base_record(self, point: Point, plan: LayoutPlan) -> dict[str, Any]:
+        model_flops, hw_flops = step_flops(
+            self.shape, plan, tokens=point.tokens, seq_len=point.seq_len, frozen_base=point.lora != "none"
+        )
+        return {
+            "key": point.key,
+            "status": None,
+            "reason": None,
+            "plan": {"layers": list(plan.layers), "granularity": plan.granularity, "targets": list(plan.targets)},
+            "layers_checkpointed": plan.describe_layers(),
+            "num_checkpointed": len(plan.layers),
+            "tokens_per_step": point.tokens,
+            "model_flops_per_step": model_flops,
+            "hardware_flops_per_step": hw_flops,
+            "peak_tflops": self.peak_tflops,
+            # An estimate (ckptbench estimate, made before the run), kept next to the measurement.
+            "predicted_peak_allocated_bytes": self.predictions.get(point.key_id),
+            "probe": self.probe.kind,
+        }
+
+    def _model(self, point: Point) -> Any:
+        """The model for a point's precision and LoRA setting, built only when those change."""
+        slot = self._slot
+        if slot.precision != (point.precision, point.lora):
+            self.close()  # free the old model before building the next
+            slot = self._slot
+            t0 = time.perf_counter()
+            dtype = param_dtype(point.precision)
+            warm_device_libraries(self.device, dtype)
+            model: Any = build_model(self.cfg.model, device=self.device, dtype=dtype, seed=self.cfg.seed)
+            if point.lora != "none":
+                model = apply_lora(model, rank=int(point.lora[1:]), spec=self.cfg.lora)
+            self.probe.adopt([*model.parameters(), *model.buffers()])
+            self.probe.sync()
+            slot.model, slot.precision, slot.build_s = model, (point.precision, point.lora), time.perf_counter() - t0
+        return slot.model
+
+    def _measure_safely(self, point: Point, plan: LayoutPlan, base: dict[str, Any]) -> dict[str, Any]:
+        record = dict(base)
+        failure: tuple[str, str] | None = None
+        baseline: int | None = None
+        try:
+            model = self._model(point)
+            record["model_build_s"] = self._slot.build_s
+            self._slot.build_s = None
+            baseline = self.probe.allocated()
+            faults.fire(point.key, model=model, probe=self.probe, device=self.device)
+            record.update(self._measure(model, point, plan))
+        except torch.OutOfMemoryError as exc:
+            failure = ("oom", _first_line(exc))
+        except (OptimizerUnavailable, ModuleNotFoundError) as exc:
+            failure = ("skipped", _first_line(exc))
+        except Exception as exc:  # one point's failure is a result; the sweep goes on where that is safe
+            failure = ("error", f"{exc.__class__.__name__}: {_first_line(exc)}")
+            self._broken = is_fatal_device_error(exc)
+        # Outside the except block: the traceback (and the tensors its frames hold) is gone now.
+        if failure is not None:
+            record["status"], record["reason"] = failure
+        if self._broken:
+            record["fatal"] = True
+            return record  # no cleanup: any further CUDA call would fail the same way
+        self._cleanup()
+        record["memory"] = {**record.get("memory", {}), **self._leak_check(baseline)}
+        if record["memory"].get("leaked"):
+            self.close()  # drops the model: the next point gets a fresh one, not the leak
+            record["model_rebuilt"] = True
+        return record
+
+    def _cleanup(self) -> None:
+        if self._slot.model is not None:
+            self._slot.model.zero_grad(set_to_none=True)
+        gc.collect()
+        self.probe.release()
+
+    def _leak_check(self, baseline: int | None) -> dict[str, Any]:
+        if baseline is None:
+            return {}
+        after = self.probe.allocated()
+        leak = after - baseline
+        return {
+            "baseline_allocated_bytes": baseline,
+            "after_point_allocated_bytes": after,
+            "leaked_bytes": leak,
+            "leaked": leak > LEAK_TOLERANCE_BYTES,
+        }
+
+    def _measure(self, model: Any, point: Point, plan: LayoutPlan) -> dict[str, Any]:
+        result = measure_point(
+            model, point, plan, cfg=self.cfg, probe=self.probe, device=self.device,
+            init_std=self.llama.initializer_range, vocab_size=self.llama.vocab_size,
+        )
+        if result["status"] == "ok":
+            result["loss_check"] = self._loss_check(point, result["warmup_losses"] + result["losses"])
+        return result
+
+    def _loss_check(self, point: Point, losses: list[float]) -> dict[str, Any] | None:
+        if point.layout == "none":  # remember() keeps its losses as the cell's reference
+            return {"reference": "none", "max_rel_diff": 0.0, "match": all(map(math.isfinite, losses))}
+        ref = self._reference.get(self._cell(point))
+        if ref is None or len(ref) != len(losses):
+            return None
+        diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref, strict=True))
+        ok = diff <= self.cfg.loss_rtol and all(map(math.isfinite, losses))
+        return {"reference": "none", "max_rel_diff": diff, "match": ok}
+
+
+def _key_without(point: Point, field_name: str) -> tuple[Any, ...]:
+    """A point's key without one field: the points that differ only in it (batch size: OOM skips;
+    layout: loss references)."""
+    return tuple(sorted((k, v) for k, v in point.key.items() if k != field_name))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else exc.__class__.__name__

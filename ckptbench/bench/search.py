@@ -1,0 +1,178 @@
+"""Measured searches instead of a fixed grid: the largest batch that fits, the fewest layers to checkpoint.
+
+Each search proposes one point at a time and is told whether it fitted; the runner measures every
+proposal as an ordinary point (recorded, OOM included), so the answer rests on measurements only.
+Pure: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ckptbench.config.grid import Point, setup_label
+from ckptbench.config.schema import SweepConfig
+
+
+def fits(record: dict[str, Any], budget_bytes: int | None) -> bool:
+    """A point fits when it ran and its peak reserved memory is within the budget (if any)."""
+    if record.get("status") != "ok":
+        return False
+    if budget_bytes is None:
+        return True
+    reserved = record.get("peak_reserved_bytes") or record.get("peak_allocated_bytes") or 0
+    return reserved <= budget_bytes
+
+
+_SHORT = {"layout": "{}", "batch_size": "b={}", "seq_len": "s={}", "precision": "{}"}
+
+
+def group_label(point: Point, axis: str) -> str:
+    """The point's key without the searched axis, short: main axes, then the others that differ from defaults."""
+    key = point.key
+    parts = [fmt.format(key[k]) for k, fmt in _SHORT.items() if k != axis]
+    extras = setup_label({k: v for k, v in key.items() if k != axis})
+    return " ".join([*parts, extras] if extras else parts)
+
+
+@dataclass
+class BatchMaxSearch:
+    """Grow the batch by doubling until it no longer fits, then bisect to the boundary."""
+
+    template: Point
+    limit: int = 1024
+    largest_fit: int | None = None
+    smallest_fail: int | None = None
+    probes: list[int] = field(default_factory=list)
+
+    kind = "batch_max"
+
+    def next_point(self, budget_bytes: int | None = None) -> Point | None:
+        if self.smallest_fail is None:
+            batch = 1 if self.largest_fit is None else self.largest_fit * 2
+            if batch > self.limit:
+                return None
+        elif self.largest_fit is None:
+            if self.smallest_fail <= 1:
+                return None
+            batch = self.smallest_fail // 2  # only reached when batch 1 was not the first probe
+        else:
+            if self.smallest_fail - self.largest_fit <= 1:
+                return None
+            batch = (self.largest_fit + self.smallest_fail) // 2
+        return replace(self.template, batch_size=batch)
+
+    def observe(self, point: Point, record: dict[str, Any], budget_bytes: int | None) -> bool:
+        ok = fits(record, budget_bytes)
+        self.probes.append(point.batch_size)
+        if ok:
+            self.largest_fit = max(self.largest_fit or 0, point.batch_size)
+        else:
+            self.smallest_fail = min(self.smallest_fail or point.batch_size, point.batch_size)
+        return ok
+
+    def outcome(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "group": group_label(self.template, "batch_size"),
+            "key": {k: v for k, v in self.template.key.items() if k != "batch_size"},
+            "answer": {"batch_size": self.largest_fit, "first_failing_batch_size": self.smallest_fail},
+            "probes": self.probes,
+        }
+
+
+@dataclass
+class LayoutFitSearch:
+    """The fewest checkpointed layers (first:k) that fit, found from measured per-layer savings.
+
+    Measures 'none' and 'all'; the difference of their peaks over the layer count is the measured
+    activation cost of one layer, which proposes k; first:k is measured to confirm, then k moves by
+    bisection between the largest k known not to fit and the smallest known to fit. The first layers
+    are chosen because checkpointing early layers lowers the peak most: unchecked late layers are
+    freed first in the backward pass.
+    """
+
+    template: Point
+    num_layers: int
+    peaks: dict[int, int] = field(default_factory=dict)  # k -> peak reserved (or allocated) bytes
+    fit_k: int | None = None
+    fail_k: int | None = None
+    probes: list[str] = field(default_factory=list)
+
+    kind = "layout_fit"
+
+    def _layout(self, k: int) -> str:
+        return "none" if k == 0 else "all" if k == self.num_layers else f"first:{k}"
+
+    def _propose(self, budget_bytes: int | None) -> int | None:
+        lo, hi = self.fail_k, self.fit_k
+        if lo is None and hi is None:
+            return 0
+        if lo is None:  # 'none' fits: nothing needs checkpointing
+            return None
+        if hi is None:
+            return self.num_layers if self.num_layers not in self.peaks else None
+        if hi - lo <= 1:
+            return None
+        guess = self._guess(budget_bytes)
+        return guess if guess is not None and lo < guess < hi else (lo + hi) // 2
+
+    def _guess(self, budget_bytes: int | None) -> int | None:
+        if budget_bytes is None or 0 not in self.peaks or self.num_layers not in self.peaks:
+            return None
+        per_layer = (self.peaks[0] - self.peaks[self.num_layers]) / self.num_layers
+        if per_layer <= 0:
+            return None
+        return math.ceil((self.peaks[0] - budget_bytes) / per_layer)
+
+    def next_point(self, budget_bytes: int | None = None) -> Point | None:
+        k = self._propose(budget_bytes)
+        return None if k is None else replace(self.template, layout=self._layout(k))
+
+    def observe(self, point: Point, record: dict[str, Any], budget_bytes: int | None) -> bool:
+        k = self._k_of(point.layout)
+        ok = fits(record, budget_bytes)
+        self.probes.append(point.layout)
+        if record.get("status") == "ok":
+            self.peaks[k] = record.get("peak_reserved_bytes") or record.get("peak_allocated_bytes") or 0
+        if ok:
+            self.fit_k = k if self.fit_k is None else min(self.fit_k, k)
+        else:
+            self.fail_k = k if self.fail_k is None else max(self.fail_k, k)
+        return ok
+
+    def _k_of(self, layout: str) -> int:
+        if layout == "none":
+            return 0
+        if layout == "all":
+            return self.num_layers
+        return int(layout.split(":", 1)[1])
+
+    def outcome(self) -> dict[str, Any]:
+        k = self.fit_k
+        return {
+            "kind": self.kind,
+            "group": group_label(self.template, "layout"),
+            "key": {kk: v for kk, v in self.template.key.items() if kk != "layout"},
+            "answer": {
+                "layout": None if k is None else self._layout(k),
+                "num_checkpointed": k,
+                "layers": None if k is None else list(range(k)),
+            },
+            "probes": self.probes,
+        }
+
+
+Search = BatchMaxSearch | LayoutFitSearch
+
+
+def make_searches(cfg: SweepConfig) -> list[Search]:
+    """The searches a config asks for (batch_size: max or layout: fit), one per searched cell."""
+    out: list[Search] = []
+    for kind, template in cfg.search_templates():
+        if kind == "batch_max":
+            out.append(BatchMaxSearch(template, limit=cfg.search_max_batch))
+        else:
+            out.append(LayoutFitSearch(template, num_layers=cfg.model.num_layers))
+    return out

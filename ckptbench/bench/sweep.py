@@ -1,0 +1,254 @@
+"""A whole sweep: check the machine, create (or reopen) the run directory, run the points, record each."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import signal
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckptbench.bench.device import make_probe, resolve_device
+from ckptbench.bench.environment import collect as collect_environment
+from ckptbench.bench.isolate import IsolatedRunner
+from ckptbench.bench.resume import check_resumable, done_records
+from ckptbench.bench.runner import Progress, Runner
+from ckptbench.bench.search import Search, make_searches
+from ckptbench.config.grid import Point
+from ckptbench.config.schema import SweepConfig, check_cpu_compatible
+from ckptbench.errors import CkptbenchError, ConfigError, ResultsError, RunFailure
+from ckptbench.results.store import RUN_FILE, Run, RunWriter, create_run_dir, load_run, resolve_run_path
+
+
+@dataclass
+class SweepOutcome:
+    """Where the run was written, how it ended, and what this invocation added to it."""
+
+    run_dir: Path
+    records: list[dict[str, Any]]
+    status: str
+    already_done: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the sweep; the finished points are on disk in ``run_dir``."""
+
+    def __init__(self, run_dir: Path, *, finished: int, total: int) -> None:
+        super().__init__(f"{run_dir}: {finished} of {total} points finished")
+        self.run_dir, self.finished, self.total = run_dir, finished, total
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _prepare_dir(cfg: SweepConfig, out: Path | None, results_root: Path) -> Path:
+    if out is None:
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+        return create_run_dir(results_root, cfg.name, stamp)
+    if (out / RUN_FILE).exists():
+        raise ResultsError(f"{out}: already holds a run; choose another --out (nothing was overwritten)")
+    if out.exists() and not out.is_dir():
+        raise ResultsError(f"{out}: exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _check_options(*, out: Path | None, resume: Path | None, isolate: bool, timeout_s: float | None) -> None:
+    if resume is not None and out is not None:
+        raise ConfigError("--resume continues RUN_DIR in place; it cannot be combined with --out")
+    if timeout_s is not None and not isolate:
+        raise ConfigError("--point-timeout needs --isolate (only a point's own process can be stopped)")
+    if timeout_s is not None and not timeout_s > 0:
+        raise ConfigError(f"--point-timeout must be a positive number of seconds, got {timeout_s:g}")
+
+
+def _make_runner(
+    cfg: SweepConfig, *, isolate: bool, timeout_s: float | None
+) -> tuple[Runner, dict[str, Any]]:
+    """Check that this machine can run ``cfg`` and build the runner; nothing is written yet."""
+    device = resolve_device(cfg)
+    if device.type == "cpu":
+        try:
+            check_cpu_compatible(cfg)
+        except ValueError as exc:
+            raise ConfigError(f"{exc} (device {cfg.device!r} runs on the CPU here)") from None
+    environment = collect_environment(device.type)
+    probe = make_probe(cfg, device)
+    environment["probe"] = probe.kind
+    try:  # the runner builds the LlamaConfig: it checks the override values before anything is created
+        gpu_name = environment.get("gpu_name")
+        runner = (
+            IsolatedRunner(cfg, device, probe, gpu_name, point_timeout_s=timeout_s)
+            if isolate
+            else Runner(cfg, device, probe, gpu_name=gpu_name)
+        )
+    except CkptbenchError:
+        raise
+    except Exception as exc:  # LlamaConfig's own checks of model.overrides (types, head counts...)
+        text = " ".join(str(exc).split()) or exc.__class__.__name__
+        raise ConfigError(f"model.overrides: transformers' LlamaConfig rejects them: {text[:200]}") from None
+    return runner, environment
+
+
+def _open_run(
+    cfg: SweepConfig, *, resume: Path, environment: dict[str, Any], options: dict[str, Any]
+) -> tuple[RunWriter, Run]:
+    """Lock an existing run, re-read it under the lock, check it still matches, and mark it running."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a truncated last line is reported through Run.warnings
+        check_resumable(cfg, load_run(resume), environment)  # before the lock: change nothing if refused
+        writer = RunWriter.reopen(resume)
+        try:
+            run = load_run(resume)
+            check_resumable(cfg, run, environment)
+        except BaseException:
+            writer.close()
+            raise
+    history = [*run.meta.get("resumes", []), {"at": _now(), "git_sha": environment["git_sha"], **options}]
+    writer.meta = run.meta
+    writer.set_status("running", resumes=history)
+    return writer, run
+
+
+def _new_run(
+    cfg: SweepConfig,
+    *,
+    out: Path | None,
+    results_root: Path,
+    environment: dict[str, Any],
+    meta: dict[str, Any],
+) -> RunWriter:
+    return RunWriter(
+        _prepare_dir(cfg, out, results_root),
+        {
+            "ckptbench_version": environment["ckptbench_version"],
+            "git_sha": environment["git_sha"],
+            "created_at": _now(),
+            "name": cfg.name,
+            "status": "running",
+            "environment": environment,
+            "config": cfg.model_dump(mode="json"),
+            **meta,
+        },
+    )
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold Ctrl-C/SIGTERM while a record is appended, so a line is never half-written by us."""
+    mask = getattr(signal, "pthread_sigmask", None)
+    if mask is None:
+        yield
+        return
+    old = mask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        mask(signal.SIG_SETMASK, old)
+
+
+def _mark(writer: RunWriter, status: str, finished: int) -> None:
+    with contextlib.suppress(OSError):  # best effort: the points themselves are already on disk
+        writer.set_status(status, finished_points=finished)
+
+
+def run_sweep(
+    cfg: SweepConfig,
+    *,
+    out: Path | None = None,
+    results_root: Path = Path("results"),
+    on_progress: Callable[[Progress], None] | None = None,
+    resume: Path | None = None,
+    isolate: bool = False,
+    point_timeout_s: float | None = None,
+    predict: bool = True,
+) -> SweepOutcome:
+    """Run every point of ``cfg`` (or, with ``resume``, those a run lacks); each is on disk as it ends."""
+    _check_options(out=out, resume=resume, isolate=isolate, timeout_s=point_timeout_s)
+    if resume is not None:
+        try:
+            resume = resolve_run_path(resume, results_root=results_root)
+        except ResultsError as exc:
+            raise ResultsError(f"--resume {exc}") from None
+    runner, environment = _make_runner(cfg, isolate=isolate, timeout_s=point_timeout_s)
+    points = cfg.points_list()
+    options = {"isolate": isolate, "point_timeout_s": point_timeout_s}
+    if resume is not None:
+        writer, run = _open_run(cfg, resume=resume, environment=environment, options=options)
+        done, notes = done_records(run), run.warnings
+    else:
+        meta = {"num_points": len(points), "options": options}
+        writer = _new_run(cfg, out=out, results_root=results_root, environment=environment, meta=meta)
+        done, notes = {}, []
+    if predict:
+        runner.predictions = _predictions(cfg, points, runner.device.type)
+    try:
+        records = _run_points(runner, points, done, writer, on_progress, searches=make_searches(cfg))
+    finally:
+        writer.close()
+    return SweepOutcome(writer.run_dir, records, "complete", already_done=len(done), warnings=list(notes))
+
+
+def _predictions(cfg: SweepConfig, points: list[Point], device_type: str) -> dict[str, int | None]:
+    """Predicted peak allocated bytes of every grid point for this device (an estimate, made up front).
+
+    A prediction that cannot be made leaves the points without one: the sweep itself never depends on it.
+    """
+    try:
+        from ckptbench.estimate.api import predict_points
+
+        return predict_points(cfg, points, target="cuda" if device_type == "cuda" else "cpu")
+    except Exception as exc:  # the estimator is an aid; a failure in it must not cost a measured run
+        warnings.warn(f"no predictions recorded: {exc.__class__.__name__}: {exc}", stacklevel=2)
+        return {}
+
+
+def _run_points(
+    runner: Runner,
+    points: list[Point],
+    done: dict[str, dict[str, Any]],
+    writer: RunWriter,
+    on_progress: Callable[[Progress], None] | None,
+    *,
+    searches: list[Search],
+) -> list[dict[str, Any]]:
+    for rec in done.values():
+        runner.remember(Point(**rec["key"]), rec)  # loss references, OOM skips and search probes carry over
+    todo = [p for p in points if p.key_id not in done]
+    records: list[dict[str, Any]] = []
+
+    def record(event: Progress) -> None:
+        if event.record is not None:
+            with _signals_deferred():
+                try:
+                    writer.append(event.record)
+                except OSError as exc:
+                    why = exc.strerror or exc
+                    raise RunFailure(f"{writer.run_dir}: cannot write a point record ({why})") from None
+                records.append(event.record)
+        if on_progress is not None:
+            on_progress(event)
+
+    started = time.perf_counter()
+    try:
+        outcomes = runner.run(todo, record, searches)
+    except KeyboardInterrupt:
+        _mark(writer, "interrupted", len(done) + len(records))
+        raise SweepInterrupted(writer.run_dir, finished=len(done) + len(records), total=len(points)) from None
+    except RunFailure as exc:
+        _mark(writer, "failed", len(done) + len(records))
+        raise RunFailure(f"{exc}; finished points are in {writer.run_dir} (finish with --resume)") from None
+    except BaseException:
+        _mark(writer, "failed", len(done) + len(records))
+        raise
+    # The runner's wall time (model builds, resets, warm-up, measured steps, cleanup): compare it with
+    # the sum of the step times to see what the tool itself costs.
+    wall = time.perf_counter() - started
+    writer.set_status("complete", finished_points=len(done) + len(records), searches=outcomes, sweep_wall_s=wall)
+    return records

@@ -1,0 +1,130 @@
+"""One point's measured window: reset, apply the plan and techniques, warm up, then measure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ckptbench.bench.probes import Probe, TrackerProbe, tensor_bytes
+from ckptbench.config.grid import Point
+from ckptbench.config.layouts import LayoutPlan
+from ckptbench.config.schema import SweepConfig
+from ckptbench.train.checkpointing import applied
+from ckptbench.train.model import attention, reset_weights
+from ckptbench.train.offload import HostOffload
+from ckptbench.train.optimizers import make_optimizer
+from ckptbench.train.step import Trainer, make_batch
+
+
+def measure_point(
+    model: Any,
+    point: Point,
+    plan: LayoutPlan,
+    *,
+    cfg: SweepConfig,
+    probe: Probe,
+    device: torch.device,
+    init_std: float,
+    vocab_size: int,
+) -> dict[str, Any]:
+    """Reset the weights, apply the point's plan and techniques, warm up, measure; a record's fields."""
+    if point.compile and point.offload != "none":
+        return {"status": "skipped", "reason": "torch.compile with activation offloading is not supported"}
+    reset_weights(model, seed=cfg.seed, std=init_std)
+    params = [p for p in model.parameters() if p.requires_grad]
+    batch = make_batch(
+        seed=cfg.seed,
+        batch_size=point.batch_size,
+        seq_len=point.seq_len,
+        vocab_size=vocab_size,
+        device=device,
+    )
+    probe.adopt([batch])
+    host = HostOffload(pin_memory=device.type == "cuda") if point.offload != "none" else None
+    ckpt_offload = host if point.offload == "ckpt_inputs" else None
+    with (
+        applied(model, plan, offload_inputs=ckpt_offload),
+        attention(model, point.attn_implementation),
+        _tracking(probe),
+    ):
+        trainer = Trainer(
+            model,
+            make_optimizer(point.optimizer, params, lr=cfg.lr),
+            point.precision,
+            device.type,
+            micro_batches=point.micro_batches,
+            zero_grad_to_none=cfg.zero_grad_to_none,
+            forward=torch.compile(model) if point.compile else None,
+            offload=host.active if host is not None and point.offload == "all" else None,
+        )
+        result = _window(trainer, batch, probe=probe, cfg=cfg)
+        result["memory"].update(_static_memory(model, trainer.optimizer))
+        del trainer
+    if host is not None:
+        result["host_offload_peak_bytes"] = host.peak_bytes
+    if point.compile:
+        result["compile_s"] = result["warmup_times_s"][0]  # the first warm-up step compiles
+        torch._dynamo.reset()
+    return result
+
+
+def _window(trainer: Trainer, batch: torch.Tensor, *, probe: Probe, cfg: SweepConfig) -> dict[str, Any]:
+    """Warm-up, then the measured steps with peak statistics reset right before them."""
+    warm_times, warm_losses = _steps(trainer, batch, cfg.warmup_steps, probe=probe)
+    start_alloc = probe.allocated()
+    probe.reset_peak()
+    before = probe.counters()
+    times, losses = _steps(trainer, batch, cfg.measured_steps, probe=probe)
+    after = probe.counters()
+    return {
+        "status": "ok",
+        "warmup_times_s": warm_times,
+        "warmup_losses": warm_losses,
+        "step_times_s": times,
+        "losses": losses,
+        "peak_allocated_bytes": probe.peak_allocated(),
+        "peak_reserved_bytes": probe.peak_reserved(),
+        "num_alloc_retries": after["num_alloc_retries"] - before["num_alloc_retries"],
+        "num_ooms": after["num_ooms"] - before["num_ooms"],
+        "memory": {"window_start_allocated_bytes": start_alloc},
+    }
+
+
+def _steps(trainer: Trainer, batch: torch.Tensor, n: int, *, probe: Probe) -> tuple[list[float], list[float]]:
+    """n steps, each timed between two device synchronizations; their times and losses."""
+    times: list[float] = []
+    losses: list[torch.Tensor] = []
+    for _ in range(n):
+        probe.sync()  # every clock read is preceded by a device synchronize
+        t0 = probe.now()
+        losses.append(trainer.step(batch))
+        probe.sync()
+        times.append(probe.now() - t0)
+    return times, [float(x) for x in losses]
+
+
+class _tracking:
+    """Activate the CPU tracker for the block (a no-op on CUDA)."""
+
+    def __init__(self, probe: Probe) -> None:
+        self.tracker = probe.tracker if isinstance(probe, TrackerProbe) else None
+
+    def __enter__(self) -> None:
+        if self.tracker is not None:
+            self.tracker.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.tracker is not None:
+            self.tracker.__exit__(*exc)
+
+
+def _static_memory(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Parameters, gradients (one per trainable parameter, same dtype) and optimizer state, in bytes."""
+    params = list(model.parameters())
+    state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    return {
+        "params_bytes": tensor_bytes(params),
+        "grads_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+        "optimizer_state_bytes": tensor_bytes(state),
+    }

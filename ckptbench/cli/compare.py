@@ -1,0 +1,76 @@
+"""`ckptbench compare`: what changed between two runs, with gates for CI."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from ckptbench.cli.common import Format, FormatOpt, ResultsOpt, RunArg, err, fail, out, warn
+from ckptbench.errors import EXIT_REGRESSION, CkptbenchError
+
+OnlyChangedOpt = Annotated[bool, typer.Option("--only-changed", help="Hide unchanged and within-noise rows.")]
+FailMemoryOpt = Annotated[
+    float | None,
+    typer.Option("--fail-memory", min=0, metavar="PCT", help="Exit 3 if peak allocated grows > PCT%."),
+]
+FailTimeOpt = Annotated[
+    float | None,
+    typer.Option("--fail-time", min=0, metavar="PCT", help="Exit 3 if step time grows > PCT% (significant)."),
+]
+FailOomOpt = Annotated[
+    bool, typer.Option("--fail-oom", help="Exit 3 on a new OOM (implied by --fail-memory/--fail-time).")
+]
+MemoryTolOpt = Annotated[
+    float,
+    typer.Option("--memory-tolerance", min=0, metavar="PCT", help="A memory change up to PCT% is unchanged."),
+]
+TimeNoiseOpt = Annotated[
+    float, typer.Option("--time-noise", min=0, metavar="PCT", help="A step-time change under PCT% is noise.")
+]
+
+
+def compare(
+    run_a: RunArg,
+    run_b: RunArg,
+    fmt: FormatOpt = Format.table,
+    only_changed: OnlyChangedOpt = False,
+    fail_memory: FailMemoryOpt = None,
+    fail_time: FailTimeOpt = None,
+    fail_oom: FailOomOpt = False,
+    memory_tolerance: MemoryTolOpt = 0.1,
+    time_noise: TimeNoiseOpt = 2.0,
+    results_root: ResultsOpt = Path("results"),
+) -> None:
+    """Compare RUN_B against the base RUN_A: memory, speed, OOMs, environment; gates for CI."""
+    from ckptbench.analysis.compare import Gates, Thresholds, compare_refs
+
+    oom = fail_oom or fail_memory is not None or fail_time is not None
+    gates = Gates(memory_pct=fail_memory, time_pct=fail_time, new_oom=oom)
+    thresholds = Thresholds(memory_rtol=memory_tolerance / 100, time_rtol=time_noise / 100)
+    try:
+        comp = compare_refs(run_a, run_b, results_root=results_root, thresholds=thresholds, gates=gates)
+    except CkptbenchError as exc:
+        raise fail(exc) from None
+    _print_comparison(comp, fmt, only_changed=only_changed)
+    if comp.gate_failures:
+        raise typer.Exit(EXIT_REGRESSION)
+
+
+def _print_comparison(comp: Any, fmt: Format, *, only_changed: bool) -> None:
+    """Tables and machine-readable output to stdout; warnings (table/csv) and gate failures to stderr."""
+    from ckptbench.render.compare import RENDERERS, compare_table, warning_lines
+
+    if fmt in (Format.table, Format.csv):  # markdown and json carry the warnings inside
+        for line in warning_lines(comp):
+            warn(line)
+    if fmt is Format.table:
+        for renderable in compare_table(comp, only_changed=only_changed):
+            out.print(renderable, soft_wrap=True)
+    else:
+        sys.stdout.write(RENDERERS[fmt.value](comp, only_changed=only_changed))
+    for line in comp.gate_failures:
+        err.print(f"[red]gate failed:[/red] {escape(line)}", soft_wrap=True)

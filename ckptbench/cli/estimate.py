@@ -1,0 +1,49 @@
+"""`ckptbench estimate`: predicted peak memory of a config's points, or of a run's next to its measurements."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ckptbench.cli.common import BudgetOpt, Format, FormatOpt, err, fail, out
+from ckptbench.cli.progress import EstimateProgressBar
+from ckptbench.errors import CkptbenchError
+
+TargetOpt = Annotated[
+    str | None, typer.Option("--target", help="cuda (default) or cpu (what the live-tensor tracker measures).")
+]
+
+
+def estimate(
+    config: Annotated[Path, typer.Argument(help="Sweep config (YAML), or a run directory to set against.")],
+    fmt: FormatOpt = Format.table,
+    budget: BudgetOpt = None,
+    target: TargetOpt = None,
+    full: Annotated[bool, typer.Option("--full", help="Trace the whole model for every point (slow).")] = False,
+) -> None:
+    """Predict, without a GPU, each point's peak allocated memory and what it is made of.
+
+    Given a run directory, estimate its points and show what the run measured next to them.
+    """
+    from ckptbench.estimate.api import estimate_config
+    from ckptbench.render.estimate import RENDERERS, estimate_table
+    from ckptbench.results.inputs import load_input
+    from ckptbench.units import parse_size
+
+    try:
+        cfg, measured = load_input(config)
+        budget_bytes = parse_size(budget) if budget is not None else None
+        with EstimateProgressBar(err) as bar:
+            estimates = estimate_config(
+                cfg, target=target, budget_bytes=budget_bytes, method="full" if full else "fast",
+                on_progress=bar.update,
+            )
+    except CkptbenchError as exc:
+        raise fail(exc) from None
+    if fmt is Format.table:
+        out.print(estimate_table(estimates, name=cfg.name, measured=measured))
+    else:
+        sys.stdout.write(RENDERERS[fmt.value](estimates, name=cfg.name, measured=measured))

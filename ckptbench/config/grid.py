@@ -1,0 +1,119 @@
+"""The grid: points (one cell each, identified by its key) expanded from axis values. Pure data."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# Values of the technique axes that mean "plain training"; tables name only the axes that differ.
+AXIS_DEFAULTS: dict[str, Any] = {
+    "optimizer": "adamw_fused",
+    "micro_batches": 1,
+    "offload": "none",
+    "lora": "none",
+    "compile": False,
+    "attn_implementation": "sdpa",
+}
+
+
+def setup_label(key: Mapping[str, Any]) -> str:
+    """The technique axes of a key that differ from plain training: 'optimizer=sgd offload=all'."""
+    return " ".join(f"{k}={key[k]}" for k in AXIS_DEFAULTS if k in key and key[k] != AXIS_DEFAULTS[k])
+
+
+@dataclass(frozen=True, order=True)
+class Point:
+    """One cell of the grid. ``key`` identifies it across runs."""
+
+    precision: str
+    lora: str
+    layout: str
+    seq_len: int
+    batch_size: int
+    model: str
+    optimizer: str
+    micro_batches: int = 1
+    offload: str = "none"
+    compile: bool = False
+    attn_implementation: str = "sdpa"
+
+    @property
+    def key(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "layout": self.layout,
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+            "precision": self.precision,
+            "optimizer": self.optimizer,
+            "micro_batches": self.micro_batches,
+            "offload": self.offload,
+            "lora": self.lora,
+            "compile": self.compile,
+            "attn_implementation": self.attn_implementation,
+        }
+
+    @property
+    def key_id(self) -> str:
+        """A stable string form of the key, for matching and display."""
+        return key_id(self.key)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per optimizer step (every micro-batch counts)."""
+        return self.batch_size * self.seq_len * self.micro_batches
+
+
+def key_id(key: Mapping[str, Any]) -> str:
+    """Stable text of a key dict: 'batch_size=2|layout=all|...' (sorted by field)."""
+    return "|".join(f"{k}={key[k]}" for k in sorted(key))
+
+
+AXES = ("precision", "lora", "layout", "seq_len", "batch_size", "optimizer", "micro_batches", "offload",
+        "compile", "attn_implementation")
+# Execution order: precision and LoRA outermost (the model is rebuilt only when they change), batch innermost.
+_ORDER = ("precision", "lora", "optimizer", "micro_batches", "offload", "compile", "attn_implementation",
+          "layout", "seq_len", "batch_size")
+
+
+def search_templates(model: str, values: Mapping[str, Sequence[Any]], kind: str) -> list[tuple[str, Point]]:
+    """(kind, template point) for every searched cell; the searched axis holds a placeholder
+    (batch 1 for 'batch_max', layout 'none' for 'layout_fit')."""
+    values = dict(values)
+    if kind == "batch_max":
+        values["batch_size"] = [1]
+    else:
+        values["layout"] = ["none"]
+    cells = itertools.product(*(values[a] for a in AXES))
+    return [(kind, Point(model=model, **dict(zip(AXES, c, strict=True)))) for c in cells]
+
+
+def expand(
+    model: str,
+    values: Mapping[str, Sequence[Any]],
+    explicit: Sequence[Mapping[str, Any]] = (),
+    *,
+    replace_grid: bool = False,
+) -> list[Point]:
+    """Grid (unless replaced) plus explicit points, de-duplicated, ordered for model reuse.
+
+    An explicit point's unset (None) fields take the first value of their axis. Precision and LoRA
+    are the outer loops (the model is rebuilt only when they change), 'none' runs first among
+    layouts (its losses are the reference), and batch size is the innermost loop, ascending, so a
+    layout that runs out of memory can skip larger batches.
+    """
+    cells: set[tuple[Any, ...]] = set()
+    if not replace_grid:
+        cells.update(itertools.product(*(values[a] for a in AXES)))
+    for given in explicit:
+        cells.add(tuple(given[a] if given.get(a) is not None else values[a][0] for a in AXES))
+    rank = {a: {v: i for i, v in enumerate(values[a])} for a in AXES}
+    rank["layout"]["none"] = -1
+
+    def sort_key(cell: tuple[Any, ...]) -> tuple[Any, ...]:
+        by_axis = dict(zip(AXES, cell, strict=True))
+        return tuple((rank[a].get(by_axis[a], len(rank[a])), str(by_axis[a])) for a in _ORDER)
+
+    return [Point(model=model, **dict(zip(AXES, c, strict=True))) for c in sorted(cells, key=sort_key)]

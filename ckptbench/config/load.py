@@ -1,0 +1,120 @@
+"""Reading a config: YAML text -> validated SweepConfig, with one-line errors that name the field."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
+
+from ckptbench.config.schema import SweepConfig, _shown
+from ckptbench.errors import ConfigError
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    # Union members appear in pydantic locations as type tags ('list[int]', "literal['max']"): not fields.
+    parts = [str(x) for x in loc if not (isinstance(x, str) and ("[" in x or "(" in x))]
+    return ".".join(parts) or "(top level)"
+
+
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """Valid field names of the model that owns ``loc`` (for 'did you mean')."""
+    model: Any = SweepConfig
+    for part in loc[:-1]:
+        if isinstance(part, int):  # an index into a list of models (points.3.layuot)
+            continue
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        model = field.annotation
+        inner = getattr(model, "__args__", ())
+        model = next((a for a in inner if hasattr(a, "model_fields")), model)
+    return list(getattr(model, "model_fields", {}))
+
+
+
+def _closest(word: Any, choices: list[str]) -> str:
+    hint = difflib.get_close_matches(str(word), choices, n=1) if isinstance(word, str | int) else []
+    return f"; did you mean {hint[0]!r}?" if hint else ""
+
+
+def _error_line(source: str, err: Mapping[str, Any]) -> str:
+    loc = tuple(err.get("loc", ()))
+    where = _format_loc(loc)
+    kind = err.get("type")
+    if kind == "extra_forbidden":
+        return f"{source}: unknown field {where!r}{_closest(loc[-1], _fields_at(loc)) if loc else ''}"
+    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    if not loc:  # model-level checks start their message with the field path themselves
+        return f"{source}: {msg}"
+    given = err.get("input")
+    shown = "" if isinstance(given, dict | list) or kind == "missing" else f" (got {_shown(given)})"
+    hint = ""
+    if kind == "literal_error":
+        allowed = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
+        hint = _closest(given, allowed)
+    return f"{source}: {where}: {msg}{shown}{hint}"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def parse_config(data: Any, *, source: str = "config") -> SweepConfig:
+    """Validate already-parsed YAML data; raise ConfigError with one line naming the field."""
+    if data is None:
+        raise ConfigError(f"{source}: the config is empty; it needs at least a 'name' field")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of fields, got {type(data).__name__}")
+    try:
+        cfg = SweepConfig.model_validate(data)
+        # The resolved config is stored as JSON in every run: it must round-trip.
+        json.dumps(cfg.model_dump(mode="json"))
+    except ValidationError as exc:
+        raise ConfigError(_one_line(_error_line(source, exc.errors()[0]))) from None
+    except (ValueError, TypeError, RecursionError, PydanticSerializationError):
+        # Only free-form fields (model.overrides) can hold such values: a recursive YAML alias, bytes.
+        raise ConfigError(
+            f"{source}: model.overrides: values must be plain numbers, strings, lists or mappings"
+        ) from None
+    return cfg
+
+
+def loads_config(text: str, *, source: str = "config") -> SweepConfig:
+    """Parse YAML text and validate it; every problem is a one-line ConfigError."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or (str(exc).strip().splitlines() or ["unparsable"])[0]
+        raise ConfigError(_one_line(f"{source}: invalid YAML{where}: {problem}")) from None
+    except Exception as exc:  # PyYAML's constructors raise others: 2020-13-45, '!!int' (an empty int)
+        why = f"{exc.__class__.__name__}: {_shown(str(exc))}"
+        raise ConfigError(_one_line(f"{source}: invalid YAML value ({why})")) from None
+    return parse_config(data, source=source)
+
+
+def load_config(path: str | Path) -> SweepConfig:
+    """Read and validate a YAML config file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such config file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{p}: is a directory, not a config file") from None
+    except PermissionError:
+        raise ConfigError(f"{p}: cannot read config file (permission denied)") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: cannot read config file (not UTF-8 text: byte {exc.start})") from None
+    except OSError as exc:
+        reason = f"{exc.__class__.__name__}: {exc.strerror or exc}"
+        raise ConfigError(_one_line(f"{p}: cannot read config file ({reason})")) from None
+    return loads_config(text, source=str(p))

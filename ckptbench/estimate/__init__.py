@@ -1,0 +1,3 @@
+"""Estimation: the training step on fake tensors, the live-bytes tracker, the device model (allocator
+rounding, kernel scratch, library workspaces), per-layer re-assembly and the public estimate API.
+Must not read measured results to make a prediction."""

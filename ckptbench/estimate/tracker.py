@@ -1,0 +1,242 @@
+"""Live bytes of a step run under fake tensors, split by category and by segment of the step.
+
+``StepTracker`` is a ``TorchDispatchMode`` stacked on top of ``FakeTensorMode``. Like the CPU
+``LiveTensorTracker`` (bench/probes.py), it counts every storage once when an op creates it
+and uncounts it when the storage dies, so the running total is the memory a caching-free
+allocator would hold. On top of that it
+
+- tags each storage with a category (parameters, gradients, optimizer state, activations,
+  logits and loss, transient buffers, other), so the bytes at the peak can be explained;
+- cuts the step into segments (``mark``): one per decoder-layer forward and backward, plus the
+  parts before and after the layers, each with its start, peak and end byte vectors, so that
+  ckptbench.estimate.api can re-assemble the step of a model with more layers;
+- asks a kernel model (estimate/device_model.py) how the target device's allocator rounds each
+  storage and which scratch buffers a kernel holds while it runs (these never surface as
+  tensors, so they are added to the peak of the op that uses them).
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from ckptbench.estimate.record import CATEGORIES
+
+PARAMS, GRADS, OPTIMIZER_STATE, ACTIVATIONS, LOGITS_LOSS, TRANSIENT, OTHER = range(len(CATEGORIES))
+
+Vector = tuple[int, ...]
+_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
+_UNSCALE = torch.ops.aten._amp_foreach_non_finite_check_and_unscale_.default
+
+
+class KernelModel(Protocol):
+    """How the target device stores tensors and which scratch memory its kernels hold."""
+
+    persistent_bytes: int
+
+    def block_bytes(self, nbytes: int) -> int: ...
+    def workspace_bytes(self, func: Any, args: tuple[Any, ...], out: Any) -> int: ...
+    def host_resident(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]: ...
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One stretch of the step: byte vectors (one entry per category) at its start, its peak and its end."""
+
+    label: str
+    start: Vector
+    peak: Vector
+    end: Vector
+
+    @property
+    def rise(self) -> Vector:
+        """The peak above the start, per category."""
+        return tuple(p - s for p, s in zip(self.peak, self.start, strict=True))
+
+    @property
+    def delta(self) -> Vector:
+        """What the segment leaves behind (end minus start), per category."""
+        return tuple(e - s for e, s in zip(self.end, self.start, strict=True))
+
+
+def is_layer(label: str) -> bool:
+    """Whether a segment label is a decoder layer's forward or backward ('fwd:3@0', 'bwd:3@0')."""
+    return label.startswith(("fwd:", "bwd:"))
+
+
+def add(a: Vector, b: Vector, scale: int = 1) -> Vector:
+    """Element-wise ``a + scale * b``."""
+    return tuple(x + scale * y for x, y in zip(a, b, strict=True))
+
+
+class StepTracker(TorchDispatchMode):
+    """Counts live storage bytes per category and records per-segment start/peak/end vectors."""
+
+    def __init__(self, kernels: KernelModel, *, defer_shared: bool = False) -> None:
+        super().__init__()
+        self.kernels = kernels
+        self.tag = OTHER
+        self.live = 0
+        self.by_cat = [0] * len(CATEGORIES)
+        self.segments: list[Segment] = []
+        # Frees moved out of segments: (segment they happened in, bytes, kind); see ``share``.
+        self.releases: list[tuple[str, Vector, str]] = []
+        # Where each decoder layer's input was freed: {layer: (segment, bytes)}; see ``note_input``.
+        self.input_frees: dict[int, tuple[str, Vector]] = {}
+        # Bytes a layer segment allocated and a non-layer segment freed: {(freeing, allocating): bytes}.
+        self.crossings: dict[tuple[str, str], Vector] = {}
+        self.pending_label: str | None = None  # a segment to open right before the next op
+        self.defer_shared = defer_shared
+        self._shared: dict[int, str] = {}
+        self._inputs: dict[int, int] = {}
+        self._ignored: set[int] = set()  # forgotten storages: in-place ops must not count them again
+        self._deferred: list[tuple[int, int, str]] = []
+        self._sizes: dict[int, tuple[int, int, int]] = {}  # storage id -> (bytes, category, segment number)
+        self._labels: list[str] = []
+        self._zero_flags: set[int] = set()
+        self._pseudo = itertools.count(-1, -1)
+        self._label: str | None = None
+        self._start: Vector = tuple(self.by_cat)
+        self._peak_live = 0
+        self._peak_vec: Vector = self._start
+
+    # -- counting -------------------------------------------------------------------------
+    def adopt(self, tensors: Iterable[Any], category: int) -> None:
+        """Count tensors created outside the mode (or move counted ones) under ``category``."""
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self._add(t, category)
+                self.reclassify(t, category)
+        self._touch()
+
+    def reserve(self, nbytes: int, category: int) -> None:
+        """Count memory that no tensor owns (a library workspace) for the rest of the trace."""
+        self._sizes[next(self._pseudo)] = (nbytes, category, -1)
+        self.live += nbytes
+        self.by_cat[category] += nbytes
+        self._touch()
+
+    def reclassify(self, t: torch.Tensor, category: int) -> None:
+        """Move a counted storage to another category (a gradient once it lands in ``.grad``)."""
+        sid = id(t.untyped_storage())
+        if sid in self._sizes:
+            nbytes, old, seg = self._sizes[sid]
+            self.by_cat[old] -= nbytes
+            self.by_cat[category] += nbytes
+            self._sizes[sid] = (nbytes, category, seg)
+
+    def share(self, tensors: Iterable[Any], kind: str = "shared") -> None:
+        """Mark storages whose free depends on the layout, not on one layer.
+
+        ``shared``: what every decoder layer receives (position ids, rotary tables), freed by the
+        lowest layer holding it; ``input0``: layer 0's input, which transformers also holds until
+        the model's forward returns. With ``defer_shared`` such a free is moved to the end of its
+        segment and recorded in ``releases``, so that segment costs do not include it.
+        """
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self._shared[id(t.untyped_storage())] = kind
+
+    def note_input(self, layer: int, t: torch.Tensor) -> None:
+        """Record where a decoder layer's input gets freed (``input_frees``)."""
+        self._inputs[id(t.untyped_storage())] = layer
+
+    def forget(self, t: torch.Tensor) -> None:
+        """Stop counting a storage that lives in host memory on the target (not on the GPU)."""
+        sid = id(t.untyped_storage())
+        if sid in self._sizes:
+            self._free(sid)
+            self._ignored.add(sid)  # its finalizer (from _add) drops the id again
+
+    def _add(self, t: torch.Tensor, category: int) -> None:
+        if t.device.type == "meta" or t.is_sparse:
+            return
+        storage = t.untyped_storage()
+        sid = id(storage)
+        if sid in self._sizes or sid in self._ignored:
+            return
+        nbytes = self.kernels.block_bytes(storage.nbytes())
+        self._sizes[sid] = (nbytes, category, len(self._labels) - 1)
+        self.live += nbytes
+        self.by_cat[category] += nbytes
+        weakref.finalize(storage, self._free, sid)
+
+    def _free(self, sid: int) -> None:
+        self._ignored.discard(sid)
+        entry = self._sizes.pop(sid, None)
+        if entry is None:
+            return
+        nbytes, category, seg = entry
+        if sid in self._inputs and self._label is not None:
+            vec = [0] * len(CATEGORIES)
+            vec[category] = nbytes
+            self.input_frees[self._inputs.pop(sid)] = (self._label, tuple(vec))
+        kind = self._shared.pop(sid, None)  # the id may be reused by a new storage: keep only the bytes
+        if self.defer_shared and kind is not None:
+            self._deferred.append((nbytes, category, kind))
+            return
+        self.live -= nbytes
+        self.by_cat[category] -= nbytes
+        if seg >= 0 and self._label is not None and is_layer(self._labels[seg]) and not is_layer(self._label):
+            key = (self._label, self._labels[seg])
+            vec = list(self.crossings.get(key, (0,) * len(CATEGORIES)))
+            vec[category] += nbytes
+            self.crossings[key] = tuple(vec)
+
+    def _touch(self, extra: int = 0) -> None:
+        if self.live + extra > self._peak_live:
+            self._peak_live = self.live + extra
+            vec = list(self.by_cat)
+            vec[TRANSIENT] += extra
+            self._peak_vec = tuple(vec)
+
+    # -- segments -------------------------------------------------------------------------
+    def mark(self, label: str) -> None:
+        """Close the open segment (if any), apply deferred frees, and open one called ``label``."""
+        if self._label is not None:
+            self.segments.append(Segment(self._label, self._start, self._peak_vec, tuple(self.by_cat)))
+            for nbytes, category, kind in self._deferred:
+                vec = [0] * len(CATEGORIES)
+                vec[category] = nbytes
+                self.live -= nbytes
+                self.by_cat[category] -= nbytes
+                self.releases.append((self._label, tuple(vec), kind))
+            self._deferred.clear()
+        now = tuple(self.by_cat)
+        self._labels.append(label)
+        self._label, self._start = label, now
+        self._peak_live, self._peak_vec = self.live, now
+
+    # -- dispatch -------------------------------------------------------------------------
+    def _scalar(self, t: torch.Tensor) -> bool | int | float:
+        """A value for ``.item()`` on a fake tensor (it holds none): the one a healthy real step sees."""
+        if t.dtype == torch.bool:
+            return True  # transformers: "every row is one unpacked sequence" (no explicit mask is built)
+        if id(t.untyped_storage()) in self._zero_flags:
+            return 0.0  # GradScaler's found_inf: no overflow, so the optimizer steps
+        return 1.0 if t.is_floating_point() else 1  # e.g. Adam's step count (any positive value)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if self.pending_label is not None:
+            label, self.pending_label = self.pending_label, None
+            self.mark(label)
+        if func is _LOCAL_SCALAR:
+            return self._scalar(args[0])
+        if func is _UNSCALE:
+            self._zero_flags.add(id(args[1].untyped_storage()))
+        out = func(*args, **(kwargs or {}))
+        category = self.tag
+        if category == TRANSIENT and torch.is_grad_enabled():
+            category = ACTIVATIONS  # checkpoint recomputation runs with grad enabled inside backward
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self._add(t, category)
+        self._touch(self.kernels.workspace_bytes(func, args, out))
+        return out

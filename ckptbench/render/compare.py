@@ -1,0 +1,201 @@
+"""Rendering of a comparison: rich table, Markdown, CSV and JSON (no metrics computed here)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from ckptbench.analysis.compare import Comparison
+from ckptbench.analysis.marks import BETTER, NEWLY_OOM, NO_LONGER_OOM, QUIET_MARKS, WORSE, PointChange
+from ckptbench.render.tables import csv_text
+
+GIB = 2**30
+MIB = 2**20
+
+COLUMNS = ("point", "metric", "base", "new", "delta", "ratio", "p", "mark")
+_RIGHT = {"base", "new", "delta", "ratio", "p"}
+_NAMES = {
+    "peak_allocated_bytes": "peak allocated",
+    "peak_reserved_bytes": "peak reserved",
+    "activation_bytes": "activation",
+    "median_step_time_s": "step time (median)",
+    "tokens_per_s": "tokens/s",
+    "mfu": "MFU",
+}
+_COUNTED = ("worse", "better", "unchanged", "newly_oom", "no_longer_oom", "not_comparable")
+_STYLE = {WORSE: "red", NEWLY_OOM: "bold red", BETTER: "green", NO_LONGER_OOM: "green"}
+
+
+def _shown(comp: Comparison, *, only_changed: bool) -> list[PointChange]:
+    return [p for p in comp.points if not (only_changed and p.mark in QUIET_MARKS)]
+
+
+def _memory_unit(comp: Comparison) -> tuple[int, str]:
+    """GiB for real models; MiB when every value is below 1 GiB, so small differences stay visible."""
+    values = [v for p in comp.points for m in p.metrics if m.unit == "bytes" for v in (m.base, m.new) if v]
+    return (GIB, "GiB") if not values or max(values) >= GIB else (MIB, "MiB")
+
+
+def _fmt(value: float | None, unit: str, mem: tuple[int, str], *, signed: bool = False) -> str:
+    if value is None:
+        return "-"
+    sign = "+" if signed else ""
+    if unit == "bytes":
+        return f"{value / mem[0]:{sign}.2f} {mem[1]}"
+    if unit == "s":
+        return f"{value * 1e3:{sign}.1f} ms"
+    if unit == "fraction":
+        return f"{value * 100:{sign}.1f}%"
+    return f"{value:{sign},.0f}"
+
+
+def display_rows(comp: Comparison, *, only_changed: bool = False) -> list[dict[str, str]]:
+    """One row per metric of each matched point; a status change is one 'status' row."""
+    mem = _memory_unit(comp)
+    rows = []
+    for p in _shown(comp, only_changed=only_changed):
+        if p.base_status != "ok" or p.new_status != "ok":
+            row = {"point": p.label, "metric": "status", "base": p.base_status, "new": p.new_status}
+            rows.append({**row, "delta": "-", "ratio": "-", "p": "-", "mark": p.mark})
+            continue
+        for m in p.metrics:
+            if only_changed and m.mark in QUIET_MARKS:
+                continue
+            rows.append(
+                {
+                    "point": p.label,
+                    "metric": _NAMES.get(m.metric, m.metric),
+                    "base": _fmt(m.base, m.unit, mem),
+                    "new": _fmt(m.new, m.unit, mem),
+                    "delta": _fmt(m.delta, m.unit, mem, signed=True),
+                    "ratio": "-" if m.ratio is None else f"{m.ratio:.3f}",
+                    "p": "-" if m.p_value is None else f"{m.p_value:.3f}",
+                    "mark": m.mark,
+                }
+            )
+    return rows
+
+
+def _opt(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def summary_line(comp: Comparison) -> str:
+    """Counts of point marks and the geometric mean (and range) of step-time ratios."""
+    s = comp.summary
+    time = (
+        f"step time ratio geomean {_opt(s['time_ratio_geomean'], '.3f')} "
+        f"(min {_opt(s['time_ratio_min'], '.3f')}, max {_opt(s['time_ratio_max'], '.3f')})"
+    )
+    counts = ", ".join(f"{s[k]} {k.replace('_', ' ')}" for k in _COUNTED)
+    return f"{s['matched']} matched points: {counts}; {s['added']} added, {s['removed']} removed; {time}"
+
+
+def detail_lines(comp: Comparison, *, only_changed: bool = False) -> list[str]:
+    """Why shown points failed (the OOM message), then points present on one side only, one line each."""
+    lines = [f"{p.label}: {p.note}" for p in _shown(comp, only_changed=only_changed) if p.note]
+    lines += [f"added (only in {comp.new['name']}): {a['label']} [{a['status']}]" for a in comp.added]
+    lines += [f"removed (only in {comp.base['name']}): {r['label']} [{r['status']}]" for r in comp.removed]
+    return lines
+
+
+def trailer_lines(comp: Comparison, *, only_changed: bool = False) -> list[str]:
+    """What follows the table: failure reasons, added/removed points, then the summary line."""
+    return [*detail_lines(comp, only_changed=only_changed), summary_line(comp)]
+
+
+def warning_lines(comp: Comparison) -> list[str]:
+    """Environment differences first, then notes about incomplete runs."""
+    env = [f"environment differs: {d}" for d in comp.environment_differences]
+    return env + list(comp.notes)
+
+
+def compare_table(comp: Comparison, *, only_changed: bool = False) -> list[Table | Text]:
+    """The rich table of a comparison followed by added/removed points and the summary line."""
+    rows = display_rows(comp, only_changed=only_changed)
+    title = f"ckptbench compare: {comp.base['name']} -> {comp.new['name']}"
+    trailer = [Text(line) for line in trailer_lines(comp, only_changed=only_changed)]
+    if not rows:
+        return [Text(f"{title}: no changed rows"), *trailer]
+    table = Table(title=title, header_style="bold")
+    for col in COLUMNS:
+        table.add_column(col, justify="right" if col in _RIGHT else "left", no_wrap=True)
+    for row in rows:
+        table.add_row(*(row[c] for c in COLUMNS), style=_STYLE.get(row["mark"]))
+    return [table, *trailer]
+
+
+def compare_markdown(comp: Comparison, *, only_changed: bool = False) -> str:
+    """A Markdown document for pull-request comments: warnings, table, added/removed, summary, gates."""
+    out = [f"### ckptbench compare: `{comp.base['name']}` -> `{comp.new['name']}`", ""]
+    warnings = warning_lines(comp)
+    if warnings:
+        out += [*(f"> {w}  " for w in warnings), ""]
+    rows = display_rows(comp, only_changed=only_changed)
+    if rows:
+        out.append("| " + " | ".join(COLUMNS) + " |")
+        out.append("| " + " | ".join("---:" if c in _RIGHT else "---" for c in COLUMNS) + " |")
+        out += ["| " + " | ".join(row[c].replace("|", "\\|") for c in COLUMNS) + " |" for row in rows]
+    else:
+        out.append("No changed rows.")
+    out.append("")
+    extra = detail_lines(comp, only_changed=only_changed)
+    if extra:
+        out += [*(f"- {line}" for line in extra), ""]
+    out.append(f"**Summary:** {summary_line(comp)}")
+    if comp.gate_failures:
+        out += ["", "**Gate failures:**", "", *(f"- {g}" for g in comp.gate_failures)]
+    return "\n".join(out) + "\n"
+
+
+def compare_csv(comp: Comparison, *, only_changed: bool = False) -> str:
+    """Raw numbers (bytes, seconds), one row per metric of each point; added/removed points as rows too."""
+    key_names: list[str] = []
+    keys = [p.key for p in comp.points] + [item["key"] for item in (*comp.added, *comp.removed)]
+    for key in keys:
+        key_names += [k for k in key if k not in key_names]
+    rows: list[dict[str, Any]] = []
+    for p in _shown(comp, only_changed=only_changed):
+        status = {"base_status": p.base_status, "new_status": p.new_status}
+        if p.base_status != "ok" or p.new_status != "ok":
+            rows.append({**p.key, **status, "metric": "status", "mark": p.mark})
+            continue
+        for m in p.metrics:
+            if only_changed and m.mark in QUIET_MARKS:
+                continue
+            metric = {
+                k: getattr(m, k) for k in ("metric", "unit", "base", "new", "delta", "ratio", "p_value")
+            }
+            rows.append({**p.key, **status, **metric, "mark": m.mark})
+    for side, listed in (("added", comp.added), ("removed", comp.removed)):
+        for item in listed:
+            status = {"new_status" if side == "added" else "base_status": item["status"]}
+            rows.append({**item["key"], **status, "metric": "status", "mark": side})
+    columns = [
+        *key_names,
+        "base_status",
+        "new_status",
+        "metric",
+        "unit",
+        "base",
+        "new",
+        "delta",
+        "ratio",
+        "p_value",
+        "mark",
+    ]
+    return csv_text(rows, columns)
+
+
+def compare_json(comp: Comparison, *, only_changed: bool = False) -> str:
+    """The documented JSON shape (``Comparison.to_dict``), optionally without unchanged points."""
+    data = comp.to_dict()
+    if only_changed:
+        data["points"] = [p for p in data["points"] if p["mark"] not in QUIET_MARKS]
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+RENDERERS = {"markdown": compare_markdown, "csv": compare_csv, "json": compare_json}

@@ -1,0 +1,147 @@
+"""Rendering of a recommendation: display rows, rich tables, Markdown (no metrics computed here)."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from ckptbench.analysis.recommend import Candidate, Recommendation
+from ckptbench.render.tables import markdown_table
+from ckptbench.units import fmt_bytes
+
+CHOICE_COLUMNS = (
+    "role", "point", "ckpt layers", "reserved", "allocated", "activation", "tok/s", "vs best", "vs budget",
+)
+PARETO_COLUMNS = ("point", "ckpt layers", "reserved", "allocated", "tok/s", "fits")
+_RIGHT = {"reserved", "allocated", "activation", "tok/s", "vs best", "vs budget"}
+_WRAP = {"ckpt layers"}  # the only column that may wrap; long layer lists fold
+_STYLE = {"best": "bold green", "no fit": "yellow", "smallest": "yellow"}
+
+
+def heading(rec: Recommendation) -> str:
+    """'Under 80.00 GiB (4.00 GiB headroom: at most 76.00 GiB peak reserved), seq 2048'."""
+    seq = f", seq_len {rec.seq_len}" if rec.seq_len is not None else ""
+    if not rec.headroom_bytes:
+        return f"Under {fmt_bytes(rec.budget_bytes)} of peak reserved memory, no headroom{seq}"
+    return (
+        f"Under {fmt_bytes(rec.budget_bytes)} ({fmt_bytes(rec.headroom_bytes)} headroom: at most "
+        f"{fmt_bytes(rec.limit_bytes)} peak reserved){seq}"
+    )
+
+
+def _row(role: str, c: Candidate, rec: Recommendation) -> dict[str, str]:
+    vs = f"{c.tokens_per_s / rec.best.tokens_per_s:.0%}" if rec.best is not None else "-"
+    return {
+        "role": role,
+        "point": c.label + (" (!)" if c.notes else ""),
+        "ckpt layers": c.layers_checkpointed or "-",
+        "reserved": fmt_bytes(c.memory_bytes),
+        "allocated": fmt_bytes(c.peak_allocated_bytes),
+        "activation": fmt_bytes(c.breakdown["activation_bytes"]),
+        "tok/s": f"{c.tokens_per_s:,.0f}",
+        "vs best": vs,
+        "vs budget": _versus_budget(c.memory_bytes, rec.budget_bytes),
+    }
+
+
+def _versus_budget(memory: int, budget: int) -> str:
+    return f"{fmt_bytes(budget - memory)} free" if memory <= budget else f"{fmt_bytes(memory - budget)} over"
+
+
+def choice_rows(rec: Recommendation) -> list[dict[str, str]]:
+    """The winner, the best point of every other layout that fits, then layouts where nothing fits."""
+    rows = []
+    if rec.best is not None:
+        rows.append(_row("best", rec.best, rec))
+    rows += [_row("runner-up", c, rec) for c in rec.runners_up]
+    if rec.best is None and rec.smallest is not None:
+        rows.append(_row("smallest", rec.smallest, rec))
+    # Without a winner the smallest point is already shown; its layout's "no fit" row would repeat it.
+    repeat = rec.smallest if rec.best is None else None
+    rows += [_row("no fit", c, rec) for c in rec.no_fit_layouts if c is not repeat]
+    return rows
+
+
+def pareto_rows(front: list[Candidate], *, limit_bytes: int | None = None) -> list[dict[str, str]]:
+    """The Pareto front, by memory ascending; with a limit, whether each point fits under it."""
+    rows = []
+    for c in front:
+        row = {
+            "point": c.label,
+            "ckpt layers": c.layers_checkpointed or "-",
+            "reserved": fmt_bytes(c.memory_bytes),
+            "allocated": fmt_bytes(c.peak_allocated_bytes),
+            "tok/s": f"{c.tokens_per_s:,.0f}",
+        }
+        if limit_bytes is not None:
+            row["fits"] = "yes" if c.memory_bytes <= limit_bytes else "no"
+        rows.append(row)
+    return rows
+
+
+def pareto_columns(*, with_budget: bool) -> tuple[str, ...]:
+    return PARETO_COLUMNS if with_budget else PARETO_COLUMNS[:-1]
+
+
+def notes(rec: Recommendation) -> list[str]:
+    """Caveats worth a line: flagged points, points that did not run."""
+    lines = []
+    for c in [rec.best, *rec.runners_up]:
+        if c is not None and c.notes:
+            lines.append(f"(!) {c.label}: {'; '.join(c.notes)}")
+    if rec.within_noise:
+        names = ", ".join(c.label for c in rec.within_noise)
+        lines.append(
+            "Within the step-time spread of the best point (treat as equally fast; "
+            f"measure longer to separate): {names}."
+        )
+    if rec.skipped_statuses:
+        counts = ", ".join(f"{n} {status}" for status, n in rec.skipped_statuses.items())
+        lines.append(f"Not considered ({counts}): only points that finished ok are candidates.")
+    return lines
+
+
+def _rich(rows: list[dict[str, str]], columns: tuple[str, ...], title: str) -> Table:
+    table = Table(title=title, header_style="bold", title_justify="left")
+    for col in columns:
+        table.add_column(
+            col, justify="right" if col in _RIGHT else "left", no_wrap=col not in _WRAP, overflow="fold"
+        )
+    for row in rows:
+        table.add_row(*(row[c] for c in columns), style=_STYLE.get(row.get("role", "")))
+    return table
+
+
+def rich_recommendation(rec: Recommendation) -> Group:
+    """Both tables, the sentence of why and the notes, for the terminal."""
+    parts: list[Table | Text] = [
+        _rich(choice_rows(rec), CHOICE_COLUMNS, f"{rec.run_name}: {heading(rec)}"),
+        Text(rec.why),
+        _rich(
+            pareto_rows(rec.pareto, limit_bytes=rec.limit_bytes),
+            PARETO_COLUMNS,
+            "Pareto front (peak reserved memory vs tokens/s)",
+        ),
+    ]
+    parts += [Text(line, style="yellow") for line in notes(rec)]
+    return Group(*parts)
+
+
+def markdown_recommendation(rec: Recommendation, *, level: int = 2) -> str:
+    """The same content as Markdown (for report.md)."""
+    h = "#" * level
+    out = [f"{h} Recommendation\n", f"{heading(rec)}.\n", f"**{rec.why}**\n"]
+    out.append(markdown_table(choice_rows(rec), CHOICE_COLUMNS, right=_RIGHT))
+    out += [f"{line}\n" for line in notes(rec)]
+    return "\n".join(out)
+
+
+def markdown_pareto(front: list[Candidate], *, limit_bytes: int | None = None, level: int = 2) -> str:
+    """The Pareto front as a Markdown section."""
+    head = (
+        f"{'#' * level} Pareto front\n\n"
+        "Points that no other point beats on both peak reserved memory and tokens/s, by memory.\n\n"
+    )
+    columns = pareto_columns(with_budget=limit_bytes is not None)
+    return head + markdown_table(pareto_rows(front, limit_bytes=limit_bytes), columns, right=_RIGHT)

@@ -1,0 +1,113 @@
+"""report.md of a run: header, recommendation, Pareto front, plots and the summary table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckptbench.analysis.recommend import Recommendation, candidates, pareto_front
+from ckptbench.errors import ResultsError
+from ckptbench.render.plots import plot_breakdown, plot_peak_memory, plot_speed
+from ckptbench.render.recommend import markdown_pareto, markdown_recommendation
+from ckptbench.render.summary import run_header, summary_columns, summary_rows
+from ckptbench.render.tables import markdown_table
+from ckptbench.render.tradeoff_plot import plot_tradeoff
+from ckptbench.results.store import Run, write_text_atomic
+from ckptbench.units import fmt_bytes
+
+REPORT_FILE = "report.md"
+PLOT_TITLES = {
+    "peak_memory.png": "Peak reserved memory per layout and batch size",
+    "speed.png": "Step time and tokens/s per layout",
+    "tradeoff.png": "Memory against throughput, with the Pareto front",
+    "memory_breakdown.png": "Memory breakdown per layout",
+}
+PLOT_CAPTIONS = {
+    "peak_memory.png": "Bars: peak reserved memory of each point; OOM/SKIPPED mark points that did not run.",
+    "speed.png": "Median step time (error bar: inter-quartile range of the measured steps) and tokens/s.",
+    "tradeoff.png": (
+        "Every ok point; the black staircase is the Pareto front (no point uses less memory and runs "
+        "faster). With a budget: the budget line, the headroom band and the recommended point."
+    ),
+    "memory_breakdown.png": (
+        "At the batch and sequence length where the most layouts ran: parameters, gradients, optimizer "
+        "state and activations at the peak, plus what the allocator reserved on top."
+    ),
+}
+
+
+@dataclass
+class ReportFiles:
+    """What ``write_report`` wrote."""
+
+    markdown: Path
+    plots: list[Path]
+
+
+def default_out_dir(run: Run) -> Path:
+    return run.path / "report"
+
+
+def write_report(run: Run, *, out_dir: Path, rec: Recommendation | None = None) -> ReportFiles:
+    """Write the PNG plots and report.md (which links them by relative path) into ``out_dir``."""
+    if not run.points:
+        raise ResultsError(f"{run.path}: the run has no finished points yet; nothing to report")
+    plots = write_plots(run, out_dir, rec=rec)
+    sections = [_header(run)]
+    if rec is not None:
+        sections.append(markdown_recommendation(rec))
+        sections.append(markdown_pareto(rec.pareto, limit_bytes=rec.limit_bytes))
+    else:
+        sections.append(markdown_pareto(pareto_front(candidates(run))))
+    sections.append(_plots_section(plots))
+    sections.append("## All points\n\n" + markdown_table(summary_rows(run), summary_columns(run)))
+    if run.environment.get("device_type") == "cpu":
+        sections.append(
+            "Memory on CPU is measured by ckptbench's live-tensor tracker (reserved = allocated); "
+            "CPU step times include the tracker's overhead.\n"
+        )
+    path = out_dir / REPORT_FILE
+    write_text_atomic(path, "\n".join(sections))
+    return ReportFiles(markdown=path, plots=plots)
+
+
+def write_plots(run: Run, out_dir: Path, *, rec: Recommendation | None = None) -> list[Path]:
+    """All four PNGs into ``out_dir``; returns their paths in report order."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    budget = rec.budget_bytes if rec is not None else None
+    return [
+        plot_peak_memory(run, out_dir / "peak_memory.png", budget_bytes=budget),
+        plot_speed(run, out_dir / "speed.png"),
+        plot_tradeoff(run, out_dir / "tradeoff.png", rec=rec),
+        plot_breakdown(run, out_dir / "memory_breakdown.png", budget_bytes=budget),
+    ]
+
+
+def _header(run: Run) -> str:
+    env, cfg = run.environment, run.config
+    total = env.get("gpu_total_memory_bytes")
+    lines = [f"# ckptbench report: {run.name}\n", f"{run_header(run)}\n"]
+    if run.meta.get("note"):
+        lines.append(f"> **Note:** {run.meta['note']}\n")
+    facts = [
+        ("GPU memory", fmt_bytes(total) if total else None),
+        ("model", (cfg.get("model") or {}).get("preset")),
+        ("optimizer", cfg.get("optimizer")),
+        ("steps", f"{cfg.get('warmup_steps')} warm-up + {cfg.get('measured_steps')} measured"
+         if cfg.get("measured_steps") is not None else None),
+        ("memory cap", f"{cfg['memory_cap_gib']} GiB" if cfg.get("memory_cap_gib") else None),
+        ("created", run.meta.get("created_at")),
+        ("git", run.meta.get("git_sha")),
+    ]
+    shown = [f"{name}: {value}" for name, value in facts if value]
+    if shown:
+        lines.append(" · ".join(shown) + "\n")
+    return "\n".join(lines)
+
+
+def _plots_section(plots: list[Path]) -> str:
+    parts = ["## Plots\n"]
+    for p in plots:
+        title = PLOT_TITLES.get(p.name, p.stem)
+        parts.append(f"### {title}\n\n![{title}]({p.name})\n\n{PLOT_CAPTIONS.get(p.name, '')}\n")
+    return "\n".join(parts)

@@ -1,0 +1,27 @@
+"""A command's input that may be a YAML config or a run directory: the config, and what the run measured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ckptbench.config.grid import key_id
+from ckptbench.config.load import load_config, parse_config
+from ckptbench.config.schema import SweepConfig
+from ckptbench.results.store import RUN_FILE, load_run
+
+Measured = dict[str, int | str]  # by point key_id: peak allocated bytes of an ok point, else its status
+
+
+def load_input(path: str | Path) -> tuple[SweepConfig, Measured]:
+    """A YAML config, or a run directory: its resolved config and what it measured, by ``key_id``:
+    the peak allocated bytes of an ``ok`` point, else its status ('oom', 'skipped', ...)."""
+    p = Path(path)
+    if not (p / RUN_FILE).is_file():
+        return load_config(p), {}
+    run = load_run(p)
+    cfg = parse_config(run.config, source=str(p / RUN_FILE))
+    measured: Measured = {}
+    for rec in run.points:
+        ok = rec.get("status") == "ok" and rec.get("peak_allocated_bytes") is not None
+        measured[key_id(rec["key"])] = int(rec["peak_allocated_bytes"]) if ok else str(rec.get("status"))
+    return cfg, measured

@@ -1,0 +1,241 @@
+"""On-disk schema of a run (run.json + points.jsonl), append/load, and the DataFrame view."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckptbench.errors import ResultsError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+SCHEMA_VERSION = 1
+RUN_FILE = "run.json"
+POINTS_FILE = "points.jsonl"
+LOCK_FILE = ".lock"
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON through a temporary file and a rename, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp makes it private; results are meant to be shared
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, sort_keys=True, indent=2)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write text through a temporary file and a rename."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def create_run_dir(base: Path, name: str, stamp: str) -> Path:
+    """A new run directory under ``base``; never reuses one (exclusive mkdir, suffix on collision)."""
+    base.mkdir(parents=True, exist_ok=True)
+    for n in range(1000):
+        candidate = base / (f"{name}-{stamp}" if n == 0 else f"{name}-{stamp}-{n}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise ResultsError(f"{base}: could not create a new run directory for {name!r}")
+
+
+def _lock_run_dir(run_dir: Path) -> int | None:
+    """Hold an exclusive lock on the run directory for this process's lifetime (released on any exit)."""
+    if fcntl is None:  # not POSIX: no locking; create_run_dir's exclusive mkdir still separates new runs
+        return None
+    fd = os.open(run_dir / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ResultsError(f"{run_dir}: in use by another ckptbench process (nothing was changed)") from None
+    return fd
+
+
+def repair_points_file(path: Path) -> bool:
+    """Cut a truncated last line (a crash mid-write) so that appended lines stay valid; True if cut."""
+    if not path.exists():
+        return False
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return False
+    with open(path, "r+b") as fh:
+        fh.truncate(data.rfind(b"\n") + 1)
+    return True
+
+
+class RunWriter:
+    """Appends one JSON line per finished point, flushed and synced as it finishes.
+
+    The writer holds an exclusive lock on the run directory, so two sweeps never write to the
+    same run, whether it is new (``--out``) or resumed.
+    """
+
+    def __init__(self, run_dir: Path, meta: dict[str, Any]) -> None:
+        self.run_dir = run_dir
+        self._lock = _lock_run_dir(run_dir)
+        try:
+            if (run_dir / RUN_FILE).exists():  # checked under the lock: no race with another --out
+                raise ResultsError(f"{run_dir}: already holds a run; choose another --out (nothing changed)")
+            self.meta = {"schema_version": SCHEMA_VERSION, **meta}
+            write_json_atomic(run_dir / RUN_FILE, self.meta)
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def reopen(cls, run_dir: Path) -> RunWriter:
+        """Continue an existing run (``--resume``): lock it and cut a truncated last line.
+
+        The caller re-reads the run under the lock and then calls :meth:`set_status`.
+        """
+        writer = cls.__new__(cls)
+        writer.run_dir, writer.meta = run_dir, {}
+        writer._lock = _lock_run_dir(run_dir)
+        try:
+            repair_points_file(run_dir / POINTS_FILE)
+        except BaseException:
+            writer.close()
+            raise
+        return writer
+
+    def append(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, sort_keys=True)
+        with open(self.run_dir / POINTS_FILE, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def set_status(self, status: str, **extra: Any) -> None:
+        """Mark the run complete / interrupted / failed in run.json (atomically)."""
+        self.meta.update(status=status, **extra)
+        write_json_atomic(self.run_dir / RUN_FILE, self.meta)
+
+    def close(self) -> None:
+        """Release the run directory's lock."""
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+
+@dataclass
+class Run:
+    """A loaded run: its metadata, raw point records and any load warnings."""
+
+    path: Path
+    meta: dict[str, Any]
+    points: list[dict[str, Any]]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.meta.get("config", {})
+
+    @property
+    def environment(self) -> dict[str, Any]:
+        return self.meta.get("environment", {})
+
+
+def resolve_run_path(ref: str | Path, *, results_root: Path = Path("results")) -> Path:
+    """A run directory given as a path or as a run name under ``results/``."""
+    p = Path(ref)
+    for candidate in (p, results_root / p):
+        if (candidate / RUN_FILE).is_file():
+            return candidate
+    if p.is_dir() or (results_root / p).is_dir():
+        raise ResultsError(f"{ref}: not a ckptbench run (no {RUN_FILE} inside)")
+    looked = p if p.is_absolute() else f"{p} and {results_root / p}"
+    raise ResultsError(f"{ref}: no such run directory (looked at {looked})")
+
+
+def load_run(ref: str | Path, *, results_root: Path = Path("results")) -> Run:
+    """Read run.json and points.jsonl; tolerate a truncated last line with a warning."""
+    path = resolve_run_path(ref, results_root=results_root)
+    try:
+        meta = json.loads((path / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ResultsError(f"{path / RUN_FILE}: unreadable ({exc.__class__.__name__}: {exc})") from None
+    if not isinstance(meta, dict):
+        raise ResultsError(f"{path / RUN_FILE}: not a JSON object")
+    version = meta.get("schema_version")
+    if version != SCHEMA_VERSION:
+        newer = isinstance(version, int) and version > SCHEMA_VERSION
+        which = "a newer" if newer else "an older"
+        raise ResultsError(
+            f"{path}: written by {which} ckptbench (schema {version!r}, this one reads {SCHEMA_VERSION}); "
+            f"use ckptbench {meta.get('ckptbench_version', '?')} to read it"
+        )
+    run = Run(path=path, meta=meta, points=[])
+    _read_points(run)
+    run.points = latest_per_key(run.points)
+    return run
+
+
+def record_key_text(record: dict[str, Any]) -> str:
+    """A point record's key as stable text (for matching records across runs and retries)."""
+    return json.dumps(record.get("key"), sort_keys=True)
+
+
+def latest_per_key(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per key: a retried point (``--resume``) supersedes its earlier record."""
+    last = {record_key_text(r): i for i, r in enumerate(records)}
+    return [r for i, r in enumerate(records) if last[record_key_text(r)] == i]
+
+
+def _read_points(run: Run) -> None:
+    pfile = run.path / POINTS_FILE
+    if not pfile.exists():
+        return
+    try:
+        lines = pfile.read_text(encoding="utf-8").split("\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"{pfile}: unreadable ({exc.__class__.__name__})") from None
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or "key" not in record:
+                raise ValueError("not a point record")
+        except ValueError:
+            if i == last:
+                msg = f"{pfile}: ignored a truncated last line (line {i + 1}; the run was cut off mid-write)"
+                run.warnings.append(msg)
+                warnings.warn(msg, stacklevel=2)
+                continue
+            raise ResultsError(f"{pfile}: line {i + 1} is not a valid point record") from None
+        run.points.append(record)

@@ -1,0 +1,63 @@
+"""Model FLOPs (MFU) and hardware FLOPs (HFU, counting recomputation) per training step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ckptbench.config.layouts import LayoutPlan
+
+# Dense bf16 tensor-core peaks in TFLOP/s (vendor datasheets, without sparsity).
+PEAK_TFLOPS: dict[str, float] = {"A100": 312.0, "H100": 989.0, "H200": 989.0, "H800": 989.0, "A800": 312.0}
+
+
+def peak_tflops_for(gpu_name: str | None) -> float | None:
+    """Look up the dense bf16 peak by GPU name, or None when unknown (then MFU is not reported)."""
+    if not gpu_name:
+        return None
+    upper = gpu_name.upper()
+    for model, tflops in PEAK_TFLOPS.items():
+        if model in upper:
+            return tflops
+    return None
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What FLOP counting needs of a LLaMA config."""
+
+    num_layers: int
+    hidden_size: int
+    attn_params: int
+    mlp_params: int
+    layer_params: int
+    lm_head_params: int
+
+    @property
+    def matmul_params(self) -> int:
+        """N in 6N: decoder layers and the LM head (the embedding lookup does no matmul)."""
+        return self.num_layers * self.layer_params + self.lm_head_params
+
+
+def step_flops(
+    shape: ModelShape, plan: LayoutPlan, *, tokens: int, seq_len: int, frozen_base: bool = False
+) -> tuple[int, int]:
+    """(model FLOPs, hardware FLOPs) of one optimizer step over ``tokens`` tokens of length ``seq_len``.
+
+    Model FLOPs per token: 6N plus attention scores, 12 * layers * hidden * seq (the PaLM
+    convention, not halved for causal masking); with a frozen base (LoRA) the weight gradients
+    are not computed: 4N (adapter FLOPs are neglected). Hardware FLOPs add one more forward of
+    every checkpointed part: 2 * its parameters plus, for attention, 4 * hidden * seq; per-op
+    (selective) checkpointing saves the matmul and attention outputs, so it adds none of these.
+    """
+    attn_fwd_per_layer = 4 * shape.hidden_size * seq_len
+    per_param = 4 if frozen_base else 6
+    model = tokens * (per_param * shape.matmul_params + 3 * shape.num_layers * attn_fwd_per_layer)
+    per_layer = {
+        "block": 2 * shape.layer_params + attn_fwd_per_layer,
+        "attn": 2 * shape.attn_params + attn_fwd_per_layer,
+        "mlp": 2 * shape.mlp_params,
+        "attn+mlp": 2 * (shape.attn_params + shape.mlp_params) + attn_fwd_per_layer,
+        "selective": 0,
+    }[plan.granularity]
+    recompute = tokens * per_layer * len(plan.layers)
+    return model, model + recompute

@@ -1,0 +1,80 @@
+"""One training step per precision mode, and optimizer construction."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+# precision -> (parameter dtype, autocast dtype or None)
+_PRECISIONS: dict[str, tuple[torch.dtype, torch.dtype | None]] = {
+    "bf16": (torch.bfloat16, None),
+    "fp16": (torch.float16, None),
+    "fp32": (torch.float32, None),
+    "amp_bf16": (torch.float32, torch.bfloat16),
+    "amp_fp16": (torch.float32, torch.float16),
+}
+
+
+def param_dtype(precision: str) -> torch.dtype:
+    """The dtype parameters (and so gradients and optimizer state) are stored in."""
+    return _PRECISIONS[precision][0]
+
+
+@dataclass
+class Trainer:
+    """Runs forward with labels, backward, optimizer step and zero-grad for one precision mode.
+
+    ``forward`` is the module called for the forward pass (the compiled model, when compiled);
+    with ``micro_batches`` > 1 the gradients of that many forward/backward passes are accumulated
+    before one optimizer step; ``offload`` keeps saved activations in host memory.
+    """
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    precision: str
+    device_type: str
+    micro_batches: int = 1
+    zero_grad_to_none: bool = True
+    forward: Callable[..., Any] | None = None
+    offload: Callable[[], contextlib.AbstractContextManager[None]] | None = None
+
+    def __post_init__(self) -> None:
+        amp_dtype = _PRECISIONS[self.precision][1]
+        self._autocast: Callable[[], contextlib.AbstractContextManager[None]] = (
+            (lambda: torch.autocast(self.device_type, dtype=amp_dtype))
+            if amp_dtype is not None
+            else contextlib.nullcontext
+        )
+        # Only fp16 autocast needs loss scaling; pure fp16 keeps fp16 state, as the precision promises.
+        self.scaler = torch.amp.GradScaler(self.device_type) if self.precision == "amp_fp16" else None
+
+    def step(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """One optimizer step on ``input_ids`` (also the labels); returns the mean detached loss."""
+        forward = self.forward if self.forward is not None else self.model
+        offload = self.offload or contextlib.nullcontext
+        total = torch.zeros((), device=input_ids.device)
+        for _ in range(self.micro_batches):
+            with self._autocast(), offload():
+                loss = forward(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+            scaled = loss / self.micro_batches
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            total += loss.detach().float()
+            del loss, scaled
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=self.zero_grad_to_none)
+        return total / self.micro_batches
+
+
+def make_batch(*, seed: int, batch_size: int, seq_len: int, vocab_size: int, device: torch.device) -> torch.Tensor:
+    """Deterministic random token ids: the same data for every layout of a cell."""
+    gen = torch.Generator(device="cpu").manual_seed(seed + 7919 * batch_size + seq_len)
+    return torch.randint(0, vocab_size, (batch_size, seq_len), generator=gen).to(device)
