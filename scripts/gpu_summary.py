@@ -15,19 +15,19 @@ from ckptbench.results.store import load_run
 
 def overhead(run_dir: str) -> None:
     run = load_run(run_dir)
-    steps = sum(sum(p.get("warmup_times_s") or []) + sum(p.get("step_times_s") or []) for p in run.points)
+    steps = sum(sum(p.warmup_times_s) + sum(p.step_times_s) for p in run.points)
     wall = run.meta.get("sweep_wall_s")
     statuses: dict[str, int] = {}
     for p in run.points:
-        statuses[p["status"]] = statuses.get(p["status"], 0) + 1
+        statuses[p.status] = statuses.get(p.status, 0) + 1
     ratio = f"{wall / steps:.3f}" if wall and steps else "n/a"
     print(f"{run.name}: {len(run.points)} points {statuses}; sweep wall {wall or 0:.1f} s, "
           f"warm-up + measured steps {steps:.1f} s, ratio {ratio}")
     for p in run.points:
-        pred, meas = p.get("predicted_peak_allocated_bytes"), p.get("peak_allocated_bytes")
+        pred, meas = p.predicted_peak_allocated_bytes, p.peak_allocated_bytes
         if pred and meas:
             err = (pred - meas) / meas * 100
-            print(f"  {p['key']['layout']:<16} b={p['key']['batch_size']:<3} predicted {pred / 2**30:8.3f} GiB "
+            print(f"  {p.key['layout']:<16} b={p.key['batch_size']:<3} predicted {pred / 2**30:8.3f} GiB "
                   f"measured {meas / 2**30:8.3f} GiB error {err:+.2f}%")
 
 

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from ckptbench.analysis.compare import Gates, compare_refs, compare_runs, point_labels
 from ckptbench.analysis.marks import NOISE, Thresholds, compare_point, memory_mark, time_mark
 from ckptbench.cli import app
+from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 
 RUNS = Path(__file__).parent / "fixtures" / "runs"
@@ -274,7 +275,7 @@ def _run(points: list[dict[str, Any]], name: str, steps: int = 10) -> Run:
         }
         for k in points
     ]
-    return Run(path=Path(name), meta=meta, points=recs)
+    return Run(path=Path(name), meta=meta, points=[PointRecord.model_validate(r) for r in recs])
 
 
 def test_keys_with_an_extra_axis_are_matched_as_whole_dicts() -> None:
@@ -304,8 +305,8 @@ def test_too_few_steps_for_the_time_test_is_noted() -> None:
 def test_status_changes_decide_the_point_mark() -> None:
     key = {"layout": "all", "batch_size": 2, "seq_len": 8, "precision": "bf16"}
     ok = _run([key], "a").points[0]
-    oom = {"key": key, "status": "oom", "reason": "CUDA out of memory"}
-    skipped = {"key": key, "status": "skipped", "reason": "batch 1 already ran out of memory"}
+    oom = PointRecord(key=key, status="oom", reason="CUDA out of memory")
+    skipped = PointRecord(key=key, status="skipped", reason="batch 1 already ran out of memory")
     t = Thresholds()
     assert compare_point(oom, oom, thresholds=t).mark == "unchanged"
     assert compare_point(oom, oom, thresholds=t).metrics == []

@@ -50,7 +50,7 @@ def measured() -> dict[str, tuple[dict[str, dict[str, Any]], list[Estimate]]]:
 
         def collect(event: Progress, records: dict[str, dict[str, Any]] = records) -> None:
             if event.record is not None:
-                records[event.point.key_id] = event.record
+                records[event.point.key_id] = event.record.to_json()
 
         Runner(cfg, device, make_probe(cfg, device)).run(cfg.points_list(), collect)
         out[precision] = (records, estimate_points(cfg, cfg.points_list(), target="cpu"))

@@ -31,7 +31,7 @@ def _cli(*args: str) -> list[str]:
 
 def _summary(records: list[dict[str, Any]]) -> dict[str, tuple[str, list[float]]]:
     return {
-        key_id(r["key"]): (r["status"], r.get("warmup_losses", []) + r.get("losses", [])) for r in records
+        key_id(r.key): (r.status, [*r.warmup_losses, *r.losses]) for r in records
     }
 
 
@@ -72,7 +72,8 @@ def test_ctrl_c_keeps_finished_points_and_resume_completes_them(tmp_path: Path) 
     finished = load_run(run_dir)
     assert finished.meta["status"] == "complete" and len(finished.meta["resumes"]) == 1
     lines = (run_dir / "points.jsonl").read_text().splitlines()
-    assert len(lines) == 3 and [json.loads(x) for x in lines[: len(interrupted.points)]] == interrupted.points
+    written = [json.loads(x) for x in lines[: len(interrupted.points)]]
+    assert len(lines) == 3 and written == [p.to_json() for p in interrupted.points]
 
     reference = run_sweep(tiny_config(**CONFIG), out=tmp_path / "uninterrupted")
     assert _summary(finished.points) == _summary(reference.records)  # same keys, statuses and losses
@@ -87,17 +88,17 @@ def test_isolate_records_a_crashed_and_a_hung_point_and_goes_on(
     monkeypatch.setenv("CKPTBENCH_TEST_HANG", "layout=every:2")
     started = time.monotonic()
     outcome = run_sweep(tiny_config(**CONFIG), out=tmp_path / "run", isolate=True, point_timeout_s=8)
-    recs = {r["key"]["layout"]: r for r in outcome.records}
-    assert [r["status"] for r in outcome.records] == ["ok", "error", "error"]
-    assert recs["all"]["reason"].startswith("the point process was killed by SIGKILL; stderr: ")
-    assert "CKPTBENCH_TEST_CRASH" in recs["all"]["stderr_tail"]
-    assert recs["every:2"]["reason"].startswith("timed out after 8 s (--point-timeout) and was killed")
-    assert "CKPTBENCH_TEST_HANG" in recs["every:2"]["reason"]
-    assert recs["none"]["isolated"] and recs["none"]["loss_check"]["match"] is True
+    recs = {r.key["layout"]: r for r in outcome.records}
+    assert [r.status for r in outcome.records] == ["ok", "error", "error"]
+    assert recs["all"].reason.startswith("the point process was killed by SIGKILL; stderr: ")
+    assert "CKPTBENCH_TEST_CRASH" in recs["all"].stderr_tail
+    assert recs["every:2"].reason.startswith("timed out after 8 s (--point-timeout) and was killed")
+    assert "CKPTBENCH_TEST_HANG" in recs["every:2"].reason
+    assert recs["none"].isolated and recs["none"].loss_check.match is True
     run = load_run(tmp_path / "run")
     assert run.meta["status"] == "complete" and run.meta["options"] == {
         "isolate": True,
         "point_timeout_s": 8,
     }
-    assert [p["status"] for p in run.points] == ["ok", "error", "error"]
+    assert [p.status for p in run.points] == ["ok", "error", "error"]
     assert time.monotonic() - started < 240

@@ -16,6 +16,7 @@ from rich.console import Console
 from ckptbench.analysis.recommend import Candidate, candidates, pareto_front, recommend
 from ckptbench.errors import ConfigError
 from ckptbench.render.recommend import rich_recommendation
+from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run, load_run
 from ckptbench.units import GIB, MIB, parse_headroom, parse_size
 
@@ -46,7 +47,8 @@ def not_ok(layout: str, batch: int, status: str = "oom") -> dict[str, Any]:
 
 
 def run_of(points: list[dict[str, Any]]) -> Run:
-    return Run(path=Path("hand-built"), meta={"schema_version": 1}, points=points)
+    records = [PointRecord.model_validate(p) for p in points]
+    return Run(path=Path("hand-built"), meta={"schema_version": 1}, points=records)
 
 
 def labels(cands: list[Candidate]) -> list[str]:

@@ -23,6 +23,7 @@ from ckptbench.cli import app
 from ckptbench.cli.sweep import _Interrupts
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError, ResultsError
+from ckptbench.results.record import PointRecord
 from ckptbench.results.store import (
     POINTS_FILE,
     RUN_FILE,
@@ -43,7 +44,7 @@ def small(**overrides: Any) -> SweepConfig:
 
 
 def by_layout(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {r["key"]["layout"]: r for r in records}
+    return {r.key["layout"]: r for r in records}
 
 
 # ---------------------------------------------------------------- leaks, errors, fatal errors
@@ -56,15 +57,15 @@ def test_leaking_point_is_flagged_and_the_next_point_starts_clean(monkeypatch: p
     runner = Runner(cfg, device, make_probe(cfg, device))
     recs = by_layout([runner.run_point(p) for p in cfg.points_list()])
     runner.close()
-    none, leaky, after = recs["none"]["memory"], recs["all"]["memory"], recs["every:2"]["memory"]
-    assert [recs[k]["status"] for k in ("none", "all", "every:2")] == ["ok", "ok", "ok"]
-    assert (none["leaked"], leaky["leaked"], after["leaked"]) == (False, True, False)
-    assert leaky["leaked_bytes"] == faults.LEAK_BYTES and recs["all"]["model_rebuilt"] is True
-    assert recs["every:2"]["model_build_s"] is not None  # the model was rebuilt after the leak
+    none, leaky, after = recs["none"].memory, recs["all"].memory, recs["every:2"].memory
+    assert [recs[k].status for k in ("none", "all", "every:2")] == ["ok", "ok", "ok"]
+    assert (none.leaked, leaky.leaked, after.leaked) == (False, True, False)
+    assert leaky.leaked_bytes == faults.LEAK_BYTES and recs["all"].model_rebuilt is True
+    assert recs["every:2"].model_build_s is not None  # the model was rebuilt after the leak
     # Without the rebuild the leaked 4 MiB would still be attached to the model here.
-    assert after["baseline_allocated_bytes"] == none["baseline_allocated_bytes"]
+    assert after.baseline_allocated_bytes == none.baseline_allocated_bytes
     for field in ("params_bytes", "grads_bytes", "optimizer_state_bytes", "window_start_allocated_bytes"):
-        assert after[field] == none[field], field
+        assert getattr(after, field) == getattr(none, field), field
 
 
 def test_an_error_in_one_point_is_recorded_and_the_sweep_goes_on(
@@ -73,9 +74,9 @@ def test_an_error_in_one_point_is_recorded_and_the_sweep_goes_on(
     monkeypatch.setenv("CKPTBENCH_TEST_ERROR", "layout=all")
     outcome = run_sweep(small(), out=tmp_path / "run")
     recs = by_layout(outcome.records)
-    assert [r["status"] for r in outcome.records] == ["ok", "error", "ok"]
-    assert recs["all"]["reason"] == "RuntimeError: injected failure (CKPTBENCH_TEST_ERROR)"
-    assert recs["every:2"]["loss_check"]["match"] is True
+    assert [r.status for r in outcome.records] == ["ok", "error", "ok"]
+    assert recs["all"].reason == "RuntimeError: injected failure (CKPTBENCH_TEST_ERROR)"
+    assert recs["every:2"].loss_check.match is True
     assert load_run(tmp_path / "run").meta["status"] == "complete"
 
 
@@ -90,8 +91,8 @@ def test_a_fatal_device_error_stops_the_sweep_and_keeps_the_results(
     assert "device-side assert triggered" in line and "stopped the sweep" in line and "--resume" in line
     run = load_run(tmp_path / "run")
     assert run.meta["status"] == "failed" and run.meta["finished_points"] == 2
-    assert [(p["key"]["layout"], p["status"], p.get("fatal")) for p in run.points] == [
-        ("none", "ok", None),
+    assert [(p.key["layout"], p.status, p.fatal) for p in run.points] == [
+        ("none", "ok", False),
         ("all", "error", True),
     ]
 
@@ -139,16 +140,23 @@ def test_truncated_last_line_is_ignored_with_a_warning(tmp_path: Path) -> None:
         fh.write('{"key": {"layout": "every:2", "batch')  # the process died mid-write
     with pytest.warns(UserWarning, match="truncated last line"):
         run = load_run(run_dir)
-    assert [p["key"]["layout"] for p in run.points] == ["none", "all"]
+    assert [p.key["layout"] for p in run.points] == ["none", "all"]
     assert len(run.warnings) == 1 and "line 3" in run.warnings[0]
 
 
-def test_a_corrupt_middle_line_is_an_error(tmp_path: Path) -> None:
+def test_a_corrupt_middle_line_is_skipped_with_its_line_number(tmp_path: Path) -> None:
     run_dir = _fake_run(tmp_path / "r", [_rec("none")])
     with open(run_dir / POINTS_FILE, "a") as fh:
-        fh.write("garbage\n" + json.dumps(_rec("all")) + "\n")
-    with pytest.raises(ResultsError, match="line 2 is not a valid point record"):
-        load_run(run_dir)
+        fh.write("garbage\n" + json.dumps(_rec("all", peak_allocated_bytes="lots")) + "\n")
+        fh.write(json.dumps(_rec("every:2")) + "\n")
+    with pytest.warns(UserWarning, match="line 2"):
+        run = load_run(run_dir)
+    assert [p.key["layout"] for p in run.points] == ["none", "every:2"]
+    assert run.warnings == [
+        f"{run_dir / POINTS_FILE}: ignored line 2 (not JSON)",
+        f"{run_dir / POINTS_FILE}: ignored line 3 (not a valid point record: peak_allocated_bytes: "
+        "Input should be a valid integer, unable to parse string as an integer)",
+    ]
 
 
 def test_resume_cuts_a_truncated_last_line_before_appending(tmp_path: Path) -> None:
@@ -156,9 +164,9 @@ def test_resume_cuts_a_truncated_last_line_before_appending(tmp_path: Path) -> N
     with open(run_dir / POINTS_FILE, "a") as fh:
         fh.write('{"key": {"lay')
     writer = RunWriter.reopen(run_dir)
-    writer.append(_rec("all"))
+    writer.append(PointRecord.model_validate(_rec("all")))
     writer.close()
-    assert [p["key"]["layout"] for p in load_run(run_dir).points] == ["none", "all"]  # no warning now
+    assert [p.key["layout"] for p in load_run(run_dir).points] == ["none", "all"]  # no warning now
 
 
 @pytest.mark.parametrize(
@@ -215,7 +223,7 @@ def test_a_run_directory_in_use_cannot_be_written_by_a_second_sweep(tmp_path: Pa
 
 def test_a_retried_point_supersedes_its_error_record(tmp_path: Path) -> None:
     run_dir = _fake_run(tmp_path / "r", [_rec("none"), _rec("all", "error"), _rec("every:2"), _rec("all")])
-    assert [(p["key"]["layout"], p["status"]) for p in load_run(run_dir).points] == [
+    assert [(p.key["layout"], p.status) for p in load_run(run_dir).points] == [
         ("none", "ok"),
         ("every:2", "ok"),
         ("all", "ok"),
@@ -261,13 +269,13 @@ def test_resume_refuses_another_config_or_machine(tmp_path: Path) -> None:
 def test_resume_runs_only_missing_and_failed_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CKPTBENCH_TEST_ERROR", "layout=all")
     first = run_sweep(small(), out=tmp_path / "run")
-    assert [r["status"] for r in first.records] == ["ok", "error", "ok"]
+    assert [r.status for r in first.records] == ["ok", "error", "ok"]
     monkeypatch.delenv("CKPTBENCH_TEST_ERROR")
     again = run_sweep(small(), resume=tmp_path / "run")
-    assert [r["key"]["layout"] for r in again.records] == ["all"] and again.already_done == 2
-    assert again.records[0]["status"] == "ok" and again.records[0]["loss_check"]["match"] is True
+    assert [r.key["layout"] for r in again.records] == ["all"] and again.already_done == 2
+    assert again.records[0].status == "ok" and again.records[0].loss_check.match is True
     run = load_run(tmp_path / "run")
-    assert {p["key"]["layout"]: p["status"] for p in run.points} == {
+    assert {p.key["layout"]: p.status for p in run.points} == {
         "none": "ok",
         "every:2": "ok",
         "all": "ok",

@@ -35,8 +35,8 @@ def measured() -> dict[tuple[str, int], dict[str, Any]]:
 
 def peak(records: dict[tuple[str, int], dict[str, Any]], layout: str) -> int:
     rec = records[(layout, 2)]
-    assert rec["status"] == "ok", rec["reason"]
-    return rec["peak_allocated_bytes"]
+    assert rec.status == "ok", rec.reason
+    return rec.peak_allocated_bytes
 
 
 def test_full_checkpointing_lowers_the_peak(measured: dict) -> None:
@@ -56,21 +56,21 @@ def test_granularity_changes_the_peak(measured: dict) -> None:
 
 def test_static_memory_is_exact_and_identical_across_layouts(measured: dict) -> None:
     model_params = 1_673_344  # tiny preset: 8 x (4*128*128 + 3*128*352 + 2*128) + 2*256*128 + 128
-    mems = [rec["memory"] for rec in measured.values()]
+    mems = [rec.memory for rec in measured.values()]
     for mem in mems:
-        assert mem["params_bytes"] == model_params * 4
-        assert mem["grads_bytes"] == model_params * 4
-        assert mem["optimizer_state_bytes"] >= 2 * model_params * 4  # exp_avg + exp_avg_sq (+ step scalars)
-        assert not mem["leaked"]
-    assert len({(m["params_bytes"], m["optimizer_state_bytes"]) for m in mems}) == 1
+        assert mem.params_bytes == model_params * 4
+        assert mem.grads_bytes == model_params * 4
+        assert mem.optimizer_state_bytes >= 2 * model_params * 4  # exp_avg + exp_avg_sq (+ step scalars)
+        assert not mem.leaked
+    assert len({(m.params_bytes, m.optimizer_state_bytes) for m in mems}) == 1
 
 
 def test_losses_match_the_unchecked_layout(measured: dict) -> None:
-    ref = measured[("none", 2)]["losses"]
+    ref = measured[("none", 2)].losses
     for (layout, _), rec in measured.items():
-        assert rec["loss_check"]["match"] is True, layout
-        assert rec["losses"] == pytest.approx(ref, rel=1e-5)
-        assert len(rec["step_times_s"]) == 2 and all(t > 0 for t in rec["step_times_s"])
+        assert rec.loss_check.match is True, layout
+        assert rec.losses == pytest.approx(ref, rel=1e-5)
+        assert len(rec.step_times_s) == 2 and all(t > 0 for t in rec.step_times_s)
 
 
 def test_out_of_memory_is_a_row_and_larger_batches_are_skipped(measured: dict) -> None:
@@ -81,15 +81,15 @@ def test_out_of_memory_is_a_row_and_larger_batches_are_skipped(measured: dict) -
         sweep={"layout": ["none", "all"], "batch_size": [2, 4], "seq_len": [128], "precision": ["fp32"]},
     )
     records = run_points(cfg)
-    assert records[("none", 2)]["status"] == "oom"
-    assert "tried to allocate" in records[("none", 2)]["reason"]
-    assert records[("none", 4)]["status"] == "skipped"
-    assert records[("all", 2)]["status"] == "ok"
-    assert records[("all", 2)]["peak_allocated_bytes"] == peak(measured, "all")
+    assert records[("none", 2)].status == "oom"
+    assert "tried to allocate" in records[("none", 2)].reason
+    assert records[("none", 4)].status == "skipped"
+    assert records[("all", 2)].status == "ok"
+    assert records[("all", 2)].peak_allocated_bytes == peak(measured, "all")
     # After the OOM the memory is back at its baseline: nothing leaked into the next point.
-    assert records[("none", 2)]["memory"]["leaked"] is False
-    assert records[("all", 2)]["memory"]["baseline_allocated_bytes"] == (
-        records[("none", 2)]["memory"]["baseline_allocated_bytes"]
+    assert records[("none", 2)].memory.leaked is False
+    assert records[("all", 2)].memory.baseline_allocated_bytes == (
+        records[("none", 2)].memory.baseline_allocated_bytes
     )
 
 
@@ -99,10 +99,10 @@ def test_bf16_and_amp_run_and_store_state_in_the_right_dtype() -> None:
     records = run_points(cfg)
     assert len(records) == 2  # keyed by (layout, batch): the last precision wins; check both ran
     for rec in records.values():
-        assert rec["status"] == "ok"
+        assert rec.status == "ok"
     amp = records[("all", 1)]
-    assert amp["key"]["precision"] == "amp_bf16"
-    assert amp["memory"]["params_bytes"] == 1_673_344 * 4  # fp32 master weights under autocast
+    assert amp.key["precision"] == "amp_bf16"
+    assert amp.memory.params_bytes == 1_673_344 * 4  # fp32 master weights under autocast
 
 
 def test_cuda_requested_without_gpu_is_a_clear_error() -> None:

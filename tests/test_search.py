@@ -11,6 +11,7 @@ import pytest
 from ckptbench.bench.search import BatchMaxSearch, LayoutFitSearch
 from ckptbench.bench.sweep import run_sweep
 from ckptbench.config.grid import Point
+from ckptbench.results.record import PointRecord
 from tests.conftest import tiny_config
 
 TEMPLATE = Point(precision="fp32", lora="none", layout="none", seq_len=64, batch_size=1, model="m", optimizer="sgd")
@@ -20,7 +21,7 @@ def drive(search: Any, oracle: Any, budget: int | None = None) -> list[Any]:
     probes = []
     while (point := search.next_point(budget)) is not None:
         probes.append(point)
-        search.observe(point, oracle(point), budget)
+        search.observe(point, PointRecord.model_validate({"key": point.key, **oracle(point)}), budget)
     return probes
 
 
@@ -65,8 +66,8 @@ def test_layout_fit_finds_the_fewest_layers(budget: int) -> None:
     assert len(set(layouts)) == len(layouts)
 
 
-def _records(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (run_dir / "points.jsonl").read_text().splitlines()]
+def _records(run_dir: Path) -> list[PointRecord]:
+    return [PointRecord.model_validate_json(x) for x in (run_dir / "points.jsonl").read_text().splitlines()]
 
 
 def test_batch_max_on_cpu_under_a_tracker_cap(tmp_path: Path) -> None:
@@ -82,10 +83,10 @@ def test_batch_max_on_cpu_under_a_tracker_cap(tmp_path: Path) -> None:
     assert len(records) == sum(len(s["probes"]) for s in meta["searches"]) == len(outcome.records)
     for layout, search in answers.items():
         best = search["answer"]["batch_size"]
-        by_batch = {r["key"]["batch_size"]: r for r in records if r["key"]["layout"] == layout}
-        assert by_batch[best]["status"] == "ok"
-        assert by_batch[best + 1]["status"] == "oom"  # the boundary was probed on both sides
-        assert all(r.get("search") for r in by_batch.values())
+        by_batch = {r.key["batch_size"]: r for r in records if r.key["layout"] == layout}
+        assert by_batch[best].status == "ok"
+        assert by_batch[best + 1].status == "oom"  # the boundary was probed on both sides
+        assert all(r.search for r in by_batch.values())
     assert answers["all"]["answer"]["batch_size"] > answers["none"]["answer"]["batch_size"]
 
 
@@ -100,7 +101,7 @@ def test_layout_fit_on_cpu_under_a_tracker_cap(tmp_path: Path) -> None:
     (search,) = meta["searches"]
     k = search["answer"]["num_checkpointed"]
     assert 0 < k < 8, search
-    status = {r["key"]["layout"]: r["status"] for r in _records(tmp_path / "run")}
+    status = {r.key["layout"]: r.status for r in _records(tmp_path / "run")}
     assert set(status) == set(search["probes"])
     assert status[search["answer"]["layout"]] == "ok"
     fewer = "none" if k == 1 else f"first:{k - 1}"

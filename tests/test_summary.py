@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench.render.summary import COLUMNS, summary_columns, summary_rows
+from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 
 
@@ -23,14 +24,18 @@ def _rec(layout: str, **key: Any) -> dict[str, Any]:
     }
 
 
+def _records(*recs: dict[str, Any]) -> list[PointRecord]:
+    return [PointRecord.model_validate(r) for r in recs]
+
+
 def test_plain_run_has_the_base_columns() -> None:
-    run = Run(path=Path("x"), meta={}, points=[_rec("none"), _rec("all")])
+    run = Run(path=Path("x"), meta={}, points=_records(_rec("none"), _rec("all")))
     assert summary_columns(run) == COLUMNS
     assert summary_rows(run)[0]["activation"] == "1.00 GiB"
 
 
 def test_technique_axes_get_a_setup_column() -> None:
-    run = Run(path=Path("x"), meta={}, points=[_rec("none"), _rec("none", optimizer="sgd", offload="all")])
+    run = Run(path=Path("x"), meta={}, points=_records(_rec("none"), _rec("none", optimizer="sgd", offload="all")))
     cols = summary_columns(run)
     assert cols[cols.index("precision") + 1] == "setup"
     assert [r["setup"] for r in summary_rows(run)] == ["-", "optimizer=sgd offload=all"]
@@ -38,7 +43,7 @@ def test_technique_axes_get_a_setup_column() -> None:
 
 def test_predictions_are_shown_as_estimates_with_their_error() -> None:
     rec = {**_rec("none"), "predicted_peak_allocated_bytes": int(3.03 * 2**30)}
-    run = Run(path=Path("x"), meta={}, points=[rec])
+    run = Run(path=Path("x"), meta={}, points=_records(rec))
     assert "predicted" in summary_columns(run)
     row = summary_rows(run)[0]
     assert row["predicted"] == "3.03 GiB (est.)" and row["pred. err"] == "+1.00%"

@@ -25,6 +25,7 @@ from ckptbench.analysis.marks import (
     compare_point,
 )
 from ckptbench.config.grid import key_id
+from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run, load_run
 
 # Environment fields and measurement-config fields whose differences are reported above the table;
@@ -85,7 +86,7 @@ def compare_runs(
     """Match the points of two runs by key and compare every metric."""
     base_pts = _by_key(base)
     new_pts = _by_key(new)
-    labels = point_labels([rec["key"] for rec in (*base_pts.values(), *new_pts.values())])
+    labels = point_labels([rec.key for rec in (*base_pts.values(), *new_pts.values())])
     matched = [k for k in base_pts if k in new_pts]
     points = [compare_point(base_pts[k], new_pts[k], thresholds=thresholds, label=labels[k]) for k in matched]
     comp = Comparison(
@@ -123,9 +124,9 @@ def compare_refs(
     return compare_runs(base, new, thresholds=thresholds, gates=gates)
 
 
-def _by_key(run: Run) -> dict[str, dict[str, Any]]:
+def _by_key(run: Run) -> dict[str, PointRecord]:
     """Points by key text; a key recorded twice (a resumed run) keeps its last record."""
-    return {key_id(rec["key"]): rec for rec in run.points}
+    return {rec.key_id: rec for rec in run.points}
 
 
 def _run_info(run: Run) -> dict[str, Any]:
@@ -137,9 +138,8 @@ def _run_info(run: Run) -> dict[str, Any]:
     }
 
 
-def _listed(rec: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
-    kid = key_id(rec["key"])
-    return {"key": rec["key"], "key_id": kid, "label": labels[kid], "status": rec.get("status")}
+def _listed(rec: PointRecord, labels: dict[str, str]) -> dict[str, Any]:
+    return {"key": rec.key, "key_id": rec.key_id, "label": labels[rec.key_id], "status": rec.status}
 
 
 # Short names of the usual key fields in labels; other fields (new axes) appear as name=value.
@@ -168,9 +168,9 @@ def _run_notes(run: Run, side: str) -> list[str]:
     return notes
 
 
-def _power_notes(pairs: list[tuple[dict[str, Any], dict[str, Any]]], *, alpha: float) -> list[str]:
+def _power_notes(pairs: list[tuple[PointRecord, PointRecord]], *, alpha: float) -> list[str]:
     """Warn when too few measured steps make a significant step-time change impossible."""
-    sizes = {(len(b.get("step_times_s") or []), len(n.get("step_times_s") or [])) for b, n in pairs}
+    sizes = {(len(b.step_times_s), len(n.step_times_s)) for b, n in pairs}
     # The smallest two-sided exact Mann-Whitney p-value is 2 / C(n+m, n) (all samples of one side first).
     weak = sorted((n, m) for n, m in sizes if n and m and 2 / math.comb(n + m, n) >= alpha)
     if not weak:

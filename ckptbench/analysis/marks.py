@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptbench.config.grid import key_id
-from ckptbench.results.record import point_stats
+from ckptbench.results.record import PointRecord
 
 # Marks, per metric and per point.
 WORSE, BETTER, UNCHANGED, NOISE = "worse", "better", "unchanged", "within noise"
@@ -70,11 +70,11 @@ class PointChange:
 
 
 def compare_point(
-    base: dict[str, Any], new: dict[str, Any], *, thresholds: Thresholds, label: str = ""
+    base: PointRecord, new: PointRecord, *, thresholds: Thresholds, label: str = ""
 ) -> PointChange:
     """Compare one point; a status change (ok <-> oom, error, skipped) decides the mark on its own."""
-    b_status, n_status = base.get("status") or "?", new.get("status") or "?"
-    key = base["key"]
+    b_status, n_status = base.status, new.status
+    key = base.key
     if b_status == "ok" and n_status == "ok":
         metrics = _compare_ok(base, new, thresholds=thresholds)
         return PointChange(key, key_id(key), label, b_status, n_status, point_mark(metrics), metrics)
@@ -87,13 +87,13 @@ def compare_point(
     else:
         mark = NOT_COMPARABLE
     note = "; ".join(
-        f"{side}: {rec['reason']}" for side, rec in (("base", base), ("new", new)) if rec.get("reason")
+        f"{side}: {rec.reason}" for side, rec in (("base", base), ("new", new)) if rec.reason
     )
     metrics = _status_metrics(base, new, mark)
     return PointChange(key, key_id(key), label, b_status, n_status, mark, metrics, note or None)
 
 
-def _status_metrics(base: dict[str, Any], new: dict[str, Any], mark: str) -> list[MetricChange]:
+def _status_metrics(base: PointRecord, new: PointRecord, mark: str) -> list[MetricChange]:
     """The values each side has, marked by the status change (no ratios across a failure)."""
     b_stats, n_stats = _values(base), _values(new)
     metric_mark = NOT_COMPARABLE if mark == UNCHANGED else mark
@@ -105,15 +105,15 @@ def _status_metrics(base: dict[str, Any], new: dict[str, Any], mark: str) -> lis
     return out
 
 
-def _values(rec: dict[str, Any]) -> dict[str, Any]:
-    if rec.get("status") != "ok":
+def _values(rec: PointRecord) -> dict[str, Any]:
+    if not rec.ok:
         return {}
-    return {**point_stats(rec), **{k: rec.get(k) for k in ("peak_allocated_bytes", "peak_reserved_bytes")}}
+    return {name: getattr(rec, name) for name, _, _ in METRICS}
 
 
-def _compare_ok(base: dict[str, Any], new: dict[str, Any], *, thresholds: Thresholds) -> list[MetricChange]:
+def _compare_ok(base: PointRecord, new: PointRecord, *, thresholds: Thresholds) -> list[MetricChange]:
     b_stats, n_stats = _values(base), _values(new)
-    p_value = time_p_value(base.get("step_times_s") or [], new.get("step_times_s") or [])
+    p_value = time_p_value(base.step_times_s, new.step_times_s)
     out = []
     for name, unit, kind in METRICS:
         b, n = b_stats.get(name), n_stats.get(name)

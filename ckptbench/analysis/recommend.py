@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptbench.errors import ConfigError
-from ckptbench.results.record import point_stats
+from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 from ckptbench.units import fmt_bytes
 
@@ -86,45 +86,40 @@ def _varying_axes(keys: Sequence[dict[str, Any]]) -> list[str]:
 
 def candidates(run: Run, *, seq_len: int | None = None) -> list[Candidate]:
     """The run's ok points (optionally of one sequence length) with a throughput and a peak."""
-    scope = [
-        (i, r)
-        for i, r in enumerate(run.points)
-        if r.get("status") == "ok" and (seq_len is None or _seq(r) == seq_len)
-    ]
-    extra = _varying_axes([r.get("key", {}) for _, r in scope])
+    scope = [(i, r) for i, r in enumerate(run.points) if r.ok and (seq_len is None or _seq(r) == seq_len)]
+    extra = _varying_axes([r.key for _, r in scope])
     found = (_candidate(i, r, extra=extra) for i, r in scope)
     return [c for c in found if c is not None]
 
 
-def _seq(rec: dict[str, Any]) -> Any:
-    return (rec.get("key") or {}).get("seq_len")
+def _seq(rec: PointRecord) -> Any:
+    return rec.key.get("seq_len")
 
 
-def _candidate(index: int, rec: dict[str, Any], *, extra: Sequence[str]) -> Candidate | None:
-    stats = point_stats(rec)
-    alloc, reserved = rec.get("peak_allocated_bytes"), rec.get("peak_reserved_bytes")
-    if stats["tokens_per_s"] is None or alloc is None:
+def _candidate(index: int, rec: PointRecord, *, extra: Sequence[str]) -> Candidate | None:
+    alloc, reserved = rec.peak_allocated_bytes, rec.peak_reserved_bytes
+    tokens_per_s, median = rec.tokens_per_s, rec.median_step_time_s
+    if tokens_per_s is None or median is None or alloc is None:
         return None
-    mem = rec.get("memory") or {}
-    breakdown = {name: int(mem.get(name) or 0) for name, _ in BREAKDOWN[:3]}
-    breakdown["activation_bytes"] = int(stats["activation_bytes"] or 0)
+    breakdown = {name: int(getattr(rec.memory, name) or 0) for name, _ in BREAKDOWN[:3]}
+    breakdown["activation_bytes"] = int(rec.activation_bytes or 0)
     notes = []
-    if (rec.get("loss_check") or {}).get("match") is False:
+    if rec.loss_mismatch:
         notes.append("loss differs from the 'none' layout")
-    if mem.get("leaked"):
+    if rec.leaked:
         notes.append("memory leaked after the point")
     return Candidate(
         index=index,
-        key=dict(rec["key"]),
-        label=point_label(rec["key"], extra=extra),
+        key=dict(rec.key),
+        label=point_label(rec.key, extra=extra),
         memory_bytes=int(reserved if reserved is not None else alloc),
         peak_allocated_bytes=int(alloc),
         peak_reserved_bytes=None if reserved is None else int(reserved),
-        tokens_per_s=float(stats["tokens_per_s"]),
-        median_step_time_s=float(stats["median_step_time_s"]),
-        step_time_iqr_s=float(stats["step_time_iqr_s"] or 0.0),
+        tokens_per_s=float(tokens_per_s),
+        median_step_time_s=float(median),
+        step_time_iqr_s=float(rec.step_time_iqr_s or 0.0),
         breakdown=breakdown,
-        layers_checkpointed=rec.get("layers_checkpointed"),
+        layers_checkpointed=rec.layers_checkpointed,
         notes=tuple(notes),
     )
 
@@ -217,7 +212,7 @@ def recommend(
     best = _fastest([c for c in cands if c.memory_bytes <= limit])
     runners_up, no_fit = _per_layout(cands, limit=limit, best=best)
     scope = [r for r in run.points if seq_len is None or _seq(r) == seq_len]
-    not_ok = Counter(str(r.get("status")) for r in scope if r.get("status") != "ok")
+    not_ok = Counter(r.status for r in scope if not r.ok)
     rec = Recommendation(
         run_name=run.name, budget_bytes=budget_bytes, headroom_bytes=headroom_bytes, seq_len=seq_len,
         best=best, runners_up=runners_up, no_fit_layouts=no_fit, pareto=pareto_front(cands),

@@ -28,6 +28,7 @@ from ckptbench.bench.runner import Runner
 from ckptbench.config.grid import Point
 from ckptbench.config.layouts import LayoutPlan
 from ckptbench.config.load import parse_config
+from ckptbench.results.record import PointRecord
 from ckptbench.results.store import write_json_atomic
 
 # Allowance for a point process to start (imports, CUDA context) before --point-timeout applies.
@@ -43,10 +44,10 @@ class IsolatedRunner(Runner):
     point_timeout_s: float | None = None
     _history: list[dict[str, Any]] = field(default_factory=list)
 
-    def remember(self, point: Point, record: dict[str, Any]) -> None:
+    def remember(self, point: Point, record: PointRecord) -> None:
         super().remember(point, record)
-        if record.get("status") in ("ok", "oom"):
-            self._history.append(record)  # sent to later children: loss references and OOM skips
+        if record.status in ("ok", "oom"):
+            self._history.append(record.to_json())  # sent to later children: loss references and OOM skips
 
     def _measure_safely(self, point: Point, plan: LayoutPlan, base: dict[str, Any]) -> dict[str, Any]:
         request = {
@@ -161,13 +162,14 @@ def child_main(request_path: str) -> int:
     device = resolve_device(cfg)
     runner = Runner(cfg, device, make_probe(cfg, device), gpu_name=request.get("gpu_name"))
     for done in request["done"]:
-        runner.remember(Point(**done["key"]), done)
-    point = Point(**request["key"])  # a grid point or a search probe
+        record = PointRecord.model_validate(done)
+        runner.remember(Point.from_key(record.key), record)
+    point = Point.from_key(request["key"])  # a grid point or a search probe
     Path(request["ready"]).touch()  # from here on, --point-timeout applies
     try:
         # The parent already decided this point runs (OOM skips are its call), so never skip here.
         record = runner.run_point(point, allow_skip=False)
     finally:
         runner.close()
-    write_json_atomic(Path(request["result"]), record)
+    write_json_atomic(Path(request["result"]), record.to_json())
     return 0

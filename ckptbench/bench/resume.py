@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckptbench.config.grid import key_id
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
+from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 
 DONE_STATUSES = frozenset({"ok", "oom", "skipped"})
@@ -60,11 +60,6 @@ def check_resumable(cfg: SweepConfig, run: Run, environment: dict[str, Any]) -> 
             )
 
 
-def done_records(run: Run) -> dict[str, dict[str, Any]]:
+def done_records(run: Run) -> dict[str, PointRecord]:
     """Finished records of ``run`` by key id (the same text as ``Point.key_id``)."""
-    done: dict[str, dict[str, Any]] = {}
-    for record in run.points:
-        key = record.get("key")
-        if isinstance(key, dict) and record.get("status") in DONE_STATUSES:
-            done[key_id(key)] = record
-    return done
+    return {record.key_id: record for record in run.points if record.status in DONE_STATUSES}

@@ -20,6 +20,7 @@ from ckptbench.config.grid import Point
 from ckptbench.config.layouts import LayoutPlan, parse_layout
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import RunFailure
+from ckptbench.results.record import PointRecord
 from ckptbench.train.flops import ModelShape, peak_tflops_for, step_flops
 from ckptbench.train.model import apply_lora, build_model, layer_param_counts, llama_config, warm_device_libraries
 from ckptbench.train.optimizers import OptimizerUnavailable
@@ -48,7 +49,7 @@ class Progress:
     index: int
     total: int
     point: Point
-    record: dict[str, Any] | None = None
+    record: PointRecord | None = None
 
 
 @dataclass
@@ -71,7 +72,7 @@ class Runner:
     _slot: _ModelSlot = field(default_factory=_ModelSlot)
     _reference: dict[tuple[Any, ...], list[float]] = field(default_factory=dict)
     _oom_at: dict[tuple[Any, ...], int] = field(default_factory=dict)
-    _done: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _done: dict[str, PointRecord] = field(default_factory=dict)
     _broken: bool = False  # a fatal device error happened: no more CUDA calls
     predictions: dict[str, int | None] = field(default_factory=dict)  # predicted peak bytes by key_id
 
@@ -118,17 +119,15 @@ class Runner:
 
     def _report(
         self, point: Point, counter: _Counter, on_record: Callable[[Progress], None], *, search: bool
-    ) -> dict[str, Any]:
+    ) -> PointRecord:
         i = counter.next()
         on_record(Progress(i, counter.total, point))
-        record = self.run_point(point, allow_skip=not search)
-        if search:
-            record["search"] = True
+        record = self.run_point(point, allow_skip=not search, search=search)
         self._done[point.key_id] = record
         on_record(Progress(i, counter.total, point, record))
-        if record.get("fatal"):
+        if record.fatal:
             raise RunFailure(
-                f"{point.key_id}: {record['reason']}; stopped the sweep because the GPU is unusable "
+                f"{point.key_id}: {record.reason}; stopped the sweep because the GPU is unusable "
                 "after such an error (--isolate runs each point in its own process and goes on)"
             )
         return record
@@ -140,30 +139,34 @@ class Runner:
         if not self._broken:  # after a fatal CUDA error, empty_cache would raise it again
             self.probe.release()
 
-    def remember(self, point: Point, record: dict[str, Any]) -> None:
+    def remember(self, point: Point, record: PointRecord) -> None:
         """Let a finished point (or one recorded by an earlier, resumed run) inform later points."""
         self._done[point.key_id] = record
-        if record.get("status") == "oom":
+        if record.status == "oom":
             where = _key_without(point, "batch_size")
             self._oom_at[where] = min(point.batch_size, self._oom_at.get(where, point.batch_size))
-        if record.get("status") == "ok" and point.layout == "none":
-            losses = [*(record.get("warmup_losses") or []), *(record.get("losses") or [])]
-            self._reference[self._cell(point)] = [float(x) for x in losses]
+        if record.ok and point.layout == "none":
+            self._reference[self._cell(point)] = [*record.warmup_losses, *record.losses]
 
     @staticmethod
     def _cell(point: Point) -> tuple[Any, ...]:
         """The points whose losses must match each other: every layout of one cell."""
         return _key_without(point, "layout")
 
-    def run_point(self, point: Point, *, allow_skip: bool = True) -> dict[str, Any]:
+    def run_point(self, point: Point, *, allow_skip: bool = True, search: bool = False) -> PointRecord:
+        """Measure one point (or skip it after a smaller batch ran out of memory): its record."""
         plan = parse_layout(point.layout, self.shape.num_layers)
         base = self._base_record(point, plan)
+        if search:
+            base["search"] = True
         skip_from = self._oom_at.get(_key_without(point, "batch_size"))
         if allow_skip and self.cfg.skip_after_oom and skip_from is not None and point.batch_size > skip_from:
-            return {**base, "status": "skipped", "reason": f"batch {skip_from} already ran out of memory"}
+            reason = f"batch {skip_from} already ran out of memory"
+            return PointRecord.model_validate({**base, "status": "skipped", "reason": reason})
         started = time.perf_counter()
-        record = self._measure_safely(point, plan, base)
-        record["wall_s"] = time.perf_counter() - started
+        fields = self._measure_safely(point, plan, base)
+        fields["wall_s"] = time.perf_counter() - started
+        record = PointRecord.model_validate(fields)
         self.remember(point, record)
         return record
 

@@ -13,16 +13,18 @@ from typing import Any
 
 from ckptbench.config.grid import Point, setup_label
 from ckptbench.config.schema import SweepConfig
+from ckptbench.results.record import PointRecord
 
 
-def fits(record: dict[str, Any], budget_bytes: int | None) -> bool:
+def fits(record: PointRecord, budget_bytes: int | None) -> bool:
     """A point fits when it ran and its peak reserved memory is within the budget (if any)."""
-    if record.get("status") != "ok":
+    if not record.ok:
         return False
-    if budget_bytes is None:
-        return True
-    reserved = record.get("peak_reserved_bytes") or record.get("peak_allocated_bytes") or 0
-    return reserved <= budget_bytes
+    return budget_bytes is None or _peak(record) <= budget_bytes
+
+
+def _peak(record: PointRecord) -> int:
+    return record.peak_reserved_bytes or record.peak_allocated_bytes or 0
 
 
 _SHORT = {"layout": "{}", "batch_size": "b={}", "seq_len": "s={}", "precision": "{}"}
@@ -63,7 +65,7 @@ class BatchMaxSearch:
             batch = (self.largest_fit + self.smallest_fail) // 2
         return replace(self.template, batch_size=batch)
 
-    def observe(self, point: Point, record: dict[str, Any], budget_bytes: int | None) -> bool:
+    def observe(self, point: Point, record: PointRecord, budget_bytes: int | None) -> bool:
         ok = fits(record, budget_bytes)
         self.probes.append(point.batch_size)
         if ok:
@@ -130,12 +132,12 @@ class LayoutFitSearch:
         k = self._propose(budget_bytes)
         return None if k is None else replace(self.template, layout=self._layout(k))
 
-    def observe(self, point: Point, record: dict[str, Any], budget_bytes: int | None) -> bool:
+    def observe(self, point: Point, record: PointRecord, budget_bytes: int | None) -> bool:
         k = self._k_of(point.layout)
         ok = fits(record, budget_bytes)
         self.probes.append(point.layout)
-        if record.get("status") == "ok":
-            self.peaks[k] = record.get("peak_reserved_bytes") or record.get("peak_allocated_bytes") or 0
+        if record.ok:
+            self.peaks[k] = _peak(record)
         if ok:
             self.fit_k = k if self.fit_k is None else min(self.fit_k, k)
         else:

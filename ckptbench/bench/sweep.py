@@ -21,6 +21,7 @@ from ckptbench.bench.search import Search, make_searches
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig, check_cpu_compatible
 from ckptbench.errors import CkptbenchError, ConfigError, ResultsError, RunFailure
+from ckptbench.results.record import PointRecord
 from ckptbench.results.store import RUN_FILE, Run, RunWriter, create_run_dir, load_run, resolve_run_path
 
 
@@ -29,7 +30,7 @@ class SweepOutcome:
     """Where the run was written, how it ended, and what this invocation added to it."""
 
     run_dir: Path
-    records: list[dict[str, Any]]
+    records: list[PointRecord]
     status: str
     already_done: int = 0
     warnings: list[str] = field(default_factory=list)
@@ -212,16 +213,16 @@ def _predictions(cfg: SweepConfig, points: list[Point], device_type: str) -> dic
 def _run_points(
     runner: Runner,
     points: list[Point],
-    done: dict[str, dict[str, Any]],
+    done: dict[str, PointRecord],
     writer: RunWriter,
     on_progress: Callable[[Progress], None] | None,
     *,
     searches: list[Search],
-) -> list[dict[str, Any]]:
+) -> list[PointRecord]:
     for rec in done.values():
-        runner.remember(Point(**rec["key"]), rec)  # loss references, OOM skips and search probes carry over
+        runner.remember(Point.from_key(rec.key), rec)  # loss references, OOM skips and search probes carry over
     todo = [p for p in points if p.key_id not in done]
-    records: list[dict[str, Any]] = []
+    records: list[PointRecord] = []
 
     def record(event: Progress) -> None:
         if event.record is not None:

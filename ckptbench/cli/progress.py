@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -12,6 +12,9 @@ from ckptbench.cli.common import err
 from ckptbench.config.grid import setup_label
 from ckptbench.estimate.record import EstimateProgress
 from ckptbench.units import fmt_bytes
+
+if TYPE_CHECKING:  # the runner imports torch; the CLI stays fast to start
+    from ckptbench.bench.runner import Progress as PointEvent
 
 
 class SweepProgress:
@@ -39,27 +42,24 @@ class SweepProgress:
         if self.started:
             self.progress.__exit__(*exc)
 
-    def update(self, event: Any) -> None:
-        from ckptbench.results.record import point_stats
-
+    def update(self, event: PointEvent) -> None:
         if not self.started:
             self.progress.__enter__()
             self.started = True
         p = event.point
         label = " ".join(filter(None, [f"{p.layout} b={p.batch_size} s={p.seq_len} {p.precision}",
                                        setup_label(p.key)]))
-        if event.record is None:
+        rec = event.record
+        if rec is None:
             self.progress.update(self.task, description=escape(label), total=event.total)
             return
-        rec = event.record
-        stats = point_stats(rec)
-        if rec["status"] == "ok":
+        if rec.ok:
             detail = (
-                f"peak {fmt_bytes(rec['peak_allocated_bytes'])}, "
-                f"{stats['median_step_time_s'] * 1e3:.1f} ms/step, {stats['tokens_per_s']:,.0f} tok/s"
+                f"peak {fmt_bytes(rec.peak_allocated_bytes)}, "
+                f"{(rec.median_step_time_s or 0) * 1e3:.1f} ms/step, {rec.tokens_per_s or 0:,.0f} tok/s"
             )
         else:
-            detail = f"{rec['status']}: {rec.get('reason') or ''}"
+            detail = f"{rec.status}: {rec.reason or ''}"
         self.progress.console.print(f"  {label}: {detail}", markup=False)
         self.progress.advance(self.task)
 

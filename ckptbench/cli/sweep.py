@@ -87,7 +87,7 @@ def _report(run: Any, outcome: Any, config: Path) -> None:
     from ckptbench.render.summary import run_header, search_table, summary_table
 
     again = f"ckptbench sweep {escape(str(config))} --resume {escape(str(outcome.run_dir))}"
-    failed = sum(1 for r in outcome.records if r.get("status") == "error")
+    failed = sum(1 for r in outcome.records if r.status == "error")
     if failed:
         err.print(f"[yellow]warning:[/yellow] {failed} point(s) failed (status error); retry: {again}")
     if outcome.already_done:

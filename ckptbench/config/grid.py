@@ -60,6 +60,11 @@ class Point:
         """A stable string form of the key, for matching and display."""
         return key_id(self.key)
 
+    @classmethod
+    def from_key(cls, key: Mapping[str, Any]) -> Point:
+        """The point a recorded key names (the inverse of ``key``)."""
+        return cls(**dict(key))
+
     @property
     def tokens(self) -> int:
         """Tokens per optimizer step (every micro-batch counts)."""

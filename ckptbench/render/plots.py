@@ -32,10 +32,10 @@ class PlotData:
     def __init__(self, run: Run) -> None:
         self.run = run
         self.rows: list[dict[str, Any]] = to_frame(run).to_dict("records")
-        keys = [p.get("key", {}) for p in run.points]
+        keys = [p.key for p in run.points]
         for row, rec in zip(self.rows, run.points, strict=True):
-            row["key"] = rec.get("key", {})
-            row["quartiles_s"] = _quartiles(rec.get("step_times_s") or [])
+            row["key"] = rec.key
+            row["quartiles_s"] = _quartiles(rec.step_times_s)
         self.layouts = list(dict.fromkeys(str(k.get("layout")) for k in keys))
         self.batches = sorted({k.get("batch_size") for k in keys}, key=lambda b: (b is None, b))
         names = sorted({n for k in keys for n in k} - {"layout", "batch_size"})
@@ -183,10 +183,10 @@ def reference_shape(run: Run) -> dict[str, Any] | None:
     """The non-layout part of the key with the most ok layouts (ties: the most tokens per step)."""
     counts: dict[str, tuple[int, int, dict[str, Any]]] = {}
     for p in run.points:
-        shape = {k: v for k, v in p.get("key", {}).items() if k != "layout"}
+        shape = {k: v for k, v in p.key.items() if k != "layout"}
         sig = repr(sorted(shape.items()))
         n = counts.get(sig, (0, 0, shape))[0]
-        counts[sig] = (n + (p.get("status") == "ok"), p.get("tokens_per_step") or 0, shape)
+        counts[sig] = (n + p.ok, p.tokens_per_step or 0, shape)
     best = max(counts.values(), key=lambda t: (t[0], t[1]), default=None)
     return None if best is None or best[0] == 0 else best[2]
 
@@ -207,7 +207,7 @@ def plot_breakdown(run: Run, path: Path, *, budget_bytes: int | None = None) -> 
             _stack(ax, i, c, data.scale, data.unit)
             continue
         key = {**shape, "layout": lay}
-        status = next((p.get("status") for p in run.points if p["key"] == key), "not run")
+        status = next((p.status for p in run.points if p.key == key), "not run")
         ax.text(i, 0, f" {str(status).upper()}", rotation=90, ha="center", va="bottom", fontsize=8,
                 color="#c44e52", fontweight="bold")
     ax.set_xticks(range(len(data.layouts)), data.layouts, rotation=30 if len(data.layouts) > 5 else 0,

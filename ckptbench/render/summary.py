@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from rich.table import Table
 
 from ckptbench.config.grid import setup_label
 from ckptbench.render.tables import markdown_table, rich_table
 from ckptbench.results.frame import to_frame
+from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run, write_text_atomic
 
 GIB = 2**30
@@ -32,19 +32,18 @@ COLUMNS: tuple[str, ...] = (
 )
 
 
-def _num(value: Any, fmt: str, scale: float = 1.0) -> str:
+def _num(value: float | None, fmt: str, scale: float = 1.0) -> str:
     if value is None or value != value:  # None or NaN
         return "-"
     return format(value / scale, fmt)
 
 
-def _percent(value: Any) -> str:
-    # pandas turns a missing MFU into NaN, so "is not None" is not enough here.
+def _percent(value: float | None) -> str:
     text = _num(value * 100 if value is not None else None, ".1f")
     return text if text == "-" else f"{text}%"
 
 
-def _mem(value: Any, scale: int, unit: str) -> str:
+def _mem(value: float | None, scale: int, unit: str) -> str:
     text = _num(value, ".2f", scale)
     return text if text == "-" else f"{text} {unit}"
 
@@ -52,55 +51,57 @@ def _mem(value: Any, scale: int, unit: str) -> str:
 def summary_columns(run: Run) -> tuple[str, ...]:
     """COLUMNS, plus 'setup' when a technique axis varies and 'predicted'/'pred. err' when estimated."""
     cols = list(COLUMNS)
-    if any(setup_label(p.get("key", {})) for p in run.points):
+    if any(setup_label(p.key) for p in run.points):
         cols.insert(cols.index("precision") + 1, "setup")
-    if any(p.get("predicted_peak_allocated_bytes") for p in run.points):
+    if any(p.predicted_peak_allocated_bytes for p in run.points):
         at = cols.index("peak") + 1
         cols[at:at] = ["predicted", "pred. err"]
     return tuple(cols)
 
 
-def _prediction(rec: dict[str, Any], scale: int, unit: str) -> tuple[str, str]:
-    pred, meas = rec.get("predicted_peak_allocated_bytes"), rec.get("peak_allocated_bytes")
-    if pred is None or pred != pred:
+def _prediction(rec: PointRecord, scale: int, unit: str) -> tuple[str, str]:
+    pred, meas = rec.predicted_peak_allocated_bytes, rec.peak_allocated_bytes
+    if pred is None:
         return "-", "-"
-    err = "-" if rec["status"] != "ok" or not meas else f"{(pred - meas) / meas * 100:+.2f}%"
+    err = "-" if not rec.ok or not meas else f"{(pred - meas) / meas * 100:+.2f}%"
     return _mem(pred, scale, unit) + " (est.)", err
+
+
+def _status(rec: PointRecord) -> str:
+    if rec.ok and rec.leaked:
+        return "ok (leak)"
+    if rec.ok and rec.loss_mismatch:
+        return "ok (loss mismatch)"
+    return rec.status if rec.ok or not rec.reason else f"{rec.status}: {rec.reason}"
 
 
 def summary_rows(run: Run) -> list[dict[str, str]]:
     """One display row per point, in run order: strings ready for any renderer."""
-    frame = to_frame(run)
-    peaks = [v for v in frame.get("peak_allocated_bytes", []) if v == v and v is not None]
+    peaks = [p.peak_allocated_bytes for p in run.points if p.peak_allocated_bytes is not None]
     # GiB for real models; tiny CPU models are shown in MiB so that differences stay visible.
     scale, unit = (GIB, "GiB") if not peaks or max(peaks) >= GIB else (MIB, "MiB")
     rows: list[dict[str, str]] = []
-    for rec in frame.to_dict("records"):
-        ok = rec["status"] == "ok"
-        status = rec["status"] if ok or not rec.get("reason") else f"{rec['status']}: {rec['reason']}"
-        if ok and rec.get("loss_match") is False:
-            status = "ok (loss mismatch)"
-        if ok and (rec.get("leaked") or False):
-            status = "ok (leak)"
+    for rec in run.points:
+        ok, key = rec.ok, rec.key
         predicted, pred_err = _prediction(rec, scale, unit)
         rows.append(
             {
-                "setup": setup_label({k: v for k, v in rec.items() if v == v and v is not None}) or "-",
+                "setup": setup_label(key) or "-",
                 "predicted": predicted,
                 "pred. err": pred_err,
-                "layout": str(rec["layout"]),
-                "batch": str(rec["batch_size"]),
-                "seq": str(rec["seq_len"]),
-                "precision": str(rec["precision"]),
-                "ckpt layers": str(rec.get("layers_checkpointed") or "-"),
-                "peak": _mem(rec.get("peak_allocated_bytes") if ok else None, scale, unit),
-                "reserved": _mem(rec.get("peak_reserved_bytes") if ok else None, scale, unit),
-                "activation": _mem(rec.get("activation_bytes") if ok else None, scale, unit),
-                "step ms": _num(rec.get("median_step_time_s"), ".1f", 1e-3),
-                "± ms": _num(rec.get("step_time_iqr_s"), ".1f", 1e-3),
-                "tok/s": _num(rec.get("tokens_per_s"), ",.0f"),
-                "MFU": _percent(rec.get("mfu")),
-                "status": status,
+                "layout": str(key.get("layout")),
+                "batch": str(key.get("batch_size")),
+                "seq": str(key.get("seq_len")),
+                "precision": str(key.get("precision")),
+                "ckpt layers": str(rec.layers_checkpointed or "-"),
+                "peak": _mem(rec.peak_allocated_bytes if ok else None, scale, unit),
+                "reserved": _mem(rec.peak_reserved_bytes if ok else None, scale, unit),
+                "activation": _mem(rec.activation_bytes if ok else None, scale, unit),
+                "step ms": _num(rec.median_step_time_s, ".1f", 1e-3),
+                "± ms": _num(rec.step_time_iqr_s, ".1f", 1e-3),
+                "tok/s": _num(rec.tokens_per_s, ",.0f"),
+                "MFU": _percent(rec.mfu),
+                "status": _status(rec),
             }
         )
     return rows

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckptbench.results.record import point_stats
 from ckptbench.results.store import Run
 
 KEY_FIELDS = ("model", "layout", "batch_size", "seq_len", "precision", "optimizer")
@@ -16,25 +15,23 @@ def to_frame(run: Run) -> Any:
 
     rows = []
     for rec in run.points:
-        key = rec.get("key", {})
-        mem = rec.get("memory") or {}
-        row = {f: key.get(f) for f in KEY_FIELDS}
-        row.update({k: v for k, v in key.items() if k not in row})
+        row: dict[str, Any] = {f: rec.key.get(f) for f in KEY_FIELDS}
+        row.update({k: v for k, v in rec.key.items() if k not in row})
         row.update(
-            status=rec.get("status"),
-            reason=rec.get("reason"),
-            layers_checkpointed=rec.get("layers_checkpointed"),
-            num_checkpointed=rec.get("num_checkpointed"),
-            peak_allocated_bytes=rec.get("peak_allocated_bytes"),
-            peak_reserved_bytes=rec.get("peak_reserved_bytes"),
-            params_bytes=mem.get("params_bytes"),
-            grads_bytes=mem.get("grads_bytes"),
-            optimizer_state_bytes=mem.get("optimizer_state_bytes"),
-            leaked=mem.get("leaked"),
-            num_alloc_retries=rec.get("num_alloc_retries"),
-            loss_match=(rec.get("loss_check") or {}).get("match"),
-            predicted_peak_allocated_bytes=rec.get("predicted_peak_allocated_bytes"),
+            status=rec.status,
+            reason=rec.reason,
+            layers_checkpointed=rec.layers_checkpointed,
+            num_checkpointed=rec.num_checkpointed,
+            peak_allocated_bytes=rec.peak_allocated_bytes,
+            peak_reserved_bytes=rec.peak_reserved_bytes,
+            params_bytes=rec.memory.params_bytes,
+            grads_bytes=rec.memory.grads_bytes,
+            optimizer_state_bytes=rec.memory.optimizer_state_bytes,
+            leaked=rec.memory.leaked,
+            num_alloc_retries=rec.num_alloc_retries,
+            loss_match=None if rec.loss_check is None else rec.loss_check.match,
+            predicted_peak_allocated_bytes=rec.predicted_peak_allocated_bytes,
         )
-        row.update(point_stats(rec))
+        row.update(rec.stats())
         rows.append(row)
     return pd.DataFrame(rows)

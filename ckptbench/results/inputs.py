@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ckptbench.config.grid import key_id
 from ckptbench.config.load import load_config, parse_config
 from ckptbench.config.schema import SweepConfig
 from ckptbench.results.store import RUN_FILE, load_run
@@ -22,6 +21,6 @@ def load_input(path: str | Path) -> tuple[SweepConfig, Measured]:
     cfg = parse_config(run.config, source=str(p / RUN_FILE))
     measured: Measured = {}
     for rec in run.points:
-        ok = rec.get("status") == "ok" and rec.get("peak_allocated_bytes") is not None
-        measured[key_id(rec["key"])] = int(rec["peak_allocated_bytes"]) if ok else str(rec.get("status"))
+        ok = rec.ok and rec.peak_allocated_bytes is not None
+        measured[rec.key_id] = int(rec.peak_allocated_bytes or 0) if ok else rec.status
     return cfg, measured

@@ -1,42 +1,185 @@
-"""A point record and the statistics derived from it when it is read (median, spread, tokens/s, MFU)."""
+"""The point record: what one point of a sweep measured, typed and validated, with statistics derived on read.
+
+A record is raw data (per-step times and losses, peaks, the memory breakdown, status and why);
+statistics (median, spread, tokens/s, MFU) are properties computed from it, never stored. Fields
+that a newer ckptbench adds are kept as they are (``extra="allow"``), so a record survives a round
+trip through an older reader.
+"""
 
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ckptbench.config.grid import key_id
+
+Status = Literal["ok", "oom", "error", "skipped"]
+Bytes = Annotated[int, Field(ge=0)]
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Scalar = str | bool | int | float
 
 
-def point_stats(rec: dict[str, Any]) -> dict[str, Any]:
-    """Derived statistics of one point record: median/spread of time, tokens/s, MFU/HFU, activation bytes."""
-    times = rec.get("step_times_s") or []
-    out: dict[str, Any] = {
-        "median_step_time_s": None,
-        "min_step_time_s": None,
-        "max_step_time_s": None,
-        "step_time_iqr_s": None,
-        "tokens_per_s": None,
-        "mfu": None,
-        "hfu": None,
-        "activation_bytes": None,
-    }
-    if times:
-        med = statistics.median(times)
-        q = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else [med, med, med]
-        tokens = rec.get("tokens_per_step") or 0
-        out.update(
-            median_step_time_s=med,
-            min_step_time_s=min(times),
-            max_step_time_s=max(times),
-            step_time_iqr_s=q[2] - q[0],
-            tokens_per_s=tokens / med if med > 0 else None,
-        )
-        peak = rec.get("peak_tflops")
-        if peak and med > 0:
-            out["mfu"] = rec.get("model_flops_per_step", 0) / med / (peak * 1e12)
-            out["hfu"] = rec.get("hardware_flops_per_step", 0) / med / (peak * 1e12)
-    mem = rec.get("memory") or {}
-    peak_alloc = rec.get("peak_allocated_bytes")
-    if peak_alloc is not None and mem:
-        static = mem.get("params_bytes", 0) + mem.get("grads_bytes", 0) + mem.get("optimizer_state_bytes", 0)
-        out["activation_bytes"] = max(0, peak_alloc - static)
-    return out
+class _Open(BaseModel):
+    # Unknown fields stay (written by a newer ckptbench); known ones are checked.
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class PointMemory(_Open):
+    """The static part of the peak (parameters, gradients, optimizer state) and the leak check."""
+
+    params_bytes: Bytes | None = None
+    grads_bytes: Bytes | None = None
+    optimizer_state_bytes: Bytes | None = None
+    window_start_allocated_bytes: Bytes | None = None
+    baseline_allocated_bytes: Bytes | None = None
+    after_point_allocated_bytes: Bytes | None = None
+    leaked_bytes: int | None = None  # negative when the point freed memory that was live before it
+    leaked: bool | None = None
+
+    @property
+    def static_bytes(self) -> int | None:
+        """Parameters + gradients + optimizer state, when they were measured."""
+        parts = (self.params_bytes, self.grads_bytes, self.optimizer_state_bytes)
+        return None if all(p is None for p in parts) else sum(p or 0 for p in parts)
+
+
+class LossCheck(_Open):
+    """Whether the point's losses matched a reference (checkpointing must not change the loss)."""
+
+    reference: str | None = None
+    max_rel_diff: float | None = None
+    match: bool | None = None
+
+
+class PointRecord(_Open):
+    """One finished point: its key, status, raw measurements and where they came from."""
+
+    key: dict[str, Scalar] = Field(min_length=1)
+    status: Status
+    reason: str | None = None
+    warmup_times_s: list[Seconds] = Field(default_factory=list)
+    warmup_losses: list[float] = Field(default_factory=list)
+    step_times_s: list[Seconds] = Field(default_factory=list)
+    losses: list[float] = Field(default_factory=list)
+    peak_allocated_bytes: Bytes | None = None
+    peak_reserved_bytes: Bytes | None = None
+    predicted_peak_allocated_bytes: Bytes | None = None  # an estimate made before the run
+    num_alloc_retries: Annotated[int, Field(ge=0)] | None = None
+    num_ooms: Annotated[int, Field(ge=0)] | None = None
+    memory: PointMemory = Field(default_factory=PointMemory)
+    loss_check: LossCheck | None = None
+    tokens_per_step: Annotated[int, Field(ge=0)] | None = None
+    model_flops_per_step: Annotated[int, Field(ge=0)] | None = None
+    hardware_flops_per_step: Annotated[int, Field(ge=0)] | None = None
+    peak_tflops: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    layers_checkpointed: str | None = None
+    num_checkpointed: Annotated[int, Field(ge=0)] | None = None
+    plan: dict[str, Any] | None = None
+    host_offload_peak_bytes: Bytes | None = None
+    compile_s: Seconds | None = None
+    model_build_s: Seconds | None = None
+    wall_s: Seconds | None = None
+    probe: str | None = None
+    search: bool = False  # measured as a probe of a search (batch_size: max, layout: fit)
+    isolated: bool = False  # measured in a fresh process (--isolate)
+    model_rebuilt: bool = False
+    fatal: bool = False  # the device was unusable after this point
+
+    @field_validator("key")
+    @classmethod
+    def _field_names(cls, key: dict[str, Scalar]) -> dict[str, Scalar]:
+        if not all(isinstance(k, str) and k for k in key):
+            raise ValueError("key fields must be non-empty names")
+        return key
+
+    # -- identity -------------------------------------------------------------------------
+    @property
+    def key_id(self) -> str:
+        """The key as stable text (the same as ``Point.key_id``)."""
+        return key_id(self.key)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def leaked(self) -> bool:
+        return bool(self.memory.leaked)
+
+    @property
+    def loss_mismatch(self) -> bool:
+        """The loss check ran and failed."""
+        return self.loss_check is not None and self.loss_check.match is False
+
+    # -- derived statistics ---------------------------------------------------------------
+    @property
+    def median_step_time_s(self) -> float | None:
+        return statistics.median(self.step_times_s) if self.step_times_s else None
+
+    @property
+    def min_step_time_s(self) -> float | None:
+        return min(self.step_times_s, default=None)
+
+    @property
+    def max_step_time_s(self) -> float | None:
+        return max(self.step_times_s, default=None)
+
+    @property
+    def step_time_iqr_s(self) -> float | None:
+        """Inter-quartile range of the measured step times (0 for a single step)."""
+        times = self.step_times_s
+        if len(times) < 2:
+            return 0.0 if times else None
+        q = statistics.quantiles(times, n=4, method="inclusive")
+        return q[2] - q[0]
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        med = self.median_step_time_s
+        return (self.tokens_per_step or 0) / med if med else None
+
+    def _utilisation(self, flops: int | None) -> float | None:
+        med = self.median_step_time_s
+        if not med or not self.peak_tflops:
+            return None
+        return (flops or 0) / med / (self.peak_tflops * 1e12)
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilisation against the GPU's dense bf16 peak."""
+        return self._utilisation(self.model_flops_per_step)
+
+    @property
+    def hfu(self) -> float | None:
+        """Hardware FLOPs utilisation: recomputed forwards count too."""
+        return self._utilisation(self.hardware_flops_per_step)
+
+    @property
+    def activation_bytes(self) -> int | None:
+        """Peak allocated above the static part: a lower bound of the saved activations."""
+        static = self.memory.static_bytes
+        if self.peak_allocated_bytes is None or static is None:
+            return None
+        return max(0, self.peak_allocated_bytes - static)
+
+    def stats(self) -> dict[str, Any]:
+        """Every derived statistic by name (the columns ``to_frame`` adds)."""
+        return {name: getattr(self, name) for name in STAT_NAMES}
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as written to points.jsonl: exactly the fields that were set."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+STAT_NAMES = (
+    "median_step_time_s",
+    "min_step_time_s",
+    "max_step_time_s",
+    "step_time_iqr_s",
+    "tokens_per_s",
+    "mfu",
+    "hfu",
+    "activation_bytes",
+)

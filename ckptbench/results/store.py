@@ -10,7 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from ckptbench.errors import ResultsError
+from ckptbench.results.record import PointRecord
 
 try:
     import fcntl
@@ -128,8 +131,8 @@ class RunWriter:
             raise
         return writer
 
-    def append(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, sort_keys=True)
+    def append(self, record: PointRecord) -> None:
+        line = json.dumps(record.to_json(), sort_keys=True)
         with open(self.run_dir / POINTS_FILE, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
             fh.flush()
@@ -149,11 +152,11 @@ class RunWriter:
 
 @dataclass
 class Run:
-    """A loaded run: its metadata, raw point records and any load warnings."""
+    """A loaded run: its metadata, point records (the latest per key) and any load warnings."""
 
     path: Path
     meta: dict[str, Any]
-    points: list[dict[str, Any]]
+    points: list[PointRecord]
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -204,15 +207,10 @@ def load_run(ref: str | Path, *, results_root: Path = Path("results")) -> Run:
     return run
 
 
-def record_key_text(record: dict[str, Any]) -> str:
-    """A point record's key as stable text (for matching records across runs and retries)."""
-    return json.dumps(record.get("key"), sort_keys=True)
-
-
-def latest_per_key(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def latest_per_key(records: list[PointRecord]) -> list[PointRecord]:
     """One record per key: a retried point (``--resume``) supersedes its earlier record."""
-    last = {record_key_text(r): i for i, r in enumerate(records)}
-    return [r for i, r in enumerate(records) if last[record_key_text(r)] == i]
+    last = {r.key_id: i for i, r in enumerate(records)}
+    return [r for i, r in enumerate(records) if last[r.key_id] == i]
 
 
 def _read_points(run: Run) -> None:
@@ -228,14 +226,25 @@ def _read_points(run: Run) -> None:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-            if not isinstance(record, dict) or "key" not in record:
-                raise ValueError("not a point record")
+            data = json.loads(line)
         except ValueError:
             if i == last:
-                msg = f"{pfile}: ignored a truncated last line (line {i + 1}; the run was cut off mid-write)"
-                run.warnings.append(msg)
-                warnings.warn(msg, stacklevel=2)
-                continue
-            raise ResultsError(f"{pfile}: line {i + 1} is not a valid point record") from None
-        run.points.append(record)
+                _skip(run, f"{pfile}: ignored a truncated last line (line {i + 1}; the run was cut off mid-write)")
+            else:
+                _skip(run, f"{pfile}: ignored line {i + 1} (not JSON)")
+            continue
+        try:
+            run.points.append(PointRecord.model_validate(data))
+        except ValidationError as exc:
+            _skip(run, f"{pfile}: ignored line {i + 1} (not a valid point record: {_first_problem(exc)})")
+
+
+def _skip(run: Run, message: str) -> None:
+    run.warnings.append(message)
+    warnings.warn(message, stacklevel=3)
+
+
+def _first_problem(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(x) for x in err.get("loc", ())) or "record"
+    return f"{where}: {err.get('msg', 'invalid')}"
