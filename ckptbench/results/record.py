@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ckptbench.config.grid import key_id
+from ckptbench.config.grid import AXIS_DEFAULTS, key_id
 
 Status = Literal["ok", "oom", "error", "skipped"]
 Bytes = Annotated[int, Field(ge=0)]
@@ -89,10 +89,12 @@ class PointRecord(_Open):
 
     @field_validator("key")
     @classmethod
-    def _field_names(cls, key: dict[str, Scalar]) -> dict[str, Scalar]:
+    def _complete_key(cls, key: dict[str, Scalar]) -> dict[str, Scalar]:
+        """Keys name every axis: an axis added after the record was written takes its default
+        (plain training), so older runs still match newer ones by key (compare, --resume)."""
         if not all(isinstance(k, str) and k for k in key):
             raise ValueError("key fields must be non-empty names")
-        return key
+        return {**{k: v for k, v in AXIS_DEFAULTS.items() if k not in key}, **key}
 
     # -- identity -------------------------------------------------------------------------
     @property
