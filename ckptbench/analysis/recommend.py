@@ -110,7 +110,7 @@ def _candidate(index: int, rec: dict[str, Any], *, extra: Sequence[str]) -> Cand
     breakdown["activation_bytes"] = int(stats["activation_bytes"] or 0)
     notes = []
     if (rec.get("loss_check") or {}).get("match") is False:
-        notes.append("loss differs from the 'none' layout")
+        notes.append("loss differs from its reference (loss_check)")
     if mem.get("leaked"):
         notes.append("memory leaked after the point")
     return Candidate(

@@ -80,6 +80,8 @@ def summary_rows(run: Run) -> list[dict[str, str]]:
         status = rec["status"] if ok or not rec.get("reason") else f"{rec['status']}: {rec['reason']}"
         if ok and rec.get("loss_match") is False:
             status = "ok (loss mismatch)"
+        elif ok and rec.get("loss_match") is None:  # older runs left a point unchecked when 'none' did not run
+            status = "ok (loss unchecked)"
         if ok and (rec.get("leaked") or False):
             status = "ok (leak)"
         predicted, pred_err = _prediction(rec, scale, unit)
