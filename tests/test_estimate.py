@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 from ckptbench.bench.device import make_probe, resolve_device
 from ckptbench.bench.runner import Progress, Runner
 from ckptbench.cli import app
-from ckptbench.config.grid import Point
 from ckptbench.config.load import load_config, parse_config
 from ckptbench.config.schema import SweepConfig
 from ckptbench.estimate.api import Estimate, Estimator, estimate_config, estimate_points, predict_points
@@ -340,6 +339,12 @@ def test_cli_bad_input_is_exit_2(args: list[str], message: str) -> None:
 
 
 def test_point_key_fields_all_reach_the_json() -> None:
-    cfg = tiny_config(sweep={"layout": ["all"], "batch_size": [1], "seq_len": [32]})
+    axes = {"layout": ["all"], "batch_size": [1], "seq_len": [32], "precision": ["fp32"], "micro_batches": [2]}
+    cfg = tiny_config(sweep=axes)
     (est,) = estimate_points(cfg, cfg.points_list(), target="cpu")
-    assert est.to_record()["key"] == Point(**{**cfg.points_list()[0].__dict__}).key
+    record = json.loads(json.dumps(est.to_record()))  # as written to and read from disk
+    assert record["key"] == {
+        "model": "tiny", "layout": "all", "batch_size": 1, "seq_len": 32, "precision": "fp32",
+        "optimizer": "adamw_fused", "micro_batches": 2, "offload": "none", "lora": "none", "compile": False,
+        "attn_implementation": "sdpa",
+    }

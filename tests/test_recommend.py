@@ -203,7 +203,7 @@ def test_notes_and_within_noise() -> None:
     rec = recommend(run_of([noisy, close]), budget_bytes=GIB, headroom_bytes=0)
     assert rec.best.label == "a b=1 s=128"
     assert labels(rec.within_noise) == ["b b=1 s=128"]
-    assert rec.runners_up[0].notes == ("loss differs from the 'none' layout",)
+    assert rec.runners_up[0].notes == ("loss differs from its reference (loss_check)",)
 
 
 def test_rich_rendering_golden() -> None:

@@ -15,26 +15,31 @@ from tests.conftest import tiny_config
 LAYOUTS = ["none", "all", "first:4", "last:4", "all@attn", "all@mlp"]
 
 
-def run_points(cfg: SweepConfig) -> dict[tuple[str, int], dict[str, Any]]:
+Records = dict[tuple[str, str, int], dict[str, Any]]  # by (precision, layout, batch size)
+
+
+def run_points(cfg: SweepConfig) -> Records:
     device = resolve_device(cfg)
-    records: dict[tuple[str, int], dict[str, Any]] = {}
+    records: Records = {}
 
     def collect(event: Progress) -> None:
         if event.record is not None:
-            records[(event.point.layout, event.point.batch_size)] = event.record
+            key = (event.point.precision, event.point.layout, event.point.batch_size)
+            assert key not in records, f"two points share {key}: key the records by the axis that differs"
+            records[key] = event.record
 
     Runner(cfg, device, make_probe(cfg, device)).run(cfg.points_list(), collect)
     return records
 
 
 @pytest.fixture(scope="module")
-def measured() -> dict[tuple[str, int], dict[str, Any]]:
+def measured() -> Records:
     cfg = tiny_config(sweep={"layout": LAYOUTS, "batch_size": [2], "seq_len": [128], "precision": ["fp32"]})
     return run_points(cfg)
 
 
-def peak(records: dict[tuple[str, int], dict[str, Any]], layout: str) -> int:
-    rec = records[(layout, 2)]
+def peak(records: Records, layout: str) -> int:
+    rec = records[("fp32", layout, 2)]
     assert rec.status == "ok", rec.reason
     return rec.peak_allocated_bytes
 
@@ -66,8 +71,8 @@ def test_static_memory_is_exact_and_identical_across_layouts(measured: dict) -> 
 
 
 def test_losses_match_the_unchecked_layout(measured: dict) -> None:
-    ref = measured[("none", 2)].losses
-    for (layout, _), rec in measured.items():
+    ref = measured[("fp32", "none", 2)].losses
+    for (_, layout, _), rec in measured.items():
         assert rec.loss_check.match is True, layout
         assert rec.losses == pytest.approx(ref, rel=1e-5)
         assert len(rec.step_times_s) == 2 and all(t > 0 for t in rec.step_times_s)
@@ -81,28 +86,32 @@ def test_out_of_memory_is_a_row_and_larger_batches_are_skipped(measured: dict) -
         sweep={"layout": ["none", "all"], "batch_size": [2, 4], "seq_len": [128], "precision": ["fp32"]},
     )
     records = run_points(cfg)
-    assert records[("none", 2)].status == "oom"
-    assert "tried to allocate" in records[("none", 2)].reason
-    assert records[("none", 4)].status == "skipped"
-    assert records[("all", 2)].status == "ok"
-    assert records[("all", 2)].peak_allocated_bytes == peak(measured, "all")
+    none, all_ = records[("fp32", "none", 2)], records[("fp32", "all", 2)]
+    assert none.status == "oom"
+    assert "tried to allocate" in none.reason
+    assert records[("fp32", "none", 4)].status == "skipped"
+    assert all_.status == "ok"
+    assert all_.peak_allocated_bytes == peak(measured, "all")
     # After the OOM the memory is back at its baseline: nothing leaked into the next point.
-    assert records[("none", 2)].memory.leaked is False
-    assert records[("all", 2)].memory.baseline_allocated_bytes == (
-        records[("none", 2)].memory.baseline_allocated_bytes
-    )
+    assert none.memory.leaked is False
+    assert all_.memory.baseline_allocated_bytes == none.memory.baseline_allocated_bytes
 
 
 def test_bf16_and_amp_run_and_store_state_in_the_right_dtype() -> None:
     cfg = tiny_config(sweep={"layout": ["none", "all"], "batch_size": [1], "seq_len": [64],
                              "precision": ["bf16", "amp_bf16"]})
     records = run_points(cfg)
-    assert len(records) == 2  # keyed by (layout, batch): the last precision wins; check both ran
-    for rec in records.values():
-        assert rec.status == "ok"
-    amp = records[("all", 1)]
-    assert amp.key["precision"] == "amp_bf16"
-    assert amp.memory.params_bytes == 1_673_344 * 4  # fp32 master weights under autocast
+    assert sorted(records) == [(p, lay, 1) for p in ("amp_bf16", "bf16") for lay in ("all", "none")]
+    params = 1_673_344
+    for (precision, layout, _), rec in records.items():
+        assert rec.status == "ok", rec.reason
+        assert rec.key["precision"] == precision and rec.key["layout"] == layout
+        # Pure bf16 stores weights, gradients and AdamW state in bf16; amp_bf16 keeps fp32 masters.
+        size = 2 if precision == "bf16" else 4
+        mem = rec.memory
+        assert mem.params_bytes == mem.grads_bytes == params * size, precision
+        assert 2 * params * size <= mem.optimizer_state_bytes < 2 * params * size + 4096, precision
+        assert rec.loss_check.match is True, rec.loss_check
 
 
 def test_cuda_requested_without_gpu_is_a_clear_error() -> None:

@@ -105,7 +105,7 @@ def _candidate(index: int, rec: PointRecord, *, extra: Sequence[str]) -> Candida
     breakdown["activation_bytes"] = int(rec.activation_bytes or 0)
     notes = []
     if rec.loss_mismatch:
-        notes.append("loss differs from the 'none' layout")
+        notes.append("loss differs from its reference (loss_check)")
     if rec.leaked:
         notes.append("memory leaked after the point")
     return Candidate(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -13,10 +12,11 @@ import torch
 
 from ckptbench.bench import faults
 from ckptbench.bench.device import is_fatal_device_error
+from ckptbench.bench.loss_check import LossReferences, loss_rtol
 from ckptbench.bench.probes import Probe
 from ckptbench.bench.search import Search
-from ckptbench.bench.window import measure_point
-from ckptbench.config.grid import Point
+from ckptbench.bench.window import measure_point, recompute_first_loss
+from ckptbench.config.grid import Point, key_without
 from ckptbench.config.layouts import LayoutPlan, parse_layout
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import RunFailure
@@ -70,7 +70,7 @@ class Runner:
     probe: Probe
     gpu_name: str | None = None
     _slot: _ModelSlot = field(default_factory=_ModelSlot)
-    _reference: dict[tuple[Any, ...], list[float]] = field(default_factory=dict)
+    _losses: LossReferences = field(default_factory=LossReferences)
     _oom_at: dict[tuple[Any, ...], int] = field(default_factory=dict)
     _done: dict[str, PointRecord] = field(default_factory=dict)
     _broken: bool = False  # a fatal device error happened: no more CUDA calls
@@ -143,15 +143,9 @@ class Runner:
         """Let a finished point (or one recorded by an earlier, resumed run) inform later points."""
         self._done[point.key_id] = record
         if record.status == "oom":
-            where = _key_without(point, "batch_size")
+            where = key_without(point, "batch_size")
             self._oom_at[where] = min(point.batch_size, self._oom_at.get(where, point.batch_size))
-        if record.ok and point.layout == "none":
-            self._reference[self._cell(point)] = [*record.warmup_losses, *record.losses]
-
-    @staticmethod
-    def _cell(point: Point) -> tuple[Any, ...]:
-        """The points whose losses must match each other: every layout of one cell."""
-        return _key_without(point, "layout")
+        self._losses.remember(point, record)
 
     def run_point(self, point: Point, *, allow_skip: bool = True, search: bool = False) -> PointRecord:
         """Measure one point (or skip it after a smaller batch ran out of memory): its record."""
@@ -159,7 +153,7 @@ class Runner:
         base = self._base_record(point, plan)
         if search:
             base["search"] = True
-        skip_from = self._oom_at.get(_key_without(point, "batch_size"))
+        skip_from = self._oom_at.get(key_without(point, "batch_size"))
         if allow_skip and self.cfg.skip_after_oom and skip_from is not None and point.batch_size > skip_from:
             reason = f"batch {skip_from} already ran out of memory"
             return PointRecord.model_validate({**base, "status": "skipped", "reason": reason})
@@ -257,29 +251,21 @@ class Runner:
         }
 
     def _measure(self, model: Any, point: Point, plan: LayoutPlan) -> dict[str, Any]:
+        recomputed = None
+        if self._losses.needs_recomputed(point):  # before the window: the point's memory is not touched
+            recomputed = recompute_first_loss(
+                model, point, cfg=self.cfg, probe=self.probe, device=self.device,
+                init_std=self.llama.initializer_range, vocab_size=self.llama.vocab_size,
+            )
         result = measure_point(
             model, point, plan, cfg=self.cfg, probe=self.probe, device=self.device,
             init_std=self.llama.initializer_range, vocab_size=self.llama.vocab_size,
         )
         if result["status"] == "ok":
-            result["loss_check"] = self._loss_check(point, result["warmup_losses"] + result["losses"])
+            rtol = loss_rtol(point.precision, self.cfg.loss_rtol)
+            losses = result["warmup_losses"] + result["losses"]
+            result["loss_check"] = self._losses.check(point, losses, rtol=rtol, recomputed=recomputed)
         return result
-
-    def _loss_check(self, point: Point, losses: list[float]) -> dict[str, Any] | None:
-        if point.layout == "none":  # remember() keeps its losses as the cell's reference
-            return {"reference": "none", "max_rel_diff": 0.0, "match": all(map(math.isfinite, losses))}
-        ref = self._reference.get(self._cell(point))
-        if ref is None or len(ref) != len(losses):
-            return None
-        diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref, strict=True))
-        ok = diff <= self.cfg.loss_rtol and all(map(math.isfinite, losses))
-        return {"reference": "none", "max_rel_diff": diff, "match": ok}
-
-
-def _key_without(point: Point, field_name: str) -> tuple[Any, ...]:
-    """A point's key without one field: the points that differ only in it (batch size: OOM skips;
-    layout: loss references)."""
-    return tuple(sorted((k, v) for k, v in point.key.items() if k != field_name))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from ckptbench.bench.loss_check import RecomputedLoss
 from ckptbench.bench.probes import Probe, TrackerProbe, tensor_bytes
 from ckptbench.config.grid import Point
 from ckptbench.config.layouts import LayoutPlan
@@ -14,7 +15,7 @@ from ckptbench.train.checkpointing import applied
 from ckptbench.train.model import attention, reset_weights
 from ckptbench.train.offload import HostOffload
 from ckptbench.train.optimizers import make_optimizer
-from ckptbench.train.step import Trainer, make_batch
+from ckptbench.train.step import Trainer, forward_loss, make_batch
 
 
 def measure_point(
@@ -67,6 +68,46 @@ def measure_point(
         result["compile_s"] = result["warmup_times_s"][0]  # the first warm-up step compiles
         torch._dynamo.reset()
     return result
+
+
+def recompute_first_loss(
+    model: Any,
+    point: Point,
+    *,
+    cfg: SweepConfig,
+    probe: Probe,
+    device: torch.device,
+    init_std: float,
+    vocab_size: int,
+) -> RecomputedLoss:
+    """The first step's loss without checkpointing, by forward passes alone: the loss check's reference
+    when the cell's 'none' layout did not run (or is the point itself).
+
+    The first step's loss depends only on the initial weights (reset exactly as measure_point resets
+    them) and the batch (deterministic), so this reference exists even where 'none' cannot train.
+    Runs before the point's window and outside the CPU tracker, and the cache is emptied after it,
+    so the point's memory is what it would be without it.
+    """
+    reset_weights(model, seed=cfg.seed, std=init_std)
+    batch = make_batch(seed=cfg.seed, batch_size=point.batch_size, seq_len=point.seq_len, vocab_size=vocab_size,
+                       device=device)
+    rows = point.batch_size
+    with attention(model, point.attn_implementation):
+        while True:
+            try:
+                loss = forward_loss(model, batch, precision=point.precision, rows=rows)
+                break
+            except torch.OutOfMemoryError:
+                # Nothing is kept for backward, so the whole batch needs less than any training step of
+                # it; halving is a safety net (fragmentation). One sequence not fitting means the
+                # point cannot train either: it is recorded as out of memory.
+                if rows == 1:
+                    raise
+            probe.release()  # outside the except block: the failed pass's tensors are freed by now
+            rows = (rows + 1) // 2
+    del batch
+    probe.release()
+    return RecomputedLoss(loss=loss, rows=rows, batch_size=point.batch_size)
 
 
 def _window(trainer: Trainer, batch: torch.Tensor, *, probe: Probe, cfg: SweepConfig) -> dict[str, Any]:

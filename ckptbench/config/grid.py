@@ -76,6 +76,12 @@ def key_id(key: Mapping[str, Any]) -> str:
     return "|".join(f"{k}={key[k]}" for k in sorted(key))
 
 
+def key_without(point: Point, field_name: str) -> tuple[Any, ...]:
+    """A point's key without one field: it groups the points that differ only in that field
+    (batch size: skips after an OOM; layout: the layouts whose losses must match)."""
+    return tuple(sorted((k, v) for k, v in point.key.items() if k != field_name))
+
+
 AXES = ("precision", "lora", "layout", "seq_len", "batch_size", "optimizer", "micro_batches", "offload",
         "compile", "attn_implementation")
 # Execution order: precision and LoRA outermost (the model is rebuilt only when they change), batch innermost.

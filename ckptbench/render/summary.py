@@ -72,6 +72,8 @@ def _status(rec: PointRecord) -> str:
         return "ok (leak)"
     if rec.ok and rec.loss_mismatch:
         return "ok (loss mismatch)"
+    if rec.ok and (rec.loss_check is None or rec.loss_check.match is None):
+        return "ok (loss unchecked)"  # older runs left a point unchecked when 'none' did not run
     return rec.status if rec.ok or not rec.reason else f"{rec.status}: {rec.reason}"
 
 

@@ -48,7 +48,11 @@ class PointMemory(_Open):
 class LossCheck(_Open):
     """Whether the point's losses matched a reference (checkpointing must not change the loss)."""
 
-    reference: str | None = None
+    reference: str | None = None  # 'none' (the cell's unchecked layout) or 'recomputed' (bench/loss_check.py)
+    reference_point: str | None = None  # the reference's key id, or how it was recomputed
+    reference_losses: list[float] = Field(default_factory=list)
+    steps: int | None = None  # how many steps were compared
+    rtol: float | None = None  # the tolerance used (records before it was stored: the config's loss_rtol)
     max_rel_diff: float | None = None
     match: bool | None = None
 

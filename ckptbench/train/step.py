@@ -25,6 +25,28 @@ def param_dtype(precision: str) -> torch.dtype:
     return _PRECISIONS[precision][0]
 
 
+def autocast(precision: str, device_type: str) -> contextlib.AbstractContextManager[Any]:
+    """The precision's autocast region (a no-op for the pure-dtype precisions)."""
+    amp_dtype = _PRECISIONS[precision][1]
+    return torch.autocast(device_type, dtype=amp_dtype) if amp_dtype is not None else contextlib.nullcontext()
+
+
+@torch.no_grad()
+def forward_loss(model: nn.Module, input_ids: torch.Tensor, *, precision: str, rows: int) -> float:
+    """The mean loss of ``input_ids`` (also the labels) by forward passes alone, ``rows`` sequences at a time.
+
+    Every sequence predicts the same number of tokens, so the batch's mean loss is the mean of the
+    slices' mean losses weighted by their rows.
+    """
+    total, count = 0.0, input_ids.shape[0]
+    for start in range(0, count, rows):
+        chunk = input_ids[start : start + rows]
+        with autocast(precision, input_ids.device.type):
+            loss = model(input_ids=chunk, labels=chunk, use_cache=False).loss
+        total += float(loss) * chunk.shape[0]
+    return total / count
+
+
 @dataclass
 class Trainer:
     """Runs forward with labels, backward, optimizer step and zero-grad for one precision mode.
@@ -44,12 +66,6 @@ class Trainer:
     offload: Callable[[], contextlib.AbstractContextManager[None]] | None = None
 
     def __post_init__(self) -> None:
-        amp_dtype = _PRECISIONS[self.precision][1]
-        self._autocast: Callable[[], contextlib.AbstractContextManager[None]] = (
-            (lambda: torch.autocast(self.device_type, dtype=amp_dtype))
-            if amp_dtype is not None
-            else contextlib.nullcontext
-        )
         # Only fp16 autocast needs loss scaling; pure fp16 keeps fp16 state, as the precision promises.
         self.scaler = torch.amp.GradScaler(self.device_type) if self.precision == "amp_fp16" else None
 
@@ -59,7 +75,7 @@ class Trainer:
         offload = self.offload or contextlib.nullcontext
         total = torch.zeros((), device=input_ids.device)
         for _ in range(self.micro_batches):
-            with self._autocast(), offload():
+            with autocast(self.precision, self.device_type), offload():
                 loss = forward(input_ids=input_ids, labels=input_ids, use_cache=False).loss
             scaled = loss / self.micro_batches
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()

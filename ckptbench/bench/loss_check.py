@@ -1,0 +1,111 @@
+"""The loss check: checkpointing must not change the loss, so every ok point is compared with a reference.
+
+The reference is the 'none' layout of the same cell when that point ran ok (every warm-up and
+measured step is compared), else the first step's loss recomputed without checkpointing (see
+``bench.window.recompute_first_loss``), which exists whatever ran out of memory. The 'none' layout
+itself is checked against the recomputed loss. Pure: no torch; the runner supplies the losses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptbench.config.grid import Point, key_without
+from ckptbench.results.record import PointRecord
+
+# Relative tolerance per precision, used when the config's loss_rtol is null. Layouts run the same
+# operations (checkpointing only recomputes them), so their losses differ only where kernels or the
+# order of reductions differ, and the optimizer carries that noise into later steps. The noise stays
+# below one rounding of the dtype the model computes in; a real fault (a wrong recomputation, lost
+# gradients) moves the loss by far more (LLaMA-7B's loss falls from 11.2 to 7.2 in 5 steps at lr 1e-5).
+# - bf16, amp_bf16: 8 significand bits, one rounding = 2**-8 = 3.9e-3 relative. Measured on an H200
+#   (LLaMA-7B, bf16, 10 layouts x 5 steps against 'none'): at most 2.7e-4, 14x below.
+# - fp16, amp_fp16: 11 bits, one rounding = 2**-11 = 4.9e-4; allow two (2**-10 = 9.8e-4): not yet
+#   measured on a GPU, and fp16's narrow range (underflowing gradients, the loss scaler's skipped
+#   steps) can separate two trajectories by more than one rounding.
+# - fp32: 24 bits (6e-8 per rounding). CPU runs differ by at most ~1e-7 (often exactly 0); 1e-5 leaves
+#   room for GPU kernels that sum thousands of products in another order.
+RTOL_BY_PRECISION: dict[str, float] = {
+    "bf16": 2**-8,
+    "amp_bf16": 2**-8,
+    "fp16": 2**-10,
+    "amp_fp16": 2**-10,
+    "fp32": 1e-5,
+}
+
+NONE = "none"  # compared with the 'none' layout of the same cell, every step
+RECOMPUTED = "recomputed"  # compared with the first step's loss recomputed without checkpointing
+
+
+def loss_rtol(precision: str, configured: float | None) -> float:
+    """The tolerance of the loss check: the config's loss_rtol, or the precision's default."""
+    return configured if configured is not None else RTOL_BY_PRECISION[precision]
+
+
+@dataclass(frozen=True)
+class RecomputedLoss:
+    """The first step's loss by forward passes alone: no checkpointing, no gradients, same weights and batch."""
+
+    loss: float
+    rows: int  # sequences per forward pass (fewer than the batch only when the whole batch ran out of memory)
+    batch_size: int
+
+    def describe(self) -> str:
+        return (
+            "first step's loss by forward passes without checkpointing or gradients, same initial weights "
+            f"and batch ({self.rows} of {self.batch_size} sequences per pass)"
+        )
+
+
+@dataclass
+class LossReferences:
+    """The 'none' layout's losses per cell (a point's key without its layout), kept while a sweep runs."""
+
+    _by_cell: dict[tuple[Any, ...], tuple[str, list[float]]] = field(default_factory=dict)
+
+    def remember(self, point: Point, record: PointRecord) -> None:
+        """Keep a finished 'none' point's losses (this run's, or an earlier run's on --resume)."""
+        if point.layout != "none" or not record.ok:
+            return
+        losses = [*record.warmup_losses, *record.losses]
+        if losses:
+            self._by_cell[key_without(point, "layout")] = (point.key_id, losses)
+
+    def needs_recomputed(self, point: Point) -> bool:
+        """Whether the point's check needs a recomputed loss: it is 'none', or its cell has no 'none' losses."""
+        return point.layout == "none" or key_without(point, "layout") not in self._by_cell
+
+    def check(
+        self, point: Point, losses: Sequence[float], *, rtol: float, recomputed: RecomputedLoss | None
+    ) -> dict[str, Any]:
+        """The record's ``loss_check`` for an ok point's losses (warm-up then measured steps)."""
+        found = None if point.layout == "none" else self._by_cell.get(key_without(point, "layout"))
+        if found is not None:
+            reference_point, reference = found
+            return compare(losses, reference, rtol=rtol, kind=NONE, reference_point=reference_point)
+        if recomputed is None:
+            raise ValueError(f"{point.key_id}: no 'none' losses for this cell and no recomputed loss")
+        return compare(losses, [recomputed.loss], rtol=rtol, kind=RECOMPUTED, reference_point=recomputed.describe())
+
+
+def compare(
+    losses: Sequence[float], reference: Sequence[float], *, rtol: float, kind: str, reference_point: str
+) -> dict[str, Any]:
+    """Compare the first steps that both have; a non-finite loss anywhere is a mismatch."""
+    # Equal lengths unless an earlier, resumed run used other step counts; a recomputed reference has one.
+    steps = min(len(losses), len(reference))
+    pairs = list(zip(losses[:steps], reference[:steps], strict=True))
+    finite = steps > 0 and all(math.isfinite(x) for x in [*losses, *reference[:steps]])
+    diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in pairs) if finite else None
+    return {
+        "reference": kind,
+        "reference_point": reference_point,
+        "reference_losses": [float(x) for x in reference[:steps]],
+        "steps": steps,
+        "rtol": rtol,
+        "max_rel_diff": diff,
+        "match": diff is not None and diff <= rtol,
+    }
