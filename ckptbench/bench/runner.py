@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ import torch
 
 from ckptbench.bench import faults
 from ckptbench.bench.device import is_fatal_device_error
+from ckptbench.bench.launch import measure_in_process
 from ckptbench.bench.loss_check import LossReferences, loss_rtol
 from ckptbench.bench.probes import Probe
 from ckptbench.bench.search import Search
@@ -52,6 +54,15 @@ class Progress:
     record: PointRecord | None = None
 
 
+@dataclass(frozen=True)
+class PointStart:
+    """What a point needs before it is measured: its plan, its base record, or why it is skipped."""
+
+    plan: LayoutPlan
+    base: dict[str, Any]
+    skipped: PointRecord | None = None
+
+
 @dataclass
 class _ModelSlot:
     """The one live model; rebuilt only when the precision (parameter dtype) changes."""
@@ -75,6 +86,7 @@ class Runner:
     _done: dict[str, PointRecord] = field(default_factory=dict)
     _broken: bool = False  # a fatal device error happened: no more CUDA calls
     predictions: dict[str, int | None] = field(default_factory=dict)  # predicted peak bytes by key_id
+    _history: list[dict[str, Any]] = field(default_factory=list)  # ok/oom records, for points run elsewhere
 
     def __post_init__(self) -> None:
         self.llama = llama_config(self.cfg.model)
@@ -146,9 +158,32 @@ class Runner:
             where = key_without(point, "batch_size")
             self._oom_at[where] = min(point.batch_size, self._oom_at.get(where, point.batch_size))
         self._losses.remember(point, record)
+        if record.status in ("ok", "oom"):
+            self._history.append(record.to_json())  # sent to child processes: loss references and OOM skips
+
+    def _in_processes(self, point: Point, base: dict[str, Any], *, timeout_s: float | None) -> dict[str, Any]:
+        """Measure a point in a fresh process; it learns what this runner knows (loss references, OOMs)."""
+        request = {
+            "config": self.cfg.model_dump(mode="json"),
+            "key": point.key,
+            "gpu_name": self.gpu_name,
+            "done": self._history,
+            "parent_pid": os.getpid(),
+        }
+        return measure_in_process(request, base, timeout_s=timeout_s)
 
     def run_point(self, point: Point, *, allow_skip: bool = True, search: bool = False) -> PointRecord:
         """Measure one point (or skip it after a smaller batch ran out of memory): its record."""
+        start = self.start_point(point, allow_skip=allow_skip, search=search)
+        if start.skipped is not None:
+            return start.skipped
+        started = time.perf_counter()
+        fields = self._measure_safely(point, start.plan, start.base)
+        fields["wall_s"] = time.perf_counter() - started
+        return self.finish_point(point, fields)
+
+    def start_point(self, point: Point, *, allow_skip: bool = True, search: bool = False) -> PointStart:
+        """A point's plan and base record, or its skipped record when a smaller batch ran out of memory."""
         plan = parse_layout(point.layout, self.shape.num_layers)
         base = self._base_record(point, plan)
         if search:
@@ -156,10 +191,12 @@ class Runner:
         skip_from = self._oom_at.get(key_without(point, "batch_size"))
         if allow_skip and self.cfg.skip_after_oom and skip_from is not None and point.batch_size > skip_from:
             reason = f"batch {skip_from} already ran out of memory"
-            return PointRecord.model_validate({**base, "status": "skipped", "reason": reason})
-        started = time.perf_counter()
-        fields = self._measure_safely(point, plan, base)
-        fields["wall_s"] = time.perf_counter() - started
+            skipped = PointRecord.model_validate({**base, "status": "skipped", "reason": reason})
+            return PointStart(plan, base, skipped)
+        return PointStart(plan, base)
+
+    def finish_point(self, point: Point, fields: dict[str, Any]) -> PointRecord:
+        """The validated record of a measured point, remembered for the points after it."""
         record = PointRecord.model_validate(fields)
         self.remember(point, record)
         return record
