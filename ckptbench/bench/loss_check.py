@@ -3,14 +3,16 @@
 The reference is the 'none' layout of the same cell when that point ran ok (every warm-up and
 measured step is compared), else the first step's loss recomputed without checkpointing (see
 ``bench.window.recompute_first_loss``), which exists whatever ran out of memory. The 'none' layout
-itself is checked against the recomputed loss. Pure: no torch; the runner supplies the losses.
+itself is checked against the recomputed loss. A sharded point (``parallel``: ddp, fsdp2) prefers
+the unsharded 'none' point of its cell: every rank trains on the same batch, so sharding must not
+change the losses either. Pure: no torch; the runner supplies the losses.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ckptbench.config.grid import Point, key_without
@@ -74,15 +76,28 @@ class LossReferences:
         if losses:
             self._by_cell[key_without(point, "layout")] = (point.key_id, losses)
 
+    def reference_cells(self, point: Point) -> list[tuple[Any, ...]]:
+        """Cells whose 'none' losses can be the point's reference, best first: the unsharded run of the
+        cell (for a sharded point), then the point's own cell (unless the point is its 'none')."""
+        cells = []
+        if point.parallel != "none":
+            cells.append(key_without(replace(point, parallel="none"), "layout"))
+        if point.layout != "none":
+            cells.append(key_without(point, "layout"))
+        return cells
+
+    def _reference(self, point: Point) -> tuple[str, list[float]] | None:
+        return next((self._by_cell[c] for c in self.reference_cells(point) if c in self._by_cell), None)
+
     def needs_recomputed(self, point: Point) -> bool:
-        """Whether the point's check needs a recomputed loss: it is 'none', or its cell has no 'none' losses."""
-        return point.layout == "none" or key_without(point, "layout") not in self._by_cell
+        """Whether the point's check needs a recomputed loss: no 'none' losses can be its reference."""
+        return self._reference(point) is None
 
     def check(
         self, point: Point, losses: Sequence[float], *, rtol: float, recomputed: RecomputedLoss | None
     ) -> dict[str, Any]:
         """The record's ``loss_check`` for an ok point's losses (warm-up then measured steps)."""
-        found = None if point.layout == "none" else self._by_cell.get(key_without(point, "layout"))
+        found = self._reference(point)
         if found is not None:
             reference_point, reference = found
             return compare(losses, reference, rtol=rtol, kind=NONE, reference_point=reference_point)

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ckptbench.config.parallel import PARALLEL_PATTERN, parse_parallel
+
 Precision = Literal["bf16", "fp16", "fp32", "amp_bf16", "amp_fp16"]
 OptimizerName = Literal["adamw_fused", "adamw_foreach", "sgd", "adafactor", "adamw_8bit"]
 DeviceName = Literal["auto", "cuda", "cpu"]
@@ -39,6 +41,15 @@ class SweepAxes(_Strict):
     # torch.compile the model; compile time is recorded apart and never counted in step time.
     compile: list[bool] = Field(default_factory=lambda: [False], min_length=1)
     attn_implementation: list[AttnImpl] | None = Field(default=None, min_length=1)
+    # 'none', 'ddp:N', 'fsdp2:N' or 'fsdp2:N:noreshard' (config/parallel.py); batch_size is per rank.
+    parallel: list[str] = Field(default_factory=lambda: ["none"], min_length=1)
+
+    @field_validator("parallel")
+    @classmethod
+    def _parallel_spec(cls, values: list[str]) -> list[str]:
+        for v in values:
+            parse_parallel(v)
+        return values
 
     @field_validator("lora")
     @classmethod
@@ -72,3 +83,4 @@ class PointSpec(_Strict):
     lora: str | None = Field(default=None, pattern=LORA_PATTERN)
     compile: bool | None = None
     attn_implementation: AttnImpl | None = None
+    parallel: str | None = Field(default=None, pattern=PARALLEL_PATTERN)

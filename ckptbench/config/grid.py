@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ckptbench.config.parallel import world_size
+
 # Values of the technique axes that mean "plain training"; tables name only the axes that differ.
 AXIS_DEFAULTS: dict[str, Any] = {
     "optimizer": "adamw_fused",
@@ -15,6 +17,7 @@ AXIS_DEFAULTS: dict[str, Any] = {
     "lora": "none",
     "compile": False,
     "attn_implementation": "sdpa",
+    "parallel": "none",
 }
 
 
@@ -38,6 +41,7 @@ class Point:
     offload: str = "none"
     compile: bool = False
     attn_implementation: str = "sdpa"
+    parallel: str = "none"
 
     @property
     def key(self) -> dict[str, Any]:
@@ -53,6 +57,7 @@ class Point:
             "lora": self.lora,
             "compile": self.compile,
             "attn_implementation": self.attn_implementation,
+            "parallel": self.parallel,
         }
 
     @property
@@ -66,9 +71,14 @@ class Point:
         return cls(**dict(key))
 
     @property
+    def world_size(self) -> int:
+        """Ranks (devices) the point runs on: 1 unless the parallel axis spreads it."""
+        return world_size(self.parallel)
+
+    @property
     def tokens(self) -> int:
-        """Tokens per optimizer step (every micro-batch counts)."""
-        return self.batch_size * self.seq_len * self.micro_batches
+        """Tokens per optimizer step over all ranks (every micro-batch counts; batch_size is per rank)."""
+        return self.batch_size * self.seq_len * self.micro_batches * self.world_size
 
 
 def key_id(key: Mapping[str, Any]) -> str:
@@ -83,10 +93,11 @@ def key_without(point: Point, field_name: str) -> tuple[Any, ...]:
 
 
 AXES = ("precision", "lora", "layout", "seq_len", "batch_size", "optimizer", "micro_batches", "offload",
-        "compile", "attn_implementation")
-# Execution order: precision and LoRA outermost (the model is rebuilt only when they change), batch innermost.
+        "compile", "attn_implementation", "parallel")
+# Execution order: precision and LoRA outermost (the model is rebuilt only when they change), batch innermost;
+# sharded points (each in its own processes) after the single-device points of the same setup.
 _ORDER = ("precision", "lora", "optimizer", "micro_batches", "offload", "compile", "attn_implementation",
-          "layout", "seq_len", "batch_size")
+          "parallel", "layout", "seq_len", "batch_size")
 
 
 def search_templates(model: str, values: Mapping[str, Sequence[Any]], kind: str) -> list[tuple[str, Point]]:
@@ -122,6 +133,7 @@ def expand(
         cells.add(tuple(given[a] if given.get(a) is not None else values[a][0] for a in AXES))
     rank = {a: {v: i for i, v in enumerate(values[a])} for a in AXES}
     rank["layout"]["none"] = -1
+    rank["parallel"]["none"] = -1  # unsharded points first: they are the loss references of sharded ones
 
     def sort_key(cell: tuple[Any, ...]) -> tuple[Any, ...]:
         by_axis = dict(zip(AXES, cell, strict=True))

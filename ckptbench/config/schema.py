@@ -141,6 +141,8 @@ class SweepConfig(_Strict):
         ):
             raise ValueError("points: explicit points need a concrete layout and batch size, not a search")
         _check_seq_lens(self, resolved.get("max_position_embeddings"))
+        if self.sweep.parallel != ["none"] or any(p.parallel not in (None, "none") for p in self.points):
+            _check_parallel(self)
         if self.device == "cpu":
             check_cpu_compatible(self)
         return self
@@ -159,6 +161,7 @@ class SweepConfig(_Strict):
             "offload": list(axes.offload),
             "compile": list(axes.compile),
             "attn_implementation": list(axes.attn_implementation or [self.model.attn_implementation]),
+            "parallel": list(axes.parallel),
         }
 
     def points_list(self) -> list[Point]:
@@ -197,6 +200,19 @@ def _check_seq_lens(cfg: SweepConfig, max_pos: Any) -> None:
                 f"{where}: {seq} exceeds the model's max_position_embeddings ({max_pos}); "
                 "raise it in model.overrides or lower seq_len"
             )
+
+
+def _check_parallel(cfg: SweepConfig) -> None:
+    """Sharded points (ddp, fsdp2) train eagerly on the device: no activation offloading, no torch.compile."""
+    for p in cfg.points_list():
+        if p.parallel == "none":
+            continue
+        if p.offload != "none":
+            raise ValueError(f"{_field_of(cfg, 'parallel', p.parallel)}: {p.parallel} with offload={p.offload} "
+                             "is not supported; sharded points run without activation offloading")
+        if p.compile:
+            raise ValueError(f"{_field_of(cfg, 'parallel', p.parallel)}: {p.parallel} with compile is not "
+                             "supported; sharded points run eagerly")
 
 
 def check_cpu_compatible(cfg: SweepConfig) -> None:
