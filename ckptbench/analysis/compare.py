@@ -23,6 +23,7 @@ from ckptbench.analysis.marks import (
     PointChange,
     Thresholds,
     compare_point,
+    not_comparable,
 )
 from ckptbench.config.grid import key_id
 from ckptbench.results.record import PointRecord
@@ -81,20 +82,35 @@ class Comparison:
 
 
 def compare_runs(
-    base: Run, new: Run, *, thresholds: Thresholds = Thresholds(), gates: Gates = Gates()
+    base: Run,
+    new: Run,
+    *,
+    thresholds: Thresholds = Thresholds(),
+    gates: Gates = Gates(),
+    allow_mixed_gpus: bool = False,
 ) -> Comparison:
-    """Match the points of two runs by key and compare every metric."""
+    """Match the points of two runs by key and compare every metric.
+
+    A run whose points ran on different GPU models compares nothing point by point: every matched
+    point is 'not comparable' (and no gate fires) unless ``allow_mixed_gpus``.
+    """
     base_pts = _by_key(base)
     new_pts = _by_key(new)
     labels = point_labels([rec.key for rec in (*base_pts.values(), *new_pts.values())])
     matched = [k for k in base_pts if k in new_pts]
     points = [compare_point(base_pts[k], new_pts[k], thresholds=thresholds, label=labels[k]) for k in matched]
+    mixed = [f"{side} run {run.name}" for side, run in (("base", base), ("new", new)) if run.mixed_gpus]
+    if mixed and not allow_mixed_gpus:
+        why = f"{' and '.join(mixed)} ran on different GPU models (--allow-mixed-gpus compares them anyway)"
+        points = [not_comparable(p, why) for p in points]
     comp = Comparison(
         base=_run_info(base),
         new=_run_info(new),
         thresholds=thresholds,
         environment_differences=environment_differences(base, new),
         notes=[
+            *_gpu_notes(base, "base"),
+            *_gpu_notes(new, "new"),
             *_run_notes(base, "base"),
             *_run_notes(new, "new"),
             *_power_notes([(base_pts[k], new_pts[k]) for k in matched], alpha=thresholds.alpha),
@@ -115,13 +131,14 @@ def compare_refs(
     results_root: Path = Path("results"),
     thresholds: Thresholds = Thresholds(),
     gates: Gates = Gates(),
+    allow_mixed_gpus: bool = False,
 ) -> Comparison:
     """Load two runs (directories or names under ``results_root``) and compare them."""
     with warnings.catch_warnings():  # a truncated points file becomes a note of the comparison
         warnings.simplefilter("ignore")
         base = load_run(base_ref, results_root=results_root)
         new = load_run(new_ref, results_root=results_root)
-    return compare_runs(base, new, thresholds=thresholds, gates=gates)
+    return compare_runs(base, new, thresholds=thresholds, gates=gates, allow_mixed_gpus=allow_mixed_gpus)
 
 
 def _by_key(run: Run) -> dict[str, PointRecord]:
@@ -156,6 +173,11 @@ def point_labels(keys: list[dict[str, Any]]) -> dict[str, str]:
         parts = [f"{_LABEL_PREFIX.get(n, n + '=')}{key[n]}" for n in names if n in key]
         labels[key_id(key)] = " ".join(parts)
     return labels
+
+
+def _gpu_notes(run: Run, side: str) -> list[str]:
+    mixed = run.mixed_gpus
+    return [f"{side} run {run.name}: its points ran on different GPU models: {mixed}"] if mixed else []
 
 
 def _run_notes(run: Run, side: str) -> list[str]:

@@ -6,7 +6,7 @@ Pure functions over point records; compare.py assembles them into a whole compar
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ckptbench.config.grid import key_id
@@ -91,6 +91,13 @@ def compare_point(
     )
     metrics = _status_metrics(base, new, mark)
     return PointChange(key, key_id(key), label, b_status, n_status, mark, metrics, note or None)
+
+
+def not_comparable(change: PointChange, why: str) -> PointChange:
+    """The same point with every metric's values kept but no delta, ratio or mark: it cannot be compared."""
+    metrics = [MetricChange(m.metric, m.unit, m.base, m.new, None, None, NOT_COMPARABLE) for m in change.metrics]
+    note = "; ".join(x for x in (change.note, why) if x)
+    return replace(change, mark=NOT_COMPARABLE, metrics=metrics, note=note)
 
 
 def _status_metrics(base: PointRecord, new: PointRecord, mark: str) -> list[MetricChange]:

@@ -8,8 +8,11 @@ must match the point's key as text (for example ``layout=all`` or ``layout=all;b
 - ``CKPTBENCH_TEST_LEAK``: the point leaves a 4 MiB tensor attached to the model (a leak).
 - ``CKPTBENCH_TEST_CUDA_ERROR``: the point raises the error a device-side assert produces.
 - ``CKPTBENCH_TEST_ERROR``: the point raises an ordinary RuntimeError.
+- ``CKPTBENCH_TEST_JOB_CRASH``: a fanned-out point's submitit job kills itself before it starts the
+  point (a node failure or an out-of-memory kill of the job stand-in).
 
-The runner calls :func:`fire` once per point, after the model is built and before the steps.
+The runner calls :func:`fire` once per point, after the model is built and before the steps; a
+fanned-out job calls :func:`fire_job` first.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ import os
 import signal
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # imported where used: a fanned-out job checks its hook before importing torch
+    import torch
 
 LEAK_BYTES = 4 << 20
 
@@ -52,6 +56,8 @@ def fire(key: dict[str, Any], *, model: Any, probe: Any, device: torch.device) -
         while True:
             time.sleep(3600)
     if _selected("LEAK", key):
+        import torch
+
         leak = torch.zeros(LEAK_BYTES // 4, dtype=torch.float32, device=device)
         probe.adopt([leak])  # the CPU tracker counts only tensors it is told about or sees created
         model._ckptbench_test_leak = leak  # survives the point, like a stray reference would
@@ -59,3 +65,11 @@ def fire(key: dict[str, Any], *, model: Any, probe: Any, device: torch.device) -
         raise RuntimeError("CUDA error: device-side assert triggered (CKPTBENCH_TEST_CUDA_ERROR)")
     if _selected("ERROR", key):
         raise RuntimeError("injected failure (CKPTBENCH_TEST_ERROR)")
+
+
+def fire_job(key: dict[str, Any]) -> None:
+    """In a fanned-out job: die the way a killed job dies, when the environment asks for it."""
+    if _selected("JOB_CRASH", key):
+        print("ckptbench test hook: killing the job (CKPTBENCH_TEST_JOB_CRASH)", file=sys.stderr)
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)

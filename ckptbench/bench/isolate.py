@@ -17,22 +17,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ckptbench.bench.device import make_probe, resolve_device
+from ckptbench.bench.environment import placement
+from ckptbench.bench.launch import result_path
 from ckptbench.bench.runner import Runner
 from ckptbench.config.grid import Point
 from ckptbench.config.layouts import LayoutPlan
 from ckptbench.config.load import parse_config
+from ckptbench.config.schema import SweepConfig
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import write_json_atomic
+from ckptbench.train.parallel import RankInfo, init_process_group
 
 
 @dataclass
 class IsolatedRunner(Runner):
     """A Runner whose points each run in a child process; the parent holds no model."""
 
-    point_timeout_s: float | None = None
-
     def _measure_safely(self, point: Point, plan: LayoutPlan, base: dict[str, Any]) -> dict[str, Any]:
+        if point.parallel != "none":
+            return self._sharded(point, base)  # one process per rank
         return self._in_processes(point, base, timeout_s=self.point_timeout_s)
 
 
@@ -52,12 +58,22 @@ def _exit_with_parent(parent_pid: int) -> None:
 
 
 def child_main(request_path: str) -> int:
-    """Entry point of ``python -m ckptbench.bench.point_process``: run one point, write its record."""
+    """Entry point of ``python -m ckptbench.bench.point_process``: run one point, write its record.
+
+    Launched as a rank of a sharded point (RANK, WORLD_SIZE... set), it joins the process group on
+    its own GPU (cuda:LOCAL_RANK) or the CPU, measures its part of the point and writes its record
+    to its own file; the launcher merges the ranks' records (bench/ranks.py).
+    """
     request = json.loads(Path(request_path).read_text(encoding="utf-8"))
     _exit_with_parent(int(request["parent_pid"]))
     cfg = parse_config(request["config"], source="isolated point config")
-    device = resolve_device(cfg)
-    runner = Runner(cfg, device, make_probe(cfg, device), gpu_name=request.get("gpu_name"))
+    rank = RankInfo.from_env()
+    device = _device(cfg, rank)
+    if rank is not None:
+        init_process_group(rank, device)
+    # The GPU this process runs on names the peak for MFU (a fanned-out job's may differ from the sweep's).
+    gpu_name = placement(device)["gpu_name"] or request.get("gpu_name")
+    runner = Runner(cfg, device, make_probe(cfg, device), gpu_name=gpu_name, rank=rank)
     for done in request["done"]:
         record = PointRecord.model_validate(done)
         runner.remember(Point.from_key(record.key), record)
@@ -68,5 +84,16 @@ def child_main(request_path: str) -> int:
         record = runner.run_point(point, allow_skip=False)
     finally:
         runner.close()
-    write_json_atomic(Path(request["result"]), record.to_json())
+        if rank is not None:
+            torch.distributed.destroy_process_group()
+    write_json_atomic(result_path(request["result"], rank.rank if rank else None), record.to_json())
     return 0
+
+
+def _device(cfg: SweepConfig, rank: RankInfo | None) -> torch.device:
+    """The point's device; a rank on GPUs takes the one of its local rank."""
+    if rank is not None and cfg.device != "cpu" and torch.cuda.is_available():
+        if rank.local_rank >= torch.cuda.device_count():
+            raise RuntimeError(f"rank {rank.rank}: needs GPU {rank.local_rank}, {torch.cuda.device_count()} visible")
+        torch.cuda.set_device(rank.local_rank)
+    return resolve_device(cfg)

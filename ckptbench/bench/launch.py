@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -22,11 +23,15 @@ from pathlib import Path
 from typing import Any
 
 import ckptbench
+from ckptbench.bench.ranks import merge_ranks
+from ckptbench.config.parallel import parse_parallel
 from ckptbench.results.store import write_json_atomic
 
 # Allowance for a point process to start (imports, CUDA context) before --point-timeout applies.
 START_TIMEOUT_S = 300.0
 STDERR_TAIL_CHARS = 4000
+# After one rank of a sharded point exits, how long the others may take to finish before they are killed.
+RANKS_GRACE_S = 60.0
 _POLL_S = 0.1
 
 
@@ -48,43 +53,105 @@ def child_fields(base: dict[str, Any], child: dict[str, Any] | None) -> dict[str
 
 
 def run_child(request: dict[str, Any], *, workdir: Path, timeout_s: float | None) -> dict[str, Any] | None:
-    """Run one point in a child process; its record, or {'reason', 'stderr_tail'} when it failed."""
-    paths = {name: workdir / name for name in ("request.json", "result.json", "ready", "stderr.txt")}
-    files = {"result": str(paths["result.json"]), "ready": str(paths["ready"])}
-    write_json_atomic(paths["request.json"], {**request, **files})
+    """Run one point in a child process, or in one process per rank for a sharded point: its record
+    (ranks merged), or {'reason', 'stderr_tail'} when it failed."""
+    ranks = _ranks(request)
+    request_path = workdir / "request.json"
+    files = {"result": str(workdir / "result.json"), "ready": str(workdir / "ready")}
+    write_json_atomic(request_path, {**request, **files})
     env = dict(os.environ)
     package_root = str(Path(ckptbench.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    with open(paths["stderr.txt"], "wb") as err:
-        # A new session: a terminal's Ctrl-C reaches the parent only, which then ends the child.
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ckptbench.bench.point_process", str(paths["request.json"])],
-            stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env, start_new_session=True,
-        )
-        try:
-            problem = _wait(proc, ready=paths["ready"], timeout_s=timeout_s)
-        finally:
+    command = [sys.executable, "-m", "ckptbench.bench.point_process", str(request_path)]
+    port = _free_port() if ranks != [None] else 0
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for rank in ranks:
+            procs.append(_start(command, {**env, **_rank_env(rank, len(ranks), port)}, workdir, rank))
+        problem = _wait(procs, ready=workdir / "ready", timeout_s=timeout_s)
+    finally:
+        for proc in procs:
             _kill(proc)
-    if paths["result.json"].exists():  # written atomically: complete whenever it exists
-        return json.loads(paths["result.json"].read_text(encoding="utf-8"))
-    tail = _tail(paths["stderr.txt"])
+    results = [_collect(workdir, rank, proc, problem) for rank, proc in zip(ranks, procs, strict=False)]
+    if ranks == [None]:
+        return results[0]
+    return merge_ranks(results) if results else {"reason": "no rank process could be started"}
+
+
+def result_path(base: str | Path, rank: int | None) -> Path:
+    """Where a point process writes its record: ``result.json``, or ``result.rank<R>.json`` for a rank."""
+    path = Path(base)
+    return path if rank is None else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
+def _ranks(request: dict[str, Any]) -> list[int | None]:
+    """[None] for a single-device point; the ranks 0..N-1 of a sharded one (even a world of one)."""
+    spec = parse_parallel(str(request["key"].get("parallel", "none")))
+    return list(range(spec.world_size)) if spec.distributed else [None]
+
+
+def _rank_env(rank: int | None, world: int, port: int) -> dict[str, str]:
+    """torchrun's environment for the env:// rendezvous (one node: local rank = rank)."""
+    if rank is None:
+        return {}
+    return {
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+        "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+    }
+
+
+def _free_port() -> int:
+    """A TCP port nobody listens on now (rank 0 opens the rendezvous store on it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _start(command: list[str], env: dict[str, str], workdir: Path, rank: int | None) -> subprocess.Popen[bytes]:
+    with open(_stderr_path(workdir, rank), "wb") as err:
+        # A new session: a terminal's Ctrl-C reaches the parent only, which then ends the child.
+        return subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env, start_new_session=True
+        )
+
+
+def _stderr_path(workdir: Path, rank: int | None) -> Path:
+    return workdir / ("stderr.txt" if rank is None else f"stderr.rank{rank}.txt")
+
+
+def _collect(workdir: Path, rank: int | None, proc: subprocess.Popen[bytes], problem: str | None) -> dict[str, Any]:
+    """A process's record, or why it has none (with the tail of its stderr)."""
+    path = result_path(workdir / "result.json", rank)
+    if path.exists():  # written atomically: complete whenever it exists
+        record: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        return record
+    tail = _tail(_stderr_path(workdir, rank))
     what = problem or _exit_text(proc.returncode)
     last = " | ".join(line.strip() for line in tail.splitlines()[-3:] if line.strip())
     reason = f"{what}; stderr: {last[-300:]}" if last else f"{what}; no stderr output"
     return {"reason": reason, "stderr_tail": tail, "exit_code": proc.returncode}
 
 
-def _wait(proc: subprocess.Popen[bytes], *, ready: Path, timeout_s: float | None) -> str | None:
-    """Wait for the child; a text saying why it was stopped, or None when it exited by itself."""
+def _wait(procs: list[subprocess.Popen[bytes]], *, ready: Path, timeout_s: float | None) -> str | None:
+    """Wait for the point's processes; a text saying why they were stopped, or None when all exited.
+
+    Once one rank has exited, the others get RANKS_GRACE_S to follow: a rank that died leaves the
+    rest waiting in a collective, as torchrun would not wait for them either.
+    """
     start_deadline = time.monotonic() + START_TIMEOUT_S
     deadline: float | None = None
+    first_exit: float | None = None
     while True:
-        try:
-            proc.wait(timeout=_POLL_S)
+        time.sleep(_POLL_S)
+        codes = [proc.poll() for proc in procs]
+        if all(code is not None for code in codes):
             return None
-        except subprocess.TimeoutExpired:
-            pass
         now = time.monotonic()
+        if first_exit is None and any(code is not None for code in codes):
+            first_exit = now
+        if first_exit is not None and now > first_exit + RANKS_GRACE_S:
+            return f"another rank exited and this one was stopped {RANKS_GRACE_S:g} s later"
         if deadline is None and ready.exists():
             deadline = now + timeout_s if timeout_s is not None else float("inf")
         if deadline is None and now > start_deadline:

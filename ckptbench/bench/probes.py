@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable
 from typing import Any, Protocol
@@ -10,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ckptbench.estimate.live_storage import LiveStorageCounter
+from ckptbench.estimate.live_storage import LiveStorageCounter, storage_tensors, watching_resizes
 
 
 class Probe(Protocol):
@@ -85,7 +86,30 @@ class LiveTensorTracker(TorchDispatchMode):
         self.cap_bytes = cap_bytes
         self.peak = 0
         self.num_ooms = 0
-        self.storages: LiveStorageCounter[None] = LiveStorageCounter()
+        self.storages: LiveStorageCounter[None] = LiveStorageCounter(on_resize=self._resized)
+        self._watching: list[contextlib.AbstractContextManager[None]] = []
+
+    def __enter__(self) -> LiveTensorTracker:
+        watch = watching_resizes(self.storages)  # FSDP2 frees and refills parameters by resizing storages
+        watch.__enter__()
+        self._watching.append(watch)
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._watching.pop().__exit__(None, None, None)
+
+    def _resized(self, _key: int, change: int, _meta: None) -> None:
+        if change > 0 and self.cap_bytes is not None and self.live > self.cap_bytes:
+            self.num_ooms += 1
+            raise torch.OutOfMemoryError(
+                f"CPU tracker: a storage grew by {change / 2**20:.2f} MiB to {self.live / 2**20:.2f} MiB live; "
+                f"the cap is {self.cap_bytes / 2**20:.2f} MiB"
+            )
+        self.peak = max(self.peak, self.live)
 
     @property
     def live(self) -> int:
@@ -158,11 +182,46 @@ class TrackerProbe:
         self.tracker.track(tensors)
 
 
+class ElsewhereProbe:
+    """The probe of a sweep whose points all run in other processes (fanned out as jobs): it names the
+    probe those processes measure with, and measures nothing here (no CUDA context in this process)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def sync(self) -> None:
+        pass
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def allocated(self) -> int:
+        return 0
+
+    def reset_peak(self) -> None:
+        pass
+
+    def peak_allocated(self) -> int:
+        return 0
+
+    def peak_reserved(self) -> int:
+        return 0
+
+    def counters(self) -> dict[str, int]:
+        return {"num_alloc_retries": 0, "num_ooms": 0}
+
+    def release(self) -> None:
+        pass
+
+    def adopt(self, tensors: Iterable[Any]) -> None:
+        pass
+
+
 def tensor_bytes(tensors: Iterable[Any]) -> int:
     """Bytes of the distinct storages among ``tensors`` (views and repeats counted once)."""
     seen: set[int] = set()
     total = 0
-    for t in tensors:
+    for t in (inner for x in tensors if isinstance(x, torch.Tensor) for inner in storage_tensors(x)):
         if isinstance(t, torch.Tensor):
             storage = t.untyped_storage()
             key = storage.data_ptr() if storage.data_ptr() else id(storage)

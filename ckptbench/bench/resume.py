@@ -16,8 +16,9 @@ from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 
 DONE_STATUSES = frozenset({"ok", "oom", "skipped"})
-# 'name' only names the run directory; every other field changes what is measured or how.
-IGNORED_FIELDS = frozenset({"name"})
+# 'name' only names the run directory and 'cluster' only says where points run; every other field
+# changes what is measured or how.
+IGNORED_FIELDS = frozenset({"name", "cluster"})
 # Facts about the machine that must not change, or the new points would not compare with the old.
 ENVIRONMENT_FIELDS = ("device_type", "gpu_name", "torch", "transformers")
 _ABSENT = object()
@@ -42,9 +43,18 @@ def first_difference(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any]
     return None if old == new else (path or "(top level)", old, new)
 
 
+def _with_defaults(stored: dict[str, Any]) -> dict[str, Any]:
+    """The run's stored config with fields added since it was written at their defaults (a run from
+    before the parallel axis existed is a run of 'parallel: [none]'); as stored if it no longer validates."""
+    try:
+        return SweepConfig.model_validate(stored).model_dump(mode="json")
+    except ValueError:
+        return stored
+
+
 def check_resumable(cfg: SweepConfig, run: Run, environment: dict[str, Any]) -> None:
     """Raise ConfigError (one line) unless ``run`` can be continued with ``cfg`` on this machine."""
-    found = first_difference(run.config, cfg.model_dump(mode="json"))
+    found = first_difference(_with_defaults(run.config), cfg.model_dump(mode="json"))
     if found is not None:
         where, old, new = found
         raise ConfigError(

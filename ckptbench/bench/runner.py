@@ -13,19 +13,21 @@ import torch
 
 from ckptbench.bench import faults
 from ckptbench.bench.device import is_fatal_device_error
+from ckptbench.bench.environment import placement
 from ckptbench.bench.launch import measure_in_process
 from ckptbench.bench.loss_check import LossReferences, loss_rtol
 from ckptbench.bench.probes import Probe
 from ckptbench.bench.search import Search
-from ckptbench.bench.window import measure_point, recompute_first_loss
+from ckptbench.bench.window import measure_point, recompute_first_loss, tracking
 from ckptbench.config.grid import Point, key_without
 from ckptbench.config.layouts import LayoutPlan, parse_layout
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import RunFailure
 from ckptbench.results.record import PointRecord
-from ckptbench.train.flops import ModelShape, peak_tflops_for, step_flops
-from ckptbench.train.model import apply_lora, build_model, layer_param_counts, llama_config, warm_device_libraries
+from ckptbench.train.flops import peak_tflops_for, step_flops
+from ckptbench.train.model import apply_lora, build_model, llama_config, model_shape, warm_device_libraries
 from ckptbench.train.optimizers import OptimizerUnavailable
+from ckptbench.train.parallel import RankInfo, Sharded, device_mesh, shard
 from ckptbench.train.step import param_dtype
 
 LEAK_TOLERANCE_BYTES = 1 << 20  # 1 MiB: allocator bookkeeping and tiny caches stay below it
@@ -65,10 +67,11 @@ class PointStart:
 
 @dataclass
 class _ModelSlot:
-    """The one live model; rebuilt only when the precision (parameter dtype) changes."""
+    """The one live model; rebuilt only when the precision (parameter dtype), LoRA or sharding changes."""
 
-    precision: tuple[str, str] | None = None  # (precision, lora)
+    setup: tuple[str, str, str] | None = None  # (precision, lora, parallel)
     model: Any = None
+    sharded: Sharded | None = None
     build_s: float | None = None
 
 
@@ -80,6 +83,8 @@ class Runner:
     device: torch.device
     probe: Probe
     gpu_name: str | None = None
+    rank: RankInfo | None = None  # set in a rank of a sharded point: it measures that point itself
+    point_timeout_s: float | None = None  # for points measured in fresh processes (--isolate, sharded)
     _slot: _ModelSlot = field(default_factory=_ModelSlot)
     _losses: LossReferences = field(default_factory=LossReferences)
     _oom_at: dict[tuple[Any, ...], int] = field(default_factory=dict)
@@ -90,15 +95,8 @@ class Runner:
 
     def __post_init__(self) -> None:
         self.llama = llama_config(self.cfg.model)
-        counts = layer_param_counts(self.llama)
-        self.shape = ModelShape(
-            num_layers=self.llama.num_hidden_layers,
-            hidden_size=self.llama.hidden_size,
-            attn_params=counts["attn"],
-            mlp_params=counts["mlp"],
-            layer_params=counts["layer"],
-            lm_head_params=counts["lm_head"],
-        )
+        self.shape = model_shape(self.llama)
+        self.placement = placement(self.device)
         self.peak_tflops = self.cfg.peak_tflops or peak_tflops_for(self.gpu_name)
 
     def run(
@@ -161,16 +159,20 @@ class Runner:
         if record.status in ("ok", "oom"):
             self._history.append(record.to_json())  # sent to child processes: loss references and OOM skips
 
-    def _in_processes(self, point: Point, base: dict[str, Any], *, timeout_s: float | None) -> dict[str, Any]:
-        """Measure a point in a fresh process; it learns what this runner knows (loss references, OOMs)."""
-        request = {
+    def _request(self, point: Point) -> dict[str, Any]:
+        """What a point's own process needs: the config, the point, and what this runner knows
+        (loss references, OOMs) of the points before it."""
+        return {
             "config": self.cfg.model_dump(mode="json"),
             "key": point.key,
             "gpu_name": self.gpu_name,
-            "done": self._history,
+            "done": list(self._history),
             "parent_pid": os.getpid(),
         }
-        return measure_in_process(request, base, timeout_s=timeout_s)
+
+    def _in_processes(self, point: Point, base: dict[str, Any], *, timeout_s: float | None) -> dict[str, Any]:
+        """Measure a point in a fresh process (one per rank for a sharded point)."""
+        return measure_in_process(self._request(point), base, timeout_s=timeout_s)
 
     def run_point(self, point: Point, *, allow_skip: bool = True, search: bool = False) -> PointRecord:
         """Measure one point (or skip it after a smaller batch ran out of memory): its record."""
@@ -215,16 +217,18 @@ class Runner:
             "tokens_per_step": point.tokens,
             "model_flops_per_step": model_flops,
             "hardware_flops_per_step": hw_flops,
-            "peak_tflops": self.peak_tflops,
+            # Of all the point's GPUs: FLOPs and tokens per step count every rank.
+            "peak_tflops": self.peak_tflops * point.world_size if self.peak_tflops else None,
             # An estimate (ckptbench estimate, made before the run), kept next to the measurement.
             "predicted_peak_allocated_bytes": self.predictions.get(point.key_id),
             "probe": self.probe.kind,
+            **self.placement,
         }
 
     def _model(self, point: Point) -> Any:
-        """The model for a point's precision and LoRA setting, built only when those change."""
+        """The model for a point's precision, LoRA and parallel setting, built only when those change."""
         slot = self._slot
-        if slot.precision != (point.precision, point.lora):
+        if slot.setup != (point.precision, point.lora, point.parallel):
             self.close()  # free the old model before building the next
             slot = self._slot
             t0 = time.perf_counter()
@@ -234,11 +238,18 @@ class Runner:
             if point.lora != "none":
                 model = apply_lora(model, rank=int(point.lora[1:]), spec=self.cfg.lora)
             self.probe.adopt([*model.parameters(), *model.buffers()])
+            # Under the CPU tracker: fully_shard's new shards and DDP's gradient buckets are counted.
+            mesh = device_mesh(point.parallel, self.device)
+            with tracking(self.probe):
+                slot.sharded = shard(model, point.parallel, precision=point.precision, device=self.device, mesh=mesh)
             self.probe.sync()
-            slot.model, slot.precision, slot.build_s = model, (point.precision, point.lora), time.perf_counter() - t0
+            slot.model, slot.setup = model, (point.precision, point.lora, point.parallel)
+            slot.build_s = time.perf_counter() - t0
         return slot.model
 
     def _measure_safely(self, point: Point, plan: LayoutPlan, base: dict[str, Any]) -> dict[str, Any]:
+        if point.parallel != "none" and self.rank is None:
+            return self._sharded(point, base)
         record = dict(base)
         failure: tuple[str, str] | None = None
         baseline: int | None = None
@@ -287,17 +298,24 @@ class Runner:
             "leaked": leak > LEAK_TOLERANCE_BYTES,
         }
 
+    def _sharded(self, point: Point, base: dict[str, Any]) -> dict[str, Any]:
+        """A sharded point: one fresh process per rank (this process's model and cache freed first)."""
+        visible = torch.cuda.device_count() if self.device.type == "cuda" else None
+        if visible is not None and point.world_size > visible:
+            reason = f"{point.parallel} needs {point.world_size} GPUs; {visible} visible here"
+            return {**base, "status": "skipped", "reason": reason}
+        self.close()
+        return self._in_processes(point, base, timeout_s=self.point_timeout_s)
+
     def _measure(self, model: Any, point: Point, plan: LayoutPlan) -> dict[str, Any]:
         recomputed = None
+        common: dict[str, Any] = {"cfg": self.cfg, "probe": self.probe, "device": self.device,
+                                  "init_std": self.llama.initializer_range, "vocab_size": self.llama.vocab_size}
+        sharded = self._slot.sharded
         if self._losses.needs_recomputed(point):  # before the window: the point's memory is not touched
-            recomputed = recompute_first_loss(
-                model, point, cfg=self.cfg, probe=self.probe, device=self.device,
-                init_std=self.llama.initializer_range, vocab_size=self.llama.vocab_size,
-            )
-        result = measure_point(
-            model, point, plan, cfg=self.cfg, probe=self.probe, device=self.device,
-            init_std=self.llama.initializer_range, vocab_size=self.llama.vocab_size,
-        )
+            fresh = sharded is not None and sharded.spec.distributed
+            recomputed = recompute_first_loss(model, point, reset=not fresh, **common)
+        result = measure_point(model, point, plan, sharded=sharded, **common)
         if result["status"] == "ok":
             rtol = loss_rtol(point.precision, self.cfg.loss_rtol)
             losses = result["warmup_losses"] + result["losses"]

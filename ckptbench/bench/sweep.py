@@ -14,10 +14,12 @@ from typing import Any
 
 from ckptbench.bench.device import make_probe, resolve_device
 from ckptbench.bench.environment import collect as collect_environment
+from ckptbench.bench.fanout import FanoutRunner, attach_pool, fanout_runner
 from ckptbench.bench.isolate import IsolatedRunner
 from ckptbench.bench.resume import check_resumable, done_records
 from ckptbench.bench.runner import Progress, Runner
 from ckptbench.bench.search import Search, make_searches
+from ckptbench.config.cluster import ClusterSpec
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig, check_cpu_compatible
 from ckptbench.errors import CkptbenchError, ConfigError, ResultsError, RunFailure
@@ -70,9 +72,11 @@ def _check_options(*, out: Path | None, resume: Path | None, isolate: bool, time
 
 
 def _make_runner(
-    cfg: SweepConfig, *, isolate: bool, timeout_s: float | None
+    cfg: SweepConfig, *, isolate: bool, timeout_s: float | None, cluster: ClusterSpec | None = None
 ) -> tuple[Runner, dict[str, Any]]:
     """Check that this machine can run ``cfg`` and build the runner; nothing is written yet."""
+    if cluster is not None and cluster.executor != "none":
+        return fanout_runner(cfg, cluster, timeout_s=timeout_s)
     device = resolve_device(cfg)
     if device.type == "cpu":
         try:
@@ -169,17 +173,25 @@ def run_sweep(
     isolate: bool = False,
     point_timeout_s: float | None = None,
     predict: bool = True,
+    cluster: ClusterSpec | None = None,
 ) -> SweepOutcome:
-    """Run every point of ``cfg`` (or, with ``resume``, those a run lacks); each is on disk as it ends."""
-    _check_options(out=out, resume=resume, isolate=isolate, timeout_s=point_timeout_s)
+    """Run every point of ``cfg`` (or, with ``resume``, those a run lacks); each is on disk as it ends.
+
+    ``cluster`` (default: the config's ``cluster`` section) fans the points out as submitit jobs.
+    """
+    cluster = cluster or cfg.cluster
+    fanned = cluster.executor != "none"
+    _check_options(out=out, resume=resume, isolate=isolate or fanned, timeout_s=point_timeout_s)
     if resume is not None:
         try:
             resume = resolve_run_path(resume, results_root=results_root)
         except ResultsError as exc:
             raise ResultsError(f"--resume {exc}") from None
-    runner, environment = _make_runner(cfg, isolate=isolate, timeout_s=point_timeout_s)
+    runner, environment = _make_runner(cfg, isolate=isolate, timeout_s=point_timeout_s, cluster=cluster)
     points = cfg.points_list()
-    options = {"isolate": isolate, "point_timeout_s": point_timeout_s}
+    options: dict[str, Any] = {"isolate": isolate or fanned, "point_timeout_s": point_timeout_s}
+    if fanned:
+        options["cluster"] = cluster.model_dump(mode="json")
     if resume is not None:
         writer, run = _open_run(cfg, resume=resume, environment=environment, options=options)
         done, notes = done_records(run), run.warnings
@@ -187,6 +199,8 @@ def run_sweep(
         meta = {"num_points": len(points), "options": options}
         writer = _new_run(cfg, out=out, results_root=results_root, environment=environment, meta=meta)
         done, notes = {}, []
+    if isinstance(runner, FanoutRunner):
+        attach_pool(runner, writer.run_dir)
     if predict:
         runner.predictions = _predictions(cfg, points, runner.device.type)
     try:

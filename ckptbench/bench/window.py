@@ -11,10 +11,12 @@ from ckptbench.bench.probes import Probe, TrackerProbe, tensor_bytes
 from ckptbench.config.grid import Point
 from ckptbench.config.layouts import LayoutPlan
 from ckptbench.config.schema import SweepConfig
+from ckptbench.estimate.live_storage import storage_tensors
 from ckptbench.train.checkpointing import applied
 from ckptbench.train.model import attention, reset_weights
 from ckptbench.train.offload import HostOffload
 from ckptbench.train.optimizers import make_optimizer
+from ckptbench.train.parallel import Sharded
 from ckptbench.train.step import Trainer, forward_loss, make_batch
 
 
@@ -28,11 +30,19 @@ def measure_point(
     device: torch.device,
     init_std: float,
     vocab_size: int,
+    sharded: Sharded | None = None,
 ) -> dict[str, Any]:
-    """Reset the weights, apply the point's plan and techniques, warm up, measure; a record's fields."""
+    """Reset the weights, apply the point's plan and techniques, warm up, measure; a record's fields.
+
+    A sharded model (``sharded``: DDP or FSDP2, one point per process) is not reset: it was built
+    with the seed's weights just before it was sharded, and FSDP2's DTensor parameters would draw
+    other random numbers than the unsharded model does.
+    """
     if point.compile and point.offload != "none":
         return {"status": "skipped", "reason": "torch.compile with activation offloading is not supported"}
-    reset_weights(model, seed=cfg.seed, std=init_std)
+    distributed = sharded is not None and sharded.spec.distributed
+    if not distributed:
+        reset_weights(model, seed=cfg.seed, std=init_std)
     params = [p for p in model.parameters() if p.requires_grad]
     batch = make_batch(
         seed=cfg.seed,
@@ -47,7 +57,7 @@ def measure_point(
     with (
         applied(model, plan, offload_inputs=ckpt_offload),
         attention(model, point.attn_implementation),
-        _tracking(probe),
+        tracking(probe),
     ):
         trainer = Trainer(
             model,
@@ -56,8 +66,10 @@ def measure_point(
             device.type,
             micro_batches=point.micro_batches,
             zero_grad_to_none=cfg.zero_grad_to_none,
-            forward=torch.compile(model) if point.compile else None,
+            forward=torch.compile(model) if point.compile else sharded.forward if sharded else None,
             offload=host.active if host is not None and point.offload == "all" else None,
+            grad_sync=sharded.grad_sync if distributed and sharded else None,
+            use_autocast=sharded.autocast if sharded else True,
         )
         result = _window(trainer, batch, probe=probe, cfg=cfg)
         result["memory"].update(_static_memory(model, trainer.optimizer))
@@ -79,6 +91,7 @@ def recompute_first_loss(
     device: torch.device,
     init_std: float,
     vocab_size: int,
+    reset: bool = True,
 ) -> RecomputedLoss:
     """The first step's loss without checkpointing, by forward passes alone: the loss check's reference
     when the cell's 'none' layout did not run (or is the point itself).
@@ -88,7 +101,8 @@ def recompute_first_loss(
     Runs before the point's window and outside the CPU tracker, and the cache is emptied after it,
     so the point's memory is what it would be without it.
     """
-    reset_weights(model, seed=cfg.seed, std=init_std)
+    if reset:  # False for a sharded model: fresh, with the seed's weights (see measure_point)
+        reset_weights(model, seed=cfg.seed, std=init_std)
     batch = make_batch(seed=cfg.seed, batch_size=point.batch_size, seq_len=point.seq_len, vocab_size=vocab_size,
                        device=device)
     rows = point.batch_size
@@ -145,7 +159,7 @@ def _steps(trainer: Trainer, batch: torch.Tensor, n: int, *, probe: Probe) -> tu
     return times, [float(x) for x in losses]
 
 
-class _tracking:
+class tracking:
     """Activate the CPU tracker for the block (a no-op on CUDA)."""
 
     def __init__(self, probe: Probe) -> None:
@@ -164,8 +178,10 @@ def _static_memory(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, in
     """Parameters, gradients (one per trainable parameter, same dtype) and optimizer state, in bytes."""
     params = list(model.parameters())
     state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    # A sharded parameter's gradient is sharded like it: count this rank's part (a DTensor's local shard).
+    local = [t for p in params if p.requires_grad for t in storage_tensors(p)]
     return {
         "params_bytes": tensor_bytes(params),
-        "grads_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+        "grads_bytes": sum(t.numel() * t.element_size() for t in local),
         "optimizer_state_bytes": tensor_bytes(state),
     }

@@ -32,6 +32,11 @@ TimeNoiseOpt = Annotated[
     float, typer.Option("--time-noise", min=0, metavar="PCT", help="A step-time change under PCT% is noise.")
 ]
 
+AllowMixedOpt = Annotated[
+    bool,
+    typer.Option("--allow-mixed-gpus", help="Compare runs whose points ran on different GPU models anyway."),
+]
+
 
 def compare(
     run_a: RunArg,
@@ -44,6 +49,7 @@ def compare(
     memory_tolerance: MemoryTolOpt = 0.1,
     time_noise: TimeNoiseOpt = 2.0,
     results_root: ResultsOpt = Path("results"),
+    allow_mixed_gpus: AllowMixedOpt = False,
 ) -> None:
     """Compare RUN_B against the base RUN_A: memory, speed, OOMs, environment; gates for CI."""
     from ckptbench.analysis.compare import Gates, Thresholds, compare_refs
@@ -52,7 +58,8 @@ def compare(
     gates = Gates(memory_pct=fail_memory, time_pct=fail_time, new_oom=oom)
     thresholds = Thresholds(memory_rtol=memory_tolerance / 100, time_rtol=time_noise / 100)
     try:
-        comp = compare_refs(run_a, run_b, results_root=results_root, thresholds=thresholds, gates=gates)
+        comp = compare_refs(run_a, run_b, results_root=results_root, thresholds=thresholds, gates=gates,
+                            allow_mixed_gpus=allow_mixed_gpus)
     except CkptbenchError as exc:
         raise fail(exc) from None
     _print_comparison(comp, fmt, only_changed=only_changed)

@@ -23,11 +23,17 @@ def estimate(
     budget: BudgetOpt = None,
     target: TargetOpt = None,
     full: Annotated[bool, typer.Option("--full", help="Trace the whole model for every point (slow).")] = False,
+    parallel: Annotated[
+        str | None,
+        typer.Option("--parallel", help="Estimate every point spread this way instead: ddp:N, fsdp2:N, "
+                     "fsdp2:N:noreshard (per rank, on the fake process group; rank 0 holds the largest shard)."),
+    ] = None,
 ) -> None:
     """Predict, without a GPU, each point's peak allocated memory and what it is made of.
 
     Given a run directory, estimate its points and show what the run measured next to them.
     """
+    from ckptbench.config.load import with_parallel
     from ckptbench.estimate.api import estimate_config
     from ckptbench.render.estimate import RENDERERS, estimate_table
     from ckptbench.results.inputs import load_input
@@ -35,6 +41,8 @@ def estimate(
 
     try:
         cfg, measured = load_input(config)
+        if parallel is not None:
+            cfg = with_parallel(cfg, parallel)
         budget_bytes = parse_size(budget) if budget is not None else None
         with EstimateProgressBar(err) as bar:
             estimates = estimate_config(

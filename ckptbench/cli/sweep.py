@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,6 +14,16 @@ from rich.markup import escape
 from ckptbench.cli.common import ConfigArg, err, fail, out, warn
 from ckptbench.cli.progress import SweepProgress
 from ckptbench.errors import CkptbenchError
+
+_CLUSTER = "Fan-out (docs/cluster.md)"
+
+
+class Executor(str, Enum):
+    """Where the points run (the config's cluster.executor when not given)."""
+
+    none = "none"
+    local = "local"
+    slurm = "slurm"
 
 
 class _Interrupts:
@@ -58,19 +69,46 @@ def sweep(
         bool,
         typer.Option("--predict/--no-predict", help="Record each point's estimated peak next to the measured one."),
     ] = True,
+    executor: Annotated[
+        Executor | None,
+        typer.Option("--executor", help="Run each point as a submitit job: on this node's GPUs (local) or on "
+                     "Slurm (slurm). Default: the config's cluster.executor (none: in this process).",
+                     rich_help_panel=_CLUSTER),
+    ] = None,
+    gpus: Annotated[str | None, typer.Option("--gpus", help="local: GPU indices to spread points over (0,1,2,3).",
+                                             rich_help_panel=_CLUSTER)] = None,
+    jobs: Annotated[int | None, typer.Option("--jobs", help="local without GPUs: points at once.",
+                                             rich_help_panel=_CLUSTER)] = None,
+    partition: Annotated[str | None, typer.Option("--partition", help="slurm: partition.",
+                                                  rich_help_panel=_CLUSTER)] = None,
+    time_limit: Annotated[int | None, typer.Option("--time-limit", help="slurm: minutes per job (one point).",
+                                                   metavar="MIN", rich_help_panel=_CLUSTER)] = None,
+    array_parallelism: Annotated[int | None, typer.Option(
+        "--array-parallelism", help="slurm: jobs running at once.", rich_help_panel=_CLUSTER)] = None,
+    account: Annotated[str | None, typer.Option("--account", help="slurm: account.", rich_help_panel=_CLUSTER)] = None,
+    sbatch: Annotated[list[str] | None, typer.Option(
+        "--sbatch", help="slurm: extra sbatch option KEY=VALUE or FLAG (repeatable): --sbatch qos=high.",
+        rich_help_panel=_CLUSTER)] = None,
 ) -> None:
     """Run a sweep: real training steps for every point of CONFIG; writes run.json and points.jsonl."""
+    from ckptbench.config.cluster import with_overrides
     from ckptbench.config.load import load_config
 
     with _Interrupts():
         try:
             cfg = load_config(config)  # before torch is imported: a bad config fails in a blink
+            cluster = with_overrides(
+                cfg.cluster, executor=executor.value if executor else None, gpus=gpus, jobs=jobs,
+                partition=partition, time_min=time_limit, array_parallelism=array_parallelism, account=account,
+                sbatch=sbatch,
+            )
             from ckptbench.bench.sweep import run_sweep
 
             with SweepProgress(len(cfg.points_list())) as progress:
                 outcome = run_sweep(
                     cfg, out=out_dir, results_root=results_root, on_progress=progress.update,
                     resume=resume, isolate=isolate, point_timeout_s=point_timeout, predict=predict,
+                    cluster=cluster,
                 )
         except CkptbenchError as exc:
             raise fail(exc) from None

@@ -118,3 +118,11 @@ def load_config(path: str | Path) -> SweepConfig:
         reason = f"{exc.__class__.__name__}: {exc.strerror or exc}"
         raise ConfigError(_one_line(f"{p}: cannot read config file ({reason})")) from None
     return loads_config(text, source=str(p))
+
+
+def with_parallel(cfg: SweepConfig, parallel: str) -> SweepConfig:
+    """``cfg`` with every point spread as ``parallel``; a ConfigError names the option when it is invalid."""
+    try:
+        return cfg.with_parallel(parallel)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(_error_line("--parallel", exc.errors()[0]))) from None

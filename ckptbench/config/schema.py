@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from ckptbench.config.axes import AttnImpl, DeviceName, OptimizerName, PointSpec, SweepAxes, _Strict
+from ckptbench.config.cluster import ClusterSpec
 from ckptbench.config.grid import Point, expand, search_templates
 from ckptbench.config.layouts import parse_layout
 from ckptbench.config.presets import PRESETS, preset_names
@@ -96,6 +97,9 @@ class SweepConfig(_Strict):
     # Explicit cells, added to the grid or replacing it (points_mode).
     points: list[PointSpec] = Field(default_factory=list)
     points_mode: Literal["add", "replace"] = "add"
+    # Where points run: in the sweep's process (executor: none), or as submitit jobs on the GPUs of this
+    # node (local) or on Slurm (slurm). Never changes what is measured (docs/cluster.md).
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
 
     @field_validator("memory_cap_gib", "lr", "peak_tflops", "loss_rtol")
     @classmethod
@@ -169,6 +173,14 @@ class SweepConfig(_Strict):
         explicit = [spec.model_dump() for spec in self.points]
         replace = self.points_mode == "replace" and bool(self.points)
         return expand(self.model.name, self.axis_values(), explicit, replace_grid=replace)
+
+    def with_parallel(self, parallel: str) -> SweepConfig:
+        """The same sweep with every point spread as ``parallel`` (``estimate --parallel fsdp2:8``)."""
+        data = self.model_dump(mode="json")
+        data["sweep"]["parallel"] = [parallel]
+        for spec in data["points"]:
+            spec["parallel"] = None
+        return SweepConfig.model_validate(data)
 
     def search_templates(self) -> list[tuple[str, Point]]:
         """('batch_max' | 'layout_fit', template point) for every searched cell, in execution order."""

@@ -142,12 +142,12 @@ def _shape_key(point: Point) -> tuple[Any, ...]:
     """Everything but the layout that shapes a step's per-layer costs."""
     return (
         point.precision, point.seq_len, point.batch_size, point.optimizer, point.lora, point.offload,
-        point.attn_implementation, min(point.micro_batches, 2),
+        point.attn_implementation, min(point.micro_batches, 2), point.parallel,
     )
 
 
 def _optim_key(point: Point) -> tuple[Any, ...]:
-    return (point.precision, point.optimizer, point.lora)
+    return (point.precision, point.optimizer, point.lora, point.parallel)
 
 
 def _label(point: Point, what: str) -> str:

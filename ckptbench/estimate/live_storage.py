@@ -3,20 +3,42 @@
 The CPU probe (``bench.probes.LiveTensorTracker``) and the estimator's tracker
 (``estimate.tracker.StepTracker``) both count through ``LiveStorageCounter``, so an estimate
 for the CPU counts exactly as the CPU tracker measures.
+
+Two things sharded training (FSDP2) adds, handled here for both:
+
+- a DTensor is a wrapper without storage of its own: its local shard holds the bytes, so wrapper
+  subclasses are counted through their inner tensors (``storage_tensors``);
+- FSDP2 frees and re-allocates an unsharded parameter by resizing its storage in place
+  (``UntypedStorage.resize_``, which no dispatch mode sees): while a counter watches
+  (``watching_resizes``), a resize of a counted storage changes its counted bytes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 Meta = TypeVar("Meta")
 
 # Called with (storage key, bytes, metadata) when a counted storage dies or is forgotten.
 ReleaseHook = Callable[[int, int, Meta], None]
+# Called with (storage key, change in counted bytes, metadata) when a counted storage is resized.
+ResizeHook = Callable[[int, int, Meta], None]
+
+
+def storage_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors that own ``t``'s memory: ``t``, or the inner tensors of a wrapper subclass (a DTensor's
+    local shard), recursively."""
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    names, _ = t.__tensor_flatten__()
+    inner = [getattr(t, name) for name in names]  # a DTensor also names its (tensor-like) device mesh
+    return [leaf for x in inner if isinstance(x, torch.Tensor) for leaf in storage_tensors(x)]
 
 
 def storage_key(t: torch.Tensor) -> int:
@@ -49,15 +71,19 @@ class LiveStorageCounter(Generic[Meta]):
         *,
         round_bytes: Callable[[int], int] = _exact,
         on_release: ReleaseHook[Meta] | None = None,
+        on_resize: ResizeHook[Meta] | None = None,
     ) -> None:
         self.live = 0
         self._round_bytes = round_bytes
         self._on_release = on_release
+        self._on_resize = on_resize
         self._entries: dict[int, tuple[int, Meta]] = {}  # storage key -> (counted bytes, metadata)
         self._ignored: set[int] = set()  # forgotten storages that are still alive
 
     def add(self, t: torch.Tensor, meta: Meta) -> int:
         """Count ``t``'s storage under ``meta`` unless it is counted or forgotten; the bytes added."""
+        if is_traceable_wrapper_subclass(t):
+            return sum(self.add(inner, meta) for inner in storage_tensors(t))
         if t.device.type == "meta" or t.is_sparse:
             return 0
         storage = t.untyped_storage()
@@ -80,8 +106,26 @@ class LiveStorageCounter(Generic[Meta]):
         if key in self._entries:
             self._entries[key] = (self._entries[key][0], meta)
 
+    def resized(self, storage: torch.UntypedStorage) -> None:
+        """A storage changed size in place: count its new size if it is counted."""
+        key = id(storage)
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        nbytes, meta = entry
+        change = self._round_bytes(storage.nbytes()) - nbytes
+        if change:
+            self._entries[key] = (nbytes + change, meta)
+            self.live += change
+            if self._on_resize is not None:
+                self._on_resize(key, change, meta)
+
     def forget(self, t: torch.Tensor) -> None:
         """Stop counting ``t``'s storage and ignore it until it dies: it is memory elsewhere."""
+        if is_traceable_wrapper_subclass(t):
+            for inner in storage_tensors(t):
+                self.forget(inner)
+            return
         storage = t.untyped_storage()
         key = id(storage)
         if key in self._ignored:
@@ -104,3 +148,28 @@ class LiveStorageCounter(Generic[Meta]):
         self.live -= nbytes
         if self._on_release is not None:
             self._on_release(key, nbytes, meta)
+
+
+_WATCHERS: list[LiveStorageCounter[Any]] = []
+_RESIZE = torch.UntypedStorage.resize_
+
+
+def _resize_and_tell(storage: torch.UntypedStorage, size: int) -> Any:
+    result = _RESIZE(storage, size)
+    for counter in tuple(_WATCHERS):
+        counter.resized(storage)
+    return result
+
+
+@contextlib.contextmanager
+def watching_resizes(counter: LiveStorageCounter[Any]) -> Iterator[None]:
+    """Tell ``counter`` of every ``UntypedStorage.resize_`` in the block (the method is patched meanwhile)."""
+    if not _WATCHERS:
+        torch.UntypedStorage.resize_ = _resize_and_tell  # type: ignore[method-assign,assignment]
+    _WATCHERS.append(counter)
+    try:
+        yield
+    finally:
+        _WATCHERS.remove(counter)
+        if not _WATCHERS:
+            torch.UntypedStorage.resize_ = _RESIZE  # type: ignore[method-assign]

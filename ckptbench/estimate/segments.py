@@ -44,7 +44,10 @@ class SegmentMarks:
             opt.register_step_post_hook(self._opt_post),
         ]
         for i, layer in enumerate(self.layers):
-            handles.append(layer.register_forward_pre_hook(self._layer_pre(i), with_kwargs=True))
+            # Prepended: they run before FSDP2's hooks on the layer, so a layer's segments hold its own
+            # all-gather (forward) and its own pre-backward unshard (see _layer_post).
+            handles.append(layer.register_forward_pre_hook(self._layer_pre(i), with_kwargs=True, prepend=True))
+            handles.append(layer.register_forward_hook(self._layer_post(i), prepend=True))
         for p in params:
             handles.append(p.register_post_accumulate_grad_hook(lambda p: tracker.reclassify(p.grad, GRADS)))
         try:
@@ -71,8 +74,18 @@ class SegmentMarks:
             if i == 0:
                 self.tracker.share(t for t in tree_leaves((args[1:], kwargs)) if t is not hidden)
                 self.tracker.share([hidden], kind="input0")
-            if hidden.requires_grad:
-                hidden.register_hook(self._on_grad(f"bwd:{i - 1}" if i else "tail"))
+            if i == 0 and hidden.requires_grad:
+                hidden.register_hook(self._on_grad("tail"))
+
+        return hook
+
+    def _layer_post(self, i: int) -> Callable[..., None]:
+        def hook(module: Any, args: Any, output: Any) -> None:
+            # On the layer's output, before FSDP2's post-forward registers its pre-backward hook there:
+            # the layer's backward segment starts before FSDP2 unshards the layer for it.
+            out = output[0] if isinstance(output, tuple) else output
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                out.register_hook(self._on_grad(f"bwd:{i}"))
 
         return hook
 
@@ -80,7 +93,6 @@ class SegmentMarks:
         # Marked at the final norm, not in the last layer's forward hook: the layer call must have
         # released its arguments (the last layer's input) so that they are freed in its segment.
         self.tracker.mark(f"head@{self.micro}")
-        args[0].register_hook(self._on_grad(f"bwd:{len(self.layers) - 1}"))
 
     def _stack_post(self, module: Any, args: Any, output: Any) -> None:
         self.tracker.mark(f"logits@{self.micro}")

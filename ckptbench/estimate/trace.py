@@ -40,6 +40,7 @@ from ckptbench.errors import ConfigError
 from ckptbench.estimate.device_model import kernel_model
 from ckptbench.estimate.fake_patches import EmulatedHostOffload, eager_transformers, swappable_fake_parameters
 from ckptbench.estimate.segments import SegmentMarks
+from ckptbench.estimate.sharded import complete_fake_buckets, fake_process_group
 from ckptbench.estimate.tracker import (
     GRADS,
     LOGITS_LOSS,
@@ -54,6 +55,7 @@ from ckptbench.estimate.tracker import (
 from ckptbench.train.checkpointing import applied
 from ckptbench.train.model import apply_lora, attention, build_model, decoder_layers
 from ckptbench.train.optimizers import make_optimizer
+from ckptbench.train.parallel import Sharded, shard
 from ckptbench.train.step import Trainer, param_dtype
 
 _CPU = torch.device("cpu")
@@ -92,13 +94,17 @@ def _build(cfg: SweepConfig, point: Point, num_layers: int | None, mode: FakeTen
 
 
 def _prepare(
-    cfg: SweepConfig, point: Point, tracker: StepTracker, num_layers: int | None, mode: FakeTensorMode
-) -> tuple[Any, list[torch.nn.Parameter], torch.optim.Optimizer]:
-    """Build the fake model and its optimizer state (as after warm-up) and count them."""
+    cfg: SweepConfig, point: Point, tracker: StepTracker, num_layers: int | None, mode: FakeTensorMode, mesh: Any
+) -> tuple[Any, Sharded, list[torch.nn.Parameter], torch.optim.Optimizer]:
+    """Build (and shard) the fake model and its optimizer state (as after warm-up) and count them."""
     model = _build(cfg, point, num_layers, mode)
-    params = [p for p in model.parameters() if p.requires_grad]
     tracker.adopt(model.parameters(), PARAMS)
     tracker.adopt(model.buffers(), OTHER)
+    with tracker:  # as Runner._model does under the CPU tracker: new shards, DDP's buckets (other)
+        sharded = shard(model, point.parallel, precision=point.precision, device=_CPU, mesh=mesh)
+    tracker.adopt(model.parameters(), PARAMS)  # FSDP2's sharded parameters
+    complete_fake_buckets(sharded)
+    params = [p for p in model.parameters() if p.requires_grad]
     if tracker.kernels.persistent_bytes:
         tracker.reserve(tracker.kernels.persistent_bytes, OTHER)
     opt = make_optimizer(point.optimizer, params, lr=cfg.lr)
@@ -111,7 +117,7 @@ def _prepare(
     tracker.adopt([p.grad for p in params if p.grad is not None], GRADS)
     for t in tracker.kernels.host_resident(opt):
         tracker.forget(t)
-    return model, params, opt
+    return model, sharded, params, opt
 
 
 def trace_step(
@@ -123,6 +129,7 @@ def trace_step(
     num_layers: int | None = None,
     micro_batches: int | None = None,
     defer_shared: bool = False,
+    rank: int = 0,
 ) -> StepTrace:
     """Trace one measured step of ``point`` (optionally on a model of ``num_layers`` with ``plans``).
 
@@ -132,8 +139,11 @@ def trace_step(
     if point.offload != "none" and target != "cuda":
         raise ConfigError(f"offload={point.offload}: activation offloading can only be estimated for a CUDA target")
     tracker = StepTracker(kernel_model(target), defer_shared=defer_shared)
-    with eager_transformers(), FakeTensorMode() as mode, contextlib.ExitStack() as stack:
-        model, params, opt = _prepare(cfg, point, tracker, num_layers, mode)
+    with (
+        fake_process_group(point.parallel, rank=rank) as mesh, eager_transformers(), FakeTensorMode() as mode,
+        contextlib.ExitStack() as stack,
+    ):
+        model, sharded, params, opt = _prepare(cfg, point, tracker, num_layers, mode, mesh)
         static = tuple(tracker.by_cat)
         if plans is None:
             plans = [parse_layout(point.layout, len(decoder_layers(model)))]
@@ -146,7 +156,8 @@ def trace_step(
         offload = host.active if host is not None and point.offload == "all" else None
         trainer = Trainer(
             model, opt, point.precision, "cpu", micro_batches=micro_batches or point.micro_batches,
-            zero_grad_to_none=cfg.zero_grad_to_none, offload=offload,
+            zero_grad_to_none=cfg.zero_grad_to_none, offload=offload, forward=sharded.forward,
+            grad_sync=sharded.grad_sync if sharded.spec.distributed else None, use_autocast=sharded.autocast,
         )
         with SegmentMarks(tracker, model).installed(opt, params), tracker:
             tracker.tag = LOGITS_LOSS
@@ -167,11 +178,11 @@ def _result(tracker: StepTracker, static: Vector) -> StepTrace:
     )
 
 
-def trace_optimizer(cfg: SweepConfig, point: Point, *, target: str) -> StepTrace:
+def trace_optimizer(cfg: SweepConfig, point: Point, *, target: str, rank: int = 0) -> StepTrace:
     """Trace the whole model's optimizer step and zero_grad (every gradient present), without forward."""
     tracker = StepTracker(kernel_model(target))
-    with FakeTensorMode() as mode:
-        _model, params, opt = _prepare(cfg, point, tracker, None, mode)
+    with fake_process_group(point.parallel, rank=rank) as mesh, FakeTensorMode() as mode:
+        _model, _sharded, params, opt = _prepare(cfg, point, tracker, None, mode, mesh)
         static = tuple(tracker.by_cat)
         with tracker:
             tracker.tag = GRADS

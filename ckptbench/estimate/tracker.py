@@ -18,6 +18,7 @@ a CPU-target estimate counts as the CPU tracker measures. On top of that it
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -26,7 +27,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ckptbench.estimate.live_storage import LiveStorageCounter, storage_key
+from ckptbench.estimate.live_storage import LiveStorageCounter, storage_key, storage_tensors, watching_resizes
 from ckptbench.estimate.record import CATEGORIES
 
 PARAMS, GRADS, OPTIMIZER_STATE, ACTIVATIONS, LOGITS_LOSS, TRANSIENT, OTHER = range(len(CATEGORIES))
@@ -107,8 +108,9 @@ class StepTracker(TorchDispatchMode):
         self.defer_shared = defer_shared
         # Storage metadata: (category, number of the segment that allocated it).
         self.storages: LiveStorageCounter[tuple[int, int]] = LiveStorageCounter(
-            round_bytes=kernels.block_bytes, on_release=self._released
+            round_bytes=kernels.block_bytes, on_release=self._released, on_resize=self._resized
         )
+        self._watching: list[contextlib.AbstractContextManager[None]] = []
         self._shared: dict[int, str] = {}
         self._inputs: dict[int, int] = {}
         self._deferred: list[tuple[int, int, str]] = []
@@ -140,12 +142,13 @@ class StepTracker(TorchDispatchMode):
 
     def reclassify(self, t: torch.Tensor, category: int) -> None:
         """Move a counted storage to another category (a gradient once it lands in ``.grad``)."""
-        entry = self.storages.lookup(t)
-        if entry is not None:
-            nbytes, (old, seg) = entry
-            self.by_cat[old] -= nbytes
-            self.by_cat[category] += nbytes
-            self.storages.relabel(t, (category, seg))
+        for inner in storage_tensors(t):
+            entry = self.storages.lookup(inner)
+            if entry is not None:
+                nbytes, (old, seg) = entry
+                self.by_cat[old] -= nbytes
+                self.by_cat[category] += nbytes
+                self.storages.relabel(inner, (category, seg))
 
     def share(self, tensors: Iterable[Any], kind: str = "shared") -> None:
         """Mark storages whose free depends on the layout, not on one layer.
@@ -183,6 +186,24 @@ class StepTracker(TorchDispatchMode):
         if seg >= 0 and self._label is not None and is_layer(self._labels[seg]) and not is_layer(self._label):
             pair = (self._label, self._labels[seg])
             self.crossings[pair] = add(self.crossings.get(pair, (0,) * len(CATEGORIES)), _only(category, nbytes))
+
+    def _resized(self, _key: int, change: int, meta: tuple[int, int]) -> None:
+        """A counted storage was resized in place (FSDP2 freeing or refilling an unsharded parameter)."""
+        self.by_cat[meta[0]] += change
+        self._touch()
+
+    def __enter__(self) -> StepTracker:
+        watch = watching_resizes(self.storages)
+        watch.__enter__()
+        self._watching.append(watch)
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._watching.pop().__exit__(None, None, None)
 
     def _touch(self, extra: int = 0) -> None:
         live = self.live + extra

@@ -118,10 +118,12 @@ def run_header(run: Run) -> str:
     """One line naming the machine and software a run was measured on."""
     env = run.environment
     where = env.get("gpu_name") or f"CPU ({env.get('probe', 'live-tensor tracker')})"
-    return (
+    line = (
         f"{run.name}: {where}, torch {env.get('torch')}, transformers {env.get('transformers')}, "
         f"status {run.meta.get('status', '?')}"
     )
+    mixed = run.mixed_gpus
+    return f"{line}; points ran on different GPU models: {mixed}" if mixed else line
 
 
 def write_summaries(run: Run) -> tuple[Path, Path]:

@@ -57,6 +57,22 @@ class LossCheck(_Open):
     match: bool | None = None
 
 
+class RankRecord(_Open):
+    """What one rank of a sharded point measured, and where it ran (bench/ranks.py merges them)."""
+
+    rank: Annotated[int, Field(ge=0)]
+    status: Status
+    reason: str | None = None
+    host: str | None = None
+    gpu_name: str | None = None
+    gpu_index: int | None = None
+    peak_allocated_bytes: Bytes | None = None
+    peak_reserved_bytes: Bytes | None = None
+    step_times_s: list[Seconds] = Field(default_factory=list)
+    warmup_times_s: list[Seconds] = Field(default_factory=list)
+    wall_s: Seconds | None = None
+
+
 class PointRecord(_Open):
     """One finished point: its key, status, raw measurements and where they came from."""
 
@@ -90,6 +106,17 @@ class PointRecord(_Open):
     isolated: bool = False  # measured in a fresh process (--isolate)
     model_rebuilt: bool = False
     fatal: bool = False  # the device was unusable after this point
+    # Where the point ran: the host, the GPU model and its index on that host (None on CPU).
+    host: str | None = None
+    gpu_name: str | None = None
+    gpu_index: int | None = None
+    # A sharded point (parallel: ddp or fsdp2): its number of ranks and what each measured; the point's
+    # peaks are the largest rank's and each step time the slowest rank's.
+    world_size: Annotated[int, Field(ge=1)] | None = None
+    ranks: list[RankRecord] | None = None
+    # A fanned-out point (sweep --executor): the submitit executor and the job that ran it.
+    executor: str | None = None
+    job_id: str | None = None
 
     @field_validator("key")
     @classmethod

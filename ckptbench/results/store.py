@@ -171,6 +171,26 @@ class Run:
     def environment(self) -> dict[str, Any]:
         return self.meta.get("environment", {})
 
+    @property
+    def gpu_models(self) -> dict[str, int]:
+        """How many measured points ran on each GPU model (a point's own record, else the run's GPU);
+        more than one model means the run mixes cards (a fanned-out sweep on a mixed cluster)."""
+        counts: dict[str, int] = {}
+        for rec in self.points:
+            if rec.status in ("ok", "oom"):
+                name = rec.gpu_name or self.environment.get("gpu_name")
+                if name:
+                    counts[name] = counts.get(name, 0) + 1
+        return counts
+
+    @property
+    def mixed_gpus(self) -> str | None:
+        """'NVIDIA A100 (3), NVIDIA H100 (2)' when the points ran on different GPU models, else None."""
+        models = self.gpu_models
+        if len(models) < 2:
+            return None
+        return ", ".join(f"{name} ({n})" for name, n in sorted(models.items(), key=lambda kv: (-kv[1], kv[0])))
+
 
 def resolve_run_path(ref: str | Path, *, results_root: Path = Path("results")) -> Path:
     """A run directory given as a path or as a run name under ``results/``."""

@@ -25,10 +25,15 @@ def param_dtype(precision: str) -> torch.dtype:
     return _PRECISIONS[precision][0]
 
 
+def amp_dtype(precision: str) -> torch.dtype | None:
+    """The dtype an amp precision computes in (None for the pure-dtype precisions)."""
+    return _PRECISIONS[precision][1]
+
+
 def autocast(precision: str, device_type: str) -> contextlib.AbstractContextManager[Any]:
     """The precision's autocast region (a no-op for the pure-dtype precisions)."""
-    amp_dtype = _PRECISIONS[precision][1]
-    return torch.autocast(device_type, dtype=amp_dtype) if amp_dtype is not None else contextlib.nullcontext()
+    low = amp_dtype(precision)
+    return torch.autocast(device_type, dtype=low) if low is not None else contextlib.nullcontext()
 
 
 @torch.no_grad()
@@ -51,9 +56,11 @@ def forward_loss(model: nn.Module, input_ids: torch.Tensor, *, precision: str, r
 class Trainer:
     """Runs forward with labels, backward, optimizer step and zero-grad for one precision mode.
 
-    ``forward`` is the module called for the forward pass (the compiled model, when compiled);
-    with ``micro_batches`` > 1 the gradients of that many forward/backward passes are accumulated
-    before one optimizer step; ``offload`` keeps saved activations in host memory.
+    ``forward`` is the module called for the forward pass (the compiled model, when compiled; the
+    DDP wrapper); with ``micro_batches`` > 1 the gradients of that many forward/backward passes are
+    accumulated before one optimizer step, and ``grad_sync(last)`` wraps each of them (a sharded
+    model reduces gradients on the last one only); ``offload`` keeps saved activations in host
+    memory; ``use_autocast`` is False where FSDP2's mixed-precision policy casts instead.
     """
 
     model: nn.Module
@@ -64,6 +71,8 @@ class Trainer:
     zero_grad_to_none: bool = True
     forward: Callable[..., Any] | None = None
     offload: Callable[[], contextlib.AbstractContextManager[None]] | None = None
+    grad_sync: Callable[[bool], contextlib.AbstractContextManager[Any]] | None = None
+    use_autocast: bool = True
 
     def __post_init__(self) -> None:
         # Only fp16 autocast needs loss scaling; pure fp16 keeps fp16 state, as the precision promises.
@@ -74,11 +83,14 @@ class Trainer:
         forward = self.forward if self.forward is not None else self.model
         offload = self.offload or contextlib.nullcontext
         total = torch.zeros((), device=input_ids.device)
-        for _ in range(self.micro_batches):
-            with autocast(self.precision, self.device_type), offload():
-                loss = forward(input_ids=input_ids, labels=input_ids, use_cache=False).loss
-            scaled = loss / self.micro_batches
-            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+        precision = self.precision if self.use_autocast else "fp32"  # fp32: no autocast region
+        for k in range(self.micro_batches):
+            sync = self.grad_sync(k == self.micro_batches - 1) if self.grad_sync else contextlib.nullcontext()
+            with sync:
+                with autocast(precision, self.device_type), offload():
+                    loss = forward(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+                scaled = loss / self.micro_batches
+                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             total += loss.detach().float()
             del loss, scaled
         if self.scaler is not None:

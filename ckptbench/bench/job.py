@@ -1,0 +1,35 @@
+"""The function a fanned-out sweep submits through submitit: one point, run on the job's node.
+
+Kept free of torch at import: the job only starts the point's processes (bench/launch.py), which
+import torch themselves, and returns what they wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ckptbench.bench import faults
+from ckptbench.bench.launch import run_child
+
+
+def run_point_job(request: dict[str, Any], timeout_s: float | None) -> dict[str, Any]:
+    """Run one point in fresh processes on this node (its GPUs are the job's); its record, or why
+    it has none ({'reason', 'stderr_tail'}); either way with the submitit job id."""
+    faults.fire_job(request["key"])
+    job_id = _job_id()
+    with tempfile.TemporaryDirectory(prefix="ckptbench-job-") as tmp:
+        # The point's processes end themselves when this job's process is gone (bench/isolate.py).
+        result = run_child({**request, "parent_pid": os.getpid()}, workdir=Path(tmp), timeout_s=timeout_s)
+    return {**(result or {}), "job_id": job_id}
+
+
+def _job_id() -> str | None:
+    try:
+        import submitit
+
+        return str(submitit.JobEnvironment().job_id)
+    except RuntimeError:  # not inside a submitit job (submitit's debug executor runs jobs in-process)
+        return None
