@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import submitit
 import torch
 
 from ckptbench.bench.environment import collect as collect_environment
@@ -22,7 +23,7 @@ from ckptbench.bench.executors import LocalPool, Pool, Request, SlurmPool, Submi
 from ckptbench.bench.job import run_point_job
 from ckptbench.bench.launch import child_fields
 from ckptbench.bench.probes import ElsewhereProbe
-from ckptbench.bench.runner import Progress, Runner, _Counter
+from ckptbench.bench.runner import Progress, ProgressCounter, Runner
 from ckptbench.bench.schedule import prerequisites, ready
 from ckptbench.bench.search import Search
 from ckptbench.config.cluster import ClusterSpec
@@ -32,6 +33,7 @@ from ckptbench.errors import CkptbenchError, ConfigError
 from ckptbench.results.record import PointRecord
 
 _POLL_S = {"local": 0.2, "slurm": 5.0}
+_FORCE_CHECK_S = 60.0
 _PROBES_GUESS = 6  # probes a search usually needs; the progress total grows if it needs more
 _TAIL_CHARS = 4000
 
@@ -53,13 +55,14 @@ class FanoutRunner(Runner):
     pool: Pool | None = None
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
     _flights: dict[str, _Flight] = field(default_factory=dict)
+    _forced: float = 0.0  # when Slurm's accounting was last asked (see _collect)
 
     def run(
         self, points: list[Point], on_record: Callable[[Progress], None], searches: Sequence[Search] = ()
     ) -> list[dict[str, Any]]:
         """Run the grid (independent points in parallel, see bench/schedule.py), then the searches."""
         self._on_record = on_record
-        self._counter = _Counter(total=len(points) + _PROBES_GUESS * len(searches))
+        self._counter = ProgressCounter(total=len(points) + _PROBES_GUESS * len(searches))
         try:
             self._grid(points)
             return self._searches(searches)
@@ -139,9 +142,15 @@ class FanoutRunner(Runner):
         """Wait a moment, then record every point whose job has ended."""
         assert self.pool is not None
         time.sleep(_POLL_S.get(self.pool.kind, 1.0))
+        # A job that wrote its result is seen at once; one that died without a result only through
+        # Slurm's accounting, which submitit asks every 10 minutes unless forced: force it each minute.
+        force = time.monotonic() - self._forced > _FORCE_CHECK_S
+        if force:
+            self._forced = time.monotonic()
         for key, flight in list(self._flights.items()):
-            if not flight.sub.job.done():
+            if not flight.sub.job.done(force_check=force):
                 continue
+            force = False  # one forced query refreshes every job's state
             del self._flights[key]
             self.pool.release(flight.sub)
             fields = child_fields(flight.base, _job_result(flight.sub.job))
@@ -181,12 +190,13 @@ def fanout_runner(
     return runner, environment
 
 
-def attach_pool(runner: FanoutRunner, run_dir: Path) -> None:
-    """Create the executor, with its job files (pickles, logs) under RUN_DIR/jobs."""
+def attach_pool(runner: FanoutRunner, run_dir: Path, *, make_executor: Callable[[Path], Any] | None = None) -> None:
+    """Create the executor, with its job files (pickles, logs) under RUN_DIR/jobs. ``make_executor``
+    replaces submitit's SlurmExecutor (tests run the Slurm path on submitit's local or debug executor)."""
     cluster = runner.cluster
     folder = run_dir / "jobs"
     if cluster.executor == "slurm":
-        runner.pool = SlurmPool(folder, cluster.slurm, runner.cfg.name)
+        runner.pool = SlurmPool(folder, cluster.slurm, runner.cfg.name, make_executor or submitit.SlurmExecutor)
         return
     gpus = cluster.local.gpus
     if gpus is None and runner.device.type == "cuda":

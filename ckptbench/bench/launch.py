@@ -44,9 +44,17 @@ def measure_in_process(
     return child_fields(base, child)
 
 
+# What only the sweep's process knows of a point: the prediction made before the run, whether a search
+# proposed it. A child's record carries them over from the base record.
+_PARENT_FIELDS = ("predicted_peak_allocated_bytes", "search")
+
+
 def child_fields(base: dict[str, Any], child: dict[str, Any] | None) -> dict[str, Any]:
     """A point's record fields from what its process returned: its record, or a failure on top of ``base``."""
     record = child if child is not None and "key" in child else {**base, **(child or {}), "status": "error"}
+    for name in _PARENT_FIELDS:
+        if base.get(name) is not None and not record.get(name):
+            record[name] = base[name]
     record.pop("fatal", None)  # the next point gets a fresh process and CUDA context
     record["isolated"] = True
     return record

@@ -11,7 +11,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ckptbench.estimate.live_storage import LiveStorageCounter, storage_tensors, watching_resizes
+from ckptbench.estimate.live_storage import (
+    LiveStorageCounter,
+    creates_storage,
+    storage_tensors,
+    watching_resizes,
+)
 
 
 class Probe(Protocol):
@@ -130,7 +135,7 @@ class LiveTensorTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         before = self.live
-        for t in tree_leaves(out):
+        for t in tree_leaves(out) if creates_storage(func) else ():
             if isinstance(t, torch.Tensor):
                 self.storages.add(t, None)
         if self.cap_bytes is not None and self.live > self.cap_bytes:

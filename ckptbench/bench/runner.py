@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import time
@@ -36,7 +37,9 @@ _PROBES_GUESS = 6  # probes a search usually needs; the progress total grows if 
 
 
 @dataclass
-class _Counter:
+class ProgressCounter:
+    """Numbers points as they start; the total grows when searches probe more than guessed."""
+
     total: int
     done: int = 0
 
@@ -112,7 +115,7 @@ class Runner:
         goes on, except after a fatal device error (the CUDA context is unusable): that point is
         recorded, then RunFailure stops the sweep.
         """
-        counter = _Counter(total=len(points) + _PROBES_GUESS * len(searches))
+        counter = ProgressCounter(total=len(points) + _PROBES_GUESS * len(searches))
         try:
             for point in points:
                 self._report(point, counter, on_record, search=False)
@@ -128,7 +131,7 @@ class Runner:
             self.close()
 
     def _report(
-        self, point: Point, counter: _Counter, on_record: Callable[[Progress], None], *, search: bool
+        self, point: Point, counter: ProgressCounter, on_record: Callable[[Progress], None], *, search: bool
     ) -> PointRecord:
         i = counter.next()
         on_record(Progress(i, counter.total, point))
@@ -314,7 +317,12 @@ class Runner:
         sharded = self._slot.sharded
         if self._losses.needs_recomputed(point):  # before the window: the point's memory is not touched
             fresh = sharded is not None and sharded.spec.distributed
-            recomputed = recompute_first_loss(model, point, reset=not fresh, **common)
+            # A sharded model's first forward creates FSDP2's lasting all-gather buffers (freed and
+            # refilled by resizing later): the CPU tracker must see them made, as in any first step.
+            with tracking(self.probe) if fresh else contextlib.nullcontext():
+                recomputed = recompute_first_loss(model, point, reset=not fresh, **common)
+            if sharded is not None:
+                sharded.reshard()
         result = measure_point(model, point, plan, sharded=sharded, **common)
         if result["status"] == "ok":
             rtol = loss_rtol(point.precision, self.cfg.loss_rtol)

@@ -51,6 +51,7 @@ class Estimator:
     cfg: SweepConfig
     target: Target = "cuda"
     method: Method = "fast"
+    rank: int = 0  # the rank a sharded point is estimated for (rank 0 holds FSDP2's largest shards)
     _costs: dict[tuple[Any, ...], StepCosts] = field(default_factory=dict)
     _optim: dict[tuple[Any, ...], StepTrace] = field(default_factory=dict)
     _full: dict[Point, Peak] = field(default_factory=dict)
@@ -93,19 +94,19 @@ class Estimator:
         return run
 
     def _trace_optim(self, point: Point) -> None:
-        self._optim[_optim_key(point)] = trace_optimizer(self.cfg, point, target=self.target)
+        self._optim[_optim_key(point)] = trace_optimizer(self.cfg, point, target=self.target, rank=self.rank)
 
     def _trace_short(self, point: Point) -> None:
         key = self._short_key(point)
         classes, micro = key[-1], min(point.micro_batches, 2)
         trace = trace_step(
             self.cfg, point, target=self.target, plans=plans_for(classes), num_layers=len(classes),
-            micro_batches=micro, defer_shared=True,
+            micro_batches=micro, defer_shared=True, rank=self.rank,
         )
         self._costs[key] = StepCosts.from_trace(trace, classes, micro)
 
     def _trace_full(self, point: Point) -> None:
-        self._full[point] = Peak.of_trace(trace_step(self.cfg, point, target=self.target))
+        self._full[point] = Peak.of_trace(trace_step(self.cfg, point, target=self.target, rank=self.rank))
 
     def estimate(self, point: Point, *, budget_bytes: int | None = None) -> Estimate:
         """The estimate of one point (its traces must have run: see ``jobs``)."""
@@ -162,9 +163,11 @@ def estimate_points(
     method: Method = "fast",
     budget_bytes: int | None = None,
     on_progress: Callable[[EstimateProgress], None] | None = None,
+    rank: int = 0,
 ) -> list[Estimate]:
-    """Predict the measured-window peak of each point; ``on_progress`` hears of every trace."""
-    est = Estimator(cfg, target=target, method=method)
+    """Predict the measured-window peak of each point (a sharded point: of ``rank``); ``on_progress``
+    hears of every trace."""
+    est = Estimator(cfg, target=target, method=method, rank=rank)
     jobs = est.jobs(points)
     for i, (label, job) in enumerate(jobs):
         if on_progress is not None:

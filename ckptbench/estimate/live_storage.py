@@ -31,6 +31,18 @@ ReleaseHook = Callable[[int, int, Meta], None]
 ResizeHook = Callable[[int, int, Meta], None]
 
 
+def creates_storage(func: Any) -> bool:
+    """Whether an op's outputs may hold storage not counted yet: every op but views.
+
+    A view shares its input's storage, counted when that was made. A storage that first shows up
+    through a view was made where no dispatch mode sees it: a communication backend's own buffer
+    (gloo's reduce-scatter all-reduces a clone of its input and hands out a chunk of it; its worker
+    thread frees it at a time no tracker controls). Such buffers are not the training step's
+    tensors, and on a GPU NCCL keeps its own outside PyTorch's allocator: neither is counted.
+    """
+    return not getattr(func, "is_view", False)
+
+
 def storage_tensors(t: torch.Tensor) -> list[torch.Tensor]:
     """The tensors that own ``t``'s memory: ``t``, or the inner tensors of a wrapper subclass (a DTensor's
     local shard), recursively."""

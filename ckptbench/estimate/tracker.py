@@ -27,7 +27,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ckptbench.estimate.live_storage import LiveStorageCounter, storage_key, storage_tensors, watching_resizes
+from ckptbench.estimate.live_storage import (
+    LiveStorageCounter,
+    creates_storage,
+    storage_key,
+    storage_tensors,
+    watching_resizes,
+)
 from ckptbench.estimate.record import CATEGORIES
 
 PARAMS, GRADS, OPTIMIZER_STATE, ACTIVATIONS, LOGITS_LOSS, TRANSIENT, OTHER = range(len(CATEGORIES))
@@ -248,7 +254,7 @@ class StepTracker(TorchDispatchMode):
         category = self.tag
         if category == TRANSIENT and torch.is_grad_enabled():
             category = ACTIVATIONS  # checkpoint recomputation runs with grad enabled inside backward
-        for t in tree_leaves(out):
+        for t in tree_leaves(out) if creates_storage(func) else ():
             if isinstance(t, torch.Tensor):
                 self._add(t, category)
         self._touch(self.kernels.workspace_bytes(func, args, out))

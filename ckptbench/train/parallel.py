@@ -69,6 +69,18 @@ class Sharded:
     # False when FSDP2's mixed-precision policy casts the parameters instead of autocast (amp precisions).
     autocast: bool = True
 
+    def reshard(self) -> None:
+        """Free the unsharded parameters a forward without backward left (fsdp2:N:noreshard keeps them
+        after the forward, and only a backward reshards them): the next forward all-gathers the
+        current weights instead of training on stale ones."""
+        if self.spec.kind != "fsdp2":
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in self.forward.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+
     def grad_sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
         """Around one micro-batch's forward and backward: gradients are reduced only on the last one."""
         if self.spec.kind == "ddp" and not last:
