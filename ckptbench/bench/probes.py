@@ -222,6 +222,23 @@ class ElsewhereProbe:
         pass
 
 
+LEAK_TOLERANCE_BYTES = 1 << 20  # 1 MiB: allocator bookkeeping and tiny caches stay below it
+
+
+def leak_check(probe: Probe, baseline: int | None) -> dict[str, Any]:
+    """Whether a point left memory allocated: the allocated bytes after it against its baseline."""
+    if baseline is None:
+        return {}
+    after = probe.allocated()
+    leak = after - baseline
+    return {
+        "baseline_allocated_bytes": baseline,
+        "after_point_allocated_bytes": after,
+        "leaked_bytes": leak,
+        "leaked": leak > LEAK_TOLERANCE_BYTES,
+    }
+
+
 def tensor_bytes(tensors: Iterable[Any]) -> int:
     """Bytes of the distinct storages among ``tensors`` (views and repeats counted once)."""
     seen: set[int] = set()

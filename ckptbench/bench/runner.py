@@ -17,7 +17,8 @@ from ckptbench.bench.device import is_fatal_device_error
 from ckptbench.bench.environment import placement
 from ckptbench.bench.launch import measure_in_process
 from ckptbench.bench.loss_check import LossReferences, loss_rtol
-from ckptbench.bench.probes import Probe
+from ckptbench.bench.models import ModelSlot
+from ckptbench.bench.probes import Probe, leak_check
 from ckptbench.bench.search import Search
 from ckptbench.bench.window import measure_point, recompute_first_loss, tracking
 from ckptbench.config.grid import Point, key_without
@@ -26,12 +27,9 @@ from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import RunFailure
 from ckptbench.results.record import PointRecord
 from ckptbench.train.flops import peak_tflops_for, step_flops
-from ckptbench.train.model import apply_lora, build_model, llama_config, model_shape, warm_device_libraries
+from ckptbench.train.model import llama_config, model_shape
 from ckptbench.train.optimizers import OptimizerUnavailable
-from ckptbench.train.parallel import RankInfo, Sharded, device_mesh, shard
-from ckptbench.train.step import param_dtype
-
-LEAK_TOLERANCE_BYTES = 1 << 20  # 1 MiB: allocator bookkeeping and tiny caches stay below it
+from ckptbench.train.parallel import RankInfo
 
 _PROBES_GUESS = 6  # probes a search usually needs; the progress total grows if it needs more
 
@@ -69,16 +67,6 @@ class PointStart:
 
 
 @dataclass
-class _ModelSlot:
-    """The one live model; rebuilt only when the precision (parameter dtype), LoRA or sharding changes."""
-
-    setup: tuple[str, str, str] | None = None  # (precision, lora, parallel)
-    model: Any = None
-    sharded: Sharded | None = None
-    build_s: float | None = None
-
-
-@dataclass
 class Runner:
     """Runs a list of points on one device, one model at a time, and yields a record per point."""
 
@@ -88,7 +76,7 @@ class Runner:
     gpu_name: str | None = None
     rank: RankInfo | None = None  # set in a rank of a sharded point: it measures that point itself
     point_timeout_s: float | None = None  # for points measured in fresh processes (--isolate, sharded)
-    _slot: _ModelSlot = field(default_factory=_ModelSlot)
+    _slot: ModelSlot = field(default_factory=ModelSlot)
     _losses: LossReferences = field(default_factory=LossReferences)
     _oom_at: dict[tuple[Any, ...], int] = field(default_factory=dict)
     _done: dict[str, PointRecord] = field(default_factory=dict)
@@ -147,7 +135,7 @@ class Runner:
 
     def close(self) -> None:
         """Free the model and return cached device memory."""
-        self._slot = _ModelSlot()
+        self._slot = ModelSlot()
         gc.collect()
         if not self._broken:  # after a fatal CUDA error, empty_cache would raise it again
             self.probe.release()
@@ -230,25 +218,10 @@ class Runner:
 
     def _model(self, point: Point) -> Any:
         """The model for a point's precision, LoRA and parallel setting, built only when those change."""
-        slot = self._slot
-        if slot.setup != (point.precision, point.lora, point.parallel):
+        if not self._slot.holds(point):
             self.close()  # free the old model before building the next
-            slot = self._slot
-            t0 = time.perf_counter()
-            dtype = param_dtype(point.precision)
-            warm_device_libraries(self.device, dtype)
-            model: Any = build_model(self.cfg.model, device=self.device, dtype=dtype, seed=self.cfg.seed)
-            if point.lora != "none":
-                model = apply_lora(model, rank=int(point.lora[1:]), spec=self.cfg.lora)
-            self.probe.adopt([*model.parameters(), *model.buffers()])
-            # Under the CPU tracker: fully_shard's new shards and DDP's gradient buckets are counted.
-            mesh = device_mesh(point.parallel, self.device)
-            with tracking(self.probe):
-                slot.sharded = shard(model, point.parallel, precision=point.precision, device=self.device, mesh=mesh)
-            self.probe.sync()
-            slot.model, slot.setup = model, (point.precision, point.lora, point.parallel)
-            slot.build_s = time.perf_counter() - t0
-        return slot.model
+            self._slot.build(point, cfg=self.cfg, device=self.device, probe=self.probe)
+        return self._slot.model
 
     def _measure_safely(self, point: Point, plan: LayoutPlan, base: dict[str, Any]) -> dict[str, Any]:
         if point.parallel != "none" and self.rank is None:
@@ -258,8 +231,7 @@ class Runner:
         baseline: int | None = None
         try:
             model = self._model(point)
-            record["model_build_s"] = self._slot.build_s
-            self._slot.build_s = None
+            record["model_build_s"] = self._slot.take_build_s()
             baseline = self.probe.allocated()
             faults.fire(point.key, model=model, probe=self.probe, device=self.device)
             record.update(self._measure(model, point, plan))
@@ -277,7 +249,7 @@ class Runner:
             record["fatal"] = True
             return record  # no cleanup: any further CUDA call would fail the same way
         self._cleanup()
-        record["memory"] = {**record.get("memory", {}), **self._leak_check(baseline)}
+        record["memory"] = {**record.get("memory", {}), **leak_check(self.probe, baseline)}
         if record["memory"].get("leaked"):
             self.close()  # drops the model: the next point gets a fresh one, not the leak
             record["model_rebuilt"] = True
@@ -288,18 +260,6 @@ class Runner:
             self._slot.model.zero_grad(set_to_none=True)
         gc.collect()
         self.probe.release()
-
-    def _leak_check(self, baseline: int | None) -> dict[str, Any]:
-        if baseline is None:
-            return {}
-        after = self.probe.allocated()
-        leak = after - baseline
-        return {
-            "baseline_allocated_bytes": baseline,
-            "after_point_allocated_bytes": after,
-            "leaked_bytes": leak,
-            "leaked": leak > LEAK_TOLERANCE_BYTES,
-        }
 
     def _sharded(self, point: Point, base: dict[str, Any]) -> dict[str, Any]:
         """A sharded point: one fresh process per rank (this process's model and cache freed first)."""
