@@ -67,3 +67,45 @@ def test_cpu_tracker_counts_through_the_counter_and_caps_like_a_small_card() -> 
             torch.ones(1024)  # 4 KiB on top of 1 KiB
     gc.collect()
     assert tracker.live == 1024 and tracker.peak == 3072 and tracker.num_ooms == 1
+
+
+def test_resized_storages_are_recounted_while_a_tracker_watches() -> None:
+    """FSDP2 frees and refills an unsharded parameter by resizing its storage in place (no op that a
+    dispatch mode sees): a tracker follows the resize; outside a tracker nothing is patched."""
+    tracker = LiveTensorTracker()
+    with tracker:
+        gathered = torch.empty(256)  # 1 KiB, counted when made
+        gathered.untyped_storage().resize_(0)  # FSDP2's free_storage
+        assert tracker.live == 0
+        gathered.untyped_storage().resize_(2048)  # alloc_storage, to a larger size here
+        assert tracker.live == 2048 and tracker.peak == 2048
+    gathered.untyped_storage().resize_(0)  # not watched any more: the count stays
+    assert tracker.live == 2048
+    assert torch.UntypedStorage.resize_ is not None and "tell" not in torch.UntypedStorage.resize_.__name__
+
+
+def test_a_dtensor_is_counted_through_its_local_shard() -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        counter, _ = _counter()
+        local = torch.empty(64)
+        shard = DTensor.from_local(local, init_device_mesh("cpu", (1,)), run_check=False)
+        assert counter.add(shard, "param") == 256 and counter.lookup(local) == (256, "param")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_views_never_start_counting_a_storage() -> None:
+    """A storage first seen through a view was made where no mode sees it (a communication backend's
+    buffer, e.g. gloo's reduce-scatter clone): the tracker leaves it out, as the estimator does."""
+    hidden = torch.empty(256)  # made before the tracker: like a buffer a backend makes off the main thread
+    tracker = LiveTensorTracker()
+    with tracker:
+        chunks = hidden.chunk(2)  # a view op
+        fresh = chunks[0] + 1  # a new storage
+    assert tracker.live == fresh.untyped_storage().nbytes() == 512
+

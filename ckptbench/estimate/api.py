@@ -58,6 +58,13 @@ class Estimator:
     _classes: dict[tuple[Any, ...], set[str]] = field(default_factory=dict)
     _failed: dict[Any, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # A model no longer than the shortest short model ([c0, c0, c0]) costs nothing more to trace
+        # whole; with two layers both are boundary layers next to each other, which re-assembly from
+        # middle-layer costs does not cover (FSDP2 prefetches and reduces across them).
+        if self.method == "fast" and self.cfg.model.num_layers <= len(short_model_classes({"none"})):
+            self.method = "full"
+
     def classes(self, point: Point) -> list[str]:
         return layer_classes(parse_layout(point.layout, self.cfg.model.num_layers))
 
