@@ -114,11 +114,12 @@ def test_a_job_that_dies_becomes_an_error_point(tmp_path: Path, monkeypatch: pyt
 
 def test_slurm_path_runs_on_submitits_debug_executor(tmp_path: Path) -> None:
     """The Slurm pool (arrays, in-flight cap, parameters) with submitit's DebugExecutor in place of Slurm."""
-    cfg = tiny_config(model=TWO_LAYERS, sweep=SMALL, measured_steps=1)
+    cfg = tiny_config(model=TWO_LAYERS, sweep={**SMALL, "layout": ["none", "all"]}, measured_steps=1)
     spec = ClusterSpec.model_validate({"executor": "slurm", "slurm": {"partition": "gpu", "array_parallelism": 2,
                                                                        "sbatch": {"qos": "high"}}})
     runner, environment = fanout_runner(cfg, spec, timeout_s=None)
     attach_pool(runner, tmp_path, make_executor=submitit.DebugExecutor)
+    runner.pool.poll_s = 0.05  # type: ignore[union-attr]  # the debug executor runs a job when asked if done
     records = []
 
     def collect(event: Progress) -> None:

@@ -80,7 +80,7 @@ def test_sharding_changes_memory_and_not_the_losses(sharded_run: Any) -> None:
 def test_fast_path_equals_full_trace_for_sharded_points() -> None:
     sweep = {"layout": ["none", "all", "every:3@attn"], "batch_size": [2], "seq_len": [32], "precision": ["amp_bf16"],
              "parallel": ["fsdp2:4", "fsdp2:2:noreshard", "ddp:3"], "micro_batches": [2]}
-    cfg = tiny_config(sweep=sweep)
+    cfg = tiny_config(model={"preset": "tiny", "overrides": {"num_hidden_layers": 5}}, sweep=sweep)
     points = cfg.points_list()
     fast = estimate_points(cfg, points, target="cpu")
     full = estimate_points(cfg, points, target="cpu", method="full")

@@ -46,6 +46,7 @@ class Pool(Protocol):
     """What the fan-out loop asks of an executor."""
 
     kind: str
+    poll_s: float  # how often the fan-out loop looks for finished jobs
 
     def never_fits(self, world_size: int) -> str | None: ...
     def can_start(self, world_size: int, before: Sequence[int] = ()) -> bool: ...
@@ -62,6 +63,7 @@ class LocalPool:
     cpu_slots: int = 1
     timeout_min: int = 24 * 60
     kind: str = "local"
+    poll_s: float = 0.2
     _free: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -126,6 +128,7 @@ class SlurmPool:
     # submitit.SlurmExecutor on a cluster; tests pass submitit's LocalExecutor or DebugExecutor.
     make_executor: Callable[[Path], Any] = submitit.SlurmExecutor
     kind: str = "slurm"
+    poll_s: float = 5.0  # a finished job's result file is looked for this often (sacct: see fanout)
     _in_flight: int = 0
 
     def __post_init__(self) -> None:

@@ -32,7 +32,6 @@ from ckptbench.config.schema import SweepConfig, check_cpu_compatible
 from ckptbench.errors import CkptbenchError, ConfigError
 from ckptbench.results.record import PointRecord
 
-_POLL_S = {"local": 0.2, "slurm": 5.0}
 _FORCE_CHECK_S = 60.0
 _PROBES_GUESS = 6  # probes a search usually needs; the progress total grows if it needs more
 _TAIL_CHARS = 4000
@@ -141,7 +140,7 @@ class FanoutRunner(Runner):
     def _collect(self) -> None:
         """Wait a moment, then record every point whose job has ended."""
         assert self.pool is not None
-        time.sleep(_POLL_S.get(self.pool.kind, 1.0))
+        time.sleep(self.pool.poll_s)
         # A job that wrote its result is seen at once; one that died without a result only through
         # Slurm's accounting, which submitit asks every 10 minutes unless forced: force it each minute.
         force = time.monotonic() - self._forced > _FORCE_CHECK_S
@@ -153,7 +152,7 @@ class FanoutRunner(Runner):
             force = False  # one forced query refreshes every job's state
             del self._flights[key]
             self.pool.release(flight.sub)
-            fields = child_fields(flight.base, _job_result(flight.sub.job))
+            fields = child_fields(flight.base, _job_result(flight.sub.job, local=self.pool.kind == "local"))
             fields.update(executor=self.pool.kind, job_id=fields.get("job_id") or str(flight.sub.job.job_id))
             self._record(flight.point, flight.index, self.finish_point(flight.point, fields))
 
@@ -212,9 +211,13 @@ def _planned_device(cfg: SweepConfig, executor: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _job_result(job: Any) -> dict[str, Any]:
+def _job_result(job: Any, *, local: bool) -> dict[str, Any]:
     """What the job returned, or why it returned nothing (it died, was killed or cancelled)."""
     try:
+        if local and not job.paths.result_pickle.exists():
+            # A local job's process has ended without a result: no shared file system to wait for
+            # (submitit's result() would wait 15 s for the file first).
+            raise RuntimeError(f"job {job.job_id} ended without a result (state {job.state})")
         result: dict[str, Any] = job.result()
         return result
     except Exception as exc:  # submitit: UncompletedJobError (no result), FailedJobError (it raised)
