@@ -14,6 +14,7 @@ Either way a job is ``bench.fanout.run_point_job``: it runs the point in fresh p
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,7 +94,8 @@ class LocalPool:
             self.executor.update_parameters(
                 timeout_min=self.timeout_min, gpus_per_node=len(gpus), visible_gpus=gpus, name="ckptbench"
             )
-            out.append(Submitted(self.executor.submit(fn, item.request, timeout_s), slots))
+            # The job ends when this process is gone: a local job must not outlive a killed sweep.
+            out.append(Submitted(self.executor.submit(fn, item.request, timeout_s, os.getpid()), slots))
         return out
 
     def release(self, done: Submitted) -> None:
