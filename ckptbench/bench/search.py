@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from ckptbench.config.grid import Point, setup_label
 from ckptbench.config.schema import SweepConfig
@@ -166,7 +166,14 @@ class LayoutFitSearch:
         }
 
 
-Search = BatchMaxSearch | LayoutFitSearch
+class Search(Protocol):
+    """What the runner drives: propose a point, be told its record, say what was found."""
+
+    @property
+    def kind(self) -> str: ...
+    def next_point(self, budget_bytes: int | None = None) -> Point | None: ...
+    def observe(self, point: Point, record: PointRecord, budget_bytes: int | None) -> bool: ...
+    def outcome(self) -> dict[str, Any]: ...
 
 
 def make_searches(cfg: SweepConfig) -> list[Search]:

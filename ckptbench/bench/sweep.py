@@ -159,6 +159,19 @@ def _mark(writer: RunWriter, status: str, finished: int) -> None:
         writer.set_status(status, finished_points=finished)
 
 
+@dataclass
+class SweepPlan:
+    """What a sweep runs: grid points, then searches; predictions recorded next to the measurements.
+
+    ``None`` fields come from the config (its grid, its searches, the estimator's predictions).
+    """
+
+    points: list[Point] | None = None
+    searches: list[Search] | None = None
+    predictions: dict[str, int | None] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)  # more run.json fields (e.g. the tune options)
+
+
 def run_sweep(
     cfg: SweepConfig,
     *,
@@ -169,6 +182,7 @@ def run_sweep(
     isolate: bool = False,
     point_timeout_s: float | None = None,
     predict: bool = True,
+    plan: SweepPlan | None = None,
 ) -> SweepOutcome:
     """Run every point of ``cfg`` (or, with ``resume``, those a run lacks); each is on disk as it ends."""
     _check_options(out=out, resume=resume, isolate=isolate, timeout_s=point_timeout_s)
@@ -177,20 +191,24 @@ def run_sweep(
             resume = resolve_run_path(resume, results_root=results_root)
         except ResultsError as exc:
             raise ResultsError(f"--resume {exc}") from None
+    plan = plan or SweepPlan()
     runner, environment = _make_runner(cfg, isolate=isolate, timeout_s=point_timeout_s)
-    points = cfg.points_list()
+    points = cfg.points_list() if plan.points is None else plan.points
     options = {"isolate": isolate, "point_timeout_s": point_timeout_s}
     if resume is not None:
         writer, run = _open_run(cfg, resume=resume, environment=environment, options=options)
         done, notes = done_records(run), run.warnings
     else:
-        meta = {"num_points": len(points), "options": options}
+        meta = {"num_points": len(points), "options": options, **plan.meta}
         writer = _new_run(cfg, out=out, results_root=results_root, environment=environment, meta=meta)
         done, notes = {}, []
-    if predict:
+    if plan.predictions is not None:
+        runner.predictions = dict(plan.predictions)
+    elif predict:
         runner.predictions = _predictions(cfg, points, runner.device.type)
+    searches = make_searches(cfg) if plan.searches is None else plan.searches
     try:
-        records = _run_points(runner, points, done, writer, on_progress, searches=make_searches(cfg))
+        records = _run_points(runner, points, done, writer, on_progress, searches=searches)
     finally:
         writer.close()
     return SweepOutcome(writer.run_dir, records, "complete", already_done=len(done), warnings=list(notes))

@@ -15,10 +15,10 @@ from ckptbench.cli.progress import SweepProgress
 from ckptbench.errors import CkptbenchError
 
 
-class _Interrupts:
+class Interrupts:
     """Ctrl-C and SIGTERM raise KeyboardInterrupt once; later ones are ignored while the run is marked."""
 
-    def __enter__(self) -> _Interrupts:
+    def __enter__(self) -> Interrupts:
         self.fired = False
         self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
         return self
@@ -62,7 +62,7 @@ def sweep(
     """Run a sweep: real training steps for every point of CONFIG; writes run.json and points.jsonl."""
     from ckptbench.config.load import load_config
 
-    with _Interrupts():
+    with Interrupts():
         try:
             cfg = load_config(config)  # before torch is imported: a bad config fails in a blink
             from ckptbench.bench.sweep import run_sweep
@@ -75,10 +75,10 @@ def sweep(
         except CkptbenchError as exc:
             raise fail(exc) from None
         except KeyboardInterrupt as exc:
-            raise _interrupted(exc, config) from None
+            raise interrupted_exit(exc, config) from None
         for note in outcome.warnings:
             warn(note)
-        run = _write_summaries(outcome.run_dir)
+        run = write_run_summaries(outcome.run_dir)
     _report(run, outcome, config)
 
 
@@ -99,7 +99,7 @@ def _report(run: Any, outcome: Any, config: Path) -> None:
     err.print(f"results: {escape(str(outcome.run_dir))}")
 
 
-def _interrupted(exc: KeyboardInterrupt, config: Path) -> typer.Exit:
+def interrupted_exit(exc: KeyboardInterrupt, config: Path) -> typer.Exit:
     """Say what is on disk after Ctrl-C/SIGTERM (and write the partial summaries); exit code 130."""
     # A SweepInterrupted once the run directory exists: it says where and how far.
     run_dir, finished, total = (getattr(exc, name, None) for name in ("run_dir", "finished", "total"))
@@ -107,7 +107,7 @@ def _interrupted(exc: KeyboardInterrupt, config: Path) -> typer.Exit:
         err.print("[yellow]interrupted:[/yellow] before the sweep started; no point was run")
         return typer.Exit(130)
     with contextlib.suppress(CkptbenchError, OSError):  # the points themselves are safe already
-        _write_summaries(run_dir)
+        write_run_summaries(run_dir)
     err.print(
         f"[yellow]interrupted:[/yellow] {finished} of {total} points are on disk in "
         f"{escape(str(run_dir))}; finish with: ckptbench sweep {escape(str(config))} "
@@ -117,7 +117,7 @@ def _interrupted(exc: KeyboardInterrupt, config: Path) -> typer.Exit:
     return typer.Exit(130)
 
 
-def _write_summaries(run_dir: Path) -> Any:
+def write_run_summaries(run_dir: Path) -> Any:
     """Write summary.csv/summary.md of what is on disk; returns the loaded run."""
     import warnings
 
