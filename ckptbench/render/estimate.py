@@ -20,7 +20,8 @@ from ckptbench.units import fmt_bytes
 # Point axes shown when they vary across the estimated points (layout, batch and seq always).
 _AXES = {
     "precision": "precision", "optimizer": "optimizer", "micro_batches": "micro", "offload": "offload",
-    "lora": "lora", "compile": "compile", "attn_implementation": "attn",
+    "lora": "lora", "compile": "compile", "attn_implementation": "attn", "loss": "loss",
+    "optimizer_in_backward": "opt in bwd", "optimizer_offload": "opt offload",
 }
 _PARTS = {
     "params": "params", "grads": "grads", "optimizer_state": "optim", "activations": "activations",
