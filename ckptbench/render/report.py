@@ -12,6 +12,7 @@ from ckptbench.render.recommend import markdown_pareto, markdown_recommendation
 from ckptbench.render.summary import run_header, summary_columns, summary_rows
 from ckptbench.render.tables import markdown_table
 from ckptbench.render.tradeoff_plot import plot_tradeoff
+from ckptbench.render.tune import markdown_tune, tune_search
 from ckptbench.results.store import Run, write_text_atomic
 from ckptbench.units import fmt_bytes
 
@@ -59,6 +60,9 @@ def write_report(run: Run, *, out_dir: Path, rec: Recommendation | None = None) 
         sections.append(markdown_pareto(rec.pareto, limit_bytes=rec.limit_bytes))
     else:
         sections.append(markdown_pareto(pareto_front(candidates(run))))
+    search = tune_search(run)
+    if search is not None:  # a `ckptbench tune` run: how the answer was found
+        sections.append(markdown_tune(search))
     sections.append(_plots_section(plots))
     sections.append("## All points\n\n" + markdown_table(summary_rows(run), summary_columns(run)))
     if run.environment.get("device_type") == "cpu":
