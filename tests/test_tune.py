@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from ckptbench.analysis.recommend import recommend
-from ckptbench.analysis.tune import Margin, TunePlanner, layout_family, predicted_fit
-from ckptbench.analysis.tune_space import parse_allow, tune_space
+from ckptbench.analysis.tune import Candidate, Margin, TunePlanner, predicted_fit
+from ckptbench.analysis.tune_space import layout_family, parse_allow, tune_space
 from ckptbench.bench.tune import estimate_candidates
 from ckptbench.cli import app
 from ckptbench.config.grid import Point
@@ -101,6 +101,28 @@ def test_margin_is_the_largest_measured_reserved_over_allocated() -> None:
 
     assert Margin.learn([]).ratio == 1.0
     assert Margin.learn([rec(100, 105), rec(100, 120), rec(100, 100)]).ratio == pytest.approx(1.2)
+
+
+def test_a_technique_that_cannot_run_here_skips_its_class_and_costs_no_point() -> None:
+    points = [Point("bf16", "none", layout, 2048, batch, "llama-7b", "adamw_fused", loss=loss)
+              for batch in (4, 2) for layout in ("none", "all") for loss in ("fused_linear", "default")]
+    # Synthetic FLOPs that put the fused-loss candidate first at each batch size.
+    flops = {("none", "fused_linear"): 1000, ("none", "default"): 1001, ("all", "fused_linear"): 1300,
+             ("all", "default"): 1301}
+    candidates = [Candidate(p, flops[p.layout, p.loss], _estimate(p, None)) for p in points]
+    planner = TunePlanner(candidates, limit_bytes=100, max_points=2)
+    first = planner.next()
+    assert first is not None and first.loss == "fused_linear" and first.batch_size == 4  # eager, fewest FLOPs
+    skipped = PointRecord.model_validate({"key": first.key, "status": "skipped", "reason": "liger not installed"})
+    planner.observe(first, skipped)
+    dropped = [d for d in planner.decisions if str(d["why"]).startswith("skipped like")]
+    assert len(dropped) == 3 and all(d["key"]["loss"] == "fused_linear" for d in dropped)
+    rest = []
+    while (point := planner.next()) is not None:
+        rest.append(point)
+        planner.observe(point, PointRecord.model_validate({"key": point.key, "status": "oom"}))
+    assert [p.loss for p in rest] == ["default", "default"] and planner.spent_points == 2  # the skip was free
+    assert planner.outcome()["counts"]["cannot run here"] == 3
 
 
 def test_layout_families() -> None:

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptbench.analysis.tune_space import SEMANTIC_AXES
-from ckptbench.config.grid import AXIS_DEFAULTS, Point, setup_label
+from ckptbench.analysis.tune_space import layout_family, savers, semantic_changes, speed_class
+from ckptbench.config.grid import Point, setup_label
 from ckptbench.estimate.record import Estimate
 from ckptbench.results.record import PointRecord
 from ckptbench.units import fmt_bytes
@@ -32,8 +32,6 @@ from ckptbench.units import fmt_bytes
 # A candidate may run faster per FLOP than anything measured so far (a larger batch fills the device
 # better): its bound allows 10% more than the best rate of its speed class before it is ruled out.
 RATE_SLACK = 1.10
-# Axes that change speed in ways FLOPs do not show: candidates are only compared within one class.
-SPEED_AXES = ("compile", "attn_implementation", "offload", *SEMANTIC_AXES)
 
 
 @dataclass(frozen=True)
@@ -81,37 +79,6 @@ def predicted_fit(estimate: Estimate, *, limit_bytes: int, margin: Margin) -> Fi
         return Fit(None, None, f"no prediction ({estimate.note or 'not estimated'})")
     verdict = "fits" if judged <= limit_bytes else "does not fit"
     return Fit(judged <= limit_bytes, judged, f"{basis} {verdict} the {fmt_bytes(limit_bytes)} limit")
-
-
-def layout_family(layout: str) -> str:
-    """'first:12' -> 'first:k', 'first:3@mlp' -> 'first:k@mlp'; 'none', 'all', 'all@selective' stay."""
-    selector, at, granularity = layout.partition("@")
-    kind = selector.split(":", 1)[0]
-    family = f"{kind}:k" if ":" in selector else kind
-    return family + (at + granularity if at else "")
-
-
-def savers(point: Point) -> frozenset[str]:
-    """The memory-saving techniques a point uses besides checkpointing (each costs some time)."""
-    found = set()
-    if point.loss == "chunked":
-        found.add("chunked loss")
-    if point.optimizer_in_backward:
-        found.add("optimizer in backward")
-    if point.micro_batches > 1:
-        found.add(f"{point.micro_batches} micro-batches")
-    return frozenset(found)
-
-
-def speed_class(point: Point) -> tuple[Any, ...]:
-    key = point.key
-    return (*(key[a] for a in SPEED_AXES), point.loss == "fused_linear")
-
-
-def semantic_changes(point: Point) -> list[str]:
-    """'optimizer=adamw_8bit_torchao' and the like: what changes the training semantics."""
-    key = point.key
-    return [f"{a}={key[a]}" for a in SEMANTIC_AXES if key[a] != AXIS_DEFAULTS[a]]
 
 
 @dataclass(frozen=True)
@@ -197,9 +164,23 @@ class TunePlanner:
         self.measured.append(Measured(c, record, fits))
         self.margin = Margin.learn([m.record for m in self.measured])
         self.decisions[-1].update(_measured_fields(record, fits, self.limit_bytes))
+        if record.status == "skipped":
+            self._drop_class(c, record.reason or "skipped")
+
+    def _drop_class(self, skipped: Candidate, reason: str) -> None:
+        """A technique that cannot run here (not installed, needs CUDA) skips its whole speed class."""
+        mine = speed_class(skipped.point)
+        for c in [c for c in self.candidates if speed_class(c.point) == mine]:
+            self._decide(c, "dropped", f"skipped like {skipped.label}: {reason}")
+        self.candidates = [c for c in self.candidates if speed_class(c.point) != mine]
+
+    @property
+    def spent_points(self) -> int:
+        """Measurements that count against --max-points: a skipped point measured nothing."""
+        return sum(1 for m in self.measured if m.record.status != "skipped")
 
     def _limit_reached(self, elapsed_s: float) -> str | None:
-        if self.max_points is not None and len(self.measured) >= self.max_points:
+        if self.max_points is not None and self.spent_points >= self.max_points:
             return f"--max-points {self.max_points} reached"
         if self.time_budget_s is not None and elapsed_s >= self.time_budget_s:
             return f"--time-budget {self.time_budget_s / 60:g} min spent"
@@ -278,7 +259,7 @@ class TunePlanner:
             "semantic_changes": [] if best is None else semantic_changes(best.candidate.point),
             "family_best": {f: _summary(m) for f, m in self.family_best().items()},
             "margin": {"ratio": self.margin.ratio, "source": self.margin.source},
-            "measured_points": len(self.measured),
+            "measured_points": self.spent_points,
             "stopped_by": self.stopped_by,
             "counts": counts,
             "decisions": self.decisions,
@@ -318,7 +299,8 @@ def _reason_kind(decision: dict[str, Any]) -> str:
     if decision["action"] != "dropped":
         return "measured"
     for prefix, kind in (("predicted not", "predicted not to fit"), ("a cheaper", "a cheaper setup wins"),
-                         ("cannot beat", "cannot beat the best"), ("not reached", "not reached")):
+                         ("cannot beat", "cannot beat the best"), ("not reached", "not reached"),
+                         ("skipped like", "cannot run here")):
         if why.startswith(prefix):
             return kind
     return "dropped"

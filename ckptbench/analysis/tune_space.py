@@ -30,6 +30,8 @@ ALLOWABLE: dict[str, str] = {
 DEFAULT_LORA_RANK = "r16"
 # Axes whose values change what is trained or how the optimizer computes: fixed unless allowed.
 SEMANTIC_AXES = ("optimizer", "lora", "optimizer_offload")
+# Axes that change speed in ways FLOPs do not show: candidates are only compared within one class.
+SPEED_AXES = ("compile", "attn_implementation", "offload", *SEMANTIC_AXES)
 
 
 @dataclass(frozen=True)
@@ -142,3 +144,34 @@ def _techniques(cfg: SweepConfig, device_type: str, allow: tuple[str, ...]) -> d
 
 def _union(first: list[Any], more: list[Any]) -> list[Any]:
     return list(dict.fromkeys([*first, *more]))
+
+
+def layout_family(layout: str) -> str:
+    """'first:12' -> 'first:k', 'first:3@mlp' -> 'first:k@mlp'; 'none', 'all', 'all@selective' stay."""
+    selector, at, granularity = layout.partition("@")
+    kind = selector.split(":", 1)[0]
+    family = f"{kind}:k" if ":" in selector else kind
+    return family + (at + granularity if at else "")
+
+
+def savers(point: Point) -> frozenset[str]:
+    """The memory-saving techniques a point uses besides checkpointing (each costs some time)."""
+    found = set()
+    if point.loss == "chunked":
+        found.add("chunked loss")
+    if point.optimizer_in_backward:
+        found.add("optimizer in backward")
+    if point.micro_batches > 1:
+        found.add(f"{point.micro_batches} micro-batches")
+    return frozenset(found)
+
+
+def speed_class(point: Point) -> tuple[Any, ...]:
+    key = point.key
+    return (*(key[a] for a in SPEED_AXES), point.loss == "fused_linear")
+
+
+def semantic_changes(point: Point) -> list[str]:
+    """'optimizer=adamw_8bit_torchao' and the like: what changes the training semantics."""
+    key = point.key
+    return [f"{a}={key[a]}" for a in SEMANTIC_AXES if key[a] != AXIS_DEFAULTS[a]]
