@@ -72,6 +72,17 @@ def test_chunked_loss_ignores_the_last_position_of_every_row() -> None:
     assert float(chunked_cross_entropy(hidden, weight, labels, chunks=3)) == pytest.approx(float(expected), rel=1e-6)
 
 
+def test_an_unestimable_loss_leaves_the_other_losses_estimated() -> None:
+    """fused_linear has no fake-tensor stand-in; the optimizer trace the losses share must not fail with it."""
+    sweep = {"layout": ["all"], "batch_size": [1], "seq_len": [32], "precision": ["bf16"],
+             "loss": ["default", "fused_linear"]}
+    cfg = tiny_config(device="cuda", sweep=sweep)
+    default, fused = estimate_points(cfg, cfg.points_list(), target="cuda")
+    assert default.point.loss == "default" and default.peak_bytes is not None and default.note is None
+    assert fused.peak_bytes is None
+    assert fused.note == "not estimated: loss fused_linear runs Triton kernels, which are not estimated"
+
+
 def test_fused_linear_loss_is_a_clean_skip_on_cpu() -> None:
     with pytest.raises(TechniqueUnavailable, match=r"needs a CUDA device|not installed"), loss_head(
         _model(), "fused_linear"

@@ -175,6 +175,11 @@ def _check_estimable(point: Point) -> None:
     """Techniques whose kernels or host-side state fake tensors cannot stand for: not estimated."""
     if point.loss == "fused_linear":
         raise TechniqueUnavailable("loss fused_linear runs Triton kernels, which are not estimated")
+    _check_optimizer_estimable(point)
+
+
+def _check_optimizer_estimable(point: Point) -> None:
+    # Separate from the loss: the whole model's optimizer trace is shared by every loss head.
     if point.optimizer == "adamw_8bit_torchao":
         raise TechniqueUnavailable("torchao's 8-bit AdamW compiles its step, which is not estimated")
     if point.optimizer_offload != "none":
@@ -187,7 +192,7 @@ def trace_optimizer(cfg: SweepConfig, point: Point, *, target: str) -> StepTrace
     With the optimizer in backward the step after backward finds no gradient (each was applied and
     freed by its hook during the backward, which ``trace_step`` traces): no gradient is made here.
     """
-    _check_estimable(point)
+    _check_optimizer_estimable(point)
     tracker = StepTracker(kernel_model(target))
     with FakeTensorMode() as mode:
         _model, params, opt = _prepare(cfg, point, tracker, None, mode)
