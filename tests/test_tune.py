@@ -144,8 +144,11 @@ def test_training_semantics_change_only_when_allowed() -> None:
     with pytest.raises(ConfigError, match="--allow: 'fp8' is not one of"):
         parse_allow("lora,fp8")
     two = tiny_config(sweep={"seq_len": [32, 64]})
-    with pytest.raises(ConfigError, match="--seq-len"):
+    with pytest.raises(ConfigError, match="--seq-len: the config lists several"):
         tune_space(two, device_type="cpu", seq_len=None, allow=())
+    assert tune_space(two, device_type="cpu", seq_len=64, allow=()).seq_len == 64
+    with pytest.raises(ConfigError, match=r"--seq-len: 4096 is not between 1 and .* \(1024\)"):
+        tune_space(two, device_type="cpu", seq_len=4096, allow=())
 
 
 def test_default_space_takes_every_first_k() -> None:

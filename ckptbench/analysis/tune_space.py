@@ -95,6 +95,9 @@ def tune_space(
     seqs = values["seq_len"]
     if seq_len is None and len(seqs) != 1:
         raise ConfigError(f"--seq-len: the config lists several sequence lengths {seqs}; choose one")
+    max_pos = cfg.model.resolved().get("max_position_embeddings")
+    if seq_len is not None and (seq_len < 1 or (isinstance(max_pos, int) and seq_len > max_pos)):
+        raise ConfigError(f"--seq-len: {seq_len} is not between 1 and the model's max_position_embeddings ({max_pos})")
     layouts = values["layout"] if cfg.sweep.layout != ["none"] else list(default_layouts(cfg.model.num_layers))
     batches = values["batch_size"] if cfg.sweep.batch_size not in ("max", [1]) else _powers_of_two(
         min(cfg.search_max_batch, max_batch)
