@@ -103,6 +103,22 @@ def test_margin_is_the_largest_measured_reserved_over_allocated() -> None:
     assert Margin.learn([rec(100, 105), rec(100, 120), rec(100, 100)]).ratio == pytest.approx(1.2)
 
 
+def test_techniques_without_an_estimate_are_judged_by_a_labelled_stand_in() -> None:
+    sweep = {"layout": ["all"], "batch_size": [2], "seq_len": [32], "precision": ["bf16"],
+             "loss": ["chunked", "fused_linear"], "optimizer_in_backward": [False]}
+    cfg = tiny_config(device="cuda", sweep=sweep)
+    space = tune_space(cfg, device_type="cuda", seq_len=None, allow=("8bit",))
+    found = {(c.point.loss, c.point.optimizer, c.point.compile): c.estimate for c in
+             estimate_candidates(cfg, space, limit_bytes=LIMIT, target="cuda")[0]}
+    plain = found["chunked", "adamw_fused", False]
+    assert plain.note is None and plain.peak_bytes is not None
+    fused = found["fused_linear", "adamw_8bit_torchao", False]
+    assert fused.peak_bytes == plain.peak_bytes and fused.note is not None
+    assert fused.note.startswith("stand-in: estimated as loss=chunked") and "optimizer=adamw_fused" in fused.note
+    fit = predicted_fit(fused, limit_bytes=plain.peak_bytes, margin=Margin(1.0, "none"))
+    assert fit.fits is True and "(stand-in: estimated as loss=chunked" in fit.basis
+
+
 def test_a_technique_that_cannot_run_here_skips_its_class_and_costs_no_point() -> None:
     points = [Point("bf16", "none", layout, 2048, batch, "llama-7b", "adamw_fused", loss=loss)
               for batch in (4, 2) for layout in ("none", "all") for loss in ("fused_linear", "default")]

@@ -75,6 +75,8 @@ def predicted_fit(estimate: Estimate, *, limit_bytes: int, margin: Margin) -> Fi
     elif estimate.peak_bytes is not None:
         judged = int(estimate.peak_bytes * margin.ratio)
         basis = f"predicted peak allocated {fmt_bytes(estimate.peak_bytes)} x margin {margin.ratio:.4f}"
+        if estimate.note and estimate.note.startswith("stand-in"):
+            basis += f" ({estimate.note})"
     else:
         return Fit(None, None, f"no prediction ({estimate.note or 'not estimated'})")
     verdict = "fits" if judged <= limit_bytes else "does not fit"

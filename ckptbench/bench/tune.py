@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from ckptbench.config.grid import Point
 from ckptbench.config.layouts import parse_layout
 from ckptbench.config.schema import SweepConfig
 from ckptbench.estimate.api import Estimator
-from ckptbench.estimate.record import EstimateProgress
+from ckptbench.estimate.record import Estimate, EstimateProgress
 from ckptbench.results.record import PointRecord
 from ckptbench.train.flops import ModelShape, step_flops
 from ckptbench.train.model import llama_config, model_shape
@@ -137,7 +137,7 @@ def estimate_candidates(
             if on_estimate is not None:
                 on_estimate(EstimateProgress(j, len(jobs), label))
             job()
-        found = [Candidate(p, _hardware_flops(shape, p), estimator.estimate(p)) for p in points]
+        found = [Candidate(p, _hardware_flops(shape, p), _estimate(estimator, p, cfg)) for p in points]
         out += found
         fits = [predicted_fit(c.estimate, limit_bytes=limit_bytes, margin=Margin(1.0, "")).fits for c in found]
         if found and all(f is False for f in fits) and i + 1 < len(space.batch_sizes):
@@ -145,6 +145,43 @@ def estimate_candidates(
             notes.append(f"batch {batch}: no point predicted to fit; batch sizes {larger} not considered")
             break
     return out, notes
+
+
+# Techniques the estimator cannot trace, and the traceable technique that stands in for them:
+# (axis, value, stand-in, why it is close). None: the config's own value.
+STAND_INS: tuple[tuple[str, str, str | None, str], ...] = (
+    ("loss", "fused_linear", "chunked", "which, like the fused loss, never keeps the whole batch's logits"),
+    ("optimizer", "adamw_8bit_torchao", None, "whose optimizer state is at least as large as 8-bit state"),
+    ("optimizer", "adamw_8bit", None, "whose optimizer state is at least as large as 8-bit state"),
+    ("optimizer_offload", "cpu", "none", "which keeps on the GPU the state that offloading moves to the host"),
+)
+
+
+def _estimate(estimator: Estimator, point: Point, cfg: SweepConfig) -> Estimate:
+    """The point's estimate; for a technique that is not estimated, its stand-in's, labelled as such.
+
+    Without it, every such candidate would have to be measured to learn that it does not fit. A
+    stand-in is not exact (Liger's loss holds the LM head's gradient from the forward on; the chunked
+    loss holds one chunk's fp32 logits instead); a fit is believed only once it is measured.
+    """
+    est = estimator.estimate(point)
+    if est.peak_bytes is not None:
+        return est
+    stand_in, because = point, []
+    for axis, value, other, why in STAND_INS:
+        if getattr(stand_in, axis) == value:
+            substitute = other if other is not None else cfg.optimizer
+            fields: dict[str, Any] = {axis: substitute}
+            stand_in = replace(stand_in, **fields)
+            because.append(f"{axis}={substitute}, {why}")
+    if stand_in == point:
+        return est
+    for _, job in estimator.jobs([stand_in]):
+        job()
+    bound = estimator.estimate(stand_in)
+    if bound.peak_bytes is None:
+        return est
+    return replace(bound, point=point, note=f"stand-in: estimated as {'; '.join(because)}")
 
 
 def _hardware_flops(shape: ModelShape, point: Point) -> int:
