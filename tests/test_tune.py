@@ -119,6 +119,40 @@ def test_techniques_without_an_estimate_are_judged_by_a_labelled_stand_in() -> N
     assert fit.fits is True and "(stand-in: estimated as loss=chunked" in fit.basis
 
 
+def test_a_point_that_ran_out_of_memory_rules_out_larger_predictions() -> None:
+    """The allocator needs more than predicted (fragmentation): what is predicted larger fails too."""
+    points = [Point("bf16", "none", layout, 2048, 8, "llama-7b", "adamw_fused") for layout in ("first:8", "first:4")]
+    points.append(Point("bf16", "none", "first:16", 2048, 8, "llama-7b", "adamw_fused"))
+    peaks = {"first:4": 95, "first:8": 90, "first:16": 80}
+    flops = {"first:4": 100, "first:8": 110, "first:16": 120}
+    candidates = [Candidate(p, flops[p.layout], _estimate(p, peaks[p.layout])) for p in points]
+    planner = TunePlanner(candidates, limit_bytes=100)
+    first = planner.next()
+    assert first is not None and first.layout == "first:4"
+    planner.observe(first, PointRecord.model_validate({"key": first.key, "status": "oom"}))
+    second = planner.next()
+    assert second is not None and second.layout == "first:8"  # predicted below the failed point: tried
+    planner.observe(second, PointRecord.model_validate({"key": second.key, "status": "oom"}))
+    third = planner.next()
+    assert third is not None and third.layout == "first:16"
+    planner.observe(third, PointRecord.model_validate({"key": third.key, "status": "oom"}))
+    assert planner.next() is None and planner.best is None
+
+
+def test_a_failure_drops_candidates_predicted_no_smaller() -> None:
+    points = [Point("bf16", "none", layout, 2048, 8, "llama-7b", "adamw_fused") for layout in ("first:4", "first:8")]
+    peaks, flops = {"first:4": 90, "first:8": 95}, {"first:4": 100, "first:8": 110}
+    planner = TunePlanner([Candidate(p, flops[p.layout], _estimate(p, peaks[p.layout])) for p in points],
+                          limit_bytes=100)
+    first = planner.next()
+    assert first is not None and first.layout == "first:4"
+    planner.observe(first, PointRecord.model_validate({"key": first.key, "status": "oom"}))
+    assert planner.next() is None
+    why = planner.decisions[-1]["why"]
+    assert why.startswith("predicted not to fit: predicted peak allocated 0.00 MiB, no less than first:4 b=8's")
+    assert why.endswith("which did not fit when measured (out of memory)")
+
+
 def test_a_technique_that_cannot_run_here_skips_its_class_and_costs_no_point() -> None:
     points = [Point("bf16", "none", layout, 2048, batch, "llama-7b", "adamw_fused", loss=loss)
               for batch in (4, 2) for layout in ("none", "all") for loss in ("fused_linear", "default")]

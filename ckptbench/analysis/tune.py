@@ -192,6 +192,12 @@ class TunePlanner:
     def _pruned(self, c: Candidate, fit: Fit) -> str | None:
         if fit.fits is False:
             return f"predicted not to fit: {fit.basis}"
+        failed = self._failed_below(c)
+        if failed is not None:
+            return (
+                f"predicted not to fit: predicted peak allocated {fmt_bytes(c.estimate.peak_bytes or 0)}, no less "
+                f"than {failed.candidate.label}'s, which did not fit when measured ({_outcome(failed.record)})"
+            )
         winner = self._cheaper_winner(c)
         if winner is not None:
             return (
@@ -205,6 +211,19 @@ class TunePlanner:
                 f"cannot beat {best.candidate.label} ({best.tokens_per_s:,.0f} tokens/s): at most "
                 f"{bound:,.0f} tokens/s even at {RATE_SLACK:g}x the best FLOP rate measured in its class"
             )
+        return None
+
+    def _failed_below(self, c: Candidate) -> Measured | None:
+        """A measured point that did not fit (out of memory, or over the limit) although predicted to need
+        no more than this candidate: the allocator's overhead above the prediction is at least as large here."""
+        mine = c.estimate.peak_bytes
+        if mine is None:
+            return None
+        for m in self.measured:
+            theirs = m.candidate.estimate.peak_bytes
+            over = m.record.status == "oom" or (m.record.ok and _peak(m.record) > self.limit_bytes)
+            if over and theirs is not None and theirs <= mine:
+                return m
         return None
 
     def _cheaper_winner(self, c: Candidate) -> Measured | None:
@@ -270,6 +289,10 @@ class TunePlanner:
 
 def _peak(record: PointRecord) -> int:
     return int(record.peak_reserved_bytes or record.peak_allocated_bytes or 0)
+
+
+def _outcome(record: PointRecord) -> str:
+    return "out of memory" if record.status == "oom" else f"{fmt_bytes(_peak(record))} peak reserved"
 
 
 def _measured_fields(record: PointRecord, fits: bool, limit: int) -> dict[str, Any]:
