@@ -58,7 +58,7 @@ def test_report_markdown_links_every_png(synthetic_report: Path) -> None:
     assert "> **Note:** SYNTHETIC test fixture" in text  # the synthetic origin is never hidden
     assert "## Recommendation" in text
     assert "**none b=2 s=2048 is the fastest point that fits" in text
-    row = "| best | none b=2 s=2048 | - | 72.42 GiB | 70.17 GiB | 19.96 GiB | 10,666 | 100% | 7.58 GiB free |"
+    row = "| best | none b=2 s=2048 | - | 72.42 GiB | 70.17 GiB | 19.96 GiB | 10,666 | 100% | 3.58 GiB free |"
     assert row in text
     assert "## Pareto front" in text
     assert "| layout | batch | seq | precision | ckpt layers | peak | reserved |" in text  # the summary table

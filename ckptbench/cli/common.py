@@ -2,19 +2,49 @@
 
 from __future__ import annotations
 
-import sys
+import os
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
 from ckptbench.errors import CkptbenchError
 
-# Tables go to stdout; when it is a pipe or a file, do not squeeze them into 80 columns.
-out = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+NO_TERMINAL_WIDTH = 200  # stdout with no terminal anywhere (CI logs, files) and no COLUMNS
+
+
+def _any_terminal() -> bool:
+    for fd in (0, 1, 2):
+        try:
+            if os.get_terminal_size(fd).columns > 0:
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+class _Stdout(Console):
+    """stdout: as wide as ``COLUMNS`` says, else as the terminal (also when piped into ``less`` or
+    ``head`` from one), else NO_TERMINAL_WIDTH. Read at every print, so tests can set COLUMNS."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        columns = os.environ.get("COLUMNS", "")
+        if self._width is None and not (columns.isdigit() and int(columns) > 0) and not _any_terminal():
+            return ConsoleDimensions(NO_TERMINAL_WIDTH, size.height)
+        return size
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        self._width, self._height = new_size
+
+
+# Tables go to stdout (fitted to its width: render/tables.py); progress, warnings and errors to stderr.
+out = _Stdout(highlight=False, soft_wrap=False)
 err = Console(stderr=True, highlight=False)
 
 

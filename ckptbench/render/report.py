@@ -9,8 +9,7 @@ from ckptbench.analysis.recommend import Recommendation, candidates, pareto_fron
 from ckptbench.errors import ResultsError
 from ckptbench.render.plots import plot_breakdown, plot_peak_memory, plot_speed
 from ckptbench.render.recommend import markdown_pareto, markdown_recommendation
-from ckptbench.render.summary import run_header, summary_columns, summary_rows
-from ckptbench.render.tables import markdown_table
+from ckptbench.render.summary import run_header, size_unit, summary_markdown
 from ckptbench.render.tradeoff_plot import plot_tradeoff
 from ckptbench.results.store import Run, write_text_atomic
 from ckptbench.units import fmt_bytes
@@ -53,14 +52,15 @@ def write_report(run: Run, *, out_dir: Path, rec: Recommendation | None = None) 
     if not run.points:
         raise ResultsError(f"{run.path}: the run has no finished points yet; nothing to report")
     plots = write_plots(run, out_dir, rec=rec)
+    size = rec.size if rec is not None else size_unit(run)  # one unit for every size of the report
     sections = [_header(run)]
     if rec is not None:
         sections.append(markdown_recommendation(rec))
-        sections.append(markdown_pareto(rec.pareto, limit_bytes=rec.limit_bytes))
+        sections.append(markdown_pareto(rec.pareto, limit_bytes=rec.limit_bytes, size=size))
     else:
-        sections.append(markdown_pareto(pareto_front(candidates(run))))
+        sections.append(markdown_pareto(pareto_front(candidates(run)), size=size))
     sections.append(_plots_section(plots))
-    sections.append("## All points\n\n" + markdown_table(summary_rows(run), summary_columns(run)))
+    sections.append("## All points\n\n" + summary_markdown(run, size=size))
     if run.environment.get("device_type") == "cpu":
         sections.append(
             "Memory on CPU is measured by ckptbench's live-tensor tracker (reserved = allocated); "
@@ -86,7 +86,7 @@ def write_plots(run: Run, out_dir: Path, *, rec: Recommendation | None = None) -
 def _header(run: Run) -> str:
     env, cfg = run.environment, run.config
     total = env.get("gpu_total_memory_bytes")
-    lines = [f"# ckptbench report: {run.name}\n", f"{run_header(run)}\n"]
+    lines = [f"# ckptbench report: {run.title}\n", f"{run_header(run)}\n"]
     if run.meta.get("note"):
         lines.append(f"> **Note:** {run.meta['note']}\n")
     facts = [
