@@ -8,81 +8,19 @@ as text in their slot, so a missing bar is never mistaken for a zero.
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 from typing import Any
 
-from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from ckptbench.analysis.recommend import BREAKDOWN, Candidate, candidates
-from ckptbench.results.frame import to_frame
+from ckptbench.render.plot_style import PlotData, empty_note, is_number, save, short_axis
 from ckptbench.results.store import Run
-from ckptbench.units import GIB, MIB, fmt_bytes
+from ckptbench.units import fmt_bytes
 
 PART_COLORS = ("#4c72b0", "#8da0cb", "#dd8452", "#55a868")
-DPI = 110
-
-
-class PlotData:
-    """The run as rows, with the orders and colours every plot shares."""
-
-    def __init__(self, run: Run) -> None:
-        self.run = run
-        self.rows: list[dict[str, Any]] = to_frame(run).to_dict("records")
-        keys = [p.key for p in run.points]
-        for row, rec in zip(self.rows, run.points, strict=True):
-            row["key"] = rec.key
-            row["quartiles_s"] = _quartiles(rec.step_times_s)
-        self.layouts = list(dict.fromkeys(str(k.get("layout")) for k in keys))
-        self.batches = sorted({k.get("batch_size") for k in keys}, key=lambda b: (b is None, b))
-        names = sorted({n for k in keys for n in k} - {"layout", "batch_size"})
-        self.facet_axes = [n for n in names if len({repr(k.get(n)) for k in keys}) > 1]
-        peaks = [r["peak_reserved_bytes"] for r in self.rows if _num(r["peak_reserved_bytes"])]
-        self.scale, self.unit = (GIB, "GiB") if not peaks or max(peaks) >= GIB else (MIB, "MiB")
-        cmap = colormaps["viridis"]
-        n = max(len(self.batches) - 1, 1)
-        self.batch_color = {b: cmap(0.1 + 0.75 * i / n) for i, b in enumerate(self.batches)}
-        tab = colormaps["tab10" if len(self.layouts) <= 10 else "tab20"]
-        self.layout_color = {lay: tab(i % tab.N) for i, lay in enumerate(self.layouts)}
-
-    def facets(self) -> list[tuple[str, list[dict[str, Any]]]]:
-        """(title, rows) per combination of the key axes other than layout and batch that vary."""
-        groups: dict[str, list[dict[str, Any]]] = {}
-        for row in self.rows:
-            label = ", ".join(f"{_short(n)} {row['key'].get(n)}" for n in self.facet_axes)
-            groups.setdefault(label, []).append(row)
-        return list(groups.items())
-
-
-def _quartiles(times: list[float]) -> tuple[float, float] | None:
-    """First and third quartile of the measured step times (the same method as point_stats)."""
-    if not times:
-        return None
-    if len(times) == 1:
-        return times[0], times[0]
-    q = statistics.quantiles(times, n=4, method="inclusive")
-    return q[0], q[2]
-
-
-def _num(value: Any) -> bool:
-    return value is not None and value == value
-
-
-def _short(name: str) -> str:
-    return {"seq_len": "seq", "batch_size": "batch"}.get(name, name)
-
-
-def save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    return path
-
-
-def empty_note(ax: Axes, text: str) -> None:
-    """A centred grey note on axes that have nothing to show."""
-    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=11, color="#777777")
 
 
 def _grouped_bars(
@@ -97,7 +35,7 @@ def _grouped_bars(
             if row is None:
                 continue
             x = i - 0.4 + width * (j + 0.5)
-            if row["status"] == "ok" and _num(value(row)):
+            if row["status"] == "ok" and is_number(value(row)):
                 yerr = err(row) if err is not None else None
                 ax.bar(x, value(row), width, color=data.batch_color[batch], yerr=yerr, capsize=2)
             else:
@@ -224,7 +162,7 @@ def plot_breakdown(run: Run, path: Path, *, budget_bytes: int | None = None) -> 
     ax.legend(list(unique.values())[::-1], list(unique)[::-1], fontsize=8, loc="upper left",
               bbox_to_anchor=(1.01, 1.0), title="numbers: peak reserved", title_fontsize=8)
     names = ["batch_size", "seq_len", *(n for n in data.facet_axes if n != "seq_len")]
-    where = ", ".join(f"{_short(n)} {shape[n]}" for n in names if n in shape)
+    where = ", ".join(f"{short_axis(n)} {shape[n]}" for n in names if n in shape)
     where = f" ({where})" if where else ""
     fig.suptitle(f"Memory breakdown at the peak, per layout{where}: {run.name}", fontsize=12)
     return save(fig, path)

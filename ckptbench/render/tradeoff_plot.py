@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from ckptbench.analysis.recommend import Candidate, Recommendation, candidates, pareto_front
-from ckptbench.render.plots import PlotData, empty_note, save
+from ckptbench.render.plot_style import PlotData, empty_note, save
 from ckptbench.results.store import Run
 from ckptbench.units import fmt_bytes
 

@@ -1,0 +1,76 @@
+"""What every plot of a run shares: the run as rows, orders and colours, saving (matplotlib Figure + Agg)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from matplotlib import colormaps
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from ckptbench.results.frame import to_frame
+from ckptbench.results.store import Run
+from ckptbench.units import GIB, MIB
+
+DPI = 110
+
+
+class PlotData:
+    """The run as rows, with the orders and colours every plot shares."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.rows: list[dict[str, Any]] = to_frame(run).to_dict("records")
+        keys = [p.key for p in run.points]
+        for row, rec in zip(self.rows, run.points, strict=True):
+            row["key"] = rec.key
+            row["quartiles_s"] = _quartiles(rec.step_times_s)
+        self.layouts = list(dict.fromkeys(str(k.get("layout")) for k in keys))
+        self.batches = sorted({k.get("batch_size") for k in keys}, key=lambda b: (b is None, b))
+        names = sorted({n for k in keys for n in k} - {"layout", "batch_size"})
+        self.facet_axes = [n for n in names if len({repr(k.get(n)) for k in keys}) > 1]
+        peaks = [r["peak_reserved_bytes"] for r in self.rows if is_number(r["peak_reserved_bytes"])]
+        self.scale, self.unit = (GIB, "GiB") if not peaks or max(peaks) >= GIB else (MIB, "MiB")
+        cmap = colormaps["viridis"]
+        n = max(len(self.batches) - 1, 1)
+        self.batch_color = {b: cmap(0.1 + 0.75 * i / n) for i, b in enumerate(self.batches)}
+        tab = colormaps["tab10" if len(self.layouts) <= 10 else "tab20"]
+        self.layout_color = {lay: tab(i % tab.N) for i, lay in enumerate(self.layouts)}
+
+    def facets(self) -> list[tuple[str, list[dict[str, Any]]]]:
+        """(title, rows) per combination of the key axes other than layout and batch that vary."""
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for row in self.rows:
+            label = ", ".join(f"{short_axis(n)} {row['key'].get(n)}" for n in self.facet_axes)
+            groups.setdefault(label, []).append(row)
+        return list(groups.items())
+
+
+def _quartiles(times: list[float]) -> tuple[float, float] | None:
+    """First and third quartile of the measured step times (the same method as point_stats)."""
+    if not times:
+        return None
+    if len(times) == 1:
+        return times[0], times[0]
+    q = statistics.quantiles(times, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def is_number(value: Any) -> bool:
+    return value is not None and value == value
+
+
+def short_axis(name: str) -> str:
+    return {"seq_len": "seq", "batch_size": "batch"}.get(name, name)
+
+
+def save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    return path
+
+
+def empty_note(ax: Axes, text: str) -> None:
+    """A centred grey note on axes that have nothing to show."""
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=11, color="#777777")
