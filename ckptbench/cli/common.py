@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
 from ckptbench.errors import CkptbenchError
 
@@ -60,6 +61,35 @@ def warn(text: str) -> None:
     err.print(f"[yellow]warning:[/yellow] {escape(text)}", soft_wrap=True)
 
 
+def _no_flag_types(params: list[Any]) -> list[Any]:
+    # typer's rich help prints '<bool>' as the type of every flag (--help included), but a flag takes
+    # no value. An empty metavar is shown instead (duck-typed: typer 0.2x vendors its own click).
+    for param in params:
+        if getattr(param, "is_flag", False) and getattr(param, "metavar", "") is None:
+            param.metavar = ""
+    return params
+
+
+class Command(TyperCommand):
+    """A command whose --help shows no value type for flags."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _no_flag_types(super().get_params(ctx))
+
+
+class Group(TyperGroup):
+    """The application: --help and --version show no value type either."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _no_flag_types(super().get_params(ctx))
+
+
+def example(*lines: str) -> dict[str, Any]:
+    """Keyword arguments for ``app.command``: the command class and an example shown under --help."""
+    text = "\n\n".join(f"  {line}" for line in lines)
+    return {"cls": Command, "epilog": f"Example:\n\n{text}"}
+
+
 class Format(str, Enum):
     """Output formats: a table for people; Markdown, CSV and JSON (complete, unstyled) for files and pipes."""
 
@@ -69,14 +99,21 @@ class Format(str, Enum):
     json = "json"
 
 
-ConfigArg = Annotated[Path, typer.Argument(help="Sweep config (YAML), e.g. configs/llama7b.yaml.")]
-RunArg = Annotated[str, typer.Argument(help="A run directory, or a run name under --results.")]
+ConfigArg = Annotated[
+    Path, typer.Argument(metavar="CONFIG", help="Sweep config (YAML), e.g. configs/llama7b.yaml.", show_default=False)
+]
+RunArg = Annotated[str, typer.Argument(metavar="RUN", help="A run directory, or a run name under --results.")]
 FormatOpt = Annotated[Format, typer.Option("--format", help="table (default), markdown, csv or json.")]
-ResultsOpt = Annotated[Path, typer.Option("--results", help="Where run names are looked up.")]
+ResultsOpt = Annotated[Path, typer.Option("--results", metavar="DIR", help="Where run names are looked up.")]
 BudgetOpt = Annotated[
-    str | None, typer.Option("--budget", help="Memory budget: GiB (80) or with a unit (80GiB, 512MiB).")
+    str | None,
+    typer.Option("--budget", metavar="SIZE",
+                 help="Memory budget: GiB (80) or with a binary unit (80GiB, 512MiB); GB is refused as ambiguous."),
 ]
 HeadroomOpt = Annotated[
-    str, typer.Option("--headroom", help="Kept free under the budget: a share of it (5%) or a size (2GiB).")
+    str, typer.Option("--headroom", metavar="PCT|SIZE",
+                      help="Kept free under the budget: a share of it (5%) or a size (2GiB).")
 ]
-SeqLenOpt = Annotated[int | None, typer.Option("--seq-len", help="Only consider points of this sequence length.")]
+SeqLenOpt = Annotated[
+    int | None, typer.Option("--seq-len", metavar="N", help="Only consider points of this sequence length.")
+]

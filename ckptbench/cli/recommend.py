@@ -9,11 +9,12 @@ from typing import Annotated, Any
 import typer
 
 from ckptbench.analysis.recommend import DEFAULT_HEADROOM
-from ckptbench.cli.common import BudgetOpt, HeadroomOpt, RunArg, SeqLenOpt, err, fail, out
+from ckptbench.cli.common import BudgetOpt, Format, HeadroomOpt, RunArg, SeqLenOpt, err, fail, out
 from ckptbench.errors import CkptbenchError, ConfigError, ResultsError
 
 ReportOutOpt = Annotated[
-    Path | None, typer.Option("--out", help="Folder for report.md and the PNGs (default RUN/report).")
+    Path | None,
+    typer.Option("--out", metavar="DIR", help="Folder for report.md and the PNGs (default RUN/report)."),
 ]
 
 
@@ -22,25 +23,37 @@ def recommend_cmd(
     budget: BudgetOpt = None,
     seq_len: SeqLenOpt = None,
     headroom: HeadroomOpt = DEFAULT_HEADROOM,
-    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+    fmt_text: Annotated[
+        str, typer.Option("--format", metavar="table|markdown|json", help="table (default), markdown or json.")
+    ] = Format.table.value,
 ) -> None:
     """The fastest measured point whose peak reserved memory fits the budget, and the Pareto front."""
 
-    from ckptbench.render.recommend import rich_recommendation
+    from ckptbench.render.recommend import markdown_pareto, markdown_recommendation, rich_recommendation
     from ckptbench.results.store import load_run
 
     try:
-        if fmt not in ("table", "json"):
-            raise ConfigError(f"--format: {fmt!r} is not one of table, json")
+        fmt = _format(fmt_text)
         if budget is None:
             raise ConfigError("--budget is required, e.g. --budget 80 (GiB) or --budget 80GiB")
         rec = _recommendation(load_run(run), budget=budget, headroom=headroom, seq_len=seq_len)
     except CkptbenchError as exc:
         raise fail(exc) from None
-    if fmt == "json":
+    if fmt is Format.json:
         typer.echo(json.dumps(rec.to_json(), sort_keys=True, indent=2))
+    elif fmt is Format.markdown:
+        typer.echo(markdown_recommendation(rec) + "\n" + markdown_pareto(rec.pareto, limit_bytes=rec.limit_bytes,
+                                                                      size=rec.size), nl=False)
     else:
         out.print(rich_recommendation(rec))
+
+
+def _format(text: str) -> Format:
+    """One of the shared formats that a recommendation has (no CSV: it is two tables and a sentence)."""
+    allowed = (Format.table, Format.markdown, Format.json)
+    if text not in {f.value for f in allowed}:
+        raise ConfigError(f"--format: {text!r} is not one of {', '.join(f.value for f in allowed)}")
+    return Format(text)
 
 
 def _recommendation(run: Any, *, budget: str, headroom: str, seq_len: int | None) -> Any:
