@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from ckptbench.cli import app
 from ckptbench.config.grid import AXIS_DEFAULTS
-from ckptbench.render import plots
+from ckptbench.render import breakdown_plot, plots
 from ckptbench.results.store import load_run
 
 RUNS = Path(__file__).parent / "fixtures" / "report_runs"
@@ -110,8 +110,8 @@ def test_grouped_bars_skip_and_mark_points_that_did_not_run() -> None:
 
 
 def test_breakdown_uses_the_shape_where_most_layouts_ran() -> None:
-    assert plots.reference_shape(load_run(SYNTHETIC))["batch_size"] == 8
-    assert plots.reference_shape(load_run(TINY)) == {
+    assert breakdown_plot.reference_shape(load_run(SYNTHETIC))["batch_size"] == 8
+    assert breakdown_plot.reference_shape(load_run(TINY)) == {
         **AXIS_DEFAULTS, "batch_size": 2, "model": "tiny", "optimizer": "adamw_fused", "precision": "fp32",
         "seq_len": 128,
     }
