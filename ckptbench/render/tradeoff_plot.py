@@ -71,15 +71,13 @@ def _label_points(
     seen: set[int] = set()
     labels = []
     for c in order:
-        if c.index not in seen:
-            seen.add(c.index)
-            text = c.label.replace(f" s={c.key.get('seq_len')}", "") if one_seq else c.label
-            labels.append(Label(data.size.value(c.memory_bytes), c.tokens_per_s, text, bold=c is best))
-    points = [(data.size.value(c.memory_bytes), c.tokens_per_s, area[c.key.get("batch_size")] ** 0.5 / 2 + 1)
-              for c in cands]
-    if best is not None:
-        points.append((data.size.value(best.memory_bytes), best.tokens_per_s, BEST_RING**0.5 / 2 + 1))
-    place_labels(fig, ax, labels, points=points, lines=[_staircase(front, data.size)])
+        if c.index in seen:
+            continue
+        seen.add(c.index)
+        text = c.label.replace(f" s={c.key.get('seq_len')}", "") if one_seq else c.label
+        radius = (BEST_RING if c is best else area[c.key.get("batch_size")]) ** 0.5 / 2
+        labels.append(Label(data.size.value(c.memory_bytes), c.tokens_per_s, text, radius=radius, bold=c is best))
+    place_labels(fig, ax, labels, lines=[_staircase(front, data.size)])
 
 
 def _staircase(front: Sequence[Candidate], size: SizeUnit) -> list[tuple[float, float]]:
