@@ -16,7 +16,7 @@ from ckptbench.cli import app, common
 from ckptbench.config.grid import Point
 from ckptbench.estimate.record import Estimate
 from ckptbench.render.estimate import estimate_table
-from ckptbench.render.summary import summary_table
+from ckptbench.render.summary import summary_rows, summary_table
 from ckptbench.render.tables import Column, FitTable, fit_columns, wrap_text
 from ckptbench.results.store import load_run
 
@@ -93,6 +93,22 @@ def test_an_optional_column_never_makes_an_essential_one_wrap() -> None:
     assert fit_columns(COLS, ROWS, 42).left_out == ("extra",)
 
 
+@pytest.mark.parametrize("width", range(12, 60, 3))
+def test_a_fit_never_exceeds_the_width_nor_narrows_a_number(width: int) -> None:
+    cols = [Column("id"), Column("tokens", priority=1, numeric=True), Column("bytes", priority=2, numeric=True)]
+    rows = [{"id": "abcdef", "tokens": "123,456,789", "bytes": "1023.99 GiB"}]
+    fit = fit_columns(cols, rows, width)
+    assert all(w == 11 for c, w in zip(fit.columns, fit.widths, strict=True) if c.numeric)
+    assert fit.total_width <= max(width, 6 + 4)  # only the essential column may exceed a tiny width
+
+
+def test_when_only_one_optional_column_fits_the_more_important_one_wins() -> None:
+    cols = [Column("a"), Column("minor", priority=3, numeric=True), Column("major", priority=1, numeric=True)]
+    rows = [{"a": "x", "minor": "12345", "major": "67890"}]
+    fit = fit_columns(cols, rows, 20)  # room for 'a' and one 5-cell column
+    assert [c.name for c in fit.columns] == ["a", "major"] and fit.left_out == ("minor",)
+
+
 def test_a_wide_low_priority_column_does_not_hide_a_narrow_one() -> None:
     cols = [Column("a"), Column("wide", priority=1), Column("narrow", priority=2, numeric=True)]
     rows = [{"a": "x", "wide": "w" * 60, "narrow": "1.00"}]
@@ -110,8 +126,9 @@ def test_summary_never_cuts_a_number_at_any_width(width: int) -> None:
     run = load_run(SYNTHETIC)
     text = rendered(summary_table(run), width)
     assert_fits(text, width)
-    for peak in ("70.17 GiB", "130.30 GiB"):  # essential columns at every width
-        assert peak in text
+    for row in summary_rows(run):  # the essential numbers, each whole on its line, at every width
+        for column in ("batch", "seq", "peak", "step ms"):
+            assert f" {row[column]} │" in text, (column, row[column])
     assert "oom (tried" in text and "CUDA out of memory" not in text
 
 
@@ -217,3 +234,12 @@ def test_axes_estimate_never_squeezes_a_column(width: int) -> None:
     text = rendered(estimate_table(estimates, name="llama7b-axes", measured=measured), width)
     assert_fits(text, width)
     assert "optimizer=adamw_foreach" in text and "attn_implementation=eager" in text
+
+
+def test_selective_layouts_say_what_they_wrap() -> None:
+    from ckptbench.render.layouts import layout_rows
+    from tests.conftest import tiny_config
+
+    rows = {r["layout"]: r for r in layout_rows(tiny_config(sweep={"layout": ["none", "all@selective", "all@mlp"]}))}
+    assert rows["all@selective"]["wraps"] == "decoder layer, per-op (selective)"
+    assert rows["all@mlp"]["wraps"] == "mlp" and rows["none"]["wraps"] == "-"
