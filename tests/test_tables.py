@@ -109,6 +109,12 @@ def test_when_only_one_optional_column_fits_the_more_important_one_wins() -> Non
     assert [c.name for c in fit.columns] == ["a", "major"] and fit.left_out == ("minor",)
 
 
+def test_a_column_of_dashes_gives_way_first() -> None:
+    cols = [Column("a"), Column("mfu", priority=1), Column("act", priority=3)]
+    rows = [{"a": "x", "mfu": "-", "act": "1.00"}, {"a": "y", "mfu": "-", "act": "2.00"}]
+    assert fit_columns(cols, rows, 14).left_out == ("mfu",)  # room for one: the one with numbers
+
+
 def test_a_wide_low_priority_column_does_not_hide_a_narrow_one() -> None:
     cols = [Column("a"), Column("wide", priority=1), Column("narrow", priority=2, numeric=True)]
     rows = [{"a": "x", "wide": "w" * 60, "narrow": "1.00"}]

@@ -111,7 +111,7 @@ def fit_columns(columns: Sequence[Column], rows: Sequence[dict[str, str]], width
     comfortable = {c.name: natural[c.name] if not c.wrap else min(natural[c.name], max(minimum[c.name], _COMFORTABLE))
                    for c in columns}
     chosen = [c for c in columns if c.priority == 0]
-    for col in sorted((c for c in columns if c.priority > 0), key=lambda c: c.priority):
+    for col in sorted((c for c in columns if c.priority > 0), key=lambda c: _rank(c, rows)):
         need = sum(comfortable[c.name] for c in chosen) + minimum[col.name] + _overhead(len(chosen) + 1)
         if need <= width:
             chosen.append(col)
@@ -119,6 +119,11 @@ def fit_columns(columns: Sequence[Column], rows: Sequence[dict[str, str]], width
     widths = _share(shown, natural, minimum, room=width - _overhead(len(shown)))
     left_out = tuple(c.name for c in columns if c not in shown)
     return Fit(columns=tuple(shown), widths=tuple(widths[c.name] for c in shown), left_out=left_out)
+
+
+def _rank(col: Column, rows: Sequence[dict[str, str]]) -> tuple[bool, int]:
+    """Optional columns by priority; one with nothing but '-' in it (MFU on a CPU run) comes last."""
+    return all(row.get(col.name, "-") == "-" for row in rows), col.priority
 
 
 def _share(shown: Sequence[Column], natural: dict[str, int], minimum: dict[str, int], *, room: int) -> dict[str, int]:
