@@ -14,14 +14,17 @@ from ckptbench.cli.progress import EstimateProgressBar, SweepProgress
 from ckptbench.cli.sweep import Interrupts, interrupted_exit, write_run_summaries
 from ckptbench.errors import CkptbenchError, ConfigError
 
-MaxPointsOpt = Annotated[int | None, typer.Option("--max-points", help="Measure at most this many points.")]
+MaxPointsOpt = Annotated[
+    int | None, typer.Option("--max-points", metavar="N", help="Measure at most this many points.")
+]
 TimeBudgetOpt = Annotated[
     float | None, typer.Option("--time-budget", help="Stop proposing points after this many minutes.", metavar="MIN")
 ]
 AllowOpt = Annotated[
     str | None,
     typer.Option(
-        "--allow", help="Also search techniques that change training: lora, 8bit, factored, offload_optimizer."
+        "--allow", metavar="NAMES",
+        help="Also search techniques that change training: lora, 8bit, factored, offload_optimizer.",
     ),
 ]
 
@@ -35,13 +38,15 @@ def tune(
     time_budget: TimeBudgetOpt = None,
     allow: AllowOpt = None,
     out_dir: Annotated[
-        Path | None, typer.Option("--out", help="Run directory (default results/<name>-<time>).")
+        Path | None, typer.Option("--out", metavar="RUN_DIR", help="Run directory (default results/<name>-<time>).")
     ] = None,
-    results_root: Annotated[Path, typer.Option("--results", help="Folder for new run directories.")] = Path("results"),
+    results_root: Annotated[
+        Path, typer.Option("--results", metavar="DIR", help="Folder for new run directories.")
+    ] = Path("results"),
     resume: Annotated[
         Path | None, typer.Option("--resume", help="Continue the search of RUN_DIR (same config).", metavar="RUN_DIR")
     ] = None,
-    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+    fmt: Annotated[str, typer.Option("--format", metavar="table|json", help="table or json.")] = "table",
 ) -> None:
     """Search layouts x batch sizes x techniques for the fastest setup that fits --budget, by measurement."""
     from ckptbench.config.load import load_config
