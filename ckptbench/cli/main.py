@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from ckptbench import __version__
+from ckptbench.cli.answers import answers_cmd
 from ckptbench.cli.common import err, out
 from ckptbench.cli.compare import compare
 from ckptbench.cli.estimate import estimate
@@ -45,6 +46,7 @@ app.command()(compare)
 app.command("recommend")(recommend_cmd)
 app.command("report")(report_cmd)
 app.command()(estimate)
+app.command("answers")(answers_cmd)
 
 
 def main() -> None:
