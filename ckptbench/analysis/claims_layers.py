@@ -76,9 +76,8 @@ def claim_2(ctx: Context) -> Answer:
             continue
         if e4.fits(ctx.limit):
             gain = e4.tps / full.tps - 1
-            both = none is not None and none.fits(ctx.limit)
             extra = (f" But none fits too ({gib(none.mem)}, {tok(none)}): at batch {b} checkpointing anything "
-                     "costs speed for nothing." if none is not None and both else "")
+                     "costs speed for nothing." if none is not None and none.fits(ctx.limit) else "")
             text = (f"At batch {b}, every:4 fits ({gib(e4.mem)}) and runs {pct(gain)} faster than all "
                     f"({tok(e4)} vs {tok(full)}).{extra}")
             parts.append(Part(f"batch {b}", Verdict.HOLDS, text, f"b={b}: every:4 fits, {pct(gain)} faster than all",

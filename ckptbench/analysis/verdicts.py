@@ -13,7 +13,7 @@ from enum import Enum
 
 from ckptbench.analysis.evidence import Cite, Evidence
 from ckptbench.analysis.layer_series import CellSeries
-from ckptbench.units import GIB, fmt_bytes
+from ckptbench.units import fmt_bytes
 
 # Stages of the GPU campaign (scripts/gpu_check.sh) that the open parts wait for.
 STAGE_BATCH_MAX = "20-searches-batch-max"
@@ -136,11 +136,6 @@ def gib(n: float) -> str:
     return fmt_bytes(n)
 
 
-def per_gib(n: float) -> str:
-    """Bytes as GiB with two decimals, without the unit (for 'x -> y GiB')."""
-    return f"{n / GIB:.2f}"
-
-
 def pct(x: float) -> str:
     return f"{x:.1%}"
 
@@ -152,9 +147,3 @@ def times(x: float) -> str:
 def tok(c: Cite) -> str:
     return f"{c.tps:,.0f} tok/s"
 
-
-def fit_word(c: Cite, limit: int) -> str:
-    """'fits' / 'does not fit' the budget, or the status of a point that did not run."""
-    if not c.ok:
-        return c.record.status.upper()
-    return "fits" if c.mem <= limit else "does not fit"

@@ -204,8 +204,3 @@ def _walk(out: SweepTime, cal: Calibration, cfg: SweepConfig, search: BatchMaxSe
                           peak_allocated_bytes=int(peak) if ok else None)
         search.observe(p, rec, budget)
 
-
-def estimate_configs(cal: Calibration, cfgs: Sequence[SweepConfig]) -> list[SweepTime]:
-    return [estimate_sweep(cal, c) for c in cfgs]
-
-
