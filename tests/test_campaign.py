@@ -167,3 +167,21 @@ def test_every_stage_config_has_a_valid_cpu_form() -> None:
         assert len(small.points_list()) + len(small.search_templates()) > 0, name
         if real.memory_cap_gib:
             assert small.memory_cap_gib is not None and small.memory_cap_gib < real.memory_cap_gib / 100
+
+
+def test_dry_form_drops_what_a_cpu_cannot_run() -> None:
+    data = {
+        "name": "x", "device": "cuda", "memory_cap_gib": 80, "budget_gib": 76, "warmup_steps": 2, "measured_steps": 5,
+        "model": {"preset": "llama-7b"},
+        "sweep": {"layout": ["none", "all", "first:16", "last:6"], "batch_size": [1, 2, 4, 8], "seq_len": [2048],
+                  "precision": ["bf16", "fp16"], "offload": ["none", "all"], "compile": [False, True]},
+        "points": [{"layout": "range:8-12", "batch_size": 6, "offload": "ckpt_inputs", "precision": "amp_fp16"}],
+    }
+    small = dry_config(data)
+    assert small["sweep"] == {"layout": ["none", "all", "first:4"], "batch_size": [1, 8], "seq_len": [64],
+                              "precision": ["fp32"], "offload": ["none"], "compile": [False]}
+    assert small["points"] == [{"layout": "range:2-3", "batch_size": 6, "offload": "none", "precision": "amp_bf16"}]
+    # The cap keeps its ratio to the static part: 80 GiB over LLaMA-7B's 8 bytes/parameter, in fp32 on the tiny model.
+    assert small["memory_cap_gib"] == pytest.approx(80 * (1.67e6 * 16) / (6.74e9 * 8), rel=0.02)
+    cfg = parse_config(small)
+    assert cfg.device == "cpu" and cfg.model.num_layers == 8 and len(cfg.points_list()) == 7
