@@ -52,7 +52,7 @@ def test_report_writes_valid_pngs(synthetic_report: Path) -> None:
 def test_report_markdown_links_every_png(synthetic_report: Path) -> None:
     text = (synthetic_report / "report.md").read_text(encoding="utf-8")
     links = re.findall(r"!\[[^\]]+\]\(([^)]+)\)", text)
-    assert links == list(PNGS)
+    assert links == [*PNGS, "layers.png"]  # layers.png: the per-layer section (tests/test_layer_report.py)
     assert all((synthetic_report / link).is_file() for link in links)
     assert text.startswith("# ckptbench report: synthetic-h200-llama7b\n")
     assert "> **Note:** SYNTHETIC test fixture" in text  # the synthetic origin is never hidden

@@ -176,9 +176,12 @@ class Search(Protocol):
     def outcome(self) -> dict[str, Any]: ...
 
 
-def make_searches(cfg: SweepConfig) -> list[Search]:
+ConfigSearch = BatchMaxSearch | LayoutFitSearch  # the searches a config can ask for
+
+
+def make_searches(cfg: SweepConfig) -> list[ConfigSearch]:
     """The searches a config asks for (batch_size: max or layout: fit), one per searched cell."""
-    out: list[Search] = []
+    out: list[ConfigSearch] = []
     for kind, template in cfg.search_templates():
         if kind == "batch_max":
             out.append(BatchMaxSearch(template, limit=cfg.search_max_batch))

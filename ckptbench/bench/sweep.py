@@ -202,11 +202,12 @@ def run_sweep(
         meta = {"num_points": len(points), "options": options, **plan.meta}
         writer = _new_run(cfg, out=out, results_root=results_root, environment=environment, meta=meta)
         done, notes = {}, []
-    if plan.predictions is not None:
+    if plan.predictions is not None:  # made by the caller (tune estimates every candidate first)
         runner.predictions = dict(plan.predictions)
-    elif predict:
+    elif predict:  # grid points up front; search probes each just before it runs (runner.predict)
         runner.predictions = _predictions(cfg, points, runner.device.type)
-    searches = make_searches(cfg) if plan.searches is None else plan.searches
+        runner.predict = _probe_predictor(cfg, runner.device.type) if cfg.search_templates() else None
+    searches: list[Search] = [*make_searches(cfg)] if plan.searches is None else plan.searches
     try:
         records = _run_points(runner, points, done, writer, on_progress, searches=searches)
     finally:
@@ -226,6 +227,24 @@ def _predictions(cfg: SweepConfig, points: list[Point], device_type: str) -> dic
     except Exception as exc:  # the estimator is an aid; a failure in it must not cost a measured run
         warnings.warn(f"no predictions recorded: {exc.__class__.__name__}: {exc}", stacklevel=2)
         return {}
+
+
+def _probe_predictor(cfg: SweepConfig, device_type: str) -> Callable[[Point], int | None]:
+    """Predicts one point at a time with one estimator, so a shape traced for one probe serves the next."""
+    from ckptbench.estimate.api import Estimator
+
+    estimator = Estimator(cfg, target="cuda" if device_type == "cuda" else "cpu")
+
+    def predict(point: Point) -> int | None:
+        try:
+            for _, job in estimator.jobs([point]):
+                job()
+            return estimator.estimate(point).peak_bytes
+        except Exception as exc:  # as for the grid: a failing estimate must not cost a measured probe
+            warnings.warn(f"no prediction for {point.key_id}: {exc.__class__.__name__}: {exc}", stacklevel=2)
+            return None
+
+    return predict
 
 
 def _run_points(

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from ckptbench import __version__
+from ckptbench.cli.answers import answers_cmd
 from ckptbench.cli.common import Group, err, example, out
 from ckptbench.cli.compare import compare
 from ckptbench.cli.estimate import estimate
@@ -47,6 +48,8 @@ app.command(**example("ckptbench compare results/base results/new --fail-memory 
 app.command("recommend", **example("ckptbench recommend results/h200-gpu-check-2/check --budget 80"))(recommend_cmd)
 app.command("report", **example("ckptbench report results/h200-gpu-check-2/check --budget 80"))(report_cmd)
 app.command(**example("ckptbench estimate configs/llama7b.yaml --budget 80"))(estimate)
+ANSWERS_EXAMPLE = "ckptbench answers results/h200-gpu-check-2/check results/h200-gpu-check-1/axes --out docs/answers.md"
+app.command("answers", **example(ANSWERS_EXAMPLE))(answers_cmd)
 app.command(**example("ckptbench tune configs/llama7b-tune.yaml --budget 80 --max-points 25"))(tune)
 
 

@@ -10,6 +10,7 @@ from ckptbench.analysis.recommend import Recommendation, candidates, pareto_fron
 from ckptbench.errors import ResultsError
 from ckptbench.estimate.record import Estimate
 from ckptbench.render.breakdown_plot import plot_breakdown
+from ckptbench.render.layer_report import layer_section
 from ckptbench.render.plots import plot_peak_memory, plot_speed
 from ckptbench.render.recommend import markdown_pareto, markdown_recommendation
 from ckptbench.render.summary import run_header, size_unit, summary_markdown
@@ -84,6 +85,11 @@ def write_report(
             "Memory on CPU is measured by ckptbench's live-tensor tracker (reserved = allocated); "
             "CPU step times include the tracker's overhead.\n"
         )
+    limit = rec.limit_bytes if rec is not None else None
+    layers_md, layers_plot = layer_section(run, out_dir, limit_bytes=limit)  # saving and cost per checkpointed layer
+    sections.append(layers_md)
+    if layers_plot is not None:
+        plots.append(layers_plot)
     path = out_dir / REPORT_FILE
     write_text_atomic(path, "\n".join(sections))
     return ReportFiles(markdown=path, plots=plots)

@@ -3,6 +3,8 @@
 # cap on the H200 (an A100-80GB), at most 25 measured points and about 6 minutes in all, then the
 # report of the search. Target (issue 13): >= 12,000 tokens/s (best plain point: 10,548).
 #
+# gpu-seconds: 360
+# (tune's own limit: about a minute of estimates on the host, then --time-budget 5; not a sweep estimate)
 # Run by scripts/gpu_check.sh with CK (the ckptbench command), PY, R (this stage's results folder) and
 # DRY (1 on CPU: the tiny config). Alone:  CK="python3 -m ckptbench" PY=python3 R=/tmp/r DRY=1 scripts/gpu_stages/30-tune.sh
 # Optional packages (liger-kernel, cut-cross-entropy, torchao) are used when installed; otherwise those
