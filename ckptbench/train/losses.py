@@ -65,7 +65,7 @@ def chunked_cross_entropy(
 def fused_linear_cross_entropy() -> tuple[LossFn, str]:
     """Liger's fused linear cross-entropy, else cut-cross-entropy, with the package and version used."""
     try:
-        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss  # type: ignore[import-not-found]
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
     except ImportError:
         pass
     else:
@@ -77,7 +77,7 @@ def fused_linear_cross_entropy() -> tuple[LossFn, str]:
 
         return by_liger, f"liger-kernel {importlib.metadata.version('liger-kernel')}"
     try:
-        from cut_cross_entropy import linear_cross_entropy  # type: ignore[import-not-found]
+        from cut_cross_entropy import linear_cross_entropy
     except ImportError:
         raise TechniqueUnavailable(
             "loss fused_linear needs liger-kernel or cut-cross-entropy, and neither is installed"

@@ -48,10 +48,10 @@ _TORCH: dict[str, tuple[Any, dict[str, Any]]] = {
 def _torchao(name: str) -> Any:
     """A class of torchao's optimizers (torchao.optim; before 0.11 torchao.prototype.low_bit_optim)."""
     try:
-        import torchao.optim as ao  # type: ignore[import-not-found,unused-ignore]
+        import torchao.optim as ao
     except ImportError:
         try:
-            import torchao.prototype.low_bit_optim as ao  # type: ignore[import-not-found,no-redef,unused-ignore]
+            import torchao.prototype.low_bit_optim as ao
         except ImportError:
             raise OptimizerUnavailable("torchao is not installed (pip install torchao)") from None
     return getattr(ao, name)
