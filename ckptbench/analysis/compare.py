@@ -41,6 +41,7 @@ ENV_FIELDS = (
     "ckptbench_version",
     "device_type",
     "probe",
+    "torch_num_threads",  # intra-op threads: on CPU they change step times by far more than 2%
 )
 CONFIG_FIELDS = (
     "model",

@@ -12,6 +12,7 @@ import torch
 
 from ckptbench.bench import faults
 from ckptbench.bench.device import is_fatal_device_error
+from ckptbench.bench.environment import available_cpus, busy_warning, intra_op_threads, load_average, spread_warning
 from ckptbench.bench.loss_check import LossReferences, loss_rtol
 from ckptbench.bench.probes import Probe
 from ckptbench.bench.search import Search
@@ -88,6 +89,7 @@ class Runner:
             lm_head_params=counts["lm_head"],
         )
         self.peak_tflops = self.cfg.peak_tflops or peak_tflops_for(self.gpu_name)
+        self.cpus = available_cpus()
 
     def run(
         self,
@@ -104,16 +106,17 @@ class Runner:
         """
         counter = _Counter(total=len(points) + _PROBES_GUESS * len(searches))
         try:
-            for point in points:
-                self._report(point, counter, on_record, search=False)
-            budget = int(self.cfg.budget_gib * 2**30) if self.cfg.budget_gib else None
-            outcomes = []
-            for search in searches:
-                while (probe := search.next_point(budget)) is not None:
-                    record = self._done.get(probe.key_id) or self._report(probe, counter, on_record, search=True)
-                    search.observe(probe, record, budget)
-                outcomes.append(search.outcome())
-            return outcomes
+            with intra_op_threads(self.device.type, self.cfg.cpu_threads):
+                for point in points:
+                    self._report(point, counter, on_record, search=False)
+                budget = int(self.cfg.budget_gib * 2**30) if self.cfg.budget_gib else None
+                outcomes = []
+                for search in searches:
+                    while (probe := search.next_point(budget)) is not None:
+                        record = self._done.get(probe.key_id) or self._report(probe, counter, on_record, search=True)
+                        search.observe(probe, record, budget)
+                    outcomes.append(search.outcome())
+                return outcomes
         finally:
             self.close()
 
@@ -160,9 +163,17 @@ class Runner:
         started = time.perf_counter()
         fields = self._measure_safely(point, plan, base)
         fields["wall_s"] = time.perf_counter() - started
+        fields.update(self._host_state(fields.get("step_times_s") or []))
         record = PointRecord.model_validate(fields)
         self.remember(point, record)
         return record
+
+    def _host_state(self, step_times_s: list[float]) -> dict[str, Any]:
+        """The host's load as the point ended, and warnings when its step times may mislead."""
+        load = load_average()
+        warnings = [w for w in (busy_warning(load, self.cpus), spread_warning(step_times_s)) if w]
+        state: dict[str, Any] = {"load_average_1m": load} if load is not None else {}
+        return {**state, "warnings": warnings} if warnings else state
 
     def _base_record(self, point: Point, plan: LayoutPlan) -> dict[str, Any]:
         model_flops, hw_flops = step_flops(

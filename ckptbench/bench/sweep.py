@@ -14,6 +14,7 @@ from typing import Any
 
 from ckptbench.bench.device import make_probe, resolve_device
 from ckptbench.bench.environment import collect as collect_environment
+from ckptbench.bench.environment import environment_notes
 from ckptbench.bench.isolate import IsolatedRunner
 from ckptbench.bench.resume import check_resumable, done_records
 from ckptbench.bench.runner import Progress, Runner
@@ -79,7 +80,7 @@ def _make_runner(
             check_cpu_compatible(cfg)
         except ValueError as exc:
             raise ConfigError(f"{exc} (device {cfg.device!r} runs on the CPU here)") from None
-    environment = collect_environment(device.type)
+    environment = collect_environment(device.type, cpu_threads=cfg.cpu_threads)
     probe = make_probe(cfg, device)
     environment["probe"] = probe.kind
     try:  # the runner builds the LlamaConfig: it checks the override values before anything is created
@@ -182,11 +183,12 @@ def run_sweep(
     options = {"isolate": isolate, "point_timeout_s": point_timeout_s}
     if resume is not None:
         writer, run = _open_run(cfg, resume=resume, environment=environment, options=options)
-        done, notes = done_records(run), run.warnings
+        done, notes = done_records(run), list(run.warnings)
     else:
         meta = {"num_points": len(points), "options": options}
         writer = _new_run(cfg, out=out, results_root=results_root, environment=environment, meta=meta)
         done, notes = {}, []
+    notes += environment_notes(environment)
     if predict:
         runner.predictions = _predictions(cfg, points, runner.device.type)
     try:

@@ -68,6 +68,14 @@ def _prediction(rec: PointRecord, scale: int, unit: str) -> tuple[str, str]:
 
 
 def _status(rec: PointRecord) -> str:
+    text = _status_text(rec)
+    if rec.ok and rec.warnings:  # timing warnings: busy machine, unsteady steps (bench/environment.py)
+        kinds = ", ".join(rec.warning_kinds)
+        text = f"{text[:-1]}; {kinds})" if text.endswith(")") else f"{text} ({kinds})"
+    return text
+
+
+def _status_text(rec: PointRecord) -> str:
     if rec.ok and rec.leaked:
         return "ok (leak)"
     if rec.ok and rec.loss_mismatch:

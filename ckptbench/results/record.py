@@ -85,6 +85,9 @@ class PointRecord(_Open):
     compile_s: Seconds | None = None
     model_build_s: Seconds | None = None
     wall_s: Seconds | None = None
+    load_average_1m: Annotated[float, Field(ge=0)] | None = None  # the host's load when the point ended
+    # Why the point's step times may mislead, as "kind: details" (kinds: busy, spread; bench/environment.py).
+    warnings: list[str] = Field(default_factory=list)
     probe: str | None = None
     search: bool = False  # measured as a probe of a search (batch_size: max, layout: fit)
     isolated: bool = False  # measured in a fresh process (--isolate)
@@ -140,6 +143,11 @@ class PointRecord(_Open):
             return 0.0 if times else None
         q = statistics.quantiles(times, n=4, method="inclusive")
         return q[2] - q[0]
+
+    @property
+    def warning_kinds(self) -> list[str]:
+        """The kind of each warning (the text before its colon), for a short status."""
+        return [w.split(":", 1)[0] for w in self.warnings]
 
     @property
     def tokens_per_s(self) -> float | None:

@@ -1,0 +1,105 @@
+"""The host while a CPU sweep measures: intra-op threads, and warnings when the machine is busy or a
+point's step times spread widely (recorded in the point, shown in the summary status)."""
+
+from __future__ import annotations
+
+import gc
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import ckptbench.bench.runner as runner_module
+from ckptbench.bench.environment import spread_warning
+from ckptbench.bench.sweep import run_sweep
+from ckptbench.render.summary import summary_rows
+from ckptbench.results.record import PointRecord
+from ckptbench.results.store import Run, load_run
+from ckptbench.train.step import Trainer
+from tests.conftest import tiny_config
+
+AXES = {"layout": ["none", "all"], "batch_size": [1], "seq_len": [64], "precision": ["fp32"]}
+
+
+def _spy_steps(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Record (intra-op threads, frozen objects) at every training step."""
+    seen: list[tuple[int, int]] = []
+    step = Trainer.step
+
+    def spy(self: Trainer, ids: torch.Tensor) -> torch.Tensor:
+        seen.append((torch.get_num_threads(), gc.get_freeze_count()))
+        return step(self, ids)
+
+    monkeypatch.setattr(Trainer, "step", spy)
+    return seen
+
+
+@pytest.mark.parametrize(("threads", "before"), [(1, 2), (2, 1)])
+def test_cpu_threads_hold_during_the_steps_and_are_restored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int, before: int
+) -> None:
+    seen = _spy_steps(monkeypatch)
+    torch.set_num_threads(before)  # the conftest fixture restores one thread afterwards
+    run_sweep(tiny_config(cpu_threads=threads, sweep=AXES), out=tmp_path / "r", predict=False)
+    assert {t for t, _ in seen} == {threads} and len(seen) == 2 * 3  # 2 points x (1 warm-up + 2 measured)
+    assert torch.get_num_threads() == before
+    env = load_run(tmp_path / "r").environment
+    assert env["torch_num_threads"] == threads and env["cpus_available"] >= 1
+    assert isinstance(env["load_average_1m"], float)
+
+
+@pytest.mark.host_warnings
+def test_a_busy_machine_is_warned_about_and_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for where in ("ckptbench.bench.runner.load_average", "ckptbench.bench.environment.load_average"):
+        monkeypatch.setattr(where, lambda: 99.0)
+    monkeypatch.setattr("ckptbench.bench.runner.spread_warning", lambda step_times_s: None)
+    outcome = run_sweep(tiny_config(sweep=AXES), out=tmp_path / "r", predict=False)
+    cpus = runner_module.available_cpus()
+    busy = f"busy: load average 99.0 above the {cpus} CPUs available; step times may be inflated"
+    assert [r.warnings for r in outcome.records] == [[busy], [busy]]
+    assert [r.load_average_1m for r in outcome.records] == [99.0, 99.0]
+    assert outcome.warnings == [f"the machine was {busy} (at the start; each point records its own)"]
+    assert [row["status"] for row in summary_rows(load_run(tmp_path / "r"))] == ["ok (busy)", "ok (busy)"]
+    monkeypatch.setattr("ckptbench.bench.runner.load_average", lambda: 0.5)
+    quiet = run_sweep(tiny_config(sweep=AXES), out=tmp_path / "q", predict=False)
+    assert [r.warnings for r in quiet.records] == [[], []]
+
+
+@pytest.mark.host_warnings
+def test_unsteady_steps_are_warned_about(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("ckptbench.bench.runner.busy_warning", lambda load, cpus: None)
+    step, count = Trainer.step, [0]
+
+    def hiccup(self: Trainer, ids: torch.Tensor) -> torch.Tensor:
+        count[0] += 1
+        if count[0] % 4 == 0:  # the last of each point's 1 warm-up + 3 measured steps
+            time.sleep(1.0)
+        return step(self, ids)
+
+    monkeypatch.setattr(Trainer, "step", hiccup)
+    outcome = run_sweep(tiny_config(measured_steps=3, sweep=AXES), out=tmp_path / "r", predict=False)
+    for rec in outcome.records:
+        assert rec.warning_kinds == ["spread"], rec.warnings
+        assert rec.warnings[0].startswith("spread: step times' inter-quartile range is ")
+
+
+def test_spread_threshold() -> None:
+    assert spread_warning([1.0, 1.02, 1.04]) is None  # 2% of the median
+    assert spread_warning([1.0, 1.0, 1.3]) == (
+        "spread: step times' inter-quartile range is 15% of the median (above 10%); the median is unsteady"
+    )
+    assert spread_warning([1.0]) is None  # one step has no spread
+
+
+def test_warnings_show_in_the_summary_status() -> None:
+    key = {"layout": "all", "batch_size": 1, "seq_len": 8, "precision": "fp32"}
+    base = {"key": key, "status": "ok", "loss_check": {"match": True}}
+    busy, spread = "busy: load average 3.0 above the 2 CPUs available", "spread: ... 15% of the median"
+    recs = [
+        PointRecord.model_validate({**base, "warnings": [busy, spread]}),
+        PointRecord.model_validate({**base, "warnings": [busy], "loss_check": {"match": False}}),
+        PointRecord.model_validate(base),
+    ]
+    rows = summary_rows(Run(path=Path("r"), meta={}, points=recs))
+    assert [r["status"] for r in rows] == ["ok (busy, spread)", "ok (loss mismatch; busy)", "ok"]
