@@ -14,6 +14,7 @@ from ckptbench.bench import faults
 from ckptbench.bench.device import is_fatal_device_error
 from ckptbench.bench.environment import available_cpus, busy_warning, intra_op_threads, load_average, spread_warning
 from ckptbench.bench.loss_check import LossReferences, loss_rtol
+from ckptbench.bench.predictions import Predictions
 from ckptbench.bench.probes import Probe
 from ckptbench.bench.search import Search
 from ckptbench.bench.window import measure_point, recompute_first_loss
@@ -75,7 +76,9 @@ class Runner:
     _oom_at: dict[tuple[Any, ...], int] = field(default_factory=dict)
     _done: dict[str, PointRecord] = field(default_factory=dict)
     _broken: bool = False  # a fatal device error happened: no more CUDA calls
-    predictions: dict[str, int | None] = field(default_factory=dict)  # predicted peak bytes by key_id
+    # Predicted peak bytes by key_id, asked for as each point starts (bench/predictions.py may make
+    # them in the background; ``get`` waits for one that is still being made).
+    predictions: Predictions = field(default_factory=dict[str, "int | None"])
 
     def __post_init__(self) -> None:
         self.llama = llama_config(self.cfg.model)
@@ -191,7 +194,7 @@ class Runner:
             "model_flops_per_step": model_flops,
             "hardware_flops_per_step": hw_flops,
             "peak_tflops": self.peak_tflops,
-            # An estimate (ckptbench estimate, made before the run), kept next to the measurement.
+            # An estimate (ckptbench estimate), made before the point runs, kept next to the measurement.
             "predicted_peak_allocated_bytes": self.predictions.get(point.key_id),
             "probe": self.probe.kind,
         }

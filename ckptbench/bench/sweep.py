@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import signal
 import time
 import warnings
@@ -16,9 +17,11 @@ from ckptbench.bench.device import make_probe, resolve_device
 from ckptbench.bench.environment import collect as collect_environment
 from ckptbench.bench.environment import environment_notes
 from ckptbench.bench.isolate import IsolatedRunner
+from ckptbench.bench.predictions import BackgroundPredictions, predict_in_process
 from ckptbench.bench.resume import check_resumable, done_records
 from ckptbench.bench.runner import Progress, Runner
 from ckptbench.bench.search import Search, make_searches
+from ckptbench.bench.timing import SweepClock, accumulate, command_end
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig, check_cpu_compatible
 from ckptbench.errors import CkptbenchError, ConfigError, ResultsError, RunFailure
@@ -35,14 +38,15 @@ class SweepOutcome:
     status: str
     already_done: int = 0
     warnings: list[str] = field(default_factory=list)
+    clock: SweepClock | None = None  # this invocation's clock: record_command_end adds the command's wall time
 
 
 class SweepInterrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM stopped the sweep; the finished points are on disk in ``run_dir``."""
 
-    def __init__(self, run_dir: Path, *, finished: int, total: int) -> None:
+    def __init__(self, run_dir: Path, *, finished: int, total: int, clock: SweepClock | None = None) -> None:
         super().__init__(f"{run_dir}: {finished} of {total} points finished")
-        self.run_dir, self.finished, self.total = run_dir, finished, total
+        self.run_dir, self.finished, self.total, self.clock = run_dir, finished, total, clock
 
 
 def _now() -> str:
@@ -155,9 +159,9 @@ def _signals_deferred() -> Iterator[None]:
         mask(signal.SIG_SETMASK, old)
 
 
-def _mark(writer: RunWriter, status: str, finished: int) -> None:
+def _mark(writer: RunWriter, status: str, finished: int, timing: dict[str, Any]) -> None:
     with contextlib.suppress(OSError):  # best effort: the points themselves are already on disk
-        writer.set_status(status, finished_points=finished)
+        writer.set_status(status, finished_points=finished, timing=timing, sweep_wall_s=timing["points_s"])
 
 
 def run_sweep(
@@ -170,8 +174,43 @@ def run_sweep(
     isolate: bool = False,
     point_timeout_s: float | None = None,
     predict: bool = True,
+    predictor: BackgroundPredictions | None = None,
+    predict_in_background: bool | None = None,
+    process_start: float | None = None,
 ) -> SweepOutcome:
-    """Run every point of ``cfg`` (or, with ``resume``, those a run lacks); each is on disk as it ends."""
+    """Run every point of ``cfg`` (or, with ``resume``, those a run lacks); each is on disk as it ends.
+
+    ``predictor``: a background prediction process the caller started early (closed here, used when the
+    sweep runs on CUDA); ``predict_in_background``: None decides by device (bench/predictions.py).
+    ``process_start``: time.monotonic() at the command's start, so run.json counts the start-up too.
+    """
+    clock = SweepClock(process_start if process_start is not None else time.monotonic(), resumed=resume is not None)
+    clock.mark("entry")
+    try:
+        return _sweep(
+            cfg, clock, out=out, results_root=results_root, on_progress=on_progress, resume=resume,
+            isolate=isolate, point_timeout_s=point_timeout_s, predict=predict, predictor=predictor,
+            background=predict_in_background,
+        )
+    finally:
+        if predictor is not None:
+            predictor.close()
+
+
+def _sweep(
+    cfg: SweepConfig,
+    clock: SweepClock,
+    *,
+    out: Path | None,
+    results_root: Path,
+    on_progress: Callable[[Progress], None] | None,
+    resume: Path | None,
+    isolate: bool,
+    point_timeout_s: float | None,
+    predict: bool,
+    predictor: BackgroundPredictions | None,
+    background: bool | None,
+) -> SweepOutcome:
     _check_options(out=out, resume=resume, isolate=isolate, timeout_s=point_timeout_s)
     if resume is not None:
         try:
@@ -189,27 +228,78 @@ def run_sweep(
         writer = _new_run(cfg, out=out, results_root=results_root, environment=environment, meta=meta)
         done, notes = {}, []
     notes += environment_notes(environment)
-    if predict:
-        runner.predictions = _predictions(cfg, points, runner.device.type)
+    clock.mark("environment")
+    todo = [p for p in points if p.key_id not in done]
     try:
-        records = _run_points(runner, points, done, writer, on_progress, searches=make_searches(cfg))
+        bg, why = _predictions(runner, cfg, todo, predict=predict, background=background, predictor=predictor)
+        clock.extra["predictions_mode"] = "off" if not predict else "background" if bg else "in-process"
+        notes += why
+        clock.mark("predictions")
+        timing = _timing_of(clock, writer, bg, earlier_points=len(done))
+        records = _run_points(
+            runner, points, done, writer, on_progress, searches=make_searches(cfg), clock=clock, timing=timing
+        )
     finally:
         writer.close()
-    return SweepOutcome(writer.run_dir, records, "complete", already_done=len(done), warnings=list(notes))
+    notes += bg.notes() if bg is not None else []
+    return SweepOutcome(writer.run_dir, records, "complete", already_done=len(done), warnings=notes, clock=clock)
 
 
-def _predictions(cfg: SweepConfig, points: list[Point], device_type: str) -> dict[str, int | None]:
-    """Predicted peak allocated bytes of every grid point for this device (an estimate, made up front).
+def _predictions(
+    runner: Runner, cfg: SweepConfig, todo: list[Point], *, predict: bool, background: bool | None,
+    predictor: BackgroundPredictions | None,
+) -> tuple[BackgroundPredictions | None, list[str]]:
+    """Give the runner its predictions: in the background on CUDA, else made here before the points."""
+    target = runner.device.type
+    if predict and (background if background is not None else target == "cuda"):
+        bg = predictor or BackgroundPredictions.start()
+        bg.request(cfg, todo, target=target)
+        runner.predictions = bg
+        return bg, []
+    if predictor is not None:
+        predictor.close()  # started early for a sweep that turned out to run on the CPU
+    if not predict:
+        return None, []
+    values, why = predict_in_process(cfg, todo, target=target)
+    runner.predictions = values
+    return None, [why] if why else []
 
-    A prediction that cannot be made leaves the points without one: the sweep itself never depends on it.
+
+def _timing_of(
+    clock: SweepClock, writer: RunWriter, bg: BackgroundPredictions | None, *, earlier_points: int
+) -> Callable[[list[PointRecord], str], dict[str, Any]]:
+    """run.json's timing as it stands when this invocation ends with ``status`` after ``records``."""
+
+    def timing(records: list[PointRecord], status: str) -> dict[str, Any]:
+        if bg is not None:
+            clock.extra.update(predictions_wait_s=bg.wait_s, predictions_background_s=bg.background_s)
+        entry = clock.entry(records, status)
+        return accumulate(writer.meta.get("timing"), entry, earlier_points=earlier_points)
+
+    return timing
+
+
+def record_command_end(run_dir: Path, clock: SweepClock | None) -> dict[str, Any] | None:
+    """Add the whole command's wall time (process start to now) to this invocation's timing entry.
+
+    Called by the CLI as its last act, after the summaries are written; best effort (returns the entry).
     """
-    try:
-        from ckptbench.estimate.api import predict_points
-
-        return predict_points(cfg, points, target="cuda" if device_type == "cuda" else "cpu")
-    except Exception as exc:  # the estimator is an aid; a failure in it must not cost a measured run
-        warnings.warn(f"no predictions recorded: {exc.__class__.__name__}: {exc}", stacklevel=2)
-        return {}
+    if clock is None:
+        return None
+    with contextlib.suppress(CkptbenchError, OSError, ValueError, KeyError):
+        writer = RunWriter.reopen(run_dir)
+        try:
+            writer.meta = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
+            timing = writer.meta.get("timing") or {}
+            last = (timing.get("invocations") or [{}])[-1]
+            if last.get("id") != clock.id:
+                return None
+            entry = command_end(last, clock)
+            writer.set_status(writer.meta["status"], timing=accumulate(timing, entry, earlier_points=0))
+            return entry
+        finally:
+            writer.close()
+    return None
 
 
 def _run_points(
@@ -220,6 +310,8 @@ def _run_points(
     on_progress: Callable[[Progress], None] | None,
     *,
     searches: list[Search],
+    clock: SweepClock,
+    timing: Callable[[list[PointRecord], str], dict[str, Any]],
 ) -> list[PointRecord]:
     for rec in done.values():
         runner.remember(Point.from_key(rec.key), rec)  # loss references, OOM skips and search probes carry over
@@ -238,20 +330,24 @@ def _run_points(
         if on_progress is not None:
             on_progress(event)
 
-    started = time.perf_counter()
+    clock.mark("points_start")
     try:
         outcomes = runner.run(todo, record, searches)
     except KeyboardInterrupt:
-        _mark(writer, "interrupted", len(done) + len(records))
-        raise SweepInterrupted(writer.run_dir, finished=len(done) + len(records), total=len(points)) from None
+        clock.mark("points_end")
+        _mark(writer, "interrupted", len(done) + len(records), timing(records, "interrupted"))
+        finished = len(done) + len(records)
+        raise SweepInterrupted(writer.run_dir, finished=finished, total=len(points), clock=clock) from None
     except RunFailure as exc:
-        _mark(writer, "failed", len(done) + len(records))
+        _mark(writer, "failed", len(done) + len(records), timing(records, "failed"))
         raise RunFailure(f"{exc}; finished points are in {writer.run_dir} (finish with --resume)") from None
     except BaseException:
-        _mark(writer, "failed", len(done) + len(records))
+        _mark(writer, "failed", len(done) + len(records), timing(records, "failed"))
         raise
-    # The runner's wall time (model builds, resets, warm-up, measured steps, cleanup): compare it with
-    # the sum of the step times to see what the tool itself costs.
-    wall = time.perf_counter() - started
-    writer.set_status("complete", finished_points=len(done) + len(records), searches=outcomes, sweep_wall_s=wall)
+    clock.mark("points_end")
+    t = timing(records, "complete")
+    # sweep_wall_s: the points' wall time over every invocation (timing.points_s), kept for older readers.
+    writer.set_status(
+        "complete", finished_points=len(done) + len(records), searches=outcomes, timing=t, sweep_wall_s=t["points_s"]
+    )
     return records

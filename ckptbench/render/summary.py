@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 
@@ -130,6 +131,20 @@ def run_header(run: Run) -> str:
         f"{run.name}: {where}, torch {env.get('torch')}, transformers {env.get('transformers')}, "
         f"status {run.meta.get('status', '?')}"
     )
+
+
+def timing_line(entry: dict[str, Any]) -> str:
+    """Where one sweep command's wall time went (run.json timing, bench/timing.py), in one line."""
+    parts = [
+        ("start-up", "startup_s"), ("environment", "environment_s"), ("predictions", "predictions_s"),
+        ("waiting for predictions", "predictions_wait_s"), ("steps", "steps_s"),
+        ("per-point overhead", "point_overhead_s"), ("between points", "between_points_s"),
+        ("finish", "finish_s"),
+    ]
+    shown = ", ".join(f"{name} {entry[k]:.1f} s" for name, k in parts if entry.get(k) is not None)
+    wall, steps = entry.get("command_wall_s"), entry.get("steps_s")
+    ratio = f" ({wall / steps:.2f}x the steps)" if wall and steps else ""
+    return f"time: {wall or 0:.1f} s in all{ratio}: {shown}"
 
 
 def write_summaries(run: Run) -> tuple[Path, Path]:
