@@ -46,9 +46,8 @@ def quiet_host(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     so statuses and stderr are the same on every machine, unless a test is marked host_warnings."""
     if "host_warnings" in request.keywords:
         return
-    monkeypatch.setattr("ckptbench.bench.runner.busy_warning", lambda load, cpus: None)
-    monkeypatch.setattr("ckptbench.bench.runner.spread_warning", lambda step_times_s: None)
-    monkeypatch.setattr("ckptbench.bench.sweep.environment_notes", lambda environment: [])
+    monkeypatch.setattr("ckptbench.bench.environment.busy_warning", lambda load, cpus: None)
+    monkeypatch.setattr("ckptbench.bench.environment.spread_warning", lambda step_times_s: None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -92,9 +92,8 @@ def test_one_loss_recomputation_serves_every_layout_of_a_cell(tmp_path: Path, mo
 
 @pytest.mark.host_warnings
 def test_a_busy_machine_is_warned_about_and_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for where in ("ckptbench.bench.runner.load_average", "ckptbench.bench.environment.load_average"):
-        monkeypatch.setattr(where, lambda: 99.0)
-    monkeypatch.setattr("ckptbench.bench.runner.spread_warning", lambda step_times_s: None)
+    monkeypatch.setattr("ckptbench.bench.environment.load_average", lambda: 99.0)
+    monkeypatch.setattr("ckptbench.bench.environment.spread_warning", lambda step_times_s: None)
     outcome = run_sweep(tiny_config(sweep=AXES), out=tmp_path / "r", predict=False)
     cpus = runner_module.available_cpus()
     busy = f"busy: load average 99.0 above the {cpus} CPUs available; step times may be inflated"
@@ -102,14 +101,14 @@ def test_a_busy_machine_is_warned_about_and_recorded(tmp_path: Path, monkeypatch
     assert [r.load_average_1m for r in outcome.records] == [99.0, 99.0]
     assert outcome.warnings == [f"the machine was {busy} (at the start; each point records its own)"]
     assert [row["status"] for row in summary_rows(load_run(tmp_path / "r"))] == ["ok (busy)", "ok (busy)"]
-    monkeypatch.setattr("ckptbench.bench.runner.load_average", lambda: 0.5)
+    monkeypatch.setattr("ckptbench.bench.environment.load_average", lambda: 0.5)
     quiet = run_sweep(tiny_config(sweep=AXES), out=tmp_path / "q", predict=False)
     assert [r.warnings for r in quiet.records] == [[], []]
 
 
 @pytest.mark.host_warnings
 def test_unsteady_steps_are_warned_about(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("ckptbench.bench.runner.busy_warning", lambda load, cpus: None)
+    monkeypatch.setattr("ckptbench.bench.environment.busy_warning", lambda load, cpus: None)
     step, count = Trainer.step, [0]
 
     def hiccup(self: Trainer, ids: torch.Tensor) -> torch.Tensor:

@@ -84,6 +84,15 @@ def spread_warning(step_times_s: Sequence[float]) -> str | None:
     )
 
 
+def host_state(step_times_s: Sequence[float], *, cpus: int) -> dict[str, Any]:
+    """A point's record fields about the host as it ended: its load, and warnings when its step times
+    may mislead (none when all is well: a record carries them only when they say something)."""
+    load = load_average()
+    warnings = [w for w in (busy_warning(load, cpus), spread_warning(step_times_s)) if w]
+    state: dict[str, Any] = {"load_average_1m": load} if load is not None else {}
+    return {**state, "warnings": warnings} if warnings else state
+
+
 def environment_notes(environment: dict[str, Any]) -> list[str]:
     """Warnings about the host as a sweep starts: already busy, or more threads than CPUs."""
     cpus = int(environment.get("cpus_available") or 1)

@@ -169,3 +169,21 @@ def start_background(cfg: SweepConfig, *, predict: bool) -> BackgroundPrediction
             return BackgroundPredictions.start()
         except OSError:
             return None  # the sweep makes them in-process instead
+
+
+def choose_predictions(
+    cfg: SweepConfig, todo: Sequence[Point], *, target: str, predict: bool, background: bool | None,
+    predictor: BackgroundPredictions | None,
+) -> tuple[Predictions, BackgroundPredictions | None, list[str]]:
+    """The runner's predictions: made in the background on CUDA (``background`` None decides by
+    ``target``), else here before the points; also the background process and notes for the user."""
+    if predict and (background if background is not None else target == "cuda"):
+        bg = predictor or BackgroundPredictions.start()
+        bg.request(cfg, todo, target=target)
+        return bg, bg, []
+    if predictor is not None:
+        predictor.close()  # started early for a sweep that turned out to run on the CPU
+    if not predict:
+        return {}, None, []
+    values, why = predict_in_process(cfg, todo, target=target)
+    return values, None, [why] if why else []

@@ -12,7 +12,7 @@ import torch
 
 from ckptbench.bench import faults
 from ckptbench.bench.device import is_fatal_device_error
-from ckptbench.bench.environment import available_cpus, busy_warning, intra_op_threads, load_average, spread_warning
+from ckptbench.bench.environment import available_cpus, host_state, intra_op_threads
 from ckptbench.bench.loss_check import LossReferences, loss_rtol
 from ckptbench.bench.predictions import Predictions
 from ckptbench.bench.probes import Probe
@@ -167,17 +167,10 @@ class Runner:
         started = time.perf_counter()
         fields = self._measure_safely(point, plan, base)
         fields["wall_s"] = time.perf_counter() - started
-        fields.update(self._host_state(fields.get("step_times_s") or []))
+        fields.update(host_state(fields.get("step_times_s") or [], cpus=self.cpus))
         record = PointRecord.model_validate(fields)
         self.remember(point, record)
         return record
-
-    def _host_state(self, step_times_s: list[float]) -> dict[str, Any]:
-        """The host's load as the point ended, and warnings when its step times may mislead."""
-        load = load_average()
-        warnings = [w for w in (busy_warning(load, self.cpus), spread_warning(step_times_s)) if w]
-        state: dict[str, Any] = {"load_average_1m": load} if load is not None else {}
-        return {**state, "warnings": warnings} if warnings else state
 
     def _base_record(self, point: Point, plan: LayoutPlan) -> dict[str, Any]:
         model_flops, hw_flops = step_flops(

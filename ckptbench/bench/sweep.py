@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import signal
 import time
 import warnings
@@ -17,11 +16,11 @@ from ckptbench.bench.device import make_probe, resolve_device
 from ckptbench.bench.environment import collect as collect_environment
 from ckptbench.bench.environment import environment_notes
 from ckptbench.bench.isolate import IsolatedRunner
-from ckptbench.bench.predictions import BackgroundPredictions, predict_in_process
+from ckptbench.bench.predictions import BackgroundPredictions, choose_predictions
 from ckptbench.bench.resume import check_resumable, done_records
 from ckptbench.bench.runner import Progress, Runner
 from ckptbench.bench.search import Search, make_searches
-from ckptbench.bench.timing import SweepClock, accumulate, command_end
+from ckptbench.bench.timing import SweepClock, timing_recorder
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig, check_cpu_compatible
 from ckptbench.errors import CkptbenchError, ConfigError, ResultsError, RunFailure
@@ -231,11 +230,13 @@ def _sweep(
     clock.mark("environment")
     todo = [p for p in points if p.key_id not in done]
     try:
-        bg, why = _predictions(runner, cfg, todo, predict=predict, background=background, predictor=predictor)
+        runner.predictions, bg, why = choose_predictions(
+            cfg, todo, target=runner.device.type, predict=predict, background=background, predictor=predictor
+        )
         clock.extra["predictions_mode"] = "off" if not predict else "background" if bg else "in-process"
         notes += why
         clock.mark("predictions")
-        timing = _timing_of(clock, writer, bg, earlier_points=len(done))
+        timing = timing_recorder(clock, writer, bg, earlier_points=len(done))
         records = _run_points(
             runner, points, done, writer, on_progress, searches=make_searches(cfg), clock=clock, timing=timing
         )
@@ -243,63 +244,6 @@ def _sweep(
         writer.close()
     notes += bg.notes() if bg is not None else []
     return SweepOutcome(writer.run_dir, records, "complete", already_done=len(done), warnings=notes, clock=clock)
-
-
-def _predictions(
-    runner: Runner, cfg: SweepConfig, todo: list[Point], *, predict: bool, background: bool | None,
-    predictor: BackgroundPredictions | None,
-) -> tuple[BackgroundPredictions | None, list[str]]:
-    """Give the runner its predictions: in the background on CUDA, else made here before the points."""
-    target = runner.device.type
-    if predict and (background if background is not None else target == "cuda"):
-        bg = predictor or BackgroundPredictions.start()
-        bg.request(cfg, todo, target=target)
-        runner.predictions = bg
-        return bg, []
-    if predictor is not None:
-        predictor.close()  # started early for a sweep that turned out to run on the CPU
-    if not predict:
-        return None, []
-    values, why = predict_in_process(cfg, todo, target=target)
-    runner.predictions = values
-    return None, [why] if why else []
-
-
-def _timing_of(
-    clock: SweepClock, writer: RunWriter, bg: BackgroundPredictions | None, *, earlier_points: int
-) -> Callable[[list[PointRecord], str], dict[str, Any]]:
-    """run.json's timing as it stands when this invocation ends with ``status`` after ``records``."""
-
-    def timing(records: list[PointRecord], status: str) -> dict[str, Any]:
-        if bg is not None:
-            clock.extra.update(predictions_wait_s=bg.wait_s, predictions_background_s=bg.background_s)
-        entry = clock.entry(records, status)
-        return accumulate(writer.meta.get("timing"), entry, earlier_points=earlier_points)
-
-    return timing
-
-
-def record_command_end(run_dir: Path, clock: SweepClock | None) -> dict[str, Any] | None:
-    """Add the whole command's wall time (process start to now) to this invocation's timing entry.
-
-    Called by the CLI as its last act, after the summaries are written; best effort (returns the entry).
-    """
-    if clock is None:
-        return None
-    with contextlib.suppress(CkptbenchError, OSError, ValueError, KeyError):
-        writer = RunWriter.reopen(run_dir)
-        try:
-            writer.meta = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
-            timing = writer.meta.get("timing") or {}
-            last = (timing.get("invocations") or [{}])[-1]
-            if last.get("id") != clock.id:
-                return None
-            entry = command_end(last, clock)
-            writer.set_status(writer.meta["status"], timing=accumulate(timing, entry, earlier_points=0))
-            return entry
-        finally:
-            writer.close()
-    return None
 
 
 def _run_points(

@@ -18,16 +18,21 @@ numbers are their sums, so a resumed run's totals cover everything a user waited
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import json
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ckptbench.bench.predictions import BackgroundPredictions
+from ckptbench.errors import CkptbenchError
 from ckptbench.results.record import PointRecord
+from ckptbench.results.store import RUN_FILE, RunWriter
 
 # Numbers summed over invocations into timing's top level.
 SUMMED = (
@@ -111,3 +116,40 @@ def command_end(entry: dict[str, Any], clock: SweepClock) -> dict[str, Any]:
     now = time.monotonic()
     last = clock.marks.get("points_end")
     return {**entry, "command_wall_s": now - clock.process_start, "finish_s": None if last is None else now - last}
+
+
+def timing_recorder(
+    clock: SweepClock, writer: RunWriter, bg: BackgroundPredictions | None, *, earlier_points: int
+) -> Callable[[list[PointRecord], str], dict[str, Any]]:
+    """run.json's timing as it stands when this invocation ends with ``status`` after ``records``."""
+
+    def timing(records: list[PointRecord], status: str) -> dict[str, Any]:
+        if bg is not None:
+            clock.extra.update(predictions_wait_s=bg.wait_s, predictions_background_s=bg.background_s)
+        entry = clock.entry(records, status)
+        return accumulate(writer.meta.get("timing"), entry, earlier_points=earlier_points)
+
+    return timing
+
+
+def record_command_end(run_dir: Path, clock: SweepClock | None) -> dict[str, Any] | None:
+    """Add the whole command's wall time (process start to now) to this invocation's timing entry.
+
+    Called by the CLI as its last act, after the summaries are written; best effort (returns the entry).
+    """
+    if clock is None:
+        return None
+    with contextlib.suppress(CkptbenchError, OSError, ValueError, KeyError):
+        writer = RunWriter.reopen(run_dir)
+        try:
+            writer.meta = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
+            timing = writer.meta.get("timing") or {}
+            last = (timing.get("invocations") or [{}])[-1]
+            if last.get("id") != clock.id:
+                return None
+            entry = command_end(last, clock)
+            writer.set_status(writer.meta["status"], timing=accumulate(timing, entry, earlier_points=0))
+            return entry
+        finally:
+            writer.close()
+    return None

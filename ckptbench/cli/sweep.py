@@ -92,7 +92,7 @@ def sweep(
 
 def _finish(run_dir: Path, clock: Any) -> None:
     """The command's last act: its whole wall time into run.json, and where it went on stderr."""
-    from ckptbench.bench.sweep import record_command_end
+    from ckptbench.bench.timing import record_command_end
     from ckptbench.render.summary import timing_line
 
     entry = record_command_end(run_dir, clock)
