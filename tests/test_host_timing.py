@@ -160,6 +160,7 @@ def test_predictions_stream_in_the_points_order_and_equal_the_estimates() -> Non
 def test_background_predictions_are_recorded_like_in_process_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(predictions, "MAX_WAIT_S", 600.0)  # the process is niced: slow on a busy machine
     started: list[BackgroundPredictions] = []
     start = BackgroundPredictions.start
     monkeypatch.setattr(BackgroundPredictions, "start", classmethod(lambda cls: started.append(start()) or started[-1]))

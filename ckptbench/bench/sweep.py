@@ -229,6 +229,7 @@ def _sweep(
     notes += environment_notes(environment)
     clock.mark("environment")
     todo = [p for p in points if p.key_id not in done]
+    bg: BackgroundPredictions | None = None
     try:
         runner.predictions, bg, why = choose_predictions(
             cfg, todo, target=runner.device.type, predict=predict, background=background, predictor=predictor
@@ -242,6 +243,8 @@ def _sweep(
         )
     finally:
         writer.close()
+        if bg is not None:  # the one started here, or the caller's (closing twice is harmless)
+            bg.close()
     notes += bg.notes() if bg is not None else []
     return SweepOutcome(writer.run_dir, records, "complete", already_done=len(done), warnings=notes, clock=clock)
 
