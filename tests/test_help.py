@@ -32,8 +32,8 @@ def help_text(command: str) -> str:
 
 def test_the_readme_table_lists_every_command() -> None:
     registered = {c.name or c.callback.__name__ for c in app.registered_commands if c.callback is not None}
-    expected = {"sweep", "layouts", "compare", "recommend", "report", "estimate", "answers", "tune"}
-    assert set(readme_commands()) == registered == expected
+    commands = {"sweep", "layouts", "compare", "recommend", "report", "estimate", "answers", "tune"}
+    assert set(readme_commands()) == registered == commands
 
 
 @pytest.mark.parametrize(("command", "options"), sorted(readme_commands().items()))

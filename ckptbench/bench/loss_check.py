@@ -85,6 +85,9 @@ class LossReferences:
     """The plain step's losses per cell (``loss_cell``), kept while a sweep runs."""
 
     _by_cell: dict[tuple[Any, ...], tuple[str, list[float]]] = field(default_factory=dict)
+    # The first step's loss recomputed without checkpointing, per cell: it depends only on the cell's
+    # initial weights, batch and precision, so every layout of the cell shares one recomputation.
+    _recomputed: dict[tuple[Any, ...], RecomputedLoss] = field(default_factory=dict)
 
     def remember(self, point: Point, record: PointRecord) -> None:
         """Keep a finished plain point's losses (this run's, or an earlier run's on --resume)."""
@@ -97,6 +100,13 @@ class LossReferences:
     def needs_recomputed(self, point: Point) -> bool:
         """Whether the point's check needs a recomputed loss: it is the plain step, or its cell has none."""
         return is_reference(point) or loss_cell(point) not in self._by_cell
+
+    def recomputed(self, point: Point) -> RecomputedLoss | None:
+        """The cell's recomputed first loss, when an earlier point of the cell has made it."""
+        return self._recomputed.get(loss_cell(point))
+
+    def keep_recomputed(self, point: Point, loss: RecomputedLoss) -> None:
+        self._recomputed[loss_cell(point)] = loss
 
     def check(
         self, point: Point, losses: Sequence[float], *, rtol: float, recomputed: RecomputedLoss | None

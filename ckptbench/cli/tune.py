@@ -11,7 +11,7 @@ import typer
 from ckptbench.analysis.recommend import DEFAULT_HEADROOM
 from ckptbench.cli.common import BudgetOpt, ConfigArg, HeadroomOpt, SeqLenOpt, err, fail, out
 from ckptbench.cli.progress import EstimateProgressBar, SweepProgress
-from ckptbench.cli.sweep import Interrupts, interrupted_exit, write_run_summaries
+from ckptbench.cli.sweep import _interrupted, _Interrupts, _write_summaries
 from ckptbench.errors import CkptbenchError, ConfigError
 
 MaxPointsOpt = Annotated[
@@ -51,7 +51,7 @@ def tune(
     """Search layouts x batch sizes x techniques for the fastest setup that fits --budget, by measurement."""
     from ckptbench.config.load import load_config
 
-    with Interrupts():
+    with _Interrupts():
         try:
             cfg = load_config(config)
             options = _options(budget, headroom, seq_len, max_points, time_budget, allow, fmt)
@@ -63,8 +63,8 @@ def tune(
         except CkptbenchError as exc:
             raise fail(exc) from None
         except KeyboardInterrupt as exc:
-            raise interrupted_exit(exc, config) from None
-        run = write_run_summaries(outcome.sweep.run_dir)
+            raise _interrupted(exc, config) from None
+        run = _write_summaries(outcome.sweep.run_dir)
     _show(run, options, fmt)
     err.print(f"results: {outcome.sweep.run_dir}", markup=False)
 
