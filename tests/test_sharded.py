@@ -4,6 +4,7 @@ predicted per rank on the fake process group, the ranks merged into one record."
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -144,6 +145,11 @@ def test_merge_without_any_record_is_a_failure_of_rank_0() -> None:
         ({"parallel": ["fsdp:2"]}, "sweep.parallel: parallel entries are none | ddp:N | fsdp2:N"),
         ({"parallel": ["ddp:0"]}, "sweep.parallel: parallel entries are"),
         ({"parallel": ["fsdp2:2"], "compile": [True]}, "sweep.parallel: fsdp2:2 with compile is not supported"),
+        # DDP writes the reduced gradients after the backward: hooks in it would step unreduced ones
+        ({"parallel": ["none", "ddp:2"], "optimizer_in_backward": [False, True]},
+         "sweep.parallel: ddp:2 with optimizer_in_backward is not supported"),
+        ({"parallel": ["fsdp2:2"], "optimizer_offload": ["cpu"]},
+         "sweep.parallel: fsdp2:2 with optimizer_offload=cpu is not supported"),
     ],
 )
 def test_parallel_values_are_checked_before_anything_runs(sweep: dict[str, Any], message: str) -> None:
@@ -156,3 +162,17 @@ def test_world_size_and_tokens_count_every_rank() -> None:
     plain, sharded = cfg.points_list()  # unsharded points first: they are the loss references
     assert (plain.world_size, sharded.world_size) == (1, 8)
     assert sharded.tokens == 8 * plain.tokens
+
+
+def test_fsdp2_steps_in_backward_with_the_reduced_shards(tmp_path: Path) -> None:
+    """FSDP2 calls post-accumulate-grad hooks after its reduce-scatter: the optimizer in backward steps the
+    reduced shard, so its losses are those of the plain unsharded step (the loss check's reference)."""
+    sweep = {"layout": ["none"], "batch_size": [2], "seq_len": [32], "precision": ["fp32"],
+             "parallel": ["none", "fsdp2:2"], "optimizer_in_backward": [False, True]}
+    out = run_sweep(tiny_config(model=TWO_LAYERS, sweep=sweep), out=tmp_path / "run", predict=False)
+    records = {(r.key["parallel"], r.key["optimizer_in_backward"]): r for r in load_run(out.run_dir).points}
+    assert {r.status for r in records.values()} == {"ok"}
+    sharded = records[("fsdp2:2", True)]
+    assert sharded.loss_check is not None and sharded.loss_check.match and sharded.loss_check.reference == "none"
+    assert "parallel=none" in (sharded.loss_check.reference_point or "")
+    assert sharded.memory.grads_bytes == 0

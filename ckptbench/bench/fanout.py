@@ -19,11 +19,12 @@ import submitit
 import torch
 
 from ckptbench.bench.environment import collect as collect_environment
+from ckptbench.bench.events import PROBES_GUESS, Progress, ProgressCounter
 from ckptbench.bench.executors import LocalPool, Pool, Request, SlurmPool, Submitted, cancel
 from ckptbench.bench.job import run_point_job
 from ckptbench.bench.launch import child_fields
 from ckptbench.bench.probes import ElsewhereProbe
-from ckptbench.bench.runner import Progress, ProgressCounter, Runner
+from ckptbench.bench.runner import Runner
 from ckptbench.bench.schedule import prerequisites, ready
 from ckptbench.bench.search import Search
 from ckptbench.config.cluster import ClusterSpec
@@ -33,7 +34,6 @@ from ckptbench.errors import CkptbenchError, ConfigError
 from ckptbench.results.record import PointRecord
 
 _FORCE_CHECK_S = 60.0
-_PROBES_GUESS = 6  # probes a search usually needs; the progress total grows if it needs more
 _TAIL_CHARS = 4000
 
 
@@ -61,7 +61,7 @@ class FanoutRunner(Runner):
     ) -> list[dict[str, Any]]:
         """Run the grid (independent points in parallel, see bench/schedule.py), then the searches."""
         self._on_record = on_record
-        self._counter = ProgressCounter(total=len(points) + _PROBES_GUESS * len(searches))
+        self._counter = ProgressCounter(total=len(points) + PROBES_GUESS * len(searches))
         try:
             self._grid(points)
             return self._searches(searches)
@@ -99,10 +99,13 @@ class FanoutRunner(Runner):
                         finished.add(i)
                     elif probe.key_id in self._done:  # measured already (a grid point): reuse it
                         search.observe(probe, self._done[probe.key_id], budget)
-                    elif probe.key_id not in self._flights and self._start([probe], search=True):
-                        probing[i] = probe
+                    elif probe.key_id in self._flights:
+                        break  # another search's probe, running now
                     else:
-                        break  # no free slot now
+                        self.predict_probe(probe)
+                        if not self._start([probe], search=True):
+                            break  # no free slot now
+                        probing[i] = probe
             for i, probe in list(probing.items()):
                 if probe.key_id in self._done:
                     searches[i].observe(probe, self._done[probe.key_id], budget)
@@ -176,7 +179,8 @@ def fanout_runner(
         except ValueError as exc:
             raise ConfigError(f"{exc} (the jobs run on the CPU)") from None
     probe = ElsewhereProbe("cuda" if device_type == "cuda" else "cpu-tracker")
-    environment = {**collect_environment(device_type), "probe": probe.kind, "executor": cluster.executor}
+    environment = {**collect_environment(device_type, cpu_threads=cfg.cpu_threads), "probe": probe.kind,
+                   "executor": cluster.executor}
     try:  # the runner builds the LlamaConfig: it checks the override values before anything is submitted
         runner = FanoutRunner(cfg, torch.device(device_type), probe, environment.get("gpu_name"),
                               point_timeout_s=timeout_s)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ckptbench.bench.device import make_probe, resolve_device
-from ckptbench.bench.environment import placement
+from ckptbench.bench.environment import intra_op_threads, placement
 from ckptbench.bench.launch import result_path
 from ckptbench.bench.runner import Runner
 from ckptbench.config.grid import Point
@@ -81,7 +81,8 @@ def child_main(request_path: str) -> int:
     Path(request["ready"]).touch()  # from here on, --point-timeout applies
     try:
         # The parent already decided this point runs (OOM skips are its call), so never skip here.
-        record = runner.run_point(point, allow_skip=False)
+        with intra_op_threads(device.type, cfg.cpu_threads):  # as a sweep in one process runs its points
+            record = runner.run_point(point, allow_skip=False)
     finally:
         runner.close()
         if rank is not None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import ckptbench
+from ckptbench.bench.environment import available_cpus, host_state
 from ckptbench.bench.ranks import merge_ranks
 from ckptbench.config.parallel import parse_parallel
 from ckptbench.results.store import write_json_atomic
@@ -82,8 +83,18 @@ def run_child(request: dict[str, Any], *, workdir: Path, timeout_s: float | None
             _kill(proc)
     results = [_collect(workdir, rank, proc, problem) for rank, proc in zip(ranks, procs, strict=False)]
     if ranks == [None]:
-        return results[0]
-    return merge_ranks(results) if results else {"reason": "no rank process could be started"}
+        return _judge_host(results[0])
+    return _judge_host(merge_ranks(results)) if results else {"reason": "no rank process could be started"}
+
+
+def _judge_host(record: dict[str, Any]) -> dict[str, Any]:
+    """The host's load and warnings as the point ends, judged here, where its processes ran: the ranks'
+    own judgments are replaced (the spread warning belongs to the point's merged step times)."""
+    if "key" not in record:
+        return record
+    for name in ("warnings", "load_average_1m"):
+        record.pop(name, None)
+    return {**record, **host_state(record.get("step_times_s") or [], cpus=available_cpus())}
 
 
 def result_path(base: str | Path, rank: int | None) -> Path:

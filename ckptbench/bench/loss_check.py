@@ -1,10 +1,11 @@
 """The loss check: checkpointing must not change the loss, so every ok point is compared with a reference.
 
-The reference is the 'none' layout of the same cell when that point ran ok (every warm-up and
-measured step is compared), else the first step's loss recomputed without checkpointing (see
-``bench.window.recompute_first_loss``), which exists whatever ran out of memory. The 'none' layout
-itself is checked against the recomputed loss. A sharded point (``parallel``: ddp, fsdp2) prefers
-the unsharded 'none' point of its cell: every rank trains on the same batch, so sharding must not
+The reference is the plain step of the same cell (layout 'none', default loss, optimizer after
+backward, ...: see ``LOSS_NEUTRAL_AXES``) when that point ran ok (every warm-up and measured step is
+compared), else the first step's loss recomputed without checkpointing by transformers' default loss
+(see ``bench.window.recompute_first_loss``), which exists whatever ran out of memory. The plain
+step itself is checked against the recomputed loss. A sharded point (``parallel``: ddp, fsdp2) prefers
+the unsharded plain step of its cell: every rank trains on the same batch, so sharding must not
 change the losses either. Pure: no torch; the runner supplies the losses.
 """
 
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ckptbench.config.grid import Point, key_without
+from ckptbench.config.grid import AXIS_DEFAULTS, Point
 from ckptbench.results.record import PointRecord
 
 # Relative tolerance per precision, used when the config's loss_rtol is null. Layouts run the same
@@ -37,6 +38,14 @@ RTOL_BY_PRECISION: dict[str, float] = {
     "amp_fp16": 2**-10,
     "fp32": 1e-5,
 }
+
+# Axes that change how a step is computed but not what it computes: a point with any of them is
+# checked against the plain step of its cell (layout 'none' and these axes at their defaults), so
+# "checkpointing, a chunked or fused loss, the optimizer in backward... must not change the loss"
+# is one check. micro_batches repeats the same batch, so the mean gradient and every loss are the same.
+LOSS_NEUTRAL_AXES = (
+    "layout", "loss", "optimizer_in_backward", "compile", "attn_implementation", "offload", "micro_batches",
+)
 
 NONE = "none"  # compared with the 'none' layout of the same cell, every step
 RECOMPUTED = "recomputed"  # compared with the first step's loss recomputed without checkpointing
@@ -62,36 +71,57 @@ class RecomputedLoss:
         )
 
 
+def loss_cell(point: Point) -> tuple[Any, ...]:
+    """The points whose losses must agree: the key without the loss-neutral axes."""
+    return tuple(sorted((k, v) for k, v in point.key.items() if k not in LOSS_NEUTRAL_AXES))
+
+
+def is_reference(point: Point) -> bool:
+    """The plain step of its cell: no checkpointing and every loss-neutral technique at its default."""
+    key = point.key
+    return point.layout == "none" and all(key[a] == AXIS_DEFAULTS[a] for a in LOSS_NEUTRAL_AXES if a != "layout")
+
+
 @dataclass
 class LossReferences:
-    """The 'none' layout's losses per cell (a point's key without its layout), kept while a sweep runs."""
+    """The plain step's losses per cell (``loss_cell``), kept while a sweep runs."""
 
     _by_cell: dict[tuple[Any, ...], tuple[str, list[float]]] = field(default_factory=dict)
+    # The first step's loss recomputed without checkpointing, per cell: it depends only on the cell's
+    # initial weights, batch and precision, so every layout of the cell shares one recomputation.
+    _recomputed: dict[tuple[Any, ...], RecomputedLoss] = field(default_factory=dict)
 
     def remember(self, point: Point, record: PointRecord) -> None:
-        """Keep a finished 'none' point's losses (this run's, or an earlier run's on --resume)."""
-        if point.layout != "none" or not record.ok:
+        """Keep a finished plain point's losses (this run's, or an earlier run's on --resume)."""
+        if not is_reference(point) or not record.ok:
             return
         losses = [*record.warmup_losses, *record.losses]
         if losses:
-            self._by_cell[key_without(point, "layout")] = (point.key_id, losses)
+            self._by_cell[loss_cell(point)] = (point.key_id, losses)
 
     def reference_cells(self, point: Point) -> list[tuple[Any, ...]]:
-        """Cells whose 'none' losses can be the point's reference, best first: the unsharded run of the
-        cell (for a sharded point), then the point's own cell (unless the point is its 'none')."""
+        """Cells whose plain step's losses can be the point's reference, best first: the unsharded cell
+        (for a sharded point), then the point's own cell (unless the point is its plain step)."""
         cells = []
         if point.parallel != "none":
-            cells.append(key_without(replace(point, parallel="none"), "layout"))
-        if point.layout != "none":
-            cells.append(key_without(point, "layout"))
+            cells.append(loss_cell(replace(point, parallel="none")))
+        if not is_reference(point):
+            cells.append(loss_cell(point))
         return cells
 
     def _reference(self, point: Point) -> tuple[str, list[float]] | None:
         return next((self._by_cell[c] for c in self.reference_cells(point) if c in self._by_cell), None)
 
     def needs_recomputed(self, point: Point) -> bool:
-        """Whether the point's check needs a recomputed loss: no 'none' losses can be its reference."""
+        """Whether the point's check needs a recomputed loss: no plain step's losses can be its reference."""
         return self._reference(point) is None
+
+    def recomputed(self, point: Point) -> RecomputedLoss | None:
+        """The cell's recomputed first loss, when an earlier point of the cell has made it."""
+        return self._recomputed.get(loss_cell(point))
+
+    def keep_recomputed(self, point: Point, loss: RecomputedLoss) -> None:
+        self._recomputed[loss_cell(point)] = loss
 
     def check(
         self, point: Point, losses: Sequence[float], *, rtol: float, recomputed: RecomputedLoss | None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import time
@@ -13,14 +12,16 @@ from typing import Any
 import torch
 
 from ckptbench.bench import faults
+from ckptbench.bench.checked import measure_checked
 from ckptbench.bench.device import is_fatal_device_error
-from ckptbench.bench.environment import placement
+from ckptbench.bench.environment import available_cpus, host_state, intra_op_threads, placement
+from ckptbench.bench.events import PROBES_GUESS, PointStart, Progress, ProgressCounter
 from ckptbench.bench.launch import measure_in_process
-from ckptbench.bench.loss_check import LossReferences, loss_rtol
+from ckptbench.bench.loss_check import LossReferences
 from ckptbench.bench.models import ModelSlot
+from ckptbench.bench.predictions import Predictions
 from ckptbench.bench.probes import Probe, leak_check
 from ckptbench.bench.search import Search
-from ckptbench.bench.window import measure_point, recompute_first_loss, tracking
 from ckptbench.config.grid import Point, key_without
 from ckptbench.config.layouts import LayoutPlan, parse_layout
 from ckptbench.config.schema import SweepConfig
@@ -28,42 +29,8 @@ from ckptbench.errors import RunFailure
 from ckptbench.results.record import PointRecord
 from ckptbench.train.flops import peak_tflops_for, step_flops
 from ckptbench.train.model import llama_config, model_shape
-from ckptbench.train.optimizers import OptimizerUnavailable
 from ckptbench.train.parallel import RankInfo
-
-_PROBES_GUESS = 6  # probes a search usually needs; the progress total grows if it needs more
-
-
-@dataclass
-class ProgressCounter:
-    """Numbers points as they start; the total grows when searches probe more than guessed."""
-
-    total: int
-    done: int = 0
-
-    def next(self) -> int:
-        self.done += 1
-        self.total = max(self.total, self.done)
-        return self.done - 1
-
-
-@dataclass(frozen=True)
-class Progress:
-    """A progress event: a point started (record is None) or finished."""
-
-    index: int
-    total: int
-    point: Point
-    record: PointRecord | None = None
-
-
-@dataclass(frozen=True)
-class PointStart:
-    """What a point needs before it is measured: its plan, its base record, or why it is skipped."""
-
-    plan: LayoutPlan
-    base: dict[str, Any]
-    skipped: PointRecord | None = None
+from ckptbench.train.unavailable import TechniqueUnavailable
 
 
 @dataclass
@@ -81,7 +48,12 @@ class Runner:
     _oom_at: dict[tuple[Any, ...], int] = field(default_factory=dict)
     _done: dict[str, PointRecord] = field(default_factory=dict)
     _broken: bool = False  # a fatal device error happened: no more CUDA calls
-    predictions: dict[str, int | None] = field(default_factory=dict)  # predicted peak bytes by key_id
+    # Predicted peak bytes by key_id, asked for as each point starts (bench/predictions.py may make
+    # them in the background; ``get`` waits for one that is still being made).
+    predictions: Predictions = field(default_factory=dict[str, "int | None"])
+    # Predicts a search probe just before it runs (probes are not known up front); None: no prediction.
+    predict: Callable[[Point], int | None] | None = None
+    _probe_predictions: dict[str, int | None] = field(default_factory=dict)
     _history: list[dict[str, Any]] = field(default_factory=list)  # ok/oom records, for points run elsewhere
 
     def __post_init__(self) -> None:
@@ -89,6 +61,7 @@ class Runner:
         self.shape = model_shape(self.llama)
         self.placement = placement(self.device)
         self.peak_tflops = self.cfg.peak_tflops or peak_tflops_for(self.gpu_name)
+        self.cpus = available_cpus()
 
     def run(
         self,
@@ -103,18 +76,19 @@ class Runner:
         goes on, except after a fatal device error (the CUDA context is unusable): that point is
         recorded, then RunFailure stops the sweep.
         """
-        counter = ProgressCounter(total=len(points) + _PROBES_GUESS * len(searches))
+        counter = ProgressCounter(total=len(points) + PROBES_GUESS * len(searches))
         try:
-            for point in points:
-                self._report(point, counter, on_record, search=False)
-            budget = int(self.cfg.budget_gib * 2**30) if self.cfg.budget_gib else None
-            outcomes = []
-            for search in searches:
-                while (probe := search.next_point(budget)) is not None:
-                    record = self._done.get(probe.key_id) or self._report(probe, counter, on_record, search=True)
-                    search.observe(probe, record, budget)
-                outcomes.append(search.outcome())
-            return outcomes
+            with intra_op_threads(self.device.type, self.cfg.cpu_threads):
+                for point in points:
+                    self._report(point, counter, on_record, search=False)
+                budget = int(self.cfg.budget_gib * 2**30) if self.cfg.budget_gib else None
+                outcomes = []
+                for search in searches:
+                    while (probe := search.next_point(budget)) is not None:
+                        record = self._done.get(probe.key_id) or self._probe(probe, counter, on_record)
+                        search.observe(probe, record, budget)
+                    outcomes.append(search.outcome())
+                return outcomes
         finally:
             self.close()
 
@@ -133,10 +107,29 @@ class Runner:
             )
         return record
 
+    def _probe(self, probe: Point, counter: ProgressCounter, on_record: Callable[[Progress], None]) -> PointRecord:
+        """Measure a search probe, predicted just before it runs."""
+        self.predict_probe(probe)
+        return self._report(probe, counter, on_record, search=True)
+
+    def predict_probe(self, probe: Point) -> None:
+        """Predict a search probe as it is about to run (probes are not known up front)."""
+        if self.predict is not None and probe.key_id not in self._probe_predictions:
+            self._probe_predictions[probe.key_id] = self.predict(probe)
+
+    def _predicted(self, point: Point) -> int | None:
+        if point.key_id in self._probe_predictions:
+            return self._probe_predictions[point.key_id]
+        return self.predictions.get(point.key_id)
+
     def close(self) -> None:
         """Free the model and return cached device memory."""
         self._slot = ModelSlot()
+        # Collected while the long-lived objects are still frozen (see _model): the model, built after
+        # the freeze, and what the points made are freed, the ~370k import-time objects are not scanned
+        # (~1 ms instead of ~300 ms, several seconds on a busy machine). Then they are collectable again.
         gc.collect()
+        gc.unfreeze()
         if not self._broken:  # after a fatal CUDA error, empty_cache would raise it again
             self.probe.release()
 
@@ -173,6 +166,8 @@ class Runner:
         started = time.perf_counter()
         fields = self._measure_safely(point, start.plan, start.base)
         fields["wall_s"] = time.perf_counter() - started
+        if not fields.get("isolated"):  # measured here; bench/launch.py judged the host of one measured apart
+            fields.update(host_state(fields.get("step_times_s") or [], cpus=self.cpus))
         return self.finish_point(point, fields)
 
     def start_point(self, point: Point, *, allow_skip: bool = True, search: bool = False) -> PointStart:
@@ -196,7 +191,8 @@ class Runner:
 
     def _base_record(self, point: Point, plan: LayoutPlan) -> dict[str, Any]:
         model_flops, hw_flops = step_flops(
-            self.shape, plan, tokens=point.tokens, seq_len=point.seq_len, frozen_base=point.lora != "none"
+            self.shape, plan, tokens=point.tokens, seq_len=point.seq_len, frozen_base=point.lora != "none",
+            recompute_lm_head=point.loss == "chunked",
         )
         return {
             "key": point.key,
@@ -210,8 +206,8 @@ class Runner:
             "hardware_flops_per_step": hw_flops,
             # Of all the point's GPUs: FLOPs and tokens per step count every rank.
             "peak_tflops": self.peak_tflops * point.world_size if self.peak_tflops else None,
-            # An estimate (ckptbench estimate, made before the run), kept next to the measurement.
-            "predicted_peak_allocated_bytes": self.predictions.get(point.key_id),
+            # An estimate (ckptbench estimate), made before the point runs, kept next to the measurement.
+            "predicted_peak_allocated_bytes": self._predicted(point),
             "probe": self.probe.kind,
             **self.placement,
         }
@@ -219,7 +215,13 @@ class Runner:
     def _model(self, point: Point) -> Any:
         """The model for a point's precision, LoRA and parallel setting, built only when those change."""
         if not self._slot.holds(point):
-            self.close()  # free the old model before building the next
+            if self._slot.model is not None:
+                self.close()  # free the old model before building the next
+            # Everything alive now (imported modules, functions, classes: ~370k objects with
+            # transformers 5) lives until the sweep ends; frozen, the collection after every point
+            # (_cleanup) scans only what the model and the points create: ~1 ms instead of ~290 ms.
+            # The model is built after the freeze, so it stays collectable; close() unfreezes.
+            gc.freeze()
             self._slot.build(point, cfg=self.cfg, device=self.device, probe=self.probe)
         return self._slot.model
 
@@ -237,7 +239,7 @@ class Runner:
             record.update(self._measure(model, point, plan))
         except torch.OutOfMemoryError as exc:
             failure = ("oom", _first_line(exc))
-        except (OptimizerUnavailable, ModuleNotFoundError) as exc:
+        except (TechniqueUnavailable, ModuleNotFoundError) as exc:
             failure = ("skipped", _first_line(exc))
         except Exception as exc:  # one point's failure is a result; the sweep goes on where that is safe
             failure = ("error", f"{exc.__class__.__name__}: {_first_line(exc)}")
@@ -248,7 +250,10 @@ class Runner:
         if self._broken:
             record["fatal"] = True
             return record  # no cleanup: any further CUDA call would fail the same way
+        t0 = time.perf_counter()
         self._cleanup()
+        parts = {**record.get("overhead_parts_s", {}), "cleanup": time.perf_counter() - t0}
+        record["overhead_parts_s"] = parts
         record["memory"] = {**record.get("memory", {}), **leak_check(self.probe, baseline)}
         if record["memory"].get("leaked"):
             self.close()  # drops the model: the next point gets a fresh one, not the leak
@@ -258,7 +263,12 @@ class Runner:
     def _cleanup(self) -> None:
         if self._slot.model is not None:
             self._slot.model.zero_grad(set_to_none=True)
+        # Needed for correct numbers: tensors held by reference cycles (autograd graphs, an exception's
+        # frames) are freed only by a collection, and the leak check and the next point's baseline must
+        # not see them. Cheap since _model froze the long-lived objects.
         gc.collect()
+        # Needed: a fresh process has no cached segments, and peak *reserved* of the next point would
+        # otherwise include what this point left in the allocator's cache (DESIGN.md).
         self.probe.release()
 
     def _sharded(self, point: Point, base: dict[str, Any]) -> dict[str, Any]:
@@ -271,25 +281,10 @@ class Runner:
         return self._in_processes(point, base, timeout_s=self.point_timeout_s)
 
     def _measure(self, model: Any, point: Point, plan: LayoutPlan) -> dict[str, Any]:
-        recomputed = None
-        common: dict[str, Any] = {"cfg": self.cfg, "probe": self.probe, "device": self.device,
-                                  "init_std": self.llama.initializer_range, "vocab_size": self.llama.vocab_size}
-        sharded = self._slot.sharded
-        if self._losses.needs_recomputed(point):  # before the window: the point's memory is not touched
-            fresh = sharded is not None and sharded.spec.distributed
-            # A sharded model's first forward creates FSDP2's lasting all-gather buffers (freed and
-            # refilled by resizing later): the CPU tracker must see them made, as in any first step.
-            with tracking(self.probe) if fresh else contextlib.nullcontext():
-                recomputed = recompute_first_loss(model, point, reset=not fresh, **common)
-            if sharded is not None:
-                sharded.reshard()
-        result = measure_point(model, point, plan, sharded=sharded, **common)
-        if result["status"] == "ok":
-            rtol = loss_rtol(point.precision, self.cfg.loss_rtol)
-            losses = result["warmup_losses"] + result["losses"]
-            result["loss_check"] = self._losses.check(point, losses, rtol=rtol, recomputed=recomputed)
-        return result
-
+        return measure_checked(
+            model, point, plan, losses=self._losses, sharded=self._slot.sharded, cfg=self.cfg, probe=self.probe,
+            device=self.device, init_std=self.llama.initializer_range, vocab_size=self.llama.vocab_size,
+        )
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()

@@ -4,8 +4,9 @@ A sweep in one process runs its points in order, and two of its rules depend on 
 
 - after a batch size runs out of memory, larger batches of the same layout and setup are skipped:
   so a point waits for the next smaller batch of its chain (its key without the batch size);
-- a point's losses are checked against the 'none' layout of its cell (bench/loss_check.py): so a
-  point waits for the 'none' point that will be its reference, if that point is still to run.
+- a point's losses are checked against the plain step of its cell (layout 'none', the loss-neutral
+  techniques at their defaults: bench/loss_check.py): so a point waits for the plain point that will
+  be its reference, if that point is still to run.
 
 Everything else is independent and runs in parallel: different cells, and the layouts of a cell
 once its reference has run. Searches (batch_size: max, layout: fit) run after the grid, each one
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from ckptbench.bench.loss_check import is_reference, loss_cell
 from ckptbench.config.grid import Point, key_without
 
 Cell = tuple[Any, ...]
@@ -31,11 +33,11 @@ def prerequisites(
 ) -> dict[str, set[str]]:
     """For every point to run (by key id): the key ids of the points it waits for.
 
-    ``reference_cells(point)`` lists the cells whose 'none' point can be the point's loss reference,
-    best first (``LossReferences.reference_cells``); the first one that has a 'none' point in the sweep
+    ``reference_cells(point)`` lists the loss cells whose plain point can be the point's loss reference,
+    best first (``LossReferences.reference_cells``); the first one that has a plain point in the sweep
     is the reference: the point waits for it if it is still to run.
     """
-    nones = {key_without(p, "layout"): p.key_id for p in [*done, *todo] if p.layout == "none"}
+    nones = {loss_cell(p): p.key_id for p in [*done, *todo] if is_reference(p)}
     pending = {p.key_id for p in todo}
     previous: dict[Cell, Point] = {}
     waits: dict[str, set[str]] = {}

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import signal
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,17 +12,22 @@ from typing import Any
 
 from ckptbench.bench.device import make_probe, resolve_device
 from ckptbench.bench.environment import collect as collect_environment
+from ckptbench.bench.environment import environment_notes
+from ckptbench.bench.events import Progress
 from ckptbench.bench.fanout import FanoutRunner, attach_pool, fanout_runner
 from ckptbench.bench.isolate import IsolatedRunner
-from ckptbench.bench.resume import check_resumable, done_records
-from ckptbench.bench.runner import Progress, Runner
+from ckptbench.bench.predictions import BackgroundPredictions, choose_predictions, probe_predictor
+from ckptbench.bench.resume import done_records
+from ckptbench.bench.rundir import new_run, open_run
+from ckptbench.bench.runner import Runner
 from ckptbench.bench.search import Search, make_searches
+from ckptbench.bench.timing import SweepClock, timing_recorder
 from ckptbench.config.cluster import ClusterSpec
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig, check_cpu_compatible
 from ckptbench.errors import CkptbenchError, ConfigError, ResultsError, RunFailure
 from ckptbench.results.record import PointRecord
-from ckptbench.results.store import RUN_FILE, Run, RunWriter, create_run_dir, load_run, resolve_run_path
+from ckptbench.results.store import RunWriter, resolve_run_path
 
 
 @dataclass
@@ -36,30 +39,15 @@ class SweepOutcome:
     status: str
     already_done: int = 0
     warnings: list[str] = field(default_factory=list)
+    clock: SweepClock | None = None  # this invocation's clock: record_command_end adds the command's wall time
 
 
 class SweepInterrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM stopped the sweep; the finished points are on disk in ``run_dir``."""
 
-    def __init__(self, run_dir: Path, *, finished: int, total: int) -> None:
+    def __init__(self, run_dir: Path, *, finished: int, total: int, clock: SweepClock | None = None) -> None:
         super().__init__(f"{run_dir}: {finished} of {total} points finished")
-        self.run_dir, self.finished, self.total = run_dir, finished, total
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _prepare_dir(cfg: SweepConfig, out: Path | None, results_root: Path) -> Path:
-    if out is None:
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-        return create_run_dir(results_root, cfg.name, stamp)
-    if (out / RUN_FILE).exists():
-        raise ResultsError(f"{out}: already holds a run; choose another --out (nothing was overwritten)")
-    if out.exists() and not out.is_dir():
-        raise ResultsError(f"{out}: exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
+        self.run_dir, self.finished, self.total, self.clock = run_dir, finished, total, clock
 
 
 def _check_options(*, out: Path | None, resume: Path | None, isolate: bool, timeout_s: float | None) -> None:
@@ -83,7 +71,7 @@ def _make_runner(
             check_cpu_compatible(cfg)
         except ValueError as exc:
             raise ConfigError(f"{exc} (device {cfg.device!r} runs on the CPU here)") from None
-    environment = collect_environment(device.type)
+    environment = collect_environment(device.type, cpu_threads=cfg.cpu_threads)
     probe = make_probe(cfg, device)
     environment["probe"] = probe.kind
     try:  # the runner builds the LlamaConfig: it checks the override values before anything is created
@@ -101,49 +89,6 @@ def _make_runner(
     return runner, environment
 
 
-def _open_run(
-    cfg: SweepConfig, *, resume: Path, environment: dict[str, Any], options: dict[str, Any]
-) -> tuple[RunWriter, Run]:
-    """Lock an existing run, re-read it under the lock, check it still matches, and mark it running."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a truncated last line is reported through Run.warnings
-        check_resumable(cfg, load_run(resume), environment)  # before the lock: change nothing if refused
-        writer = RunWriter.reopen(resume)
-        try:
-            run = load_run(resume)
-            check_resumable(cfg, run, environment)
-        except BaseException:
-            writer.close()
-            raise
-    history = [*run.meta.get("resumes", []), {"at": _now(), "git_sha": environment["git_sha"], **options}]
-    writer.meta = run.meta
-    writer.set_status("running", resumes=history)
-    return writer, run
-
-
-def _new_run(
-    cfg: SweepConfig,
-    *,
-    out: Path | None,
-    results_root: Path,
-    environment: dict[str, Any],
-    meta: dict[str, Any],
-) -> RunWriter:
-    return RunWriter(
-        _prepare_dir(cfg, out, results_root),
-        {
-            "ckptbench_version": environment["ckptbench_version"],
-            "git_sha": environment["git_sha"],
-            "created_at": _now(),
-            "name": cfg.name,
-            "status": "running",
-            "environment": environment,
-            "config": cfg.model_dump(mode="json"),
-            **meta,
-        },
-    )
-
-
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
     """Hold Ctrl-C/SIGTERM while a record is appended, so a line is never half-written by us."""
@@ -158,9 +103,22 @@ def _signals_deferred() -> Iterator[None]:
         mask(signal.SIG_SETMASK, old)
 
 
-def _mark(writer: RunWriter, status: str, finished: int) -> None:
+def _mark(writer: RunWriter, status: str, finished: int, timing: dict[str, Any]) -> None:
     with contextlib.suppress(OSError):  # best effort: the points themselves are already on disk
-        writer.set_status(status, finished_points=finished)
+        writer.set_status(status, finished_points=finished, timing=timing, sweep_wall_s=timing["points_s"])
+
+
+@dataclass
+class SweepPlan:
+    """What a sweep runs: grid points, then searches; predictions recorded next to the measurements.
+
+    ``None`` fields come from the config (its grid, its searches, the estimator's predictions).
+    """
+
+    points: list[Point] | None = None
+    searches: list[Search] | None = None
+    predictions: dict[str, int | None] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)  # more run.json fields (e.g. the tune options)
 
 
 def run_sweep(
@@ -174,12 +132,49 @@ def run_sweep(
     point_timeout_s: float | None = None,
     predict: bool = True,
     cluster: ClusterSpec | None = None,
+    predictor: BackgroundPredictions | None = None,
+    predict_in_background: bool | None = None,
+    process_start: float | None = None,
+    plan: SweepPlan | None = None,
 ) -> SweepOutcome:
     """Run every point of ``cfg`` (or, with ``resume``, those a run lacks); each is on disk as it ends.
 
     ``cluster`` (default: the config's ``cluster`` section) fans the points out as submitit jobs.
+    ``plan``: points, searches and predictions other than the config's (``ckptbench tune``).
+
+    ``predictor``: a background prediction process the caller started early (closed here, used when the
+    sweep runs on CUDA); ``predict_in_background``: None decides by device (bench/predictions.py).
+    ``process_start``: time.monotonic() at the command's start, so run.json counts the start-up too.
     """
-    cluster = cluster or cfg.cluster
+    clock = SweepClock(process_start if process_start is not None else time.monotonic(), resumed=resume is not None)
+    clock.mark("entry")
+    try:
+        return _sweep(
+            cfg, clock, out=out, results_root=results_root, on_progress=on_progress, resume=resume,
+            isolate=isolate, point_timeout_s=point_timeout_s, predict=predict, predictor=predictor,
+            background=predict_in_background, plan=plan or SweepPlan(), cluster=cluster or cfg.cluster,
+        )
+    finally:
+        if predictor is not None:
+            predictor.close()
+
+
+def _sweep(
+    cfg: SweepConfig,
+    clock: SweepClock,
+    *,
+    out: Path | None,
+    results_root: Path,
+    on_progress: Callable[[Progress], None] | None,
+    resume: Path | None,
+    isolate: bool,
+    point_timeout_s: float | None,
+    predict: bool,
+    predictor: BackgroundPredictions | None,
+    background: bool | None,
+    plan: SweepPlan,
+    cluster: ClusterSpec,
+) -> SweepOutcome:
     fanned = cluster.executor != "none"
     _check_options(out=out, resume=resume, isolate=isolate or fanned, timeout_s=point_timeout_s)
     if resume is not None:
@@ -188,40 +183,47 @@ def run_sweep(
         except ResultsError as exc:
             raise ResultsError(f"--resume {exc}") from None
     runner, environment = _make_runner(cfg, isolate=isolate, timeout_s=point_timeout_s, cluster=cluster)
-    points = cfg.points_list()
+    points = cfg.points_list() if plan.points is None else plan.points
     options: dict[str, Any] = {"isolate": isolate or fanned, "point_timeout_s": point_timeout_s}
     if fanned:
         options["cluster"] = cluster.model_dump(mode="json")
     if resume is not None:
-        writer, run = _open_run(cfg, resume=resume, environment=environment, options=options)
-        done, notes = done_records(run), run.warnings
+        writer, run = open_run(cfg, resume=resume, environment=environment, options=options)
+        done, notes = done_records(run), list(run.warnings)
     else:
-        meta = {"num_points": len(points), "options": options}
-        writer = _new_run(cfg, out=out, results_root=results_root, environment=environment, meta=meta)
+        meta = {"num_points": len(points), "options": options, **plan.meta}
+        writer = new_run(cfg, out=out, results_root=results_root, environment=environment, meta=meta)
         done, notes = {}, []
     if isinstance(runner, FanoutRunner):
         attach_pool(runner, writer.run_dir)
-    if predict:
-        runner.predictions = _predictions(cfg, points, runner.device.type)
+    if cluster.executor != "slurm":  # Slurm's jobs run on other hosts: this one's load says nothing of them
+        notes += environment_notes(environment)
+    clock.mark("environment")
+    todo = [p for p in points if p.key_id not in done]
+    bg: BackgroundPredictions | None = None
+    if predict and plan.predictions is None and cfg.search_templates():  # search probes: each just before it runs
+        runner.predict = probe_predictor(cfg, runner.device.type)
+    searches: list[Search] = [*make_searches(cfg)] if plan.searches is None else plan.searches
     try:
-        records = _run_points(runner, points, done, writer, on_progress, searches=make_searches(cfg))
+        if plan.predictions is not None:  # made by the caller (tune estimates every candidate first)
+            runner.predictions, why = dict(plan.predictions), list[str]()
+        else:
+            runner.predictions, bg, why = choose_predictions(
+                cfg, todo, target=runner.device.type, predict=predict, background=background, predictor=predictor
+            )
+        clock.extra["predictions_mode"] = "off" if not predict else "background" if bg else "in-process"
+        notes += why
+        clock.mark("predictions")
+        timing = timing_recorder(clock, writer, bg, earlier_points=len(done))
+        records = _run_points(
+            runner, points, done, writer, on_progress, searches=searches, clock=clock, timing=timing
+        )
     finally:
         writer.close()
-    return SweepOutcome(writer.run_dir, records, "complete", already_done=len(done), warnings=list(notes))
-
-
-def _predictions(cfg: SweepConfig, points: list[Point], device_type: str) -> dict[str, int | None]:
-    """Predicted peak allocated bytes of every grid point for this device (an estimate, made up front).
-
-    A prediction that cannot be made leaves the points without one: the sweep itself never depends on it.
-    """
-    try:
-        from ckptbench.estimate.api import predict_points
-
-        return predict_points(cfg, points, target="cuda" if device_type == "cuda" else "cpu")
-    except Exception as exc:  # the estimator is an aid; a failure in it must not cost a measured run
-        warnings.warn(f"no predictions recorded: {exc.__class__.__name__}: {exc}", stacklevel=2)
-        return {}
+        if bg is not None:  # the one started here, or the caller's (closing twice is harmless)
+            bg.close()
+    notes += bg.notes() if bg is not None else []
+    return SweepOutcome(writer.run_dir, records, "complete", already_done=len(done), warnings=notes, clock=clock)
 
 
 def _run_points(
@@ -232,6 +234,8 @@ def _run_points(
     on_progress: Callable[[Progress], None] | None,
     *,
     searches: list[Search],
+    clock: SweepClock,
+    timing: Callable[[list[PointRecord], str], dict[str, Any]],
 ) -> list[PointRecord]:
     for rec in done.values():
         runner.remember(Point.from_key(rec.key), rec)  # loss references, OOM skips and search probes carry over
@@ -250,20 +254,24 @@ def _run_points(
         if on_progress is not None:
             on_progress(event)
 
-    started = time.perf_counter()
+    clock.mark("points_start")
     try:
         outcomes = runner.run(todo, record, searches)
     except KeyboardInterrupt:
-        _mark(writer, "interrupted", len(done) + len(records))
-        raise SweepInterrupted(writer.run_dir, finished=len(done) + len(records), total=len(points)) from None
+        clock.mark("points_end")
+        _mark(writer, "interrupted", len(done) + len(records), timing(records, "interrupted"))
+        finished = len(done) + len(records)
+        raise SweepInterrupted(writer.run_dir, finished=finished, total=len(points), clock=clock) from None
     except RunFailure as exc:
-        _mark(writer, "failed", len(done) + len(records))
+        _mark(writer, "failed", len(done) + len(records), timing(records, "failed"))
         raise RunFailure(f"{exc}; finished points are in {writer.run_dir} (finish with --resume)") from None
     except BaseException:
-        _mark(writer, "failed", len(done) + len(records))
+        _mark(writer, "failed", len(done) + len(records), timing(records, "failed"))
         raise
-    # The runner's wall time (model builds, resets, warm-up, measured steps, cleanup): compare it with
-    # the sum of the step times to see what the tool itself costs.
-    wall = time.perf_counter() - started
-    writer.set_status("complete", finished_points=len(done) + len(records), searches=outcomes, sweep_wall_s=wall)
+    clock.mark("points_end")
+    t = timing(records, "complete")
+    # sweep_wall_s: the points' wall time over every invocation (timing.points_s), kept for older readers.
+    writer.set_status(
+        "complete", finished_points=len(done) + len(records), searches=outcomes, timing=t, sweep_wall_s=t["points_s"]
+    )
     return records

@@ -13,19 +13,28 @@ from ckptbench.cli.progress import EstimateProgressBar
 from ckptbench.errors import CkptbenchError
 
 TargetOpt = Annotated[
-    str | None, typer.Option("--target", help="cuda (default) or cpu (what the live-tensor tracker measures).")
+    str | None,
+    typer.Option("--target", metavar="cuda|cpu", help="cuda (default) or cpu (what the live-tensor tracker measures)."),
+]
+SourceArg = Annotated[
+    Path,
+    typer.Argument(
+        metavar="CONFIG|RUN",
+        help="A sweep config (YAML), or a run directory: its points, next to what the run measured.",
+        show_default=False,
+    ),
 ]
 
 
 def estimate(
-    config: Annotated[Path, typer.Argument(help="Sweep config (YAML), or a run directory to set against.")],
+    source: SourceArg,
     fmt: FormatOpt = Format.table,
     budget: BudgetOpt = None,
     target: TargetOpt = None,
     full: Annotated[bool, typer.Option("--full", help="Trace the whole model for every point (slow).")] = False,
     parallel: Annotated[
         str | None,
-        typer.Option("--parallel", help="Estimate every point spread this way instead: ddp:N, fsdp2:N, "
+        typer.Option("--parallel", metavar="SPEC", help="Estimate every point spread this way instead: ddp:N, fsdp2:N, "
                      "fsdp2:N:noreshard (per rank, on the fake process group; rank 0 holds the largest shard)."),
     ] = None,
 ) -> None:
@@ -40,7 +49,7 @@ def estimate(
     from ckptbench.units import parse_size
 
     try:
-        cfg, measured = load_input(config)
+        cfg, measured = load_input(source)
         if parallel is not None:
             cfg = with_parallel(cfg, parallel)
         budget_bytes = parse_size(budget) if budget is not None else None

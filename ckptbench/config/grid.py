@@ -17,6 +17,9 @@ AXIS_DEFAULTS: dict[str, Any] = {
     "lora": "none",
     "compile": False,
     "attn_implementation": "sdpa",
+    "loss": "default",
+    "optimizer_in_backward": False,
+    "optimizer_offload": "none",
     "parallel": "none",
 }
 
@@ -41,6 +44,9 @@ class Point:
     offload: str = "none"
     compile: bool = False
     attn_implementation: str = "sdpa"
+    loss: str = "default"
+    optimizer_in_backward: bool = False
+    optimizer_offload: str = "none"
     parallel: str = "none"
 
     @property
@@ -57,6 +63,9 @@ class Point:
             "lora": self.lora,
             "compile": self.compile,
             "attn_implementation": self.attn_implementation,
+            "loss": self.loss,
+            "optimizer_in_backward": self.optimizer_in_backward,
+            "optimizer_offload": self.optimizer_offload,
             "parallel": self.parallel,
         }
 
@@ -93,11 +102,11 @@ def key_without(point: Point, field_name: str) -> tuple[Any, ...]:
 
 
 AXES = ("precision", "lora", "layout", "seq_len", "batch_size", "optimizer", "micro_batches", "offload",
-        "compile", "attn_implementation", "parallel")
+        "compile", "attn_implementation", "loss", "optimizer_in_backward", "optimizer_offload", "parallel")
 # Execution order: precision and LoRA outermost (the model is rebuilt only when they change), batch innermost;
 # sharded points (each in its own processes) after the single-device points of the same setup.
-_ORDER = ("precision", "lora", "optimizer", "micro_batches", "offload", "compile", "attn_implementation",
-          "parallel", "layout", "seq_len", "batch_size")
+_ORDER = ("precision", "lora", "optimizer", "optimizer_offload", "optimizer_in_backward", "loss", "micro_batches",
+          "offload", "compile", "attn_implementation", "parallel", "layout", "seq_len", "batch_size")
 
 
 def search_templates(model: str, values: Mapping[str, Sequence[Any]], kind: str) -> list[tuple[str, Point]]:

@@ -12,6 +12,7 @@ from ckptbench.config.axes import AttnImpl, DeviceName, OptimizerName, PointSpec
 from ckptbench.config.cluster import ClusterSpec
 from ckptbench.config.grid import Point, expand, search_templates
 from ckptbench.config.layouts import parse_layout
+from ckptbench.config.parallel import sharding_conflict
 from ckptbench.config.presets import PRESETS, preset_names
 from ckptbench.errors import LayoutError
 
@@ -76,6 +77,12 @@ class SweepConfig(_Strict):
     optimizer: OptimizerName = "adamw_fused"
     # After each step gradients are freed (true, the default) or zeroed in place and kept (false).
     zero_grad_to_none: bool = True
+    # Intra-op threads (torch.set_num_threads) while a CPU sweep measures; ignored on CUDA. 1 by default:
+    # CPU sweeps run small models whose ops are too short to gain from threads; threads that wait for each
+    # other at every op make a step 10-60x slower when another process takes a core (one thread does not);
+    # and one thread sums in a fixed order, so losses are identical in every process. Raise it only for a
+    # larger model on an otherwise idle machine (run.json records it as environment.torch_num_threads).
+    cpu_threads: int = Field(default=1, ge=1, le=1024)
     lr: float = Field(default=1e-5, gt=0)
     # LoRA settings for the sweep's 'r<rank>' points.
     lora: LoraSpec = Field(default_factory=LoraSpec)
@@ -165,6 +172,9 @@ class SweepConfig(_Strict):
             "offload": list(axes.offload),
             "compile": list(axes.compile),
             "attn_implementation": list(axes.attn_implementation or [self.model.attn_implementation]),
+            "loss": list(axes.loss),
+            "optimizer_in_backward": list(axes.optimizer_in_backward),
+            "optimizer_offload": list(axes.optimizer_offload),
             "parallel": list(axes.parallel),
         }
 
@@ -215,16 +225,15 @@ def _check_seq_lens(cfg: SweepConfig, max_pos: Any) -> None:
 
 
 def _check_parallel(cfg: SweepConfig) -> None:
-    """Sharded points (ddp, fsdp2) train eagerly on the device: no activation offloading, no torch.compile."""
+    """Sharded points (ddp, fsdp2) train eagerly on the device: no activation offloading, no torch.compile,
+    no optimizer offload, and with DDP no optimizer in backward (config/parallel.py)."""
     for p in cfg.points_list():
-        if p.parallel == "none":
-            continue
-        if p.offload != "none":
-            raise ValueError(f"{_field_of(cfg, 'parallel', p.parallel)}: {p.parallel} with offload={p.offload} "
-                             "is not supported; sharded points run without activation offloading")
-        if p.compile:
-            raise ValueError(f"{_field_of(cfg, 'parallel', p.parallel)}: {p.parallel} with compile is not "
-                             "supported; sharded points run eagerly")
+        why = sharding_conflict(
+            p.parallel, offload=p.offload, compile=p.compile, optimizer_in_backward=p.optimizer_in_backward,
+            optimizer_offload=p.optimizer_offload,
+        )
+        if why is not None:
+            raise ValueError(f"{_field_of(cfg, 'parallel', p.parallel)}: {why}")
 
 
 def check_cpu_compatible(cfg: SweepConfig) -> None:
@@ -238,6 +247,9 @@ def check_cpu_compatible(cfg: SweepConfig) -> None:
         ("precision", lambda v: v in ("fp16", "amp_fp16"), "is not supported on CPU; use bf16, amp_bf16 or fp32"),
         ("offload", lambda v: v != "none", "moves activations to host memory and needs a CUDA device"),
         ("compile", bool, "cannot run under the CPU memory tracker (a TorchDispatchMode); compile needs CUDA"),
+        ("loss", lambda v: v == "fused_linear", "runs Triton kernels (Liger, cut-cross-entropy) and needs CUDA"),
+        ("optimizer", lambda v: v == "adamw_8bit_torchao", "compiles its step (torchao) and needs CUDA"),
+        ("optimizer_offload", lambda v: v != "none", "(torchao's CPUOffloadOptimizer) needs a CUDA device"),
     )
     for axis, bad, why in checks:
         found = sorted({getattr(p, axis) for p in points if bad(getattr(p, axis))})
@@ -251,6 +263,7 @@ def _field_of(cfg: SweepConfig, axis: str, value: Any) -> str:
         if getattr(spec, axis, None) == value:
             return f"points.{i}.{axis}"
     return f"sweep.{axis}"
+
 
 def _shown(value: Any, limit: int = 60) -> str:
     """A short one-line repr of a user's value."""

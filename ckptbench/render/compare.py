@@ -5,18 +5,36 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rich.table import Table
 from rich.text import Text
 
 from ckptbench.analysis.compare import Comparison
-from ckptbench.analysis.marks import BETTER, NEWLY_OOM, NO_LONGER_OOM, QUIET_MARKS, WORSE, PointChange
-from ckptbench.render.tables import csv_text
+from ckptbench.analysis.marks import (
+    BETTER,
+    NEWLY_OOM,
+    NO_LONGER_OOM,
+    QUIET_MARKS,
+    TOO_FEW,
+    WORSE,
+    MetricChange,
+    PointChange,
+)
+from ckptbench.analysis.verdict import RANGES_DISJOINT
+from ckptbench.render.tables import Column, FitTable, csv_text, names, numeric_names
+from ckptbench.units import SizeUnit, fmt_percent
 
-GIB = 2**30
-MIB = 2**20
-
-COLUMNS = ("point", "metric", "base", "new", "delta", "ratio", "p", "mark")
-_RIGHT = {"base", "new", "delta", "ratio", "p"}
+# The verdict (delta and mark) stays in a narrow terminal; the p-value and ratio give way first.
+TABLE_COLUMNS = (
+    Column("point", wrap=True, min_width=14),
+    Column("metric", wrap=True, min_width=10),
+    Column("base", priority=2, numeric=True),
+    Column("new", priority=1, numeric=True),
+    Column("delta", numeric=True),
+    Column("ratio", priority=3, numeric=True),
+    Column("p", priority=4, numeric=True),
+    Column("mark", wrap=True, min_width=10),
+)
+COLUMNS = tuple(names(TABLE_COLUMNS))
+_RIGHT = numeric_names(TABLE_COLUMNS)
 _NAMES = {
     "peak_allocated_bytes": "peak allocated",
     "peak_reserved_bytes": "peak reserved",
@@ -26,30 +44,29 @@ _NAMES = {
     "mfu": "MFU",
 }
 _COUNTED = ("worse", "better", "unchanged", "newly_oom", "no_longer_oom", "not_comparable")
-_STYLE = {WORSE: "red", NEWLY_OOM: "bold red", BETTER: "green", NO_LONGER_OOM: "green"}
+_STYLE = {WORSE: "red", NEWLY_OOM: "bold red", BETTER: "green", NO_LONGER_OOM: "green", TOO_FEW: "yellow"}
 
 
 def _shown(comp: Comparison, *, only_changed: bool) -> list[PointChange]:
     return [p for p in comp.points if not (only_changed and p.mark in QUIET_MARKS)]
 
 
-def _memory_unit(comp: Comparison) -> tuple[int, str]:
-    """GiB for real models; MiB when every value is below 1 GiB, so small differences stay visible."""
-    values = [v for p in comp.points for m in p.metrics if m.unit == "bytes" for v in (m.base, m.new) if v]
-    return (GIB, "GiB") if not values or max(values) >= GIB else (MIB, "MiB")
+def _memory_unit(comp: Comparison) -> SizeUnit:
+    """One unit for every size of the comparison (units.py: GiB unless all are below 1 GiB)."""
+    return SizeUnit.for_sizes(v for p in comp.points for m in p.metrics if m.unit == "bytes" for v in (m.base, m.new))
 
 
-def _fmt(value: float | None, unit: str, mem: tuple[int, str], *, signed: bool = False) -> str:
+def _fmt(value: float | None, unit: str, mem: SizeUnit, *, signed: bool = False) -> str:
     if value is None:
         return "-"
     sign = "+" if signed else ""
     if unit == "bytes":
-        return f"{value / mem[0]:{sign}.2f} {mem[1]}"
+        return mem(value, signed=signed)
     if unit == "s":
-        return f"{value * 1e3:{sign}.1f} ms"
+        return "0.0 ms" if round(value * 1e3, 1) == 0 else f"{value * 1e3:{sign}.1f} ms"
     if unit == "fraction":
-        return f"{value * 100:{sign}.1f}%"
-    return f"{value:{sign},.0f}"
+        return fmt_percent(value, digits=1, signed=signed)
+    return "0" if round(value) == 0 else f"{value:{sign},.0f}"
 
 
 def display_rows(comp: Comparison, *, only_changed: bool = False) -> list[dict[str, str]]:
@@ -72,7 +89,7 @@ def display_rows(comp: Comparison, *, only_changed: bool = False) -> list[dict[s
                     "new": _fmt(m.new, m.unit, mem),
                     "delta": _fmt(m.delta, m.unit, mem, signed=True),
                     "ratio": "-" if m.ratio is None else f"{m.ratio:.3f}",
-                    "p": "-" if m.p_value is None else f"{m.p_value:.3f}",
+                    "p": _p_cell(m),
                     "mark": m.mark,
                 }
             )
@@ -83,6 +100,15 @@ def _opt(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def _p_cell(m: MetricChange) -> str:
+    """The p-value, or what decided instead: disjoint step-time ranges, or too few samples (n=base/new)."""
+    if m.mark == TOO_FEW:
+        return f"n={m.n_base}/{m.n_new}"
+    if m.rule == RANGES_DISJOINT:
+        return "disjoint"
+    return "-" if m.p_value is None else f"{m.p_value:.3f}"
+
+
 def summary_line(comp: Comparison) -> str:
     """Counts of point marks and the geometric mean (and range) of step-time ratios."""
     s = comp.summary
@@ -90,13 +116,19 @@ def summary_line(comp: Comparison) -> str:
         f"step time ratio geomean {_opt(s['time_ratio_geomean'], '.3f')} "
         f"(min {_opt(s['time_ratio_min'], '.3f')}, max {_opt(s['time_ratio_max'], '.3f')})"
     )
-    counts = ", ".join(f"{s[k]} {k.replace('_', ' ')}" for k in _COUNTED)
+    counted = [*_COUNTED, *(["too_few_samples"] if s.get("too_few_samples") else [])]
+    counts = ", ".join(f"{s[k]} {k.replace('_', ' ')}" for k in counted)
     return f"{s['matched']} matched points: {counts}; {s['added']} added, {s['removed']} removed; {time}"
 
 
 def detail_lines(comp: Comparison, *, only_changed: bool = False) -> list[str]:
     """Why shown points failed (the OOM message), then points present on one side only, one line each."""
-    lines = [f"{p.label}: {p.note}" for p in _shown(comp, only_changed=only_changed) if p.note]
+    shown = _shown(comp, only_changed=only_changed)
+    lines = [f"{p.label}: {p.note}" for p in shown if p.note]
+    for p in shown:  # how sure each step-time change is
+        step = next((m for m in p.metrics if m.metric == "median_step_time_s"), None)
+        if step is not None and step.mark in (WORSE, BETTER) and step.evidence:
+            lines.append(f"{p.label}: step time {step.mark}: {step.evidence}")
     lines += [f"added (only in {comp.new['name']}): {a['label']} [{a['status']}]" for a in comp.added]
     lines += [f"removed (only in {comp.base['name']}): {r['label']} [{r['status']}]" for r in comp.removed]
     return lines
@@ -113,18 +145,15 @@ def warning_lines(comp: Comparison) -> list[str]:
     return env + list(comp.notes)
 
 
-def compare_table(comp: Comparison, *, only_changed: bool = False) -> list[Table | Text]:
-    """The rich table of a comparison followed by added/removed points and the summary line."""
+def compare_table(comp: Comparison, *, only_changed: bool = False) -> list[FitTable | Text]:
+    """The table of a comparison (fitted to the terminal) followed by added/removed points and the summary."""
     rows = display_rows(comp, only_changed=only_changed)
     title = f"ckptbench compare: {comp.base['name']} -> {comp.new['name']}"
     trailer = [Text(line) for line in trailer_lines(comp, only_changed=only_changed)]
     if not rows:
         return [Text(f"{title}: no changed rows"), *trailer]
-    table = Table(title=title, header_style="bold")
-    for col in COLUMNS:
-        table.add_column(col, justify="right" if col in _RIGHT else "left", no_wrap=True)
-    for row in rows:
-        table.add_row(*(row[c] for c in COLUMNS), style=_STYLE.get(row["mark"]))
+    table = FitTable(rows, TABLE_COLUMNS, title=title, styles=[_STYLE.get(row["mark"]) for row in rows],
+                     complete_hint="--format markdown shows every column")
     return [table, *trailer]
 
 
@@ -148,6 +177,8 @@ def compare_markdown(comp: Comparison, *, only_changed: bool = False) -> str:
     out.append(f"**Summary:** {summary_line(comp)}")
     if comp.gate_failures:
         out += ["", "**Gate failures:**", "", *(f"- {g}" for g in comp.gate_failures)]
+    if comp.gate_errors:
+        out += ["", "**Gates that could not be judged:**", "", *(f"- {g}" for g in comp.gate_errors)]
     return "\n".join(out) + "\n"
 
 
@@ -167,7 +198,8 @@ def compare_csv(comp: Comparison, *, only_changed: bool = False) -> str:
             if only_changed and m.mark in QUIET_MARKS:
                 continue
             metric = {
-                k: getattr(m, k) for k in ("metric", "unit", "base", "new", "delta", "ratio", "p_value")
+                k: getattr(m, k)
+                for k in ("metric", "unit", "base", "new", "delta", "ratio", "p_value", "rule", "evidence")
             }
             rows.append({**p.key, **status, **metric, "mark": m.mark})
     for side, listed in (("added", comp.added), ("removed", comp.removed)):
@@ -185,6 +217,8 @@ def compare_csv(comp: Comparison, *, only_changed: bool = False) -> str:
         "delta",
         "ratio",
         "p_value",
+        "rule",
+        "evidence",
         "mark",
     ]
     return csv_text(rows, columns)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -91,7 +92,11 @@ def apply_lora(model: LlamaForCausalLM, *, rank: int, spec: LoraSpec) -> nn.Modu
         r=rank, lora_alpha=spec.alpha,  # type: ignore[arg-type]  # peft annotates int; floats work
         target_modules=list(spec.target_modules), lora_dropout=0.0, bias="none"
     )
-    wrapped = get_peft_model(model, lora)
+    with warnings.catch_warnings():
+        # peft reads transformers' deprecated `is_gradient_checkpointing` property, whose FutureWarning would
+        # reach the user's stderr on every LoRA point (peft 0.21, transformers 5.x).
+        warnings.filterwarnings("ignore", message=".*`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        wrapped = get_peft_model(model, lora)
     # Reentrant checkpointing (used by ckpt_inputs offloading) needs an input that requires grad.
     model.enable_input_require_grads()
     return wrapped
@@ -130,13 +135,10 @@ def layer_param_counts(cfg: LlamaConfig) -> dict[str, int]:
 
 
 def model_shape(cfg: LlamaConfig) -> ModelShape:
-    """What FLOP counting needs of a LLaMA config."""
+    """What FLOP counting needs of a built LlamaConfig."""
     counts = layer_param_counts(cfg)
+    c: Any = cfg
     return ModelShape(
-        num_layers=int(cfg.num_hidden_layers),
-        hidden_size=int(cfg.hidden_size),
-        attn_params=counts["attn"],
-        mlp_params=counts["mlp"],
-        layer_params=counts["layer"],
-        lm_head_params=counts["lm_head"],
+        num_layers=int(c.num_hidden_layers), hidden_size=int(c.hidden_size), attn_params=counts["attn"],
+        mlp_params=counts["mlp"], layer_params=counts["layer"], lm_head_params=counts["lm_head"],
     )

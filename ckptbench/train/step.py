@@ -84,7 +84,10 @@ class Trainer:
         offload = self.offload or contextlib.nullcontext
         total = torch.zeros((), device=input_ids.device)
         precision = self.precision if self.use_autocast else "fp32"  # fp32: no autocast region
+        in_backward = getattr(self.optimizer, "armed", None) is not None
         for k in range(self.micro_batches):
+            if in_backward:  # optimizer_in_backward: apply the gradients in the last micro-batch's backward
+                self.optimizer.armed = k == self.micro_batches - 1  # type: ignore[attr-defined]
             sync = self.grad_sync(k == self.micro_batches - 1) if self.grad_sync else contextlib.nullcontext()
             with sync:
                 with autocast(precision, self.device_type), offload():

@@ -6,11 +6,10 @@
 # numbers of results/h200-gpu-check-2 (none 62.07 GiB, all 50.67 GiB at batch 2): DDP should add its
 # gradient buckets (about the size of the bf16 gradients, 12.55 GiB), FSDP2 one layer's gathered
 # parameters at a time. Multi-GPU figures stay estimates (`ckptbench estimate --parallel fsdp2:8`).
-# With DRY=1: configs/tiny-sharded.yaml, 2 gloo ranks per sharded point on the CPU.
-# gpu-seconds: 130
+# With DRY=1 the config's CPU form runs each sharded point as 2 gloo ranks (config/shrink.py).
+# gpu-seconds: 120
 # Run by scripts/gpu_check.sh with CK, PY, R and DRY set (see there).
 set -euo pipefail
-CONFIG=configs/llama7b-sharded.yaml
-[ -n "${DRY:-}" ] && CONFIG=configs/tiny-sharded.yaml
-$CK estimate "$CONFIG" --format markdown > "$R/estimate.md"
-$CK sweep "$CONFIG" --out "$R/sharded"
+. scripts/gpu_stages/lib.sh
+$CK estimate configs/llama7b-sharded.yaml --format markdown > "$R/estimate.md"
+ck_sweep configs/llama7b-sharded.yaml sharded
