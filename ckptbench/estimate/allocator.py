@@ -111,12 +111,15 @@ class CachingAllocator:
         self._next_addr = 1 << 40
         self.expandable = ExpandableSegments(self)
         self.gc_on = settings.garbage_collection_threshold > 0 and limit.fraction is not None
+        self._divisions = any(settings.roundup_power2_divisions)
 
     # -- sizes -----------------------------------------------------------------------------------
     def round_size(self, size: int) -> int:
         """round_size: 512-byte multiples, or a power-of-two division above divisions x 512 bytes."""
         if size < MIN_BLOCK:
             return MIN_BLOCK
+        if not self._divisions:
+            return -(-size // MIN_BLOCK) * MIN_BLOCK
         divisions = self.settings.divisions(size)
         if divisions > 1 and size > MIN_BLOCK * divisions:
             return round_power2_division(size, divisions)
@@ -336,6 +339,14 @@ class CachingAllocator:
     def reset_peak(self) -> None:
         """torch.cuda.reset_peak_memory_stats."""
         self.stats.reset_peak()
+
+    def large_pool_state(self) -> tuple[int, tuple[tuple[int, int, int], ...]]:
+        """Reserved bytes and the large pool's cached blocks (stream, address, size): when two steps end
+        in the same state, the next step repeats the last one there."""
+        pool = self.pools[False]
+        blocks = [(s, b.addr, b.size) for s in sorted(pool.free) for b in pool.free[s]]
+        blocks += [(s, b.addr, -b.size) for s in sorted(pool.unmapped) for b in pool.unmapped[s]]
+        return self.stats.reserved, tuple(blocks)
 
 
 __all__ = ["KLARGE_BUFFER", "AllocatorOOM", "CachingAllocator", "DeviceLimit", "Stats", "round_power2_division"]
