@@ -15,6 +15,11 @@ from ckptbench.errors import CkptbenchError
 TargetOpt = Annotated[
     str | None, typer.Option("--target", help="cuda (default) or cpu (what the live-tensor tracker measures).")
 ]
+GpuOpt = Annotated[
+    str | None,
+    typer.Option("--gpu", help="The card to predict for: h200 (default; a run's own GPU), h100-80gb, a100-80gb, "
+                               "a100-40gb, l40s. Without --budget, its memory is the budget."),
+]
 
 
 def estimate(
@@ -23,27 +28,31 @@ def estimate(
     budget: BudgetOpt = None,
     target: TargetOpt = None,
     full: Annotated[bool, typer.Option("--full", help="Trace the whole model for every point (slow).")] = False,
+    gpu: GpuOpt = None,
 ) -> None:
-    """Predict, without a GPU, each point's peak allocated memory and what it is made of.
+    """Predict, without a GPU, each point's peak allocated and reserved memory and what it is made of.
 
     Given a run directory, estimate its points and show what the run measured next to them.
     """
     from ckptbench.estimate.api import estimate_config
+    from ckptbench.estimate.gpus import gpu_for_name, gpu_model
     from ckptbench.render.estimate import RENDERERS, estimate_table
-    from ckptbench.results.inputs import load_input
+    from ckptbench.results.inputs import load_input, measured_gpu, measured_reserved
     from ckptbench.units import parse_size
 
     try:
         cfg, measured = load_input(config)
+        reserved = measured_reserved(config)
+        card = gpu_model(gpu) if gpu is not None else gpu_for_name(measured_gpu(config))
         budget_bytes = parse_size(budget) if budget is not None else None
         with EstimateProgressBar(err) as bar:
             estimates = estimate_config(
                 cfg, target=target, budget_bytes=budget_bytes, method="full" if full else "fast",
-                on_progress=bar.update,
+                gpu=card if gpu is not None else None, default_gpu=card, on_progress=bar.update,
             )
     except CkptbenchError as exc:
         raise fail(exc) from None
     if fmt is Format.table:
-        out.print(estimate_table(estimates, name=cfg.name, measured=measured))
+        out.print(estimate_table(estimates, name=cfg.name, measured=measured, reserved=reserved))
     else:
-        sys.stdout.write(RENDERERS[fmt.value](estimates, name=cfg.name, measured=measured))
+        sys.stdout.write(RENDERERS[fmt.value](estimates, name=cfg.name, measured=measured, reserved=reserved))

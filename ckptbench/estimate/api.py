@@ -241,21 +241,25 @@ def estimate_config(
     target: str | None = None,
     budget_bytes: int | None = None,
     gpu: GpuModel | str | None = None,
+    default_gpu: GpuModel | None = None,
     method: Method = "fast",
     on_progress: Callable[[EstimateProgress], None] | None = None,
 ) -> list[Estimate]:
     """Estimate every point of ``cfg`` (in execution order) against a budget.
 
-    The budget is ``budget_bytes`` (a card's memory), else the card ``gpu`` names (its total memory),
-    else the config's memory cap (which caps the allocator alone: the CUDA context is outside it).
+    The budget is ``budget_bytes`` (a card's memory), else the card ``gpu`` names (its total memory;
+    the config's memory cap, an emulated smaller card, is then dropped), else the config's memory cap
+    (which caps the allocator alone: the CUDA context is outside it).
+    ``default_gpu`` is the card replayed when ``gpu`` is not given (a run's own; else the H200).
     """
     is_cap = False
-    if budget_bytes is None and gpu is not None:
-        budget_bytes = _card(gpu).total_bytes
+    if gpu is not None:  # the card itself is the limit: the config's emulation cap does not apply
+        cfg = cfg.model_copy(update={"memory_cap_gib": None})
+        budget_bytes = budget_bytes if budget_bytes is not None else _card(gpu).total_bytes
     elif budget_bytes is None and cfg.memory_cap_gib is not None:
         budget_bytes, is_cap = int(cfg.memory_cap_gib * GIB), True
     return estimate_points(
-        cfg, cfg.points_list(), target=resolve_target(cfg, target), method=method, gpu=gpu,
+        cfg, cfg.points_list(), target=resolve_target(cfg, target), method=method, gpu=gpu or default_gpu,
         budget_bytes=budget_bytes, budget_is_cap=is_cap, on_progress=on_progress,
     )
 
