@@ -27,6 +27,7 @@ class Probe(Protocol):
     def counters(self) -> dict[str, int]: ...
     def release(self) -> None: ...
     def adopt(self, tensors: Iterable[Any]) -> None: ...
+    def outside_allocator(self) -> int | None: ...
 
 
 class CudaProbe:
@@ -69,6 +70,12 @@ class CudaProbe:
 
     def adopt(self, tensors: Iterable[Any]) -> None:
         """Nothing to do: the CUDA allocator already counts every tensor."""
+
+    def outside_allocator(self) -> int | None:
+        """Device memory in use but not reserved by this process's caching allocator: its CUDA context and
+        library kernels (and any other process on the card)."""
+        free, total = torch.cuda.mem_get_info(self.device)
+        return max(0, total - free - torch.cuda.memory_reserved(self.device))
 
 
 class LiveTensorTracker(TorchDispatchMode):
@@ -156,6 +163,9 @@ class TrackerProbe:
     def adopt(self, tensors: Iterable[Any]) -> None:
         """Count tensors created outside the tracker (the model's parameters and buffers, the batch)."""
         self.tracker.track(tensors)
+
+    def outside_allocator(self) -> int | None:
+        return None
 
 
 def tensor_bytes(tensors: Iterable[Any]) -> int:

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import gc
+import os
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ckptbench.bench import faults
+from ckptbench.bench.child import run_child
 from ckptbench.bench.device import is_fatal_device_error
 from ckptbench.bench.loss_check import LossReferences, loss_rtol
 from ckptbench.bench.probes import Probe
 from ckptbench.bench.search import Search
 from ckptbench.bench.window import measure_point, recompute_first_loss
+from ckptbench.config.alloc_conf import axis_to_conf
 from ckptbench.config.grid import Point, key_without
 from ckptbench.config.layouts import LayoutPlan, parse_layout
 from ckptbench.config.schema import SweepConfig
@@ -74,7 +79,10 @@ class Runner:
     _oom_at: dict[tuple[Any, ...], int] = field(default_factory=dict)
     _done: dict[str, PointRecord] = field(default_factory=dict)
     _broken: bool = False  # a fatal device error happened: no more CUDA calls
-    predictions: dict[str, int | None] = field(default_factory=dict)  # predicted peak bytes by key_id
+    _points_run: int = 0  # points measured in this process so far
+    own_process: bool = False  # this process was started for one point: never start another
+    # Estimates made before the run, by key_id: predicted_peak_allocated_bytes, _reserved_bytes, predicted_oom.
+    predictions: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.llama = llama_config(self.cfg.model)
@@ -147,8 +155,13 @@ class Runner:
             self._oom_at[where] = min(point.batch_size, self._oom_at.get(where, point.batch_size))
         self._losses.remember(point, record)
 
-    def run_point(self, point: Point, *, allow_skip: bool = True, search: bool = False) -> PointRecord:
-        """Measure one point (or skip it after a smaller batch ran out of memory): its record."""
+    def run_point(
+        self, point: Point, *, allow_skip: bool = True, search: bool = False, fresh: bool = False
+    ) -> PointRecord:
+        """Measure one point (or skip it after a smaller batch ran out of memory): its record.
+
+        ``fresh`` (a search's boundary) and a point with its own allocator settings run in a new process.
+        """
         plan = parse_layout(point.layout, self.shape.num_layers)
         base = self._base_record(point, plan)
         if search:
@@ -158,7 +171,10 @@ class Runner:
             reason = f"batch {skip_from} already ran out of memory"
             return PointRecord.model_validate({**base, "status": "skipped", "reason": reason})
         started = time.perf_counter()
-        fields = self._measure_safely(point, plan, base)
+        if self.device.type == "cuda" and not self.own_process and (fresh or point.allocator != "default"):
+            fields = self._measure_fresh(point, base)
+        else:
+            fields = self._measure_safely(point, plan, base)
         fields["wall_s"] = time.perf_counter() - started
         record = PointRecord.model_validate(fields)
         self.remember(point, record)
@@ -179,10 +195,30 @@ class Runner:
             "model_flops_per_step": model_flops,
             "hardware_flops_per_step": hw_flops,
             "peak_tflops": self.peak_tflops,
-            # An estimate (ckptbench estimate, made before the run), kept next to the measurement.
-            "predicted_peak_allocated_bytes": self.predictions.get(point.key_id),
+            # Estimates (ckptbench estimate, made before the run), kept next to the measurement.
+            **self.predictions.get(point.key_id, {}),
             "probe": self.probe.kind,
+            "process": "in-process",
+            "points_before": self._points_run,
+            "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         }
+
+    def _measure_fresh(self, point: Point, base: dict[str, Any]) -> dict[str, Any]:
+        """Measure a point in its own process (with its allocator settings): what a new training run sees.
+
+        This process's model is freed first so that the child has the card; this process's CUDA context
+        stays, so without a memory cap the child has that much less (about 0.7 GiB on an H200).
+        """
+        self.close()
+        request = {
+            "config": self.cfg.model_dump(mode="json"), "key": point.key, "gpu_name": self.gpu_name,
+            "done": [r.to_json() for r in self._done.values() if r.status in ("ok", "oom")],
+            "parent_pid": os.getpid(),
+        }
+        conf = axis_to_conf(point.allocator)
+        with tempfile.TemporaryDirectory(prefix="ckptbench-point-") as tmp:
+            record = run_child(request, workdir=Path(tmp), timeout_s=None, alloc_conf=conf)
+        return merge_child_record(base, record)
 
     def _model(self, point: Point) -> Any:
         """The model for a point's precision and LoRA setting, built only when those change."""
@@ -209,6 +245,8 @@ class Runner:
             model = self._model(point)
             record["model_build_s"] = self._slot.build_s
             self._slot.build_s = None
+            self.probe.release()  # as in a fresh process: only the model's (and libraries') segments stay
+            self._points_run += 1
             baseline = self.probe.allocated()
             faults.fire(point.key, model=model, probe=self.probe, device=self.device)
             record.update(self._measure(model, point, plan))
@@ -266,6 +304,20 @@ class Runner:
             losses = result["warmup_losses"] + result["losses"]
             result["loss_check"] = self._losses.check(point, losses, rtol=rtol, recomputed=recomputed)
         return result
+
+
+PREDICTED_FIELDS = ("predicted_peak_allocated_bytes", "predicted_peak_reserved_bytes", "predicted_oom")
+
+
+def merge_child_record(base: dict[str, Any], child: dict[str, Any] | None) -> dict[str, Any]:
+    """A point measured in a child process: its record, with this process's predictions, marked fresh."""
+    if child is None or "key" not in child:
+        record = {**base, **(child or {}), "status": "error"}
+    else:
+        record = {**child, **{k: base[k] for k in PREDICTED_FIELDS if k in base}}
+    record.pop("fatal", None)  # the next point gets a fresh process and CUDA context
+    record.update(process="fresh", points_before=0, allocator_conf=base.get("allocator_conf", ""))
+    return record
 
 
 def _first_line(exc: BaseException) -> str:

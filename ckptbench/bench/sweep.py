@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckptbench.bench.device import make_probe, resolve_device
+from ckptbench.bench.device import current_gpu_model, make_probe, resolve_device
 from ckptbench.bench.environment import collect as collect_environment
 from ckptbench.bench.isolate import IsolatedRunner
 from ckptbench.bench.resume import check_resumable, done_records
@@ -188,7 +188,7 @@ def run_sweep(
         writer = _new_run(cfg, out=out, results_root=results_root, environment=environment, meta=meta)
         done, notes = {}, []
     if predict:
-        runner.predictions = _predictions(cfg, points, runner.device.type)
+        runner.predictions = _predictions(cfg, points, runner.device)
     try:
         records = _run_points(runner, points, done, writer, on_progress, searches=make_searches(cfg))
     finally:
@@ -196,15 +196,17 @@ def run_sweep(
     return SweepOutcome(writer.run_dir, records, "complete", already_done=len(done), warnings=list(notes))
 
 
-def _predictions(cfg: SweepConfig, points: list[Point], device_type: str) -> dict[str, int | None]:
-    """Predicted peak allocated bytes of every grid point for this device (an estimate, made up front).
-
-    A prediction that cannot be made leaves the points without one: the sweep itself never depends on it.
+def _predictions(cfg: SweepConfig, points: list[Point], device: Any) -> dict[str, dict[str, Any]]:
+    """Predicted peak allocated and reserved bytes (or the out-of-memory error) of every grid point on this
+    device: estimates, made up front. One that cannot be made leaves the points without it: the sweep
+    itself never depends on them.
     """
     try:
-        from ckptbench.estimate.api import predict_points
+        from ckptbench.estimate.api import predict_records
 
-        return predict_points(cfg, points, target="cuda" if device_type == "cuda" else "cpu")
+        if device.type != "cuda":
+            return predict_records(cfg, points, target="cpu")
+        return predict_records(cfg, points, target="cuda", gpu=current_gpu_model(device))
     except Exception as exc:  # the estimator is an aid; a failure in it must not cost a measured run
         warnings.warn(f"no predictions recorded: {exc.__class__.__name__}: {exc}", stacklevel=2)
         return {}

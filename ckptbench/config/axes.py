@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ckptbench.config.alloc_conf import check_axis_value
+
 Precision = Literal["bf16", "fp16", "fp32", "amp_bf16", "amp_fp16"]
 OptimizerName = Literal["adamw_fused", "adamw_foreach", "sgd", "adafactor", "adamw_8bit"]
 DeviceName = Literal["auto", "cuda", "cpu"]
@@ -39,6 +41,15 @@ class SweepAxes(_Strict):
     # torch.compile the model; compile time is recorded apart and never counted in step time.
     compile: list[bool] = Field(default_factory=lambda: [False], min_length=1)
     attn_implementation: list[AttnImpl] | None = Field(default=None, min_length=1)
+    # The CUDA caching allocator's options (PYTORCH_CUDA_ALLOC_CONF, set in the point's own process before
+    # CUDA starts): 'default', 'expandable_segments', 'max_split_size_mb:N', 'garbage_collection_threshold:X'
+    # (several joined by commas). CUDA only.
+    allocator: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
+
+    @field_validator("allocator")
+    @classmethod
+    def _allocator_spec(cls, values: list[str]) -> list[str]:
+        return [check_axis_value(str(v)) for v in values]
 
     @field_validator("lora")
     @classmethod
@@ -72,3 +83,9 @@ class PointSpec(_Strict):
     lora: str | None = Field(default=None, pattern=LORA_PATTERN)
     compile: bool | None = None
     attn_implementation: AttnImpl | None = None
+    allocator: str | None = None
+
+    @field_validator("allocator")
+    @classmethod
+    def _allocator_spec(cls, value: str | None) -> str | None:
+        return None if value is None else check_axis_value(value)

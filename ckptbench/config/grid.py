@@ -15,6 +15,7 @@ AXIS_DEFAULTS: dict[str, Any] = {
     "lora": "none",
     "compile": False,
     "attn_implementation": "sdpa",
+    "allocator": "default",
 }
 
 
@@ -38,6 +39,7 @@ class Point:
     offload: str = "none"
     compile: bool = False
     attn_implementation: str = "sdpa"
+    allocator: str = "default"
 
     @property
     def key(self) -> dict[str, Any]:
@@ -53,6 +55,7 @@ class Point:
             "lora": self.lora,
             "compile": self.compile,
             "attn_implementation": self.attn_implementation,
+            "allocator": self.allocator,
         }
 
     @property
@@ -83,9 +86,9 @@ def key_without(point: Point, field_name: str) -> tuple[Any, ...]:
 
 
 AXES = ("precision", "lora", "layout", "seq_len", "batch_size", "optimizer", "micro_batches", "offload",
-        "compile", "attn_implementation")
+        "compile", "attn_implementation", "allocator")
 # Execution order: precision and LoRA outermost (the model is rebuilt only when they change), batch innermost.
-_ORDER = ("precision", "lora", "optimizer", "micro_batches", "offload", "compile", "attn_implementation",
+_ORDER = ("precision", "lora", "allocator", "optimizer", "micro_batches", "offload", "compile", "attn_implementation",
           "layout", "seq_len", "batch_size")
 
 

@@ -159,6 +159,7 @@ class SweepConfig(_Strict):
             "offload": list(axes.offload),
             "compile": list(axes.compile),
             "attn_implementation": list(axes.attn_implementation or [self.model.attn_implementation]),
+            "allocator": list(axes.allocator),
         }
 
     def points_list(self) -> list[Point]:
@@ -210,6 +211,8 @@ def check_cpu_compatible(cfg: SweepConfig) -> None:
         ("precision", lambda v: v in ("fp16", "amp_fp16"), "is not supported on CPU; use bf16, amp_bf16 or fp32"),
         ("offload", lambda v: v != "none", "moves activations to host memory and needs a CUDA device"),
         ("compile", bool, "cannot run under the CPU memory tracker (a TorchDispatchMode); compile needs CUDA"),
+        ("allocator", lambda v: v != "default", "configures the CUDA caching allocator (PYTORCH_CUDA_ALLOC_CONF) "
+                                                 "and needs a CUDA device"),
     )
     for axis, bad, why in checks:
         found = sorted({getattr(p, axis) for p in points if bad(getattr(p, axis))})

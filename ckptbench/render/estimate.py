@@ -20,7 +20,7 @@ from ckptbench.units import fmt_bytes
 # Point axes shown when they vary across the estimated points (layout, batch and seq always).
 _AXES = {
     "precision": "precision", "optimizer": "optimizer", "micro_batches": "micro", "offload": "offload",
-    "lora": "lora", "compile": "compile", "attn_implementation": "attn",
+    "lora": "lora", "compile": "compile", "attn_implementation": "attn", "allocator": "allocator",
 }
 _PARTS = {
     "params": "params", "grads": "grads", "optimizer_state": "optim", "activations": "activations",

@@ -70,6 +70,10 @@ class PointRecord(_Open):
     peak_allocated_bytes: Bytes | None = None
     peak_reserved_bytes: Bytes | None = None
     predicted_peak_allocated_bytes: Bytes | None = None  # an estimate made before the run
+    # Estimates made before the run: the caching allocator's replay (estimate/replay.py) on this GPU;
+    # the predicted out-of-memory error (phase, segment, request_bytes) instead when it runs out.
+    predicted_peak_reserved_bytes: Bytes | None = None
+    predicted_oom: dict[str, Any] | None = None
     num_alloc_retries: Annotated[int, Field(ge=0)] | None = None
     num_ooms: Annotated[int, Field(ge=0)] | None = None
     memory: PointMemory = Field(default_factory=PointMemory)
@@ -88,6 +92,14 @@ class PointRecord(_Open):
     probe: str | None = None
     search: bool = False  # measured as a probe of a search (batch_size: max, layout: fit)
     isolated: bool = False  # measured in a fresh process (--isolate)
+    # 'fresh': the point's own process (--isolate, search boundaries, allocator settings); 'in-process':
+    # after earlier points in the sweep's process (their cached segments released by empty_cache first).
+    process: Literal["fresh", "in-process"] | None = None
+    points_before: Annotated[int, Field(ge=0)] | None = None  # points measured earlier in the same process
+    allocator_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF in the measuring process ('' when unset)
+    # GPU memory the process held outside the caching allocator at the end of the window (CUDA context,
+    # library kernels; other processes on the card count too): total - free - reserved.
+    context_bytes: int | None = None
     model_rebuilt: bool = False
     fatal: bool = False  # the device was unusable after this point
 
