@@ -81,6 +81,7 @@ class Runner:
     _broken: bool = False  # a fatal device error happened: no more CUDA calls
     _points_run: int = 0  # points measured in this process so far
     own_process: bool = False  # this process was started for one point: never start another
+    search_predictions: Any = None  # bench/search_predict.SearchPredictor: its estimates go into probe records
     # Estimates made before the run, by key_id: predicted_peak_allocated_bytes, _reserved_bytes, predicted_oom.
     predictions: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -118,7 +119,9 @@ class Runner:
             outcomes = []
             for search in searches:
                 while (probe := search.next_point(budget)) is not None:
-                    record = self._done.get(probe.key_id) or self._report(probe, counter, on_record, search=True)
+                    record = self._done.get(probe.key_id) or self._report(
+                        probe, counter, on_record, search=True, fresh=search.fresh(probe)
+                    )
                     search.observe(probe, record, budget)
                 outcomes.append(search.outcome())
             return outcomes
@@ -126,11 +129,14 @@ class Runner:
             self.close()
 
     def _report(
-        self, point: Point, counter: _Counter, on_record: Callable[[Progress], None], *, search: bool
+        self, point: Point, counter: _Counter, on_record: Callable[[Progress], None], *, search: bool,
+        fresh: bool = False,
     ) -> PointRecord:
         i = counter.next()
         on_record(Progress(i, counter.total, point))
-        record = self.run_point(point, allow_skip=not search, search=search)
+        if search and self.search_predictions is not None and point.key_id in self.search_predictions.records:
+            self.predictions[point.key_id] = self.search_predictions.records[point.key_id]
+        record = self.run_point(point, allow_skip=not search, search=search, fresh=fresh)
         self._done[point.key_id] = record
         on_record(Progress(i, counter.total, point, record))
         if record.fatal:

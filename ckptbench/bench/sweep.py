@@ -190,7 +190,7 @@ def run_sweep(
     if predict:
         runner.predictions = _predictions(cfg, points, runner.device)
     try:
-        records = _run_points(runner, points, done, writer, on_progress, searches=make_searches(cfg))
+        records = _run_points(runner, points, done, writer, on_progress, searches=_searches(cfg, runner, predict))
     finally:
         writer.close()
     return SweepOutcome(writer.run_dir, records, "complete", already_done=len(done), warnings=list(notes))
@@ -210,6 +210,16 @@ def _predictions(cfg: SweepConfig, points: list[Point], device: Any) -> dict[str
     except Exception as exc:  # the estimator is an aid; a failure in it must not cost a measured run
         warnings.warn(f"no predictions recorded: {exc.__class__.__name__}: {exc}", stacklevel=2)
         return {}
+
+
+def _searches(cfg: SweepConfig, runner: Runner, predict: bool) -> list[Search]:
+    """The config's searches; on a GPU they start from predictions (estimates, made before measuring)."""
+    if not (predict and runner.device.type == "cuda" and cfg.search_templates()):
+        return make_searches(cfg)
+    from ckptbench.bench.search_predict import SearchPredictor
+
+    runner.search_predictions = SearchPredictor(cfg, current_gpu_model(runner.device))
+    return make_searches(cfg, predict=runner.search_predictions)
 
 
 def _run_points(
