@@ -22,11 +22,13 @@ _STYLE = {"best": "bold green", "no fit": "yellow", "smallest": "yellow"}
 def heading(rec: Recommendation) -> str:
     """'Under 80.00 GiB (4.00 GiB headroom: at most 76.00 GiB peak reserved), seq 2048'."""
     seq = f", seq_len {rec.seq_len}" if rec.seq_len is not None else ""
+    shown = rec.smallest or rec.best
+    what = "peak reserved" if shown is None or not shown.context_bytes else "peak reserved + CUDA context"
     if not rec.headroom_bytes:
-        return f"Under {fmt_bytes(rec.budget_bytes)} of peak reserved memory, no headroom{seq}"
+        return f"Under {fmt_bytes(rec.budget_bytes)} of {what} memory, no headroom{seq}"
     return (
         f"Under {fmt_bytes(rec.budget_bytes)} ({fmt_bytes(rec.headroom_bytes)} headroom: at most "
-        f"{fmt_bytes(rec.limit_bytes)} peak reserved){seq}"
+        f"{fmt_bytes(rec.limit_bytes)} {what}){seq}"
     )
 
 
