@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ckptbench.bench.alloc_trace import start_recording, write_trace
 from ckptbench.bench.child import run_child
 from ckptbench.bench.device import make_probe, resolve_device
 from ckptbench.bench.runner import Runner, merge_child_record
@@ -78,6 +79,9 @@ def child_main(request_path: str) -> int:
     """Entry point of ``python -m ckptbench.bench.point_process``: run one point, write its record."""
     request = json.loads(Path(request_path).read_text(encoding="utf-8"))
     _exit_with_parent(int(request["parent_pid"]))
+    trace_path = request.get("allocator_trace")
+    if trace_path:  # before anything touches the GPU: the trace starts from an empty allocator
+        start_recording()
     cfg = parse_config(request["config"], source="isolated point config")
     device = resolve_device(cfg)
     runner = Runner(cfg, device, make_probe(cfg, device), gpu_name=request.get("gpu_name"), own_process=True)
@@ -89,6 +93,9 @@ def child_main(request_path: str) -> int:
     try:
         # The parent already decided this point runs (OOM skips are its call), so never skip here.
         record = runner.run_point(point, allow_skip=False)
+        if trace_path:
+            fraction = getattr(runner.probe, "fraction", None)  # what the probe set (older torch cannot read it)
+            write_trace(trace_path, extra={"key": point.key, "status": record.status, "fraction": fraction})
     finally:
         runner.close()
     write_json_atomic(Path(request["result"]), record.to_json())

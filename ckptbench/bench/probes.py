@@ -42,6 +42,7 @@ class CudaProbe:
         # (or lift it) every time: the fraction is per process and outlives an earlier probe.
         fraction = 1.0 if cap_bytes is None else min(1.0, cap_bytes / total)
         torch.cuda.set_per_process_memory_fraction(fraction, device)
+        self.fraction = fraction
 
     def sync(self) -> None:
         torch.cuda.synchronize(self.device)

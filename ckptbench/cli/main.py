@@ -13,6 +13,7 @@ from ckptbench.cli.compare import compare
 from ckptbench.cli.estimate import estimate
 from ckptbench.cli.recommend import recommend_cmd, report_cmd
 from ckptbench.cli.sweep import layouts, sweep
+from ckptbench.cli.trace import trace_allocator
 from ckptbench.errors import CkptbenchError
 
 app = typer.Typer(
@@ -45,6 +46,7 @@ app.command()(compare)
 app.command("recommend")(recommend_cmd)
 app.command("report")(report_cmd)
 app.command()(estimate)
+app.command("trace-allocator")(trace_allocator)
 
 
 def main() -> None:
