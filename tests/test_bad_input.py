@@ -111,6 +111,15 @@ CASES: list[Any] = [
     ),
     ("timeout-without-isolate", GOOD, ["--point-timeout", "5"], "--point-timeout needs --isolate"),
     (
+        "allocator-on-cpu",
+        merged(sweep=axes(allocator=["default", "expandable_segments"])),
+        [],
+        "sweep.allocator: expandable_segments configures the CUDA caching allocator (PYTORCH_CUDA_ALLOC_CONF) "
+        "and needs a CUDA device",
+    ),
+    ("allocator-unknown-option", merged(sweep=axes(allocator=["max_split_mb:64"])), [], "'max_split_mb' is not an"),
+    ("allocator-too-small", merged(sweep=axes(allocator=["max_split_size_mb:10"])), [], "must be >= 20"),
+    (
         "timeout-not-positive",
         GOOD,
         ["--isolate", "--point-timeout", "0"],

@@ -172,3 +172,50 @@ def test_estimate_for_a_card_the_user_does_not_have() -> None:
         assert rec["fits"] is True
     table = CliRunner().invoke(app, ["estimate", config, "--target", "cuda", "--gpu", "a100-40gb"])
     assert "a100-40gb (card figures estimated)" in table.stdout
+
+
+# -- the allocator axis and where a point was measured --------------------------------------------------------
+
+
+def test_the_allocator_axis_changes_the_replay_not_the_trace() -> None:
+    """configs/allocator-axis.yaml's point (LLaMA-7B all@attn+mlp b=8, 91.4 GiB reserved for 76.1 GiB allocated
+    on the H200): the options change where blocks go, not what is allocated; expandable segments are
+    predicted to take most of the fragmentation away (an estimate until scripts/gpu_stages/10-allocator.sh
+    measures it)."""
+    from ckptbench.config.load import load_config
+    from ckptbench.estimate.api import estimate_points
+
+    cfg = load_config(Path(__file__).parents[1] / "configs" / "allocator-axis.yaml")
+    est = {e.point.allocator: e for e in estimate_points(cfg, cfg.points_list())}
+    assert set(est) == {"default", "expandable_segments", "max_split_size_mb:256", "garbage_collection_threshold:0.8"}
+    assert len({e.peak_bytes for e in est.values()}) == 1  # the same tensors: the byte model does not change
+    reserved = {a: e.reserved.peak_reserved_bytes for a, e in est.items() if e.reserved is not None}
+    assert all(r is not None for r in reserved.values()) and len(reserved) == 4
+    assert reserved["expandable_segments"] < reserved["max_split_size_mb:256"] < reserved["default"] - 4 * GIB
+    # never above the 0.8 x 139.8 GiB threshold, so garbage collection never runs: the same as the default
+    assert reserved["garbage_collection_threshold:0.8"] == reserved["default"]
+
+
+def test_points_record_where_they_were_measured() -> None:
+    from tests.test_runner import run_points
+
+    recs = run_points(tiny_config(sweep={"layout": ["none", "all"], "batch_size": [1, 2], "seq_len": [32]}))
+    ordered = sorted(recs.values(), key=lambda r: r.points_before)
+    assert [r.points_before for r in ordered] == [0, 1, 2, 3]
+    assert {r.process for r in ordered} == {"in-process"} and all(r.allocator_conf is not None for r in ordered)
+    assert all(r.context_bytes is None for r in ordered)  # the CPU tracker has no memory outside it
+
+
+def test_a_child_record_keeps_the_parents_predictions_and_is_marked_fresh() -> None:
+    from ckptbench.bench.runner import merge_child_record
+
+    base = {"key": {"layout": "all"}, "predicted_peak_reserved_bytes": 5, "predicted_oom": None,
+            "predicted_peak_allocated_bytes": 4, "process": "in-process", "allocator_conf": "expandable_segments:True"}
+    child = {"key": {"layout": "all"}, "status": "ok", "peak_reserved_bytes": 6, "process": "in-process",
+             "points_before": 0, "fatal": True}
+    merged = merge_child_record(base, child)
+    assert merged["predicted_peak_reserved_bytes"] == 5 and merged["peak_reserved_bytes"] == 6
+    assert merged["process"] == "fresh" and "fatal" not in merged
+    assert merged["allocator_conf"] == "expandable_segments:True"
+    failed = merge_child_record(base, {"reason": "killed"})
+    assert failed["status"] == "error" and failed["reason"] == "killed" and failed["process"] == "fresh"
