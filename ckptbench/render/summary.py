@@ -56,7 +56,20 @@ def summary_columns(run: Run) -> tuple[str, ...]:
     if any(p.predicted_peak_allocated_bytes for p in run.points):
         at = cols.index("peak") + 1
         cols[at:at] = ["predicted", "pred. err"]
+    if any(p.predicted_peak_reserved_bytes or p.predicted_oom for p in run.points):
+        at = cols.index("reserved") + 1
+        cols[at:at] = ["pred. reserved", "res. err"]
     return tuple(cols)
+
+
+def _reserved_prediction(rec: PointRecord, scale: int, unit: str) -> tuple[str, str]:
+    pred, meas = rec.predicted_peak_reserved_bytes, rec.peak_reserved_bytes
+    if rec.predicted_oom:
+        return "OOM (est.)", "-"
+    if pred is None:
+        return "-", "-"
+    err = "-" if not rec.ok or not meas else f"{(pred - meas) / meas * 100:+.2f}%"
+    return _mem(pred, scale, unit) + " (est.)", err
 
 
 def _prediction(rec: PointRecord, scale: int, unit: str) -> tuple[str, str]:
@@ -86,8 +99,11 @@ def summary_rows(run: Run) -> list[dict[str, str]]:
     for rec in run.points:
         ok, key = rec.ok, rec.key
         predicted, pred_err = _prediction(rec, scale, unit)
+        reserved, res_err = _reserved_prediction(rec, scale, unit)
         rows.append(
             {
+                "pred. reserved": reserved,
+                "res. err": res_err,
                 "setup": setup_label(key) or "-",
                 "predicted": predicted,
                 "pred. err": pred_err,

@@ -8,8 +8,8 @@ from collections.abc import Collection, Sequence
 
 from rich.table import Table
 
-_RIGHT = {"batch", "seq", "peak", "predicted", "pred. err", "reserved", "activation", "step ms", "± ms", "tok/s",
-          "MFU", "count"}
+_RIGHT = {"batch", "seq", "peak", "predicted", "pred. err", "reserved", "pred. reserved", "res. err", "activation",
+          "step ms", "± ms", "tok/s", "MFU", "count"}
 
 
 def rich_table(rows: Sequence[dict[str, str]], columns: Sequence[str], *, title: str | None = None) -> Table:
