@@ -3,6 +3,7 @@ full trace's, the replayed process against the committed H200 measurements, the 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -116,23 +117,33 @@ def test_none_at_batch_8_runs_out_where_and_as_the_h200_did(h200_check: dict[str
 
 
 # Measured in-process inside a sweep (after empty_cache, but with the previous points' history in the
-# driver's address space), so not the fresh-process 1% target: the largest error found, per point group.
-WORST_RESERVED_ERROR = {"all@attn+mlp b8": 0.037, "all@mlp b2": 0.025}
+# driver's address space), so not the fresh-process 1% target: the errors found (README: 41 of 46 within
+# 1%), pinned per point; the three outliers are where the recomputed MLP dominates the fragmentation.
+WORST_RESERVED_ERROR = {"all@attn+mlp b8": 0.037, "all@mlp b2": 0.025, "all@selective b8": 0.021}
 OTHER_RESERVED_ERROR = 0.01
+H200_RUNS = {"h200-gpu-check-2/check": 16, "h200-gpu-check-1/check": 16, "h200-gpu-check-1/axes": 14}
 
 
-def test_reserved_predictions_against_every_h200_check_point(h200_check: dict[str, dict[str, Any]]) -> None:
+@pytest.mark.parametrize(("run", "points"), list(H200_RUNS.items()))
+def test_reserved_predictions_against_every_committed_h200_point(run: str, points: int) -> None:
+    if not (RESULTS / run / "points.jsonl").exists():
+        pytest.skip(f"{run} is not in this checkout")
+    result = CliRunner().invoke(app, ["estimate", str(RESULTS / run), "--format", "json"])
+    assert result.exit_code == 0, result.output
     compared = 0
-    for name, rec in h200_check.items():
-        if rec["measured_peak_reserved_bytes"] is None:
-            continue
+    for rec in json.loads(result.stdout):
+        if rec["measured_peak_reserved_bytes"] is None or rec["predicted_peak_reserved_bytes"] is None:
+            continue  # out of memory (none b=8), or not estimated (8-bit AdamW without bitsandbytes)
         compared += 1
+        name = f"{rec['key']['layout']} b{rec['key']['batch_size']}"
         error = abs(rec["reserved_relative_error"])
         assert error <= WORST_RESERVED_ERROR.get(name, OTHER_RESERVED_ERROR), f"{name}: {error:.2%}"
         # reserved is never below allocated, and the replay's allocated is the byte model's to 1 MiB
         # (cuBLASLt's workspace, which the byte model leaves out) plus whole-block rounding
         assert rec["predicted_peak_reserved_bytes"] >= rec["predicted_peak_allocated_bytes"]
-    assert compared == 16
+    # the axes run's 8-bit AdamW point is estimated only where bitsandbytes is installed
+    extra = run.endswith("axes") and importlib.util.find_spec("bitsandbytes") is not None
+    assert compared == points + extra
 
 
 # -- the device model ---------------------------------------------------------------------------------------
