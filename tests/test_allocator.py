@@ -67,6 +67,15 @@ def test_small_pool_packs_requests_into_2mib_segments() -> None:
     assert segments(a) == [("segment_alloc", 2 * MIB), ("segment_alloc", 20 * MIB)]
 
 
+def test_small_blocks_split_when_512_bytes_remain() -> None:
+    a = make()
+    a.malloc(MIB)  # a 2 MiB small segment: 1 MiB cached
+    a.malloc(MIB - 1024)  # 1024 bytes remain (>= 512): split off and cached
+    c = a.malloc(512)  # from the 1024-byte block: 512 remain, still enough to split
+    d = a.malloc(512)  # ... so the last 512 bytes serve this one
+    assert (c.size, d.size, d.addr - c.addr, a.stats.reserved) == (512, 512, 512, 2 * MIB)
+
+
 def test_large_requests_under_10mib_share_a_20mib_segment() -> None:
     a = make()
     blocks = [a.malloc(6 * MIB) for _ in range(3)]  # 6 + 6 in one 20 MiB segment (8 MiB left, split),
@@ -179,6 +188,17 @@ def test_garbage_collection_frees_the_oldest_cached_segments_above_the_threshold
     # size order frees those aged >= 3 (100 and 150 MiB: 250 MiB reclaimed, enough), keeps 200 MiB.
     assert segments(a)[-3:] == [("segment_free", 100 * MIB), ("segment_free", 150 * MIB), ("segment_alloc", 250 * MIB)]
     assert a.stats.reserved == (750 - 250 + 250) * MIB
+
+
+def test_garbage_collection_frees_blocks_exactly_as_old_as_the_average() -> None:
+    a = make("garbage_collection_threshold:0.5", total=GIB, fraction=1.0)
+    first, second = a.malloc(100 * MIB), a.malloc(150 * MIB)  # searches 1 and 2
+    a.free(first)
+    a.free(second)  # both cached at search count 2: the same age from now on
+    a.malloc(300 * MIB)  # search 3: 550 MiB reserved > 512
+    a.malloc(250 * MIB)  # search 4: both aged 2, the mean age 2: both are freed (age >= mean)
+    assert segments(a)[-3:] == [("segment_free", 100 * MIB), ("segment_free", 150 * MIB), ("segment_alloc", 250 * MIB)]
+    assert a.stats.reserved == 550 * MIB
 
 
 def test_garbage_collection_needs_a_memory_fraction() -> None:
