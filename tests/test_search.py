@@ -151,3 +151,15 @@ def test_layout_fit_starts_from_the_predicted_layer_count(predicted_k: int, true
     assert [p.layout for p in probes] == expected
     assert search.outcome()["answer"]["num_checkpointed"] == true_k
     assert search.fresh(probes[0])
+
+
+def test_a_probe_fits_only_with_the_memory_outside_the_allocator_counted() -> None:
+    from ckptbench.bench.search import fits
+
+    key = TEMPLATE.key
+    assert fits(PointRecord.model_validate({"key": key, "status": "ok", "peak_reserved_bytes": 90}), 100)
+    ok_with_context = {"key": key, "status": "ok", "peak_reserved_bytes": 90, "context_bytes": 10}
+    assert fits(PointRecord.model_validate(ok_with_context), 100)
+    too_much = {**ok_with_context, "context_bytes": 11}  # 90 reserved + 11 outside the allocator > 100
+    assert not fits(PointRecord.model_validate(too_much), 100)
+    assert fits(PointRecord.model_validate(too_much), None)  # no budget: it ran, it fits
