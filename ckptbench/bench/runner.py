@@ -81,9 +81,10 @@ class Runner:
     _broken: bool = False  # a fatal device error happened: no more CUDA calls
     _points_run: int = 0  # points measured in this process so far
     own_process: bool = False  # this process was started for one point: never start another
-    search_predictions: Any = None  # bench/search_predict.SearchPredictor: its estimates go into probe records
     # Estimates made before the run, by key_id: predicted_peak_allocated_bytes, _reserved_bytes, predicted_oom.
     predictions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Predicts a search probe just before it runs (probes are not known up front); None: no prediction.
+    predict: Callable[[Point], dict[str, Any] | None] | None = None
 
     def __post_init__(self) -> None:
         self.llama = llama_config(self.cfg.model)
@@ -119,6 +120,8 @@ class Runner:
             outcomes = []
             for search in searches:
                 while (probe := search.next_point(budget)) is not None:
+                    if self.predict is not None and probe.key_id not in self.predictions:
+                        self.predictions[probe.key_id] = self.predict(probe) or {}
                     record = self._done.get(probe.key_id) or self._report(
                         probe, counter, on_record, search=True, fresh=search.fresh(probe)
                     )
@@ -134,8 +137,6 @@ class Runner:
     ) -> PointRecord:
         i = counter.next()
         on_record(Progress(i, counter.total, point))
-        if search and self.search_predictions is not None and point.key_id in self.search_predictions.records:
-            self.predictions[point.key_id] = self.search_predictions.records[point.key_id]
         record = self.run_point(point, allow_skip=not search, search=search, fresh=fresh)
         self._done[point.key_id] = record
         on_record(Progress(i, counter.total, point, record))

@@ -187,10 +187,12 @@ def run_sweep(
         meta = {"num_points": len(points), "options": options}
         writer = _new_run(cfg, out=out, results_root=results_root, environment=environment, meta=meta)
         done, notes = {}, []
-    if predict:
+    searches = make_searches(cfg)
+    if predict:  # grid points up front; search probes each just before it runs (runner.predict)
         runner.predictions = _predictions(cfg, points, runner.device)
+        searches = _predicted_searches(cfg, runner) if cfg.search_templates() else searches
     try:
-        records = _run_points(runner, points, done, writer, on_progress, searches=_searches(cfg, runner, predict))
+        records = _run_points(runner, points, done, writer, on_progress, searches=searches)
     finally:
         writer.close()
     return SweepOutcome(writer.run_dir, records, "complete", already_done=len(done), warnings=list(notes))
@@ -212,14 +214,15 @@ def _predictions(cfg: SweepConfig, points: list[Point], device: Any) -> dict[str
         return {}
 
 
-def _searches(cfg: SweepConfig, runner: Runner, predict: bool) -> list[Search]:
-    """The config's searches; on a GPU they start from predictions (estimates, made before measuring)."""
-    if not (predict and runner.device.type == "cuda" and cfg.search_templates()):
-        return make_searches(cfg)
+def _predicted_searches(cfg: SweepConfig, runner: Runner) -> list[Search]:
+    """Searches whose probes carry predictions (one estimator for the sweep: a shape traced for one probe
+    serves the next); on a GPU they also start from the predicted boundary."""
     from ckptbench.bench.search_predict import SearchPredictor
 
-    runner.search_predictions = SearchPredictor(cfg, current_gpu_model(runner.device))
-    return make_searches(cfg, predict=runner.search_predictions)
+    cuda = runner.device.type == "cuda"
+    predictor = SearchPredictor(cfg, current_gpu_model(runner.device) if cuda else None)
+    runner.predict = predictor.record
+    return make_searches(cfg, predict=predictor if cuda else None)
 
 
 def _run_points(

@@ -13,17 +13,29 @@ from ckptbench.cli.progress import EstimateProgressBar
 from ckptbench.errors import CkptbenchError
 
 TargetOpt = Annotated[
-    str | None, typer.Option("--target", help="cuda (default) or cpu (what the live-tensor tracker measures).")
+    str | None,
+    typer.Option("--target", metavar="cuda|cpu", help="cuda (default) or cpu (what the live-tensor tracker measures)."),
+]
+SourceArg = Annotated[
+    Path,
+    typer.Argument(
+        metavar="CONFIG|RUN",
+        help="A sweep config (YAML), or a run directory: its points, next to what the run measured.",
+        show_default=False,
+    ),
 ]
 GpuOpt = Annotated[
     str | None,
-    typer.Option("--gpu", help="The card to predict for: h200 (default; a run's own GPU), h100-80gb, a100-80gb, "
-                               "a100-40gb, l40s. Without --budget, its memory is the budget."),
+    typer.Option(
+        "--gpu", metavar="CARD",
+        help="The card to predict for: h200 (default; a run's own GPU), h100-80gb, a100-80gb, a100-40gb, l40s. "
+             "Without --budget, its memory is the budget.",
+    ),
 ]
 
 
 def estimate(
-    config: Annotated[Path, typer.Argument(help="Sweep config (YAML), or a run directory to set against.")],
+    source: SourceArg,
     fmt: FormatOpt = Format.table,
     budget: BudgetOpt = None,
     target: TargetOpt = None,
@@ -41,9 +53,9 @@ def estimate(
     from ckptbench.units import parse_size
 
     try:
-        cfg, measured = load_input(config)
-        reserved = measured_reserved(config)
-        card = gpu_model(gpu) if gpu is not None else gpu_for_name(measured_gpu(config))
+        cfg, measured = load_input(source)
+        reserved = measured_reserved(source)
+        card = gpu_model(gpu) if gpu is not None else gpu_for_name(measured_gpu(source))
         budget_bytes = parse_size(budget) if budget is not None else None
         with EstimateProgressBar(err) as bar:
             estimates = estimate_config(

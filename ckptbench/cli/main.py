@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from ckptbench import __version__
-from ckptbench.cli.common import err, out
+from ckptbench.cli.answers import answers_cmd
+from ckptbench.cli.common import Group, err, example, out
 from ckptbench.cli.compare import compare
 from ckptbench.cli.estimate import estimate
 from ckptbench.cli.recommend import recommend_cmd, report_cmd
@@ -20,6 +21,7 @@ app = typer.Typer(
     name="ckptbench",
     help="Measure what activation checkpointing costs and saves when training LLaMA-class models.",
     no_args_is_help=True,
+    cls=Group,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
@@ -40,13 +42,16 @@ def _root(
     """Measure what activation checkpointing costs and saves when training LLaMA-class models."""
 
 
-app.command()(sweep)
-app.command()(layouts)
-app.command()(compare)
-app.command("recommend")(recommend_cmd)
-app.command("report")(report_cmd)
-app.command()(estimate)
-app.command("trace-allocator")(trace_allocator)
+app.command(**example("ckptbench sweep configs/tiny.yaml --out results/tiny"))(sweep)
+app.command(**example("ckptbench layouts configs/llama7b.yaml"))(layouts)
+app.command(**example("ckptbench compare results/base results/new --fail-memory 1 --fail-time 5"))(compare)
+app.command("recommend", **example("ckptbench recommend results/h200-gpu-check-2/check --budget 80"))(recommend_cmd)
+app.command("report", **example("ckptbench report results/h200-gpu-check-2/check --budget 80"))(report_cmd)
+app.command(**example("ckptbench estimate configs/llama7b.yaml --budget 80"))(estimate)
+ANSWERS_EXAMPLE = "ckptbench answers results/h200-gpu-check-2/check results/h200-gpu-check-1/axes --out docs/answers.md"
+app.command("answers", **example(ANSWERS_EXAMPLE))(answers_cmd)
+TRACE_EXAMPLE = "ckptbench trace-allocator configs/allocator-traces.yaml --out traces"
+app.command("trace-allocator", **example(TRACE_EXAMPLE))(trace_allocator)
 
 
 def main() -> None:

@@ -36,9 +36,12 @@ class _Interrupts:
 def sweep(
     config: ConfigArg,
     out_dir: Annotated[
-        Path | None, typer.Option("--out", help="Run directory (default results/<name>-<timestamp>).")
+        Path | None,
+        typer.Option("--out", metavar="RUN_DIR", help="Run directory (default results/<name>-<timestamp>)."),
     ] = None,
-    results_root: Annotated[Path, typer.Option("--results", help="Folder for new run directories.")] = Path(
+    results_root: Annotated[
+        Path, typer.Option("--results", metavar="DIR", help="Folder for new run directories.")
+    ] = Path(
         "results"
     ),
     resume: Annotated[

@@ -10,41 +10,39 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from rich.table import Table
-
+from ckptbench.config.grid import AXIS_DEFAULTS, setup_label
 from ckptbench.estimate.record import PART_NAMES, Estimate
-from ckptbench.render.tables import csv_text, markdown_table
+from ckptbench.render.tables import Column, FitTable, csv_text, markdown_of
 from ckptbench.results.inputs import Measured
-from ckptbench.units import fmt_bytes
+from ckptbench.units import SizeUnit, fmt_percent
 
-# Point axes shown when they vary across the estimated points (layout, batch and seq always).
-_AXES = {
-    "precision": "precision", "optimizer": "optimizer", "micro_batches": "micro", "offload": "offload",
-    "lora": "lora", "compile": "compile", "attn_implementation": "attn", "allocator": "allocator",
-}
+# Point axes shown when they vary across the estimated points (layout, batch and seq always):
+# precision in its own column, the technique axes together in 'setup' (as in the sweep summary).
+_TECHNIQUES = tuple(AXIS_DEFAULTS)
+# The breakdown at the peak, and how soon each part gives way in a narrow terminal.
 _PARTS = {
-    "params": "params", "grads": "grads", "optimizer_state": "optim", "activations": "activations",
-    "logits_loss": "logits+loss", "transient": "transient", "other": "other",
+    "params": ("params", 4), "grads": ("grads", 2), "optimizer_state": ("optim", 4),
+    "activations": ("activations", 2), "logits_loss": ("logits+loss", 3), "transient": ("transient", 5),
+    "other": ("other", 5),
 }
-_RESERVED = ["est. reserved", "measured reserved", "reserved error", "frag."]
-_RIGHT = {"batch", "seq", "micro", "est. peak", "measured", "error", *_RESERVED, *_PARTS.values()}
 Reserved = dict[str, int]  # measured peak reserved bytes by key_id (results.inputs.measured_reserved)
 
 
 def _axes(estimates: Sequence[Estimate]) -> list[str]:
-    return [a for a in _AXES if len({e.point.key[a] for e in estimates}) > 1]
+    return [a for a in ("precision", *_TECHNIQUES) if len({e.point.key[a] for e in estimates}) > 1]
 
 
-def _size(n: int | None) -> str:
-    return "0" if n == 0 else fmt_bytes(n)
+def _setup(key: dict[str, Any], axes: Sequence[str]) -> str:
+    """The varying technique axes of a key that differ from plain training ('-' for plain training)."""
+    return setup_label({a: key[a] for a in axes if a in _TECHNIQUES}) or "-"
 
 
-def _fit(e: Estimate) -> str:
+def _fit(e: Estimate, size: SizeUnit) -> str:
     if e.peak_bytes is None:
         return e.note or "-"
     oom = e.reserved.oom if e.reserved is not None else None
     if oom is not None:
-        return f"no (out of memory: {oom.get('where') or oom['segment']}, {fmt_bytes(oom['request_bytes'])})"
+        return f"no (out of memory: {oom.get('where') or oom['segment']}, {size(oom['request_bytes'])})"
     if e.fits is None:
         return "-"
     return "yes" if e.fits else f"no ({PART_NAMES[e.dominant or 'params']})"
@@ -64,62 +62,80 @@ def _reserved_error(e: Estimate, reserved: Reserved) -> float | None:
     return None if seen is None or predicted is None else (predicted - seen) / seen
 
 
-def _has_reserved(estimates: Sequence[Estimate]) -> bool:
-    return any(e.reserved is not None for e in estimates)
+def _reserved_columns(estimates: Sequence[Estimate], reserved: Reserved | None) -> list[Column]:
+    if not any(e.reserved is not None for e in estimates):
+        return []
+    cols = [Column("est. reserved", numeric=True)]
+    if reserved:
+        cols += [Column("measured reserved", priority=1, numeric=True)]
+        cols += [Column("reserved error", priority=1, numeric=True)]
+    return [*cols, Column("frag.", priority=2, numeric=True)]
+
+
+def _reserved_cells(e: Estimate, reserved: Reserved, size: SizeUnit) -> dict[str, str]:
+    r, seen = e.reserved, reserved.get(e.point.key_id)
+    frag = r.fragmentation_bytes if r is not None else None
+    return {
+        "est. reserved": "OOM" if r is not None and r.oom else size(_predicted_reserved(e)),
+        "measured reserved": size(seen),
+        "reserved error": fmt_percent(_reserved_error(e, reserved), signed=True),
+        "frag.": size(frag),
+    }
 
 
 def estimate_columns(
     estimates: Sequence[Estimate], measured: Measured | None = None, reserved: Reserved | None = None
-) -> list[str]:
-    """Display columns: point axes, the predicted peaks, the breakdown, where the peak happens, the fit."""
-    cols = ["layout", "batch", "seq", *(_AXES[a] for a in _axes(estimates)), "est. peak"]
-    cols += ["measured", "error"] if measured else []
-    if _has_reserved(estimates):
-        cols += ["est. reserved", *(["measured reserved", "reserved error"] if reserved else []), "frag."]
-    cols += [*_PARTS.values(), "peak at"]
+) -> list[Column]:
+    """Display columns: point axes, the predicted peaks (allocated, reserved), the breakdown, where the peak
+    happens, the fit."""
+    axes = _axes(estimates)
+    cols = [Column("layout"), Column("batch", numeric=True), Column("seq", numeric=True)]
+    cols += [Column("precision")] if "precision" in axes else []
+    cols += [Column("setup", wrap=True, min_width=14)] if set(axes) & set(_TECHNIQUES) else []
+    cols.append(Column("est. peak", numeric=True))
+    if measured:
+        cols += [Column("measured", priority=1, numeric=True), Column("error", priority=1, numeric=True)]
+    cols += _reserved_columns(estimates, reserved)
+    cols += [Column(name, priority=prio, numeric=True) for name, prio in _PARTS.values()]
+    cols.append(Column("peak at", priority=3, wrap=True, min_width=16))
     if any(e.budget_bytes is not None for e in estimates) or any(e.note for e in estimates):
-        cols.append("fits budget")
+        cols.append(Column("fits budget", priority=1, wrap=True, min_width=10))
     return cols
+
+
+def size_unit(estimates: Sequence[Estimate], measured: Measured | None = None) -> SizeUnit:
+    """One unit for every size of the output (units.py)."""
+    seen = [v for v in (measured or {}).values() if isinstance(v, int)]
+    return SizeUnit.for_sizes([*(e.peak_bytes for e in estimates), *map(_predicted_reserved, estimates), *seen])
 
 
 def estimate_rows(
     estimates: Sequence[Estimate], measured: Measured | None = None, reserved: Reserved | None = None
 ) -> list[dict[str, str]]:
     """One display row per point: strings ready for any renderer."""
-    axes, measured, reserved = _axes(estimates), measured or {}, reserved or {}
+    axes, size = _axes(estimates), size_unit(estimates, measured)
+    measured, reserved = measured or {}, reserved or {}
     rows = []
     for e in estimates:
         key = e.point.key
         row = {"layout": str(key["layout"]), "batch": str(key["batch_size"]), "seq": str(key["seq_len"])}
-        row.update({_AXES[a]: str(key[a]) for a in axes})
-        row["est. peak"] = _size(e.peak_bytes)
-        error = _error(e, measured)
+        row["precision"], row["setup"] = str(key["precision"]), _setup(key, axes)
+        row["est. peak"] = size(e.peak_bytes)
         seen = measured.get(e.point.key_id, "-")
-        row["measured"] = _size(seen) if isinstance(seen, int) else seen
-        row["error"] = "-" if error is None else f"{error:+.2%}"
-        row.update(_reserved_cells(e, reserved))
-        row.update({name: _size(e.breakdown.get(part)) for part, name in _PARTS.items()})
+        row["measured"] = size(seen) if isinstance(seen, int) else seen
+        row["error"] = fmt_percent(_error(e, measured), signed=True)
+        row.update(_reserved_cells(e, reserved, size))
+        row.update({name: size(e.breakdown.get(part)) for part, (name, _) in _PARTS.items()})
         row["peak at"] = e.peak_at or "-"
-        row["fits budget"] = _fit(e)
+        row["fits budget"] = _fit(e, size)
         rows.append(row)
     return rows
-
-
-def _reserved_cells(e: Estimate, reserved: Reserved) -> dict[str, str]:
-    r, error = e.reserved, _reserved_error(e, reserved)
-    seen = reserved.get(e.point.key_id)
-    return {
-        "est. reserved": "OOM" if r is not None and r.oom else _size(_predicted_reserved(e)),
-        "measured reserved": "-" if seen is None else _size(seen),
-        "reserved error": "-" if error is None else f"{error:+.2%}",
-        "frag.": _size(r.fragmentation_bytes) if r is not None and r.fragmentation_bytes is not None else "-",
-    }
 
 
 def _title(estimates: Sequence[Estimate], name: str) -> str:
     target = estimates[0].target if estimates else "cuda"
     budget = next((e.budget_bytes for e in estimates if e.budget_bytes is not None), None)
-    within = f", budget {fmt_bytes(budget)}" if budget is not None else ""
+    within = f", budget {size_unit(estimates)(budget)}" if budget is not None else ""
     card = next((e.reserved for e in estimates if e.reserved is not None), None)
     if card is None:
         what = f"predicted peak allocated memory on {target}"
@@ -131,24 +147,23 @@ def _title(estimates: Sequence[Estimate], name: str) -> str:
 
 def estimate_table(
     estimates: Sequence[Estimate], *, name: str, measured: Measured | None = None, reserved: Reserved | None = None
-) -> Table:
-    """A rich table of estimates (and measurements, from a run); points that do not fit are yellow."""
-    columns = estimate_columns(estimates, measured, reserved)
-    table = Table(title=_title(estimates, name), header_style="bold")
-    table.caption = "breakdown at the predicted peak; fake-tensor trace of the training step, not a measurement"
-    for col in columns:
-        table.add_column(col, justify="right" if col in _RIGHT else "left", no_wrap=col != "fits budget")
-    for e, row in zip(estimates, estimate_rows(estimates, measured, reserved), strict=True):
-        table.add_row(*(row[c] for c in columns), style="yellow" if e.fits is False else None)
-    return table
+) -> FitTable:
+    """A table of estimates (and measurements, from a run) that fits the terminal; misfits are yellow."""
+    return FitTable(
+        estimate_rows(estimates, measured, reserved),
+        estimate_columns(estimates, measured, reserved),
+        title=_title(estimates, name),
+        caption="breakdown at the predicted peak; fake-tensor trace of the training step, not a measurement",
+        styles=["yellow" if e.fits is False else None for e in estimates],
+        complete_hint="--format markdown shows every column",
+    )
 
 
 def estimate_markdown(
     estimates: Sequence[Estimate], *, name: str = "", measured: Measured | None = None, reserved: Reserved | None = None
 ) -> str:
     """A Markdown section: title line, then the table."""
-    columns = estimate_columns(estimates, measured, reserved)
-    body = markdown_table(estimate_rows(estimates, measured, reserved), columns, right=_RIGHT)
+    body = markdown_of(estimate_rows(estimates, measured, reserved), estimate_columns(estimates, measured, reserved))
     return f"**{_title(estimates, name)}**\n\n{body}"
 
 
