@@ -273,4 +273,4 @@ def test_a_point_fits_a_card_only_with_the_cuda_context_counted() -> None:
     assert none.peak_reserved_bytes is not None and none.peak_reserved_bytes < 63.5 * 2**30
     assert none.memory_bytes == none.peak_reserved_bytes + context and none.context_bytes == context
     assert rec.best.label == "last:6 b=2 s=2048"
-    assert "at 61.88 GiB peak reserved + 757.76 MiB context (59.37 GiB allocated" in rec.why
+    assert "at 61.88 GiB peak reserved + 0.74 GiB context (59.37 GiB allocated" in rec.why
