@@ -20,8 +20,9 @@ from ckptbench.cli import app
 from ckptbench.config.grid import Point, key_id
 from ckptbench.config.load import load_config, parse_config
 from ckptbench.config.schema import SweepConfig
-from ckptbench.estimate.api import Estimate, Estimator, estimate_config, estimate_points, predict_points
+from ckptbench.estimate.api import Estimate, Estimator, estimate_config, estimate_points
 from ckptbench.estimate.device_model import CudaKernels
+from ckptbench.estimate.predict import predict_points
 from ckptbench.estimate.record import CATEGORIES
 from ckptbench.results.inputs import load_input
 from ckptbench.results.record import PointRecord

@@ -230,3 +230,24 @@ def test_a_child_record_keeps_the_parents_predictions_and_is_marked_fresh() -> N
     assert merged["allocator_conf"] == "expandable_segments:True"
     failed = merge_child_record(base, {"reason": "killed"})
     assert failed["status"] == "error" and failed["reason"] == "killed" and failed["process"] == "fresh"
+
+
+def test_background_predictions_carry_the_reserved_prediction_for_the_sweeps_card() -> None:
+    """On CUDA a sweep's predictions come from a process that sees no GPU: the card travels with the request."""
+    from ckptbench.bench.predictions import BackgroundPredictions
+    from ckptbench.estimate.predict import predict_records
+
+    cfg = tiny_config(device="cuda", sweep={"layout": ["none", "all"], "batch_size": [2], "seq_len": [64]})
+    points, a100 = cfg.points_list(), gpu_model("a100-40gb")
+    bg = BackgroundPredictions.start()
+    try:
+        bg.request(cfg, points, target="cuda", gpu=a100)
+        streamed = {p.key_id: bg.get(p.key_id) for p in points}
+    finally:
+        bg.close()
+    assert bg.error is None and streamed == predict_records(cfg, points, target="cuda", gpu=a100)
+    h200 = predict_records(cfg, points, target="cuda", gpu="h200")
+    # Ampere's smaller cuBLAS workspaces: less reserved than on the H200, so the card did reach the process.
+    for key, fields in streamed.items():
+        assert fields is not None
+        assert fields["predicted_peak_reserved_bytes"] < h200[key]["predicted_peak_reserved_bytes"]

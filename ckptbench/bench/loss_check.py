@@ -65,6 +65,9 @@ class LossReferences:
     """The 'none' layout's losses per cell (a point's key without its layout), kept while a sweep runs."""
 
     _by_cell: dict[tuple[Any, ...], tuple[str, list[float]]] = field(default_factory=dict)
+    # The first step's loss recomputed without checkpointing, per cell: it depends only on the cell's
+    # initial weights, batch and precision, so every layout of the cell shares one recomputation.
+    _recomputed: dict[tuple[Any, ...], RecomputedLoss] = field(default_factory=dict)
 
     def remember(self, point: Point, record: PointRecord) -> None:
         """Keep a finished 'none' point's losses (this run's, or an earlier run's on --resume)."""
@@ -77,6 +80,13 @@ class LossReferences:
     def needs_recomputed(self, point: Point) -> bool:
         """Whether the point's check needs a recomputed loss: it is 'none', or its cell has no 'none' losses."""
         return point.layout == "none" or key_without(point, "layout") not in self._by_cell
+
+    def recomputed(self, point: Point) -> RecomputedLoss | None:
+        """The cell's recomputed first loss, when an earlier point of the cell has made it."""
+        return self._recomputed.get(key_without(point, "layout"))
+
+    def keep_recomputed(self, point: Point, loss: RecomputedLoss) -> None:
+        self._recomputed[key_without(point, "layout")] = loss
 
     def check(
         self, point: Point, losses: Sequence[float], *, rtol: float, recomputed: RecomputedLoss | None

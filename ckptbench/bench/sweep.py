@@ -14,13 +14,17 @@ from typing import Any
 
 from ckptbench.bench.device import current_gpu_model, make_probe, resolve_device
 from ckptbench.bench.environment import collect as collect_environment
+from ckptbench.bench.environment import environment_notes
 from ckptbench.bench.isolate import IsolatedRunner
+from ckptbench.bench.predictions import BackgroundPredictions, choose_predictions
 from ckptbench.bench.resume import check_resumable, done_records
 from ckptbench.bench.runner import Progress, Runner
 from ckptbench.bench.search import Search, make_searches
+from ckptbench.bench.timing import SweepClock, timing_recorder
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig, check_cpu_compatible
 from ckptbench.errors import CkptbenchError, ConfigError, ResultsError, RunFailure
+from ckptbench.estimate.gpus import GpuModel
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import RUN_FILE, Run, RunWriter, create_run_dir, load_run, resolve_run_path
 
@@ -34,14 +38,15 @@ class SweepOutcome:
     status: str
     already_done: int = 0
     warnings: list[str] = field(default_factory=list)
+    clock: SweepClock | None = None  # this invocation's clock: record_command_end adds the command's wall time
 
 
 class SweepInterrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM stopped the sweep; the finished points are on disk in ``run_dir``."""
 
-    def __init__(self, run_dir: Path, *, finished: int, total: int) -> None:
+    def __init__(self, run_dir: Path, *, finished: int, total: int, clock: SweepClock | None = None) -> None:
         super().__init__(f"{run_dir}: {finished} of {total} points finished")
-        self.run_dir, self.finished, self.total = run_dir, finished, total
+        self.run_dir, self.finished, self.total, self.clock = run_dir, finished, total, clock
 
 
 def _now() -> str:
@@ -79,7 +84,7 @@ def _make_runner(
             check_cpu_compatible(cfg)
         except ValueError as exc:
             raise ConfigError(f"{exc} (device {cfg.device!r} runs on the CPU here)") from None
-    environment = collect_environment(device.type)
+    environment = collect_environment(device.type, cpu_threads=cfg.cpu_threads)
     probe = make_probe(cfg, device)
     environment["probe"] = probe.kind
     try:  # the runner builds the LlamaConfig: it checks the override values before anything is created
@@ -154,9 +159,9 @@ def _signals_deferred() -> Iterator[None]:
         mask(signal.SIG_SETMASK, old)
 
 
-def _mark(writer: RunWriter, status: str, finished: int) -> None:
+def _mark(writer: RunWriter, status: str, finished: int, timing: dict[str, Any]) -> None:
     with contextlib.suppress(OSError):  # best effort: the points themselves are already on disk
-        writer.set_status(status, finished_points=finished)
+        writer.set_status(status, finished_points=finished, timing=timing, sweep_wall_s=timing["points_s"])
 
 
 def run_sweep(
@@ -169,8 +174,43 @@ def run_sweep(
     isolate: bool = False,
     point_timeout_s: float | None = None,
     predict: bool = True,
+    predictor: BackgroundPredictions | None = None,
+    predict_in_background: bool | None = None,
+    process_start: float | None = None,
 ) -> SweepOutcome:
-    """Run every point of ``cfg`` (or, with ``resume``, those a run lacks); each is on disk as it ends."""
+    """Run every point of ``cfg`` (or, with ``resume``, those a run lacks); each is on disk as it ends.
+
+    ``predictor``: a background prediction process the caller started early (closed here, used when the
+    sweep runs on CUDA); ``predict_in_background``: None decides by device (bench/predictions.py).
+    ``process_start``: time.monotonic() at the command's start, so run.json counts the start-up too.
+    """
+    clock = SweepClock(process_start if process_start is not None else time.monotonic(), resumed=resume is not None)
+    clock.mark("entry")
+    try:
+        return _sweep(
+            cfg, clock, out=out, results_root=results_root, on_progress=on_progress, resume=resume,
+            isolate=isolate, point_timeout_s=point_timeout_s, predict=predict, predictor=predictor,
+            background=predict_in_background,
+        )
+    finally:
+        if predictor is not None:
+            predictor.close()
+
+
+def _sweep(
+    cfg: SweepConfig,
+    clock: SweepClock,
+    *,
+    out: Path | None,
+    results_root: Path,
+    on_progress: Callable[[Progress], None] | None,
+    resume: Path | None,
+    isolate: bool,
+    point_timeout_s: float | None,
+    predict: bool,
+    predictor: BackgroundPredictions | None,
+    background: bool | None,
+) -> SweepOutcome:
     _check_options(out=out, resume=resume, isolate=isolate, timeout_s=point_timeout_s)
     if resume is not None:
         try:
@@ -182,47 +222,48 @@ def run_sweep(
     options = {"isolate": isolate, "point_timeout_s": point_timeout_s}
     if resume is not None:
         writer, run = _open_run(cfg, resume=resume, environment=environment, options=options)
-        done, notes = done_records(run), run.warnings
+        done, notes = done_records(run), list(run.warnings)
     else:
         meta = {"num_points": len(points), "options": options}
         writer = _new_run(cfg, out=out, results_root=results_root, environment=environment, meta=meta)
         done, notes = {}, []
+    notes += environment_notes(environment)
+    clock.mark("environment")
+    todo = [p for p in points if p.key_id not in done]
+    bg: BackgroundPredictions | None = None
+    # On a GPU, predictions (reserved memory) are for this card: its memory and the memory outside the allocator.
+    gpu = current_gpu_model(runner.device) if predict and runner.device.type == "cuda" else None
     searches = make_searches(cfg)
-    if predict:  # grid points up front; search probes each just before it runs (runner.predict)
-        runner.predictions = _predictions(cfg, points, runner.device)
-        searches = _predicted_searches(cfg, runner) if cfg.search_templates() else searches
+    if predict and cfg.search_templates():  # search probes are not known up front: each just before it runs
+        searches = _predicted_searches(cfg, runner, gpu)
     try:
-        records = _run_points(runner, points, done, writer, on_progress, searches=searches)
+        runner.predictions, bg, why = choose_predictions(
+            cfg, todo, target=runner.device.type, predict=predict, background=background, predictor=predictor,
+            gpu=gpu,
+        )
+        clock.extra["predictions_mode"] = "off" if not predict else "background" if bg else "in-process"
+        notes += why
+        clock.mark("predictions")
+        timing = timing_recorder(clock, writer, bg, earlier_points=len(done))
+        records = _run_points(
+            runner, points, done, writer, on_progress, searches=searches, clock=clock, timing=timing
+        )
     finally:
         writer.close()
-    return SweepOutcome(writer.run_dir, records, "complete", already_done=len(done), warnings=list(notes))
+        if bg is not None:  # the one started here, or the caller's (closing twice is harmless)
+            bg.close()
+    notes += bg.notes() if bg is not None else []
+    return SweepOutcome(writer.run_dir, records, "complete", already_done=len(done), warnings=notes, clock=clock)
 
 
-def _predictions(cfg: SweepConfig, points: list[Point], device: Any) -> dict[str, dict[str, Any]]:
-    """Predicted peak allocated and reserved bytes (or the out-of-memory error) of every grid point on this
-    device: estimates, made up front. One that cannot be made leaves the points without it: the sweep
-    itself never depends on them.
-    """
-    try:
-        from ckptbench.estimate.api import predict_records
-
-        if device.type != "cuda":
-            return predict_records(cfg, points, target="cpu")
-        return predict_records(cfg, points, target="cuda", gpu=current_gpu_model(device))
-    except Exception as exc:  # the estimator is an aid; a failure in it must not cost a measured run
-        warnings.warn(f"no predictions recorded: {exc.__class__.__name__}: {exc}", stacklevel=2)
-        return {}
-
-
-def _predicted_searches(cfg: SweepConfig, runner: Runner) -> list[Search]:
+def _predicted_searches(cfg: SweepConfig, runner: Runner, gpu: GpuModel | None) -> list[Search]:
     """Searches whose probes carry predictions (one estimator for the sweep: a shape traced for one probe
     serves the next); on a GPU they also start from the predicted boundary."""
     from ckptbench.bench.search_predict import SearchPredictor
 
-    cuda = runner.device.type == "cuda"
-    predictor = SearchPredictor(cfg, current_gpu_model(runner.device) if cuda else None)
+    predictor = SearchPredictor(cfg, gpu)
     runner.predict = predictor.record
-    return make_searches(cfg, predict=predictor if cuda else None)
+    return make_searches(cfg, predict=predictor if gpu is not None else None)
 
 
 def _run_points(
@@ -233,6 +274,8 @@ def _run_points(
     on_progress: Callable[[Progress], None] | None,
     *,
     searches: list[Search],
+    clock: SweepClock,
+    timing: Callable[[list[PointRecord], str], dict[str, Any]],
 ) -> list[PointRecord]:
     for rec in done.values():
         runner.remember(Point.from_key(rec.key), rec)  # loss references, OOM skips and search probes carry over
@@ -251,20 +294,24 @@ def _run_points(
         if on_progress is not None:
             on_progress(event)
 
-    started = time.perf_counter()
+    clock.mark("points_start")
     try:
         outcomes = runner.run(todo, record, searches)
     except KeyboardInterrupt:
-        _mark(writer, "interrupted", len(done) + len(records))
-        raise SweepInterrupted(writer.run_dir, finished=len(done) + len(records), total=len(points)) from None
+        clock.mark("points_end")
+        _mark(writer, "interrupted", len(done) + len(records), timing(records, "interrupted"))
+        finished = len(done) + len(records)
+        raise SweepInterrupted(writer.run_dir, finished=finished, total=len(points), clock=clock) from None
     except RunFailure as exc:
-        _mark(writer, "failed", len(done) + len(records))
+        _mark(writer, "failed", len(done) + len(records), timing(records, "failed"))
         raise RunFailure(f"{exc}; finished points are in {writer.run_dir} (finish with --resume)") from None
     except BaseException:
-        _mark(writer, "failed", len(done) + len(records))
+        _mark(writer, "failed", len(done) + len(records), timing(records, "failed"))
         raise
-    # The runner's wall time (model builds, resets, warm-up, measured steps, cleanup): compare it with
-    # the sum of the step times to see what the tool itself costs.
-    wall = time.perf_counter() - started
-    writer.set_status("complete", finished_points=len(done) + len(records), searches=outcomes, sweep_wall_s=wall)
+    clock.mark("points_end")
+    t = timing(records, "complete")
+    # sweep_wall_s: the points' wall time over every invocation (timing.points_s), kept for older readers.
+    writer.set_status(
+        "complete", finished_points=len(done) + len(records), searches=outcomes, timing=t, sweep_wall_s=t["points_s"]
+    )
     return records

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -28,11 +29,20 @@ def measure_point(
     device: torch.device,
     init_std: float,
     vocab_size: int,
+    reset: bool = True,
 ) -> dict[str, Any]:
-    """Reset the weights, apply the point's plan and techniques, warm up, measure; a record's fields."""
+    """Reset the weights, apply the point's plan and techniques, warm up, measure; a record's fields.
+
+    ``reset=False`` when the weights are already the seed's initial ones (recompute_first_loss has just
+    reset them and left them untouched): resetting twice costs time and changes nothing.
+    """
     if point.compile and point.offload != "none":
         return {"status": "skipped", "reason": "torch.compile with activation offloading is not supported"}
-    reset_weights(model, seed=cfg.seed, std=init_std)
+    t0 = time.perf_counter()
+    if reset:
+        reset_weights(model, seed=cfg.seed, std=init_std)
+        probe.sync()  # the first warm-up step would wait for it anyway: count it here, where it is spent
+    reset_s = time.perf_counter() - t0
     params = [p for p in model.parameters() if p.requires_grad]
     batch = make_batch(
         seed=cfg.seed,
@@ -62,6 +72,8 @@ def measure_point(
         result = _window(trainer, batch, probe=probe, cfg=cfg)
         result["memory"].update(_static_memory(model, trainer.optimizer))
         del trainer
+    if reset:
+        result["overhead_parts_s"] = {"weights_reset": reset_s}
     if host is not None:
         result["host_offload_peak_bytes"] = host.peak_bytes
     if point.compile:

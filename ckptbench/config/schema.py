@@ -75,6 +75,12 @@ class SweepConfig(_Strict):
     optimizer: OptimizerName = "adamw_fused"
     # After each step gradients are freed (true, the default) or zeroed in place and kept (false).
     zero_grad_to_none: bool = True
+    # Intra-op threads (torch.set_num_threads) while a CPU sweep measures; ignored on CUDA. 1 by default:
+    # CPU sweeps run small models whose ops are too short to gain from threads; threads that wait for each
+    # other at every op make a step 10-60x slower when another process takes a core (one thread does not);
+    # and one thread sums in a fixed order, so losses are identical in every process. Raise it only for a
+    # larger model on an otherwise idle machine (run.json records it as environment.torch_num_threads).
+    cpu_threads: int = Field(default=1, ge=1, le=1024)
     lr: float = Field(default=1e-5, gt=0)
     # LoRA settings for the sweep's 'r<rank>' points.
     lora: LoraSpec = Field(default_factory=LoraSpec)

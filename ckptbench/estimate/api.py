@@ -122,6 +122,13 @@ class Estimator:
         self._full[point] = Peak.of_trace(trace)
         self._traces[point] = trace
 
+    def ready(self, point: Point) -> bool:
+        """Whether every trace ``point`` needs has run (or failed): ``estimate`` can answer now."""
+        optim = _optim_key(point)
+        trace_key: Any = point if self.method == "full" else self._short_key(point)
+        traced = trace_key in (self._full if self.method == "full" else self._costs)
+        return (optim in self._optim or optim in self._failed) and (traced or trace_key in self._failed)
+
     def estimate(self, point: Point, *, budget_bytes: int | None = None, budget_is_cap: bool = False) -> Estimate:
         """The estimate of one point (its traces must have run: see ``jobs``)."""
         trace_key: Any = point if self.method == "full" else self._short_key(point)
@@ -211,7 +218,7 @@ def estimate_points(
     On a CUDA target the caching allocator is replayed on ``gpu`` (a card's key or model; default
     the H200, where the predictions were validated) for the peak reserved memory.
     """
-    est = Estimator(cfg, target=target, method=method, gpu=_card(gpu) if target == "cuda" else None)
+    est = Estimator(cfg, target=target, method=method, gpu=card(gpu) if target == "cuda" else None)
     jobs = est.jobs(points)
     for i, (label, job) in enumerate(jobs):
         if on_progress is not None:
@@ -222,7 +229,8 @@ def estimate_points(
     return [est.estimate(p, budget_bytes=budget_bytes, budget_is_cap=budget_is_cap) for p in points]
 
 
-def _card(gpu: GpuModel | str | None) -> GpuModel:
+def card(gpu: GpuModel | str | None) -> GpuModel:
+    """A card's model from its key or itself (default: the H200, where the replay was validated)."""
     return gpu if isinstance(gpu, GpuModel) else gpu_model(gpu or DEFAULT_GPU)
 
 
@@ -255,30 +263,10 @@ def estimate_config(
     is_cap = False
     if gpu is not None:  # the card itself is the limit: the config's emulation cap does not apply
         cfg = cfg.model_copy(update={"memory_cap_gib": None})
-        budget_bytes = budget_bytes if budget_bytes is not None else _card(gpu).total_bytes
+        budget_bytes = budget_bytes if budget_bytes is not None else card(gpu).total_bytes
     elif budget_bytes is None and cfg.memory_cap_gib is not None:
         budget_bytes, is_cap = int(cfg.memory_cap_gib * GIB), True
     return estimate_points(
         cfg, cfg.points_list(), target=resolve_target(cfg, target), method=method, gpu=gpu or default_gpu,
         budget_bytes=budget_bytes, budget_is_cap=is_cap, on_progress=on_progress,
     )
-
-
-def predict_points(cfg: SweepConfig, points: Sequence[Point], *, target: Target = "cuda") -> dict[str, int | None]:
-    """Predicted peak allocated bytes by ``Point.key_id``."""
-    return {e.point.key_id: e.peak_bytes for e in estimate_points(cfg, points, target=target)}
-
-
-def predict_records(
-    cfg: SweepConfig, points: Sequence[Point], *, target: Target = "cuda", gpu: GpuModel | str | None = None
-) -> dict[str, dict[str, Any]]:
-    """The fields a sweep records next to each point's measurement, made before the run (estimates)."""
-    out = {}
-    for e in estimate_points(cfg, points, target=target, gpu=gpu):
-        r = e.reserved
-        out[e.point.key_id] = {
-            "predicted_peak_allocated_bytes": e.peak_bytes,
-            "predicted_peak_reserved_bytes": r.peak_reserved_bytes if r is not None else e.peak_bytes,
-            "predicted_oom": r.oom if r is not None else None,
-        }
-    return out
