@@ -28,10 +28,10 @@ from ckptbench.config.layouts import LayoutPlan, parse_layout
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import RunFailure
 from ckptbench.results.record import PointRecord
-from ckptbench.train.flops import ModelShape, peak_tflops_for, step_flops
-from ckptbench.train.model import apply_lora, build_model, layer_param_counts, llama_config, warm_device_libraries
-from ckptbench.train.optimizers import OptimizerUnavailable
+from ckptbench.train.flops import peak_tflops_for, step_flops
+from ckptbench.train.model import apply_lora, build_model, llama_config, model_shape, warm_device_libraries
 from ckptbench.train.step import param_dtype
+from ckptbench.train.unavailable import TechniqueUnavailable
 
 LEAK_TOLERANCE_BYTES = 1 << 20  # 1 MiB: allocator bookkeeping and tiny caches stay below it
 
@@ -93,15 +93,7 @@ class Runner:
 
     def __post_init__(self) -> None:
         self.llama = llama_config(self.cfg.model)
-        counts = layer_param_counts(self.llama)
-        self.shape = ModelShape(
-            num_layers=self.llama.num_hidden_layers,
-            hidden_size=self.llama.hidden_size,
-            attn_params=counts["attn"],
-            mlp_params=counts["mlp"],
-            layer_params=counts["layer"],
-            lm_head_params=counts["lm_head"],
-        )
+        self.shape = model_shape(self.llama)
         self.peak_tflops = self.cfg.peak_tflops or peak_tflops_for(self.gpu_name)
         self.cpus = available_cpus()
 
@@ -212,7 +204,8 @@ class Runner:
 
     def _base_record(self, point: Point, plan: LayoutPlan) -> dict[str, Any]:
         model_flops, hw_flops = step_flops(
-            self.shape, plan, tokens=point.tokens, seq_len=point.seq_len, frozen_base=point.lora != "none"
+            self.shape, plan, tokens=point.tokens, seq_len=point.seq_len, frozen_base=point.lora != "none",
+            recompute_lm_head=point.loss == "chunked",
         )
         return {
             "key": point.key,
@@ -288,7 +281,7 @@ class Runner:
             record.update(self._measure(model, point, plan))
         except torch.OutOfMemoryError as exc:
             failure = ("oom", _first_line(exc))
-        except (OptimizerUnavailable, ModuleNotFoundError) as exc:
+        except (TechniqueUnavailable, ModuleNotFoundError) as exc:
             failure = ("skipped", _first_line(exc))
         except Exception as exc:  # one point's failure is a result; the sweep goes on where that is safe
             failure = ("error", f"{exc.__class__.__name__}: {_first_line(exc)}")

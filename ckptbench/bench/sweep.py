@@ -164,6 +164,19 @@ def _mark(writer: RunWriter, status: str, finished: int, timing: dict[str, Any])
         writer.set_status(status, finished_points=finished, timing=timing, sweep_wall_s=timing["points_s"])
 
 
+@dataclass
+class SweepPlan:
+    """What a sweep runs: grid points, then searches; predictions recorded next to the measurements.
+
+    ``None`` fields come from the config (its grid, its searches, the estimator's predictions).
+    """
+
+    points: list[Point] | None = None
+    searches: list[Search] | None = None
+    predictions: dict[str, dict[str, Any] | None] | None = None  # by key_id: the fields each record keeps
+    meta: dict[str, Any] = field(default_factory=dict)  # more run.json fields (e.g. the tune options)
+
+
 def run_sweep(
     cfg: SweepConfig,
     *,
@@ -177,8 +190,11 @@ def run_sweep(
     predictor: BackgroundPredictions | None = None,
     predict_in_background: bool | None = None,
     process_start: float | None = None,
+    plan: SweepPlan | None = None,
 ) -> SweepOutcome:
     """Run every point of ``cfg`` (or, with ``resume``, those a run lacks); each is on disk as it ends.
+
+    ``plan``: points, searches and predictions other than the config's (``ckptbench tune``).
 
     ``predictor``: a background prediction process the caller started early (closed here, used when the
     sweep runs on CUDA); ``predict_in_background``: None decides by device (bench/predictions.py).
@@ -190,7 +206,7 @@ def run_sweep(
         return _sweep(
             cfg, clock, out=out, results_root=results_root, on_progress=on_progress, resume=resume,
             isolate=isolate, point_timeout_s=point_timeout_s, predict=predict, predictor=predictor,
-            background=predict_in_background,
+            background=predict_in_background, plan=plan or SweepPlan(),
         )
     finally:
         if predictor is not None:
@@ -210,6 +226,7 @@ def _sweep(
     predict: bool,
     predictor: BackgroundPredictions | None,
     background: bool | None,
+    plan: SweepPlan,
 ) -> SweepOutcome:
     _check_options(out=out, resume=resume, isolate=isolate, timeout_s=point_timeout_s)
     if resume is not None:
@@ -218,13 +235,13 @@ def _sweep(
         except ResultsError as exc:
             raise ResultsError(f"--resume {exc}") from None
     runner, environment = _make_runner(cfg, isolate=isolate, timeout_s=point_timeout_s)
-    points = cfg.points_list()
+    points = cfg.points_list() if plan.points is None else plan.points
     options = {"isolate": isolate, "point_timeout_s": point_timeout_s}
     if resume is not None:
         writer, run = _open_run(cfg, resume=resume, environment=environment, options=options)
         done, notes = done_records(run), list(run.warnings)
     else:
-        meta = {"num_points": len(points), "options": options}
+        meta = {"num_points": len(points), "options": options, **plan.meta}
         writer = _new_run(cfg, out=out, results_root=results_root, environment=environment, meta=meta)
         done, notes = {}, []
     notes += environment_notes(environment)
@@ -233,14 +250,18 @@ def _sweep(
     bg: BackgroundPredictions | None = None
     # On a GPU, predictions (reserved memory) are for this card: its memory and the memory outside the allocator.
     gpu = current_gpu_model(runner.device) if predict and runner.device.type == "cuda" else None
-    searches = make_searches(cfg)
-    if predict and cfg.search_templates():  # search probes are not known up front: each just before it runs
-        searches = _predicted_searches(cfg, runner, gpu)
+    searches: list[Search] = [*make_searches(cfg)] if plan.searches is None else plan.searches
+    if predict and plan.predictions is None and cfg.search_templates():  # search probes: each just before it runs
+        predicted = _predicted_searches(cfg, runner, gpu)
+        searches = predicted if plan.searches is None else searches
     try:
-        runner.predictions, bg, why = choose_predictions(
-            cfg, todo, target=runner.device.type, predict=predict, background=background, predictor=predictor,
-            gpu=gpu,
-        )
+        if plan.predictions is not None:  # made by the caller (tune estimates every candidate first)
+            runner.predictions, why = dict(plan.predictions), list[str]()
+        else:
+            runner.predictions, bg, why = choose_predictions(
+                cfg, todo, target=runner.device.type, predict=predict, background=background, predictor=predictor,
+                gpu=gpu,
+            )
         clock.extra["predictions_mode"] = "off" if not predict else "background" if bg else "in-process"
         notes += why
         clock.mark("predictions")
@@ -263,7 +284,7 @@ def _predicted_searches(cfg: SweepConfig, runner: Runner, gpu: GpuModel | None) 
 
     predictor = SearchPredictor(cfg, gpu)
     runner.predict = predictor.record
-    return make_searches(cfg, predict=predictor if gpu is not None else None)
+    return [*make_searches(cfg, predict=predictor if gpu is not None else None)]
 
 
 def _run_points(

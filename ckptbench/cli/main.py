@@ -15,6 +15,7 @@ from ckptbench.cli.estimate import estimate
 from ckptbench.cli.recommend import recommend_cmd, report_cmd
 from ckptbench.cli.sweep import layouts, sweep
 from ckptbench.cli.trace import trace_allocator
+from ckptbench.cli.tune import tune
 from ckptbench.errors import CkptbenchError
 
 app = typer.Typer(
@@ -52,6 +53,7 @@ ANSWERS_EXAMPLE = "ckptbench answers results/h200-gpu-check-2/check results/h200
 app.command("answers", **example(ANSWERS_EXAMPLE))(answers_cmd)
 TRACE_EXAMPLE = "ckptbench trace-allocator configs/allocator-traces.yaml --out traces"
 app.command("trace-allocator", **example(TRACE_EXAMPLE))(trace_allocator)
+app.command(**example("ckptbench tune configs/llama7b-tune.yaml --budget 80 --max-points 25"))(tune)
 
 
 def main() -> None:

@@ -10,12 +10,19 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ckptbench.config.alloc_conf import check_axis_value
 
 Precision = Literal["bf16", "fp16", "fp32", "amp_bf16", "amp_fp16"]
-OptimizerName = Literal["adamw_fused", "adamw_foreach", "sgd", "adafactor", "adamw_8bit"]
+# adamw_8bit: bitsandbytes; adamw_8bit_torchao: torchao's AdamW8bit (both change the optimizer's numerics).
+OptimizerName = Literal["adamw_fused", "adamw_foreach", "sgd", "adafactor", "adamw_8bit", "adamw_8bit_torchao"]
 DeviceName = Literal["auto", "cuda", "cpu"]
 AttnImpl = Literal["sdpa", "eager"]
 # Activation offloading: 'none'; 'all' keeps every tensor autograd saves (outside checkpointed
 # regions) in pinned host memory; 'ckpt_inputs' offloads only the inputs of checkpointed modules.
 Offload = Literal["none", "all", "ckpt_inputs"]
+# The loss head: 'default' (transformers: full logits, then fp32 cross-entropy), 'chunked' (cross-entropy
+# over chunks of tokens, each chunk's fp32 logits recomputed in backward, never the whole batch's),
+# 'fused_linear' (Liger's fused linear cross-entropy, or Apple's cut-cross-entropy; CUDA only).
+LossName = Literal["default", "chunked", "fused_linear"]
+# Optimizer state in host memory, stepped by the CPU: 'none' or 'cpu' (torchao's CPUOffloadOptimizer; CUDA only).
+OptimizerOffload = Literal["none", "cpu"]
 LORA_PATTERN = r"^(none|r[1-9][0-9]*)$"
 
 class _Strict(BaseModel):
@@ -41,6 +48,13 @@ class SweepAxes(_Strict):
     # torch.compile the model; compile time is recorded apart and never counted in step time.
     compile: list[bool] = Field(default_factory=lambda: [False], min_length=1)
     attn_implementation: list[AttnImpl] | None = Field(default=None, min_length=1)
+    loss: list[LossName] = Field(default_factory=lambda: list[LossName](["default"]), min_length=1)
+    # Per-parameter optimizer steps from post-accumulate-grad hooks: each gradient is applied and freed
+    # during the backward pass (with micro_batches > 1: during the last micro-batch's backward).
+    optimizer_in_backward: list[bool] = Field(default_factory=lambda: [False], min_length=1)
+    optimizer_offload: list[OptimizerOffload] = Field(
+        default_factory=lambda: list[OptimizerOffload](["none"]), min_length=1
+    )
     # The CUDA caching allocator's options (PYTORCH_CUDA_ALLOC_CONF, set in the point's own process before
     # CUDA starts): 'default', 'expandable_segments', 'max_split_size_mb:N', 'garbage_collection_threshold:X'
     # (several joined by commas). CUDA only.
@@ -83,6 +97,9 @@ class PointSpec(_Strict):
     lora: str | None = Field(default=None, pattern=LORA_PATTERN)
     compile: bool | None = None
     attn_implementation: AttnImpl | None = None
+    loss: LossName | None = None
+    optimizer_in_backward: bool | None = None
+    optimizer_offload: OptimizerOffload | None = None
     allocator: str | None = None
 
     @field_validator("allocator")

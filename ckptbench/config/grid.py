@@ -15,6 +15,9 @@ AXIS_DEFAULTS: dict[str, Any] = {
     "lora": "none",
     "compile": False,
     "attn_implementation": "sdpa",
+    "loss": "default",
+    "optimizer_in_backward": False,
+    "optimizer_offload": "none",
     "allocator": "default",
 }
 
@@ -39,6 +42,9 @@ class Point:
     offload: str = "none"
     compile: bool = False
     attn_implementation: str = "sdpa"
+    loss: str = "default"
+    optimizer_in_backward: bool = False
+    optimizer_offload: str = "none"
     allocator: str = "default"
 
     @property
@@ -55,6 +61,9 @@ class Point:
             "lora": self.lora,
             "compile": self.compile,
             "attn_implementation": self.attn_implementation,
+            "loss": self.loss,
+            "optimizer_in_backward": self.optimizer_in_backward,
+            "optimizer_offload": self.optimizer_offload,
             "allocator": self.allocator,
         }
 
@@ -86,10 +95,11 @@ def key_without(point: Point, field_name: str) -> tuple[Any, ...]:
 
 
 AXES = ("precision", "lora", "layout", "seq_len", "batch_size", "optimizer", "micro_batches", "offload",
-        "compile", "attn_implementation", "allocator")
-# Execution order: precision and LoRA outermost (the model is rebuilt only when they change), batch innermost.
-_ORDER = ("precision", "lora", "allocator", "optimizer", "micro_batches", "offload", "compile", "attn_implementation",
-          "layout", "seq_len", "batch_size")
+        "compile", "attn_implementation", "loss", "optimizer_in_backward", "optimizer_offload", "allocator")
+# Execution order: precision and LoRA outermost (the model is rebuilt only when they change; the allocator's
+# settings need a process of their own), batch innermost.
+_ORDER = ("precision", "lora", "allocator", "optimizer", "optimizer_offload", "optimizer_in_backward", "loss",
+          "micro_batches", "offload", "compile", "attn_implementation", "layout", "seq_len", "batch_size")
 
 
 def search_templates(model: str, values: Mapping[str, Sequence[Any]], kind: str) -> list[tuple[str, Point]]:

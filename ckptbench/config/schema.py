@@ -165,6 +165,9 @@ class SweepConfig(_Strict):
             "offload": list(axes.offload),
             "compile": list(axes.compile),
             "attn_implementation": list(axes.attn_implementation or [self.model.attn_implementation]),
+            "loss": list(axes.loss),
+            "optimizer_in_backward": list(axes.optimizer_in_backward),
+            "optimizer_offload": list(axes.optimizer_offload),
             "allocator": list(axes.allocator),
         }
 
@@ -217,6 +220,9 @@ def check_cpu_compatible(cfg: SweepConfig) -> None:
         ("precision", lambda v: v in ("fp16", "amp_fp16"), "is not supported on CPU; use bf16, amp_bf16 or fp32"),
         ("offload", lambda v: v != "none", "moves activations to host memory and needs a CUDA device"),
         ("compile", bool, "cannot run under the CPU memory tracker (a TorchDispatchMode); compile needs CUDA"),
+        ("loss", lambda v: v == "fused_linear", "runs Triton kernels (Liger, cut-cross-entropy) and needs CUDA"),
+        ("optimizer", lambda v: v == "adamw_8bit_torchao", "compiles its step (torchao) and needs CUDA"),
+        ("optimizer_offload", lambda v: v != "none", "(torchao's CPUOffloadOptimizer) needs a CUDA device"),
         ("allocator", lambda v: v != "default", "configures the CUDA caching allocator (PYTORCH_CUDA_ALLOC_CONF) "
                                                  "and needs a CUDA device"),
     )

@@ -39,7 +39,7 @@ from ckptbench.estimate.record import CATEGORIES, Estimate, EstimateProgress, Re
 from ckptbench.estimate.reserved import fast_steps, full_steps, predict_reserved
 from ckptbench.estimate.trace import StepTrace, trace_optimizer, trace_step
 from ckptbench.estimate.tracker import GRADS, OPTIMIZER_STATE, PARAMS
-from ckptbench.train.optimizers import OptimizerUnavailable
+from ckptbench.train.unavailable import TechniqueUnavailable
 from ckptbench.units import GIB
 
 Target = Literal["cpu", "cuda"]
@@ -93,7 +93,7 @@ class Estimator:
         def run() -> None:
             try:
                 trace(point)
-            except (OptimizerUnavailable, ModuleNotFoundError) as exc:
+            except (TechniqueUnavailable, ModuleNotFoundError) as exc:
                 self._failed[key] = str(exc).splitlines()[0]
 
         return run
@@ -190,12 +190,13 @@ def _shape_key(point: Point) -> tuple[Any, ...]:
     """Everything but the layout that shapes a step's per-layer costs."""
     return (
         point.precision, point.seq_len, point.batch_size, point.optimizer, point.lora, point.offload,
-        point.attn_implementation, min(point.micro_batches, 2),
+        point.attn_implementation, min(point.micro_batches, 2), point.loss, point.optimizer_in_backward,
+        point.optimizer_offload,
     )
 
 
 def _optim_key(point: Point) -> tuple[Any, ...]:
-    return (point.precision, point.optimizer, point.lora)
+    return (point.precision, point.optimizer, point.lora, point.optimizer_in_backward, point.optimizer_offload)
 
 
 def _label(point: Point, what: str) -> str:

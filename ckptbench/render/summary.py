@@ -193,6 +193,8 @@ def search_rows(run: Run) -> list[dict[str, str]]:
     """One row per search of a run (batch_size: max, layout: fit) with its measured answer."""
     rows = []
     for s in run.meta.get("searches") or []:
+        if s.get("kind") == "tune":
+            continue  # `ckptbench tune` prints (and `report` shows) its own search: render/tune.py
         answer = s.get("answer") or {}
         if s.get("kind") == "batch_max":
             text = "nothing fits" if answer.get("batch_size") is None else f"batch {answer['batch_size']}"

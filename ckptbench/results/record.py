@@ -87,6 +87,7 @@ class PointRecord(_Open):
     plan: dict[str, Any] | None = None
     host_offload_peak_bytes: Bytes | None = None
     compile_s: Seconds | None = None
+    loss_implementation: str | None = None  # the loss head used when it is not transformers' default
     model_build_s: Seconds | None = None
     wall_s: Seconds | None = None
     # Where the point's wall time went besides its steps (bench/runner.py): weights reset, loss
