@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import signal
 import time
 import warnings
@@ -12,17 +11,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ckptbench.bench import faults
 from ckptbench.bench.device import make_probe, resolve_device
 from ckptbench.bench.environment import collect as collect_environment
 from ckptbench.bench.isolate import IsolatedRunner
-from ckptbench.bench.resume import check_resumable, done_records
+from ckptbench.bench.run_dir import check_paths, start_run
 from ckptbench.bench.runner import Progress, Runner
 from ckptbench.bench.search import Search, make_searches
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig, check_cpu_compatible
-from ckptbench.errors import CkptbenchError, ConfigError, ResultsError, RunFailure
+from ckptbench.errors import CkptbenchError, ConfigError, RunFailure
 from ckptbench.results.record import PointRecord
-from ckptbench.results.store import RUN_FILE, Run, RunWriter, create_run_dir, load_run, resolve_run_path
+from ckptbench.results.store import RunWriter
 
 
 @dataclass
@@ -34,6 +34,8 @@ class SweepOutcome:
     status: str
     already_done: int = 0
     warnings: list[str] = field(default_factory=list)
+    failure: str | None = None  # why the run failed although every point ran (no point succeeded)
+    late_signal: bool = False  # Ctrl-C/SIGTERM came after the final status was written: nothing was cut
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -42,22 +44,6 @@ class SweepInterrupted(KeyboardInterrupt):
     def __init__(self, run_dir: Path, *, finished: int, total: int) -> None:
         super().__init__(f"{run_dir}: {finished} of {total} points finished")
         self.run_dir, self.finished, self.total = run_dir, finished, total
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _prepare_dir(cfg: SweepConfig, out: Path | None, results_root: Path) -> Path:
-    if out is None:
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-        return create_run_dir(results_root, cfg.name, stamp)
-    if (out / RUN_FILE).exists():
-        raise ResultsError(f"{out}: already holds a run; choose another --out (nothing was overwritten)")
-    if out.exists() and not out.is_dir():
-        raise ResultsError(f"{out}: exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
 
 
 def _check_options(*, out: Path | None, resume: Path | None, isolate: bool, timeout_s: float | None) -> None:
@@ -82,6 +68,8 @@ def _make_runner(
     environment = collect_environment(device.type)
     probe = make_probe(cfg, device)
     environment["probe"] = probe.kind
+    if faults.active():  # a run measured with fault hooks says so for good
+        environment["test_hooks"] = faults.active()
     try:  # the runner builds the LlamaConfig: it checks the override values before anything is created
         gpu_name = environment.get("gpu_name")
         runner = (
@@ -95,49 +83,6 @@ def _make_runner(
         text = " ".join(str(exc).split()) or exc.__class__.__name__
         raise ConfigError(f"model.overrides: transformers' LlamaConfig rejects them: {text[:200]}") from None
     return runner, environment
-
-
-def _open_run(
-    cfg: SweepConfig, *, resume: Path, environment: dict[str, Any], options: dict[str, Any]
-) -> tuple[RunWriter, Run]:
-    """Lock an existing run, re-read it under the lock, check it still matches, and mark it running."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a truncated last line is reported through Run.warnings
-        check_resumable(cfg, load_run(resume), environment)  # before the lock: change nothing if refused
-        writer = RunWriter.reopen(resume)
-        try:
-            run = load_run(resume)
-            check_resumable(cfg, run, environment)
-        except BaseException:
-            writer.close()
-            raise
-    history = [*run.meta.get("resumes", []), {"at": _now(), "git_sha": environment["git_sha"], **options}]
-    writer.meta = run.meta
-    writer.set_status("running", resumes=history)
-    return writer, run
-
-
-def _new_run(
-    cfg: SweepConfig,
-    *,
-    out: Path | None,
-    results_root: Path,
-    environment: dict[str, Any],
-    meta: dict[str, Any],
-) -> RunWriter:
-    return RunWriter(
-        _prepare_dir(cfg, out, results_root),
-        {
-            "ckptbench_version": environment["ckptbench_version"],
-            "git_sha": environment["git_sha"],
-            "created_at": _now(),
-            "name": cfg.name,
-            "status": "running",
-            "environment": environment,
-            "config": cfg.model_dump(mode="json"),
-            **meta,
-        },
-    )
 
 
 @contextlib.contextmanager
@@ -170,30 +115,51 @@ def run_sweep(
     point_timeout_s: float | None = None,
     predict: bool = True,
 ) -> SweepOutcome:
-    """Run every point of ``cfg`` (or, with ``resume``, those a run lacks); each is on disk as it ends."""
+    """Run every point of ``cfg`` (or, with ``resume``, those a run lacks); each is on disk as it ends.
+
+    Once the run directory exists, every way out leaves run.json saying how the run ended: 'complete',
+    'failed' (no point succeeded, or the sweep could not go on) or 'interrupted' (SweepInterrupted). A
+    signal that arrives after the final status is written changes nothing: the outcome says it came late.
+    """
     _check_options(out=out, resume=resume, isolate=isolate, timeout_s=point_timeout_s)
-    if resume is not None:
-        try:
-            resume = resolve_run_path(resume, results_root=results_root)
-        except ResultsError as exc:
-            raise ResultsError(f"--resume {exc}") from None
+    resume = check_paths(out=out, resume=resume, results_root=results_root)
     runner, environment = _make_runner(cfg, isolate=isolate, timeout_s=point_timeout_s)
     points = cfg.points_list()
     options = {"isolate": isolate, "point_timeout_s": point_timeout_s}
-    if resume is not None:
-        writer, run = _open_run(cfg, resume=resume, environment=environment, options=options)
-        done, notes = done_records(run), run.warnings
-    else:
-        meta = {"num_points": len(points), "options": options}
-        writer = _new_run(cfg, out=out, results_root=results_root, environment=environment, meta=meta)
-        done, notes = {}, []
-    if predict:
-        runner.predictions = _predictions(cfg, points, runner.device.type)
+    writer: RunWriter | None = None
+    done: dict[str, PointRecord] = {}
+    records: list[PointRecord] = []
+    ended: list[str] = []  # the final status, once it is on disk
     try:
-        records = _run_points(runner, points, done, writer, on_progress, searches=make_searches(cfg))
-    finally:
+        with _signals_deferred():  # a signal now arrives once the writer exists, inside this try
+            writer, done, notes = start_run(cfg, out=out, resume=resume, results_root=results_root,
+                                            environment=environment, options=options, num_points=len(points))
+        if predict:
+            runner.predictions = _predictions(cfg, points, runner.device.type)
+        _run_points(runner, points, done, writer, on_progress, searches=make_searches(cfg), records=records,
+                    ended=ended)
         writer.close()
-    return SweepOutcome(writer.run_dir, records, "complete", already_done=len(done), warnings=list(notes))
+        return _outcome(writer, records, ended, done=done, notes=notes)
+    except KeyboardInterrupt:
+        if writer is None:  # before the run directory existed: nothing to mark
+            raise
+        if ended:  # after the last point and the final status: the run is what run.json says
+            return _outcome(writer, records, ended, done=done, notes=notes, late_signal=True)
+        _mark(writer, "interrupted", len(done) + len(records))
+        raise SweepInterrupted(writer.run_dir, finished=len(done) + len(records), total=len(points)) from None
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def _outcome(
+    writer: RunWriter, records: list[PointRecord], ended: list[str], *, done: dict[str, PointRecord],
+    notes: list[str], late_signal: bool = False,
+) -> SweepOutcome:
+    return SweepOutcome(
+        writer.run_dir, records, ended[0], already_done=len(done), warnings=list(notes),
+        failure=writer.meta.get("failure"), late_signal=late_signal,
+    )
 
 
 def _predictions(cfg: SweepConfig, points: list[Point], device_type: str) -> dict[str, int | None]:
@@ -218,11 +184,11 @@ def _run_points(
     on_progress: Callable[[Progress], None] | None,
     *,
     searches: list[Search],
-) -> list[PointRecord]:
-    for rec in done.values():
-        runner.remember(Point.from_key(rec.key), rec)  # loss references, OOM skips and search probes carry over
-    todo = [p for p in points if p.key_id not in done]
-    records: list[PointRecord] = []
+    records: list[PointRecord],
+    ended: list[str],
+) -> None:
+    """Run the points ``done`` lacks, appending each record (to the file and to ``records``); then write
+    the final status and put it in ``ended``."""
 
     def record(event: Progress) -> None:
         if event.record is not None:
@@ -238,18 +204,38 @@ def _run_points(
 
     started = time.perf_counter()
     try:
+        for rec in done.values():  # loss references, OOM skips and search probes carry over
+            runner.remember(Point.from_key(rec.key), rec)
+        todo = [p for p in points if p.key_id not in done]
         outcomes = runner.run(todo, record, searches)
-    except KeyboardInterrupt:
-        _mark(writer, "interrupted", len(done) + len(records))
-        raise SweepInterrupted(writer.run_dir, finished=len(done) + len(records), total=len(points)) from None
     except RunFailure as exc:
         _mark(writer, "failed", len(done) + len(records))
         raise RunFailure(f"{exc}; finished points are in {writer.run_dir} (finish with --resume)") from None
-    except BaseException:
+    except Exception:
         _mark(writer, "failed", len(done) + len(records))
         raise
     # The runner's wall time (model builds, resets, warm-up, measured steps, cleanup): compare it with
     # the sum of the step times to see what the tool itself costs.
     wall = time.perf_counter() - started
-    writer.set_status("complete", finished_points=len(done) + len(records), searches=outcomes, sweep_wall_s=wall)
-    return records
+    failure = no_success([*done.values(), *records])
+    status = "failed" if failure else "complete"
+    writer.meta.pop("failure", None)  # a resumed run's earlier failure no longer holds
+    extra = {"failure": failure} if failure else {}
+    with _signals_deferred():  # the status and `ended` change together: a signal finds both or neither
+        writer.set_status(status, finished_points=len(done) + len(records), searches=outcomes, sweep_wall_s=wall,
+                          **extra)
+        ended.append(status)
+
+
+def no_success(records: list[PointRecord]) -> str | None:
+    """Why a run that holds no successful point is a failure ('12 error; the first: ...'), else None."""
+    if not records or any(r.ok for r in records):
+        return None
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    first = records[0]
+    why = " ".join((first.reason or "no reason recorded").split())
+    why = why if len(why) <= 160 else why[:157] + "..."
+    tally = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    return f"no point succeeded ({tally}); the first {first.status}: {why}"

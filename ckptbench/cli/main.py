@@ -3,19 +3,39 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from ckptbench import __version__
-from ckptbench.cli.common import err, out
+from ckptbench.cli.common import ClickException, err, fail, out
 from ckptbench.cli.compare import compare
 from ckptbench.cli.estimate import estimate
 from ckptbench.cli.recommend import recommend_cmd, report_cmd
 from ckptbench.cli.sweep import layouts, sweep
 from ckptbench.errors import CkptbenchError
 
+
+class _OneLineErrors(TyperGroup):
+    """typer's command group, except that click's errors go through the one error handler (``fail``):
+    one line and exit code 2 for a bad option value, an unknown option or a missing argument."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("standalone_mode", True) is False:
+            return super().main(*args, **kwargs)
+        try:
+            # Not standalone: click hands us its errors and exit codes instead of printing and exiting.
+            code = super().main(*args, **{**kwargs, "standalone_mode": False})
+        except ClickException as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # no command given: the help was the answer
+                sys.exit(getattr(exc, "exit_code", 2))
+            code = fail(exc).exit_code
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 app = typer.Typer(
+    cls=_OneLineErrors,
     name="ckptbench",
     help="Measure what activation checkpointing costs and saves when training LLaMA-class models.",
     no_args_is_help=True,
