@@ -13,7 +13,7 @@ from ckptbench.cli.common import ClickException, err, fail, out
 from ckptbench.cli.compare import compare
 from ckptbench.cli.estimate import estimate
 from ckptbench.cli.recommend import recommend_cmd, report_cmd
-from ckptbench.cli.sweep import layouts, sweep
+from ckptbench.cli.sweep import hold_late_signals_until_exit, layouts, sweep
 from ckptbench.errors import CkptbenchError
 
 
@@ -69,6 +69,7 @@ app.command()(estimate)
 
 def main() -> None:
     """Entry point for ``python -m ckptbench`` and the ``ckptbench`` script."""
+    hold_late_signals_until_exit()  # this process ends with the command
     try:
         app()
     except CkptbenchError as exc:  # safety net: commands convert their own errors

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from ckptbench.analysis.recommend import DEFAULT_HEADROOM
-from ckptbench.cli.common import BudgetOpt, HeadroomOpt, RunArg, SeqLenOpt, err, fail, out
+from ckptbench.cli.common import BudgetOpt, HeadroomOpt, RunArg, SeqLenOpt, err, fail, out, path_option
 from ckptbench.errors import CkptbenchError, ConfigError, ResultsError
 
 ReportOutOpt = Annotated[
-    Path | None, typer.Option("--out", help="Folder for report.md and the PNGs (default RUN/report).")
+    str | None, typer.Option("--out", help="Folder for report.md and the PNGs (default RUN/report).")
 ]
 
 
@@ -61,12 +60,16 @@ def report_cmd(
 ) -> None:
     """Write report.md (tables, recommendation when --budget is given) and PNG plots of a run."""
     from ckptbench.render.report import default_out_dir, write_report
+    from ckptbench.results.paths import check_writable_dir
     from ckptbench.results.store import load_run
 
     try:
+        target = path_option(out_dir, option="--out")
         loaded = load_run(run)
         rec = _recommendation(loaded, budget=budget, headroom=headroom, seq_len=seq_len) if budget else None
-        files = write_report(loaded, out_dir=out_dir or default_out_dir(loaded), rec=rec)
+        target = target or default_out_dir(loaded)
+        check_writable_dir(target, option="--out")  # before the plots are drawn
+        files = write_report(loaded, out_dir=target, rec=rec)
     except CkptbenchError as exc:
         raise fail(exc) from None
     except OSError as exc:

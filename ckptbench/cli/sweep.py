@@ -28,8 +28,13 @@ class _Interrupts:
       signals would be ignored. The unraisable hook catches exactly that, re-arms and sends the signal
       again a moment later, so that it lands in ordinary code.
     - Once the run has its final status (``finishing``), a signal changes nothing on disk: it is noted
-      (``late``) and the summary is still written, so status, summary and exit code agree.
+      (``late``) and the summary is still written, so status, summary and exit code agree. In the real
+      command (``ckptbench sweep``, not a test's CliRunner) the signals are then ignored until the
+      process has exited: shutting the interpreter down takes a moment too, and Python would restore the
+      default handlers for it (a signal there was exit 130 for a complete run). SIGKILL still ends it.
     """
+
+    keep_after_exit = False  # set by cli.main.main: the process ends right after the command
 
     def __enter__(self) -> _Interrupts:
         self.fired = self.finishing = self.late = False
@@ -58,9 +63,15 @@ class _Interrupts:
         again.start()
 
     def __exit__(self, *exc: object) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
         sys.unraisablehook = self.previous_hook
+        for sig, handler in self.previous.items():
+            # SIG_IGN survives interpreter shutdown (Python resets only its own handlers to the default).
+            signal.signal(sig, signal.SIG_IGN if self.finishing and self.keep_after_exit else handler)
+
+
+def hold_late_signals_until_exit() -> None:
+    """For the real command line: after a sweep's final status, signals stay notes until the process ends."""
+    _Interrupts.keep_after_exit = True
 
 
 def _paths(out_dir: str | None, results_root: str, resume: str | None) -> tuple[Path | None, Path, Path | None]:

@@ -41,22 +41,26 @@ class SearchOutcome(_Open):
 
 
 class RunMeta(_Open):
-    """The fields of run.json every reader relies on (schema_version is checked before this)."""
+    """The fields of run.json every reader relies on (schema_version is checked before this).
+
+    Defaults only stand for a missing field here (the dict itself is kept as it was read); ``null`` is
+    allowed only where ckptbench writes it (git_sha outside a git checkout, failure of a good run).
+    """
 
     schema_version: int
-    status: str | None = None
-    name: str | None = None
-    created_at: str | None = None
-    ckptbench_version: str | None = None
+    status: str = "?"
+    name: str = ""
+    created_at: str = ""
+    ckptbench_version: str = ""
     git_sha: str | None = None
-    config: dict[str, Any] | None = None
-    environment: dict[str, Any] | None = None
-    options: dict[str, Any] | None = None
-    num_points: _Count | None = None
-    finished_points: _Count | None = None
-    searches: list[SearchOutcome] | None = None
-    resumes: list[dict[str, Any]] | None = None
-    sweep_wall_s: Annotated[float, Field(ge=0)] | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    environment: dict[str, Any] = Field(default_factory=dict)
+    options: dict[str, Any] = Field(default_factory=dict)
+    num_points: _Count = 0
+    finished_points: _Count = 0
+    searches: list[SearchOutcome] = Field(default_factory=list)
+    resumes: list[dict[str, Any]] = Field(default_factory=list)
+    sweep_wall_s: Annotated[float, Field(ge=0)] = 0.0
     note: str | None = None
     failure: str | None = None
 
