@@ -99,6 +99,14 @@ def test_a_damaged_record_is_skipped_by_line_and_the_others_are_kept(
         assert invoke(commands(run, Path("unused"), tmp_path)[name]).exit_code == 0
 
 
+def test_a_line_that_is_not_utf8_costs_only_that_line(mini_run: tuple[Path, Path], tmp_path: Path) -> None:
+    run = copy_run(mini_run[1], tmp_path / "run")
+    data = (run / POINTS_FILE).read_bytes().split(b"\n")
+    (run / POINTS_FILE).write_bytes(b"\n".join([data[0], b'{"key": "\xff\xfe"}', *data[1:]]))
+    loaded = quiet_load(run)
+    assert len(loaded.points) == 4 and len(loaded.warnings) == 1 and "line 2 (not JSON)" in loaded.warnings[0]
+
+
 def test_every_reading_command_takes_all_damaged_records_at_once(mini_run: tuple[Path, Path], tmp_path: Path) -> None:
     config, pristine = mini_run
     run = copy_run(pristine, tmp_path / "run")
