@@ -145,8 +145,11 @@ def test_an_interrupt_dropped_inside_a_finalizer_is_delivered_again(capfd: pytes
 def test_a_signal_after_the_final_status_is_only_noted() -> None:
     with _Interrupts() as interrupts:
         interrupts.finishing = True
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.05)  # no KeyboardInterrupt
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        except KeyboardInterrupt:
+            pytest.fail("a signal after the final status raised KeyboardInterrupt")
         assert interrupts.late and not interrupts.fired
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # a test's process gets it back
 
