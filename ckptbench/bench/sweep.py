@@ -217,13 +217,18 @@ def _run_points(
     # The runner's wall time (model builds, resets, warm-up, measured steps, cleanup): compare it with
     # the sum of the step times to see what the tool itself costs.
     wall = time.perf_counter() - started
-    failure = no_success([*done.values(), *records])
+    _finish(writer, [*done.values(), *records], ended, searches=outcomes, sweep_wall_s=wall)
+
+
+def _finish(writer: RunWriter, held: list[PointRecord], ended: list[str], **extra: Any) -> None:
+    """Write the final status: 'failed' when the run holds no successful point, else 'complete'."""
+    failure = no_success(held)
     status = "failed" if failure else "complete"
     writer.meta.pop("failure", None)  # a resumed run's earlier failure no longer holds
-    extra = {"failure": failure} if failure else {}
+    if failure:
+        extra["failure"] = failure
     with _signals_deferred():  # the status and `ended` change together: a signal finds both or neither
-        writer.set_status(status, finished_points=len(done) + len(records), searches=outcomes, sweep_wall_s=wall,
-                          **extra)
+        writer.set_status(status, finished_points=len(held), **extra)
         ended.append(status)
 
 
