@@ -88,6 +88,13 @@ def quiet_load(path: Path) -> Any:
         return load_run(path)
 
 
+@pytest.fixture(autouse=True)
+def wide_stdout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables on stdout are as wide as COLUMNS says (cli/common.py); fix it so that text read by tests
+    does not depend on the terminal pytest runs in. Tests of other widths set their own."""
+    monkeypatch.setenv("COLUMNS", "200")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return

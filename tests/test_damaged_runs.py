@@ -107,6 +107,14 @@ def test_a_line_that_is_not_utf8_costs_only_that_line(mini_run: tuple[Path, Path
     assert len(loaded.points) == 4 and len(loaded.warnings) == 1 and "line 2 (not JSON)" in loaded.warnings[0]
 
 
+def test_a_run_with_no_points_yet_is_read_without_a_crash(mini_run: tuple[Path, Path], tmp_path: Path) -> None:
+    run = copy_run(mini_run[1], tmp_path / "run")
+    (run / POINTS_FILE).write_text("")  # killed before its first point
+    cmds = commands(run, mini_run[0], tmp_path)
+    for name, code in (("compare", 0), ("recommend", 0), ("report", 2)):  # report: 'no finished points yet'
+        assert invoke(cmds[name]).exit_code == code, name
+
+
 def test_every_reading_command_takes_all_damaged_records_at_once(mini_run: tuple[Path, Path], tmp_path: Path) -> None:
     config, pristine = mini_run
     run = copy_run(pristine, tmp_path / "run")

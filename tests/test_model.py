@@ -107,3 +107,16 @@ def test_build_is_deterministic_and_in_the_requested_dtype() -> None:
     for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb), name
     assert a.config._attn_implementation == "sdpa"
+
+
+def test_lora_wrapping_leaves_no_future_warning() -> None:
+    """peft reads transformers' deprecated `is_gradient_checkpointing`; its FutureWarning must not reach stderr."""
+    import warnings
+
+    from ckptbench.config.schema import LoraSpec
+    from ckptbench.train.model import apply_lora
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        apply_lora(_model(), rank=4, spec=LoraSpec())
+    assert [str(w.message) for w in caught if issubclass(w.category, FutureWarning)] == []

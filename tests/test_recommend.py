@@ -137,7 +137,7 @@ def test_synthetic_80_gib_answer_and_why() -> None:
     assert rec.runners_up[0].label == "every:2 b=4 s=2048"
     assert rec.why.startswith("none b=2 s=2048 is the fastest point that fits: 10,666 tokens/s at 72.42 GiB")
     assert "optimizer state dominates with 36%" in rec.why
-    assert "leaving 7.58 GiB of the 80.00 GiB budget free (4.00 GiB headroom asked)" in rec.why
+    assert "leaving 3.58 GiB free under the 76.00 GiB limit (80.00 GiB budget minus 4.00 GiB headroom)" in rec.why
     assert "The fastest point overall, none b=8 s=2048, needs 134.06 GiB." in rec.why
     assert rec.skipped_statuses == {"oom": 7, "skipped": 6}
 

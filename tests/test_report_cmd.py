@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from ckptbench.cli import app
 from ckptbench.config.grid import AXIS_DEFAULTS
-from ckptbench.render import plots
+from ckptbench.render import breakdown_plot, plots
 from ckptbench.results.store import load_run
 
 RUNS = Path(__file__).parent / "fixtures" / "report_runs"
@@ -52,13 +52,13 @@ def test_report_writes_valid_pngs(synthetic_report: Path) -> None:
 def test_report_markdown_links_every_png(synthetic_report: Path) -> None:
     text = (synthetic_report / "report.md").read_text(encoding="utf-8")
     links = re.findall(r"!\[[^\]]+\]\(([^)]+)\)", text)
-    assert links == list(PNGS)
+    assert links == [*PNGS, "layers.png"]  # layers.png: the per-layer section (tests/test_layer_report.py)
     assert all((synthetic_report / link).is_file() for link in links)
     assert text.startswith("# ckptbench report: synthetic-h200-llama7b\n")
     assert "> **Note:** SYNTHETIC test fixture" in text  # the synthetic origin is never hidden
     assert "## Recommendation" in text
     assert "**none b=2 s=2048 is the fastest point that fits" in text
-    row = "| best | none b=2 s=2048 | - | 72.42 GiB | 70.17 GiB | 19.96 GiB | 10,666 | 100% | 7.58 GiB free |"
+    row = "| best | none b=2 s=2048 | - | 72.42 GiB | 70.17 GiB | 19.96 GiB | 10,666 | 100% | 3.58 GiB free |"
     assert row in text
     assert "## Pareto front" in text
     assert "| layout | batch | seq | precision | ckpt layers | peak | reserved |" in text  # the summary table
@@ -110,8 +110,8 @@ def test_grouped_bars_skip_and_mark_points_that_did_not_run() -> None:
 
 
 def test_breakdown_uses_the_shape_where_most_layouts_ran() -> None:
-    assert plots.reference_shape(load_run(SYNTHETIC))["batch_size"] == 8
-    assert plots.reference_shape(load_run(TINY)) == {
+    assert breakdown_plot.reference_shape(load_run(SYNTHETIC))["batch_size"] == 8
+    assert breakdown_plot.reference_shape(load_run(TINY)) == {
         **AXIS_DEFAULTS, "batch_size": 2, "model": "tiny", "optimizer": "adamw_fused", "precision": "fp32",
         "seq_len": 128,
     }

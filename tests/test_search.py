@@ -88,6 +88,9 @@ def test_batch_max_on_cpu_under_a_tracker_cap(tmp_path: Path) -> None:
         assert by_batch[best + 1].status == "oom"  # the boundary was probed on both sides
         assert all(r.search for r in by_batch.values())
     assert answers["all"]["answer"]["batch_size"] > answers["none"]["answer"]["batch_size"]
+    # Every probe carries the estimator's prediction, made just before it ran (exact on CPU for ok probes).
+    assert all(r.predicted_peak_allocated_bytes for r in records)
+    assert all(r.predicted_peak_allocated_bytes == r.peak_allocated_bytes for r in records if r.ok)
 
 
 def test_layout_fit_on_cpu_under_a_tracker_cap(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from ckptbench.errors import ConfigError
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
-from ckptbench.units import fmt_bytes
+from ckptbench.units import GIB_UNIT, SizeUnit
 
 DEFAULT_HEADROOM = "5%"  # of the budget: room for fragmentation growth, the CUDA context, other processes
 MEMORY_METRIC = "peak_reserved_bytes"
@@ -167,11 +167,18 @@ class Recommendation:
     # Runners-up whose speed gap to the best is inside the step-time spread.
     within_noise: list[Candidate] = field(default_factory=list)
     skipped_statuses: dict[str, int] = field(default_factory=dict)
+    # The one unit of every size in the answer, its sentence and the report around it (units.py).
+    size: SizeUnit = GIB_UNIT
 
     @property
     def limit_bytes(self) -> int:
         """The most peak reserved memory a point may have: the budget minus the headroom."""
         return self.budget_bytes - self.headroom_bytes
+
+    def room(self, c: Candidate) -> str:
+        """How far a point's peak reserved memory is under ('free') or over the limit (budget - headroom)."""
+        gap = self.limit_bytes - c.memory_bytes
+        return f"{self.size(gap)} free" if gap >= 0 else f"{self.size(-gap)} over"
 
     def to_json(self) -> dict[str, Any]:
         lim = self.limit_bytes
@@ -214,10 +221,11 @@ def recommend(
     scope = [r for r in run.points if seq_len is None or _seq(r) == seq_len]
     not_ok = Counter(r.status for r in scope if not r.ok)
     rec = Recommendation(
-        run_name=run.name, budget_bytes=budget_bytes, headroom_bytes=headroom_bytes, seq_len=seq_len,
+        run_name=run.title, budget_bytes=budget_bytes, headroom_bytes=headroom_bytes, seq_len=seq_len,
         best=best, runners_up=runners_up, no_fit_layouts=no_fit, pareto=pareto_front(cands),
         smallest=_smallest(cands), fastest=_fastest(cands), num_points=len(scope),
         skipped_statuses=dict(sorted(not_ok.items())),
+        size=SizeUnit.for_sizes([*run.sizes(), budget_bytes]),
     )
     rec.within_noise = [c for c in runners_up if best is not None and _within_noise(best, c)]
     rec.why = explain(rec)
@@ -253,27 +261,27 @@ def dominant_part(c: Candidate) -> tuple[str, float]:
 
 
 def explain(rec: Recommendation) -> str:
-    """One or two sentences: why this point (or why nothing fits)."""
-    budget = fmt_bytes(rec.budget_bytes)
+    """One or two sentences: why this point (or why nothing fits). Its sizes are the tables' (``rec.room``)."""
+    size = rec.size
+    budget = size(rec.budget_bytes)
+    limit = f"the {size(rec.limit_bytes)} limit" if rec.headroom_bytes else f"the {budget} budget"
     if rec.best is None:
         if rec.smallest is None:
             return f"Nothing fits under {budget}: no point of the run finished ok ({rec.num_points} points)."
         s = rec.smallest
-        headroom = f" with {fmt_bytes(rec.headroom_bytes)} headroom" if rec.headroom_bytes else ""
+        headroom = f" with {size(rec.headroom_bytes)} headroom" if rec.headroom_bytes else ""
         return (
             f"Nothing fits under {budget}{headroom}: the smallest point, "
-            f"{s.label}, needs {fmt_bytes(s.memory_bytes)} peak reserved, "
-            f"{fmt_bytes(s.memory_bytes - rec.limit_bytes)} over the {fmt_bytes(rec.limit_bytes)} limit."
+            f"{s.label}, needs {size(s.memory_bytes)} peak reserved, {rec.room(s)} {limit}."
         )
     b = rec.best
-    parts = ", ".join(f"{label} {fmt_bytes(b.breakdown[f])}" for f, label in BREAKDOWN)
+    parts = ", ".join(f"{label} {size(b.breakdown[f])}" for f, label in BREAKDOWN)
     dom, share = dominant_part(b)
-    asked = f" ({fmt_bytes(rec.headroom_bytes)} headroom asked)" if rec.headroom_bytes else ""
+    asked = f" ({budget} budget minus {size(rec.headroom_bytes)} headroom)" if rec.headroom_bytes else ""
     text = (
         f"{b.label} is the fastest point that fits: {b.tokens_per_s:,.0f} tokens/s at "
-        f"{fmt_bytes(b.memory_bytes)} peak reserved ({fmt_bytes(b.peak_allocated_bytes)} allocated: {parts}; "
-        f"{dom} dominates with {share:.0%}), leaving {fmt_bytes(rec.budget_bytes - b.memory_bytes)} of the "
-        f"{budget} budget free{asked}."
+        f"{size(b.memory_bytes)} peak reserved ({size(b.peak_allocated_bytes)} allocated: {parts}; "
+        f"{dom} dominates with {share:.0%}), leaving {rec.room(b)} under {limit}{asked}."
     )
     if rec.runners_up:
         r = rec.runners_up[0]
@@ -281,5 +289,5 @@ def explain(rec: Recommendation) -> str:
         text += f" The best other layout, {r.label}, reaches {ratio:.0%} of that speed."
     f = rec.fastest
     if f is not None and f is not b:
-        text += f" The fastest point overall, {f.label}, needs {fmt_bytes(f.memory_bytes)}."
+        text += f" The fastest point overall, {f.label}, needs {size(f.memory_bytes)}."
     return text

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Iterable
 from typing import Any, Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from ckptbench.estimate.live_storage import LiveStorageCounter
 
 
 class Probe(Protocol):
@@ -73,61 +74,41 @@ class CudaProbe:
 class LiveTensorTracker(TorchDispatchMode):
     """Counts the bytes of live tensor storages created by every dispatched op (and registered ones).
 
-    Each storage is counted once (views share it) and uncounted when it is freed, so the
-    running total is the memory a caching-free allocator would hold. An optional cap makes
-    an allocation past it raise ``torch.OutOfMemoryError``, like a small card would.
+    The counting is ``LiveStorageCounter``'s (each storage once, views share it, uncounted when
+    freed), the one the estimator counts with, so the running total is the memory a caching-free
+    allocator would hold. An optional cap makes an allocation past it raise
+    ``torch.OutOfMemoryError``, like a small card would.
     """
 
     def __init__(self, *, cap_bytes: int | None = None) -> None:
         super().__init__()
         self.cap_bytes = cap_bytes
-        self.live = 0
         self.peak = 0
         self.num_ooms = 0
-        self._sizes: dict[int, int] = {}
-        self._ignored: set[int] = set()
+        self.storages: LiveStorageCounter[None] = LiveStorageCounter()
+
+    @property
+    def live(self) -> int:
+        """Bytes of the storages counted now."""
+        return self.storages.live
 
     def track(self, tensors: Iterable[Any]) -> None:
         """Count tensors created before tracking began (parameters, optimizer state)."""
         for t in tensors:
             if isinstance(t, torch.Tensor):
-                self._add(t)
+                self.storages.add(t, None)
         self.peak = max(self.peak, self.live)
-
-    def _add(self, t: torch.Tensor) -> None:
-        if t.device.type == "meta" or t.is_sparse:
-            return
-        storage = t.untyped_storage()
-        sid = id(storage)
-        if sid in self._sizes or sid in self._ignored:
-            return
-        nbytes = storage.nbytes()
-        self._sizes[sid] = nbytes
-        self.live += nbytes
-        weakref.finalize(storage, self._free, sid)
-
-    def _free(self, sid: int) -> None:
-        self.live -= self._sizes.pop(sid, 0)
-        self._ignored.discard(sid)
 
     def forget(self, t: torch.Tensor) -> None:
         """Stop counting ``t``'s storage: it stands for memory elsewhere (emulated host offload)."""
-        storage = t.untyped_storage()
-        sid = id(storage)
-        if sid in self._ignored:
-            return
-        self._ignored.add(sid)
-        if sid in self._sizes:
-            self.live -= self._sizes.pop(sid)  # its finalizer (_free) also clears the ignore mark
-        else:
-            weakref.finalize(storage, self._ignored.discard, sid)
+        self.storages.forget(t)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         before = self.live
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
-                self._add(t)
+                self.storages.add(t, None)
         if self.cap_bytes is not None and self.live > self.cap_bytes:
             self.num_ooms += 1
             grew = self.live - before

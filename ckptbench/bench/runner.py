@@ -75,6 +75,8 @@ class Runner:
     _done: dict[str, PointRecord] = field(default_factory=dict)
     _broken: bool = False  # a fatal device error happened: no more CUDA calls
     predictions: dict[str, int | None] = field(default_factory=dict)  # predicted peak bytes by key_id
+    # Predicts a search probe just before it runs (probes are not known up front); None: no prediction.
+    predict: Callable[[Point], int | None] | None = None
 
     def __post_init__(self) -> None:
         self.llama = llama_config(self.cfg.model)
@@ -110,6 +112,8 @@ class Runner:
             outcomes = []
             for search in searches:
                 while (probe := search.next_point(budget)) is not None:
+                    if self.predict is not None and probe.key_id not in self.predictions:
+                        self.predictions[probe.key_id] = self.predict(probe)
                     record = self._done.get(probe.key_id) or self._report(probe, counter, on_record, search=True)
                     search.observe(probe, record, budget)
                 outcomes.append(search.outcome())

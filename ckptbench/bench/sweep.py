@@ -134,8 +134,9 @@ def run_sweep(
         with _signals_deferred():  # a signal now arrives once the writer exists, inside this try
             writer, done, notes = start_run(cfg, out=out, resume=resume, results_root=results_root,
                                             environment=environment, options=options, num_points=len(points))
-        if predict:
+        if predict:  # grid points up front; search probes each just before it runs (runner.predict)
             runner.predictions = _predictions(cfg, points, runner.device.type)
+            runner.predict = _probe_predictor(cfg, runner.device.type) if cfg.search_templates() else None
         _run_points(runner, points, done, writer, on_progress, searches=make_searches(cfg), records=records,
                     ended=ended)
         writer.close()
@@ -174,6 +175,24 @@ def _predictions(cfg: SweepConfig, points: list[Point], device_type: str) -> dic
     except Exception as exc:  # the estimator is an aid; a failure in it must not cost a measured run
         warnings.warn(f"no predictions recorded: {exc.__class__.__name__}: {exc}", stacklevel=2)
         return {}
+
+
+def _probe_predictor(cfg: SweepConfig, device_type: str) -> Callable[[Point], int | None]:
+    """Predicts one point at a time with one estimator, so a shape traced for one probe serves the next."""
+    from ckptbench.estimate.api import Estimator
+
+    estimator = Estimator(cfg, target="cuda" if device_type == "cuda" else "cpu")
+
+    def predict(point: Point) -> int | None:
+        try:
+            for _, job in estimator.jobs([point]):
+                job()
+            return estimator.estimate(point).peak_bytes
+        except Exception as exc:  # as for the grid: a failing estimate must not cost a measured probe
+            warnings.warn(f"no prediction for {point.key_id}: {exc.__class__.__name__}: {exc}", stacklevel=2)
+            return None
+
+    return predict
 
 
 def _run_points(

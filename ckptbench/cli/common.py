@@ -3,19 +3,51 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
 from ckptbench.errors import EXIT_BAD_INPUT, CkptbenchError, ConfigError
 
-# Tables go to stdout; when it is a pipe or a file, do not squeeze them into 80 columns.
-out = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+NO_TERMINAL_WIDTH = 200  # stdout with no terminal anywhere (CI logs, files) and no COLUMNS
+
+
+def _any_terminal() -> bool:
+    for fd in (0, 1, 2):
+        try:
+            if os.get_terminal_size(fd).columns > 0:
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+class _Stdout(Console):
+    """stdout: as wide as ``COLUMNS`` says, else as the terminal (also when piped into ``less`` or
+    ``head`` from one), else NO_TERMINAL_WIDTH. Read at every print, so tests can set COLUMNS."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        columns = os.environ.get("COLUMNS", "")
+        if self._width is None and not (columns.isdigit() and int(columns) > 0) and not _any_terminal():
+            return ConsoleDimensions(NO_TERMINAL_WIDTH, size.height)
+        return size
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        self._width, self._height = new_size
+
+
+# Tables go to stdout (fitted to its width: render/tables.py); progress, warnings and errors to stderr.
+out = _Stdout(highlight=False, soft_wrap=False)
 err = Console(stderr=True, highlight=False)
 
 
@@ -69,6 +101,49 @@ def warn(text: str) -> None:
     err.print(f"[yellow]warning:[/yellow] {escape(text)}", soft_wrap=True)
 
 
+def _no_flag_types(params: list[Any]) -> list[Any]:
+    # typer's rich help prints '<bool>' as the type of every flag (--help included), but a flag takes
+    # no value. An empty metavar is shown instead (duck-typed: typer 0.2x vendors its own click).
+    for param in params:
+        if getattr(param, "is_flag", False) and getattr(param, "metavar", "") is None:
+            param.metavar = ""
+    return params
+
+
+class Command(TyperCommand):
+    """A command whose --help shows no value type for flags."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _no_flag_types(super().get_params(ctx))
+
+
+class Group(TyperGroup):
+    """The application: --help and --version show no value type either, and click's errors go through
+    the one error handler (``fail``): one line and exit code 2 for a bad option value, an unknown option
+    or a missing argument, instead of a usage box."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _no_flag_types(super().get_params(ctx))
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("standalone_mode", True) is False:
+            return super().main(*args, **kwargs)
+        try:
+            # Not standalone: click hands us its errors and exit codes instead of printing and exiting.
+            code = super().main(*args, **{**kwargs, "standalone_mode": False})
+        except ClickException as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # no command given: the help was the answer
+                sys.exit(getattr(exc, "exit_code", EXIT_BAD_INPUT))
+            code = fail(exc).exit_code
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def example(*lines: str) -> dict[str, Any]:
+    """Keyword arguments for ``app.command``: the command class and an example shown under --help."""
+    text = "\n\n".join(f"  {line}" for line in lines)
+    return {"cls": Command, "epilog": f"Example:\n\n{text}"}
+
+
 class Format(str, Enum):
     """Output formats: a table for people; Markdown, CSV and JSON (complete, unstyled) for files and pipes."""
 
@@ -78,14 +153,21 @@ class Format(str, Enum):
     json = "json"
 
 
-ConfigArg = Annotated[Path, typer.Argument(help="Sweep config (YAML), e.g. configs/llama7b.yaml.")]
-RunArg = Annotated[str, typer.Argument(help="A run directory, or a run name under --results.")]
+ConfigArg = Annotated[
+    Path, typer.Argument(metavar="CONFIG", help="Sweep config (YAML), e.g. configs/llama7b.yaml.", show_default=False)
+]
+RunArg = Annotated[str, typer.Argument(metavar="RUN", help="A run directory, or a run name under --results.")]
 FormatOpt = Annotated[Format, typer.Option("--format", help="table (default), markdown, csv or json.")]
-ResultsOpt = Annotated[Path, typer.Option("--results", help="Where run names are looked up.")]
+ResultsOpt = Annotated[Path, typer.Option("--results", metavar="DIR", help="Where run names are looked up.")]
 BudgetOpt = Annotated[
-    str | None, typer.Option("--budget", help="Memory budget: GiB (80) or with a unit (80GiB, 512MiB).")
+    str | None,
+    typer.Option("--budget", metavar="SIZE",
+                 help="Memory budget: GiB (80) or with a binary unit (80GiB, 512MiB); GB is refused as ambiguous."),
 ]
 HeadroomOpt = Annotated[
-    str, typer.Option("--headroom", help="Kept free under the budget: a share of it (5%) or a size (2GiB).")
+    str, typer.Option("--headroom", metavar="PCT|SIZE",
+                      help="Kept free under the budget: a share of it (5%) or a size (2GiB).")
 ]
-SeqLenOpt = Annotated[int | None, typer.Option("--seq-len", help="Only consider points of this sequence length.")]
+SeqLenOpt = Annotated[
+    int | None, typer.Option("--seq-len", metavar="N", help="Only consider points of this sequence length.")
+]

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ckptbench.cli.common import Format, FormatOpt, ResultsOpt, RunArg, err, fail, finite, out, warn
+from ckptbench.cli.common import Format, FormatOpt, ResultsOpt, err, fail, finite, out, warn
 from ckptbench.errors import EXIT_REGRESSION, CkptbenchError
 
 OnlyChangedOpt = Annotated[bool, typer.Option("--only-changed", help="Hide unchanged and within-noise rows.")]
@@ -40,9 +40,13 @@ TimeNoiseOpt = Annotated[
 ]
 
 
+RunA = Annotated[str, typer.Argument(metavar="RUN_A", help="The base run: a directory or a name under --results.")]
+RunB = Annotated[str, typer.Argument(metavar="RUN_B", help="The new run, compared against RUN_A.")]
+
+
 def compare(
-    run_a: RunArg,
-    run_b: RunArg,
+    run_a: RunA,
+    run_b: RunB,
     fmt: FormatOpt = Format.table,
     only_changed: OnlyChangedOpt = False,
     fail_memory: FailMemoryOpt = None,

@@ -13,12 +13,21 @@ from ckptbench.cli.progress import EstimateProgressBar
 from ckptbench.errors import CkptbenchError
 
 TargetOpt = Annotated[
-    str | None, typer.Option("--target", help="cuda (default) or cpu (what the live-tensor tracker measures).")
+    str | None,
+    typer.Option("--target", metavar="cuda|cpu", help="cuda (default) or cpu (what the live-tensor tracker measures)."),
+]
+SourceArg = Annotated[
+    Path,
+    typer.Argument(
+        metavar="CONFIG|RUN",
+        help="A sweep config (YAML), or a run directory: its points, next to what the run measured.",
+        show_default=False,
+    ),
 ]
 
 
 def estimate(
-    config: Annotated[Path, typer.Argument(help="Sweep config (YAML), or a run directory to set against.")],
+    source: SourceArg,
     fmt: FormatOpt = Format.table,
     budget: BudgetOpt = None,
     target: TargetOpt = None,
@@ -34,7 +43,7 @@ def estimate(
     from ckptbench.units import parse_size
 
     try:
-        cfg, measured = load_input(config)
+        cfg, measured = load_input(source)
         budget_bytes = parse_size(budget) if budget is not None else None
         with EstimateProgressBar(err) as bar:
             estimates = estimate_config(

@@ -3,42 +3,24 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from typer.core import TyperGroup
 
 from ckptbench import __version__
-from ckptbench.cli.common import ClickException, err, fail, out
+from ckptbench.cli.answers import answers_cmd
+from ckptbench.cli.common import Group, err, example, out
 from ckptbench.cli.compare import compare
 from ckptbench.cli.estimate import estimate
 from ckptbench.cli.recommend import recommend_cmd, report_cmd
 from ckptbench.cli.sweep import hold_late_signals_until_exit, layouts, sweep
 from ckptbench.errors import CkptbenchError
 
-
-class _OneLineErrors(TyperGroup):
-    """typer's command group, except that click's errors go through the one error handler (``fail``):
-    one line and exit code 2 for a bad option value, an unknown option or a missing argument."""
-
-    def main(self, *args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("standalone_mode", True) is False:
-            return super().main(*args, **kwargs)
-        try:
-            # Not standalone: click hands us its errors and exit codes instead of printing and exiting.
-            code = super().main(*args, **{**kwargs, "standalone_mode": False})
-        except ClickException as exc:
-            if type(exc).__name__ == "NoArgsIsHelpError":  # no command given: the help was the answer
-                sys.exit(getattr(exc, "exit_code", 2))
-            code = fail(exc).exit_code
-        sys.exit(code if isinstance(code, int) else 0)
-
-
 app = typer.Typer(
-    cls=_OneLineErrors,
     name="ckptbench",
     help="Measure what activation checkpointing costs and saves when training LLaMA-class models.",
     no_args_is_help=True,
+    cls=Group,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
@@ -59,12 +41,14 @@ def _root(
     """Measure what activation checkpointing costs and saves when training LLaMA-class models."""
 
 
-app.command()(sweep)
-app.command()(layouts)
-app.command()(compare)
-app.command("recommend")(recommend_cmd)
-app.command("report")(report_cmd)
-app.command()(estimate)
+app.command(**example("ckptbench sweep configs/tiny.yaml --out results/tiny"))(sweep)
+app.command(**example("ckptbench layouts configs/llama7b.yaml"))(layouts)
+app.command(**example("ckptbench compare results/base results/new --fail-memory 1 --fail-time 5"))(compare)
+app.command("recommend", **example("ckptbench recommend results/h200-gpu-check-2/check --budget 80"))(recommend_cmd)
+app.command("report", **example("ckptbench report results/h200-gpu-check-2/check --budget 80"))(report_cmd)
+app.command(**example("ckptbench estimate configs/llama7b.yaml --budget 80"))(estimate)
+ANSWERS_EXAMPLE = "ckptbench answers results/h200-gpu-check-2/check results/h200-gpu-check-1/axes --out docs/answers.md"
+app.command("answers", **example(ANSWERS_EXAMPLE))(answers_cmd)
 
 
 def main() -> None:

@@ -8,11 +8,12 @@ from typing import Annotated, Any
 import typer
 
 from ckptbench.analysis.recommend import DEFAULT_HEADROOM
-from ckptbench.cli.common import BudgetOpt, HeadroomOpt, RunArg, SeqLenOpt, err, fail, out, path_option
+from ckptbench.cli.common import BudgetOpt, Format, HeadroomOpt, RunArg, SeqLenOpt, err, fail, out, path_option, warn
 from ckptbench.errors import CkptbenchError, ConfigError, ResultsError
 
 ReportOutOpt = Annotated[
-    str | None, typer.Option("--out", help="Folder for report.md and the PNGs (default RUN/report).")
+    str | None,  # not Path: typer turns '' into '.', and '' must be refused (cli/common.py path_option)
+    typer.Option("--out", metavar="DIR", help="Folder for report.md and the PNGs (default RUN/report)."),
 ]
 
 
@@ -21,25 +22,37 @@ def recommend_cmd(
     budget: BudgetOpt = None,
     seq_len: SeqLenOpt = None,
     headroom: HeadroomOpt = DEFAULT_HEADROOM,
-    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+    fmt_text: Annotated[
+        str, typer.Option("--format", metavar="table|markdown|json", help="table (default), markdown or json.")
+    ] = Format.table.value,
 ) -> None:
     """The fastest measured point whose peak reserved memory fits the budget, and the Pareto front."""
 
-    from ckptbench.render.recommend import rich_recommendation
+    from ckptbench.render.recommend import markdown_pareto, markdown_recommendation, rich_recommendation
     from ckptbench.results.store import load_run
 
     try:
-        if fmt not in ("table", "json"):
-            raise ConfigError(f"--format: {fmt!r} is not one of table, json")
+        fmt = _format(fmt_text)
         if budget is None:
             raise ConfigError("--budget is required, e.g. --budget 80 (GiB) or --budget 80GiB")
         rec = _recommendation(load_run(run), budget=budget, headroom=headroom, seq_len=seq_len)
     except CkptbenchError as exc:
         raise fail(exc) from None
-    if fmt == "json":
+    if fmt is Format.json:
         typer.echo(json.dumps(rec.to_json(), sort_keys=True, indent=2))
+    elif fmt is Format.markdown:
+        typer.echo(markdown_recommendation(rec) + "\n" + markdown_pareto(rec.pareto, limit_bytes=rec.limit_bytes,
+                                                                      size=rec.size), nl=False)
     else:
         out.print(rich_recommendation(rec))
+
+
+def _format(text: str) -> Format:
+    """One of the shared formats that a recommendation has (no CSV: it is two tables and a sentence)."""
+    allowed = (Format.table, Format.markdown, Format.json)
+    if text not in {f.value for f in allowed}:
+        raise ConfigError(f"--format: {text!r} is not one of {', '.join(f.value for f in allowed)}")
+    return Format(text)
 
 
 def _recommendation(run: Any, *, budget: str, headroom: str, seq_len: int | None) -> Any:
@@ -51,12 +64,21 @@ def _recommendation(run: Any, *, budget: str, headroom: str, seq_len: int | None
     return recommend(run, budget_bytes=budget_bytes, headroom_bytes=headroom_bytes, seq_len=seq_len)
 
 
+EstimateOpt = Annotated[
+    bool,
+    typer.Option("--estimate/--no-estimate",
+                 help="Split the peaks of the memory-breakdown plot with ckptbench estimate (a few CPU traces); "
+                      "without it the plot shows measured static memory and the rest."),
+]
+
+
 def report_cmd(
     run: RunArg,
     out_dir: ReportOutOpt = None,
     budget: BudgetOpt = None,
     seq_len: SeqLenOpt = None,
     headroom: HeadroomOpt = DEFAULT_HEADROOM,
+    estimate: EstimateOpt = True,
 ) -> None:
     """Write report.md (tables, recommendation when --budget is given) and PNG plots of a run."""
     from ckptbench.render.report import default_out_dir, write_report
@@ -68,8 +90,9 @@ def report_cmd(
         loaded = load_run(run)
         rec = _recommendation(loaded, budget=budget, headroom=headroom, seq_len=seq_len) if budget else None
         target = target or default_out_dir(loaded)
-        check_writable_dir(target, option="--out")  # before the plots are drawn
-        files = write_report(loaded, out_dir=target, rec=rec)
+        check_writable_dir(target, option="--out")  # before the estimates are traced and the plots drawn
+        estimates = _breakdown_estimates(loaded) if estimate else []
+        files = write_report(loaded, out_dir=target, rec=rec, estimates=estimates)
     except CkptbenchError as exc:
         raise fail(exc) from None
     except OSError as exc:
@@ -77,3 +100,26 @@ def report_cmd(
     for plot in files.plots:
         err.print(f"plot: {plot}", markup=False)
     out.print(str(files.markdown), markup=False)
+
+
+def _breakdown_estimates(run: Any) -> list[Any]:
+    """ckptbench estimate of the points the breakdown plot shows (one per layout, at one shape), from the
+    run's stored config; none when that cannot be made (the plot then shows what was measured)."""
+    from ckptbench.cli.progress import EstimateProgressBar
+    from ckptbench.config.grid import point_of
+    from ckptbench.config.load import parse_config
+    from ckptbench.estimate.api import estimate_points, resolve_target
+    from ckptbench.render.breakdown_plot import breakdown_points
+    from ckptbench.results.store import RUN_FILE
+
+    # A key that is not a point of this version (edited, or from a newer ckptbench) cannot be estimated.
+    points = [point for p in breakdown_points(run) if (point := point_of(p.key)) is not None]
+    if not points:
+        return []
+    try:
+        cfg = parse_config(run.config, source=str(run.path / RUN_FILE))
+        with EstimateProgressBar(err) as bar:
+            return estimate_points(cfg, points, target=resolve_target(cfg, None), on_progress=bar.update)
+    except CkptbenchError as exc:
+        warn(f"memory breakdown: no estimate ({exc}); the plot shows measured static memory and the rest")
+        return []

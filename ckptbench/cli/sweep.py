@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from ckptbench.cli.common import ConfigArg, err, fail, finite, out, path_option, warn
 from ckptbench.cli.progress import SweepProgress
-from ckptbench.errors import CkptbenchError, RunFailure
+from ckptbench.errors import CkptbenchError, ResultsError, RunFailure
 
 
 class _Interrupts:
@@ -95,9 +95,12 @@ def _hook_notes() -> None:
 def sweep(
     config: ConfigArg,
     out_dir: Annotated[
-        str | None, typer.Option("--out", help="Run directory (default results/<name>-<timestamp>).")
+        str | None,  # not Path: typer turns '' into '.', and '' must be refused (cli/common.py path_option)
+        typer.Option("--out", metavar="RUN_DIR", help="Run directory (default results/<name>-<timestamp>)."),
     ] = None,
-    results_root: Annotated[str, typer.Option("--results", help="Folder for new run directories.")] = "results",
+    results_root: Annotated[
+        str, typer.Option("--results", metavar="DIR", help="Folder for new run directories.")
+    ] = "results",
     resume: Annotated[
         str | None,
         typer.Option("--resume", help="Finish an interrupted or failed run in RUN_DIR (same config).",
@@ -138,10 +141,14 @@ def sweep(
             raise _interrupted(exc, config) from None
         for note in outcome.warnings:
             warn(note)
-        run = _write_summaries(outcome.run_dir)
+        try:
+            run = _write_summaries(outcome.run_dir)
+        except (CkptbenchError, OSError) as exc:  # the records are on disk; only the summary is missing
+            raise fail(ResultsError(f"{outcome.run_dir}: cannot write the summary ({exc})")) from None
         _report(run, outcome, config)
     if outcome.late_signal or interrupts.late:
-        err.print("note: the interrupt came after the last point was recorded; the run is whole, nothing was lost")
+        err.print("note: the interrupt came after the last point was recorded; the run is whole, nothing was lost",
+                  soft_wrap=True)
     if outcome.failure:
         again = f"ckptbench sweep {config} --resume {outcome.run_dir}"
         raise fail(RunFailure(f"{outcome.failure}; the records are in {outcome.run_dir} (retry: {again})"))

@@ -1,9 +1,10 @@
 """Live bytes of a step run under fake tensors, split by category and by segment of the step.
 
-``StepTracker`` is a ``TorchDispatchMode`` stacked on top of ``FakeTensorMode``. Like the CPU
-``LiveTensorTracker`` (bench/probes.py), it counts every storage once when an op creates it
-and uncounts it when the storage dies, so the running total is the memory a caching-free
-allocator would hold. On top of that it
+``StepTracker`` is a ``TorchDispatchMode`` stacked on top of ``FakeTensorMode``. It counts
+every storage once when an op creates it and uncounts it when the storage dies, through the
+same ``LiveStorageCounter`` (estimate/live_storage.py) as the CPU ``LiveTensorTracker``
+(bench/probes.py), so the running total is the memory a caching-free allocator would hold and
+a CPU-target estimate counts as the CPU tracker measures. On top of that it
 
 - tags each storage with a category (parameters, gradients, optimizer state, activations,
   logits and loss, transient buffers, other), so the bytes at the peak can be explained;
@@ -17,8 +18,6 @@ allocator would hold. On top of that it
 
 from __future__ import annotations
 
-import itertools
-import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,6 +26,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ckptbench.estimate.live_storage import LiveStorageCounter, storage_key
 from ckptbench.estimate.record import CATEGORIES
 
 PARAMS, GRADS, OPTIMIZER_STATE, ACTIVATIONS, LOGITS_LOSS, TRANSIENT, OTHER = range(len(CATEGORIES))
@@ -76,14 +76,25 @@ def add(a: Vector, b: Vector, scale: int = 1) -> Vector:
     return tuple(x + scale * y for x, y in zip(a, b, strict=True))
 
 
+def _only(category: int, nbytes: int) -> Vector:
+    """A byte vector holding ``nbytes`` in ``category`` and nothing elsewhere."""
+    vec = [0] * len(CATEGORIES)
+    vec[category] = nbytes
+    return tuple(vec)
+
+
 class StepTracker(TorchDispatchMode):
-    """Counts live storage bytes per category and records per-segment start/peak/end vectors."""
+    """Counts live storage bytes per category and records per-segment start/peak/end vectors.
+
+    Which storages are live, and their bytes as the target allocator rounds them, is the
+    ``LiveStorageCounter``'s (the CPU probe counts with the same one); each counted storage
+    carries its category and the number of the segment that allocated it.
+    """
 
     def __init__(self, kernels: KernelModel, *, defer_shared: bool = False) -> None:
         super().__init__()
         self.kernels = kernels
         self.tag = OTHER
-        self.live = 0
         self.by_cat = [0] * len(CATEGORIES)
         self.segments: list[Segment] = []
         # Frees moved out of segments: (segment they happened in, bytes, kind); see ``share``.
@@ -94,18 +105,24 @@ class StepTracker(TorchDispatchMode):
         self.crossings: dict[tuple[str, str], Vector] = {}
         self.pending_label: str | None = None  # a segment to open right before the next op
         self.defer_shared = defer_shared
+        # Storage metadata: (category, number of the segment that allocated it).
+        self.storages: LiveStorageCounter[tuple[int, int]] = LiveStorageCounter(
+            round_bytes=kernels.block_bytes, on_release=self._released
+        )
         self._shared: dict[int, str] = {}
         self._inputs: dict[int, int] = {}
-        self._ignored: set[int] = set()  # forgotten storages: in-place ops must not count them again
         self._deferred: list[tuple[int, int, str]] = []
-        self._sizes: dict[int, tuple[int, int, int]] = {}  # storage id -> (bytes, category, segment number)
         self._labels: list[str] = []
         self._zero_flags: set[int] = set()
-        self._pseudo = itertools.count(-1, -1)
         self._label: str | None = None
         self._start: Vector = tuple(self.by_cat)
         self._peak_live = 0
         self._peak_vec: Vector = self._start
+
+    @property
+    def live(self) -> int:
+        """Bytes live now: counted storages, reserved workspaces, and frees deferred to the segment's end."""
+        return sum(self.by_cat)
 
     # -- counting -------------------------------------------------------------------------
     def adopt(self, tensors: Iterable[Any], category: int) -> None:
@@ -118,19 +135,17 @@ class StepTracker(TorchDispatchMode):
 
     def reserve(self, nbytes: int, category: int) -> None:
         """Count memory that no tensor owns (a library workspace) for the rest of the trace."""
-        self._sizes[next(self._pseudo)] = (nbytes, category, -1)
-        self.live += nbytes
         self.by_cat[category] += nbytes
         self._touch()
 
     def reclassify(self, t: torch.Tensor, category: int) -> None:
         """Move a counted storage to another category (a gradient once it lands in ``.grad``)."""
-        sid = id(t.untyped_storage())
-        if sid in self._sizes:
-            nbytes, old, seg = self._sizes[sid]
+        entry = self.storages.lookup(t)
+        if entry is not None:
+            nbytes, (old, seg) = entry
             self.by_cat[old] -= nbytes
             self.by_cat[category] += nbytes
-            self._sizes[sid] = (nbytes, category, seg)
+            self.storages.relabel(t, (category, seg))
 
     def share(self, tensors: Iterable[Any], kind: str = "shared") -> None:
         """Mark storages whose free depends on the layout, not on one layer.
@@ -142,57 +157,37 @@ class StepTracker(TorchDispatchMode):
         """
         for t in tensors:
             if isinstance(t, torch.Tensor):
-                self._shared[id(t.untyped_storage())] = kind
+                self._shared[storage_key(t)] = kind
 
     def note_input(self, layer: int, t: torch.Tensor) -> None:
         """Record where a decoder layer's input gets freed (``input_frees``)."""
-        self._inputs[id(t.untyped_storage())] = layer
+        self._inputs[storage_key(t)] = layer
 
     def forget(self, t: torch.Tensor) -> None:
         """Stop counting a storage that lives in host memory on the target (not on the GPU)."""
-        sid = id(t.untyped_storage())
-        if sid in self._sizes:
-            self._free(sid)
-            self._ignored.add(sid)  # its finalizer (from _add) drops the id again
+        self.storages.forget(t)
 
     def _add(self, t: torch.Tensor, category: int) -> None:
-        if t.device.type == "meta" or t.is_sparse:
-            return
-        storage = t.untyped_storage()
-        sid = id(storage)
-        if sid in self._sizes or sid in self._ignored:
-            return
-        nbytes = self.kernels.block_bytes(storage.nbytes())
-        self._sizes[sid] = (nbytes, category, len(self._labels) - 1)
-        self.live += nbytes
-        self.by_cat[category] += nbytes
-        weakref.finalize(storage, self._free, sid)
+        self.by_cat[category] += self.storages.add(t, (category, len(self._labels) - 1))
 
-    def _free(self, sid: int) -> None:
-        self._ignored.discard(sid)
-        entry = self._sizes.pop(sid, None)
-        if entry is None:
-            return
-        nbytes, category, seg = entry
-        if sid in self._inputs and self._label is not None:
-            vec = [0] * len(CATEGORIES)
-            vec[category] = nbytes
-            self.input_frees[self._inputs.pop(sid)] = (self._label, tuple(vec))
-        kind = self._shared.pop(sid, None)  # the id may be reused by a new storage: keep only the bytes
+    def _released(self, key: int, nbytes: int, meta: tuple[int, int]) -> None:
+        """A counted storage was freed (or forgotten): take its bytes off, now or at the segment's end."""
+        category, seg = meta
+        if key in self._inputs and self._label is not None:
+            self.input_frees[self._inputs.pop(key)] = (self._label, _only(category, nbytes))
+        kind = self._shared.pop(key, None)  # the key may be reused by a new storage: keep only the bytes
         if self.defer_shared and kind is not None:
             self._deferred.append((nbytes, category, kind))
             return
-        self.live -= nbytes
         self.by_cat[category] -= nbytes
         if seg >= 0 and self._label is not None and is_layer(self._labels[seg]) and not is_layer(self._label):
-            key = (self._label, self._labels[seg])
-            vec = list(self.crossings.get(key, (0,) * len(CATEGORIES)))
-            vec[category] += nbytes
-            self.crossings[key] = tuple(vec)
+            pair = (self._label, self._labels[seg])
+            self.crossings[pair] = add(self.crossings.get(pair, (0,) * len(CATEGORIES)), _only(category, nbytes))
 
     def _touch(self, extra: int = 0) -> None:
-        if self.live + extra > self._peak_live:
-            self._peak_live = self.live + extra
+        live = self.live + extra
+        if live > self._peak_live:
+            self._peak_live = live
             vec = list(self.by_cat)
             vec[TRANSIENT] += extra
             self._peak_vec = tuple(vec)
@@ -203,11 +198,8 @@ class StepTracker(TorchDispatchMode):
         if self._label is not None:
             self.segments.append(Segment(self._label, self._start, self._peak_vec, tuple(self.by_cat)))
             for nbytes, category, kind in self._deferred:
-                vec = [0] * len(CATEGORIES)
-                vec[category] = nbytes
-                self.live -= nbytes
                 self.by_cat[category] -= nbytes
-                self.releases.append((self._label, tuple(vec), kind))
+                self.releases.append((self._label, _only(category, nbytes), kind))
             self._deferred.clear()
         now = tuple(self.by_cat)
         self._labels.append(label)
@@ -219,7 +211,7 @@ class StepTracker(TorchDispatchMode):
         """A value for ``.item()`` on a fake tensor (it holds none): the one a healthy real step sees."""
         if t.dtype == torch.bool:
             return True  # transformers: "every row is one unpacked sequence" (no explicit mask is built)
-        if id(t.untyped_storage()) in self._zero_flags:
+        if storage_key(t) in self._zero_flags:
             return 0.0  # GradScaler's found_inf: no overflow, so the optimizer steps
         return 1.0 if t.is_floating_point() else 1  # e.g. Adam's step count (any positive value)
 
@@ -230,7 +222,7 @@ class StepTracker(TorchDispatchMode):
         if func is _LOCAL_SCALAR:
             return self._scalar(args[0])
         if func is _UNSCALE:
-            self._zero_flags.add(id(args[1].untyped_storage()))
+            self._zero_flags.add(storage_key(args[1]))
         out = func(*args, **(kwargs or {}))
         category = self.tag
         if category == TRANSIENT and torch.is_grad_enabled():

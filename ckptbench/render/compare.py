@@ -5,18 +5,26 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rich.table import Table
 from rich.text import Text
 
 from ckptbench.analysis.compare import Comparison
 from ckptbench.analysis.marks import BETTER, NEWLY_OOM, NO_LONGER_OOM, QUIET_MARKS, WORSE, PointChange
-from ckptbench.render.tables import csv_text
+from ckptbench.render.tables import Column, FitTable, csv_text, names, numeric_names
+from ckptbench.units import SizeUnit, fmt_percent
 
-GIB = 2**30
-MIB = 2**20
-
-COLUMNS = ("point", "metric", "base", "new", "delta", "ratio", "p", "mark")
-_RIGHT = {"base", "new", "delta", "ratio", "p"}
+# The verdict (delta and mark) stays in a narrow terminal; the p-value and ratio give way first.
+TABLE_COLUMNS = (
+    Column("point", wrap=True, min_width=14),
+    Column("metric", wrap=True, min_width=10),
+    Column("base", priority=2, numeric=True),
+    Column("new", priority=1, numeric=True),
+    Column("delta", numeric=True),
+    Column("ratio", priority=3, numeric=True),
+    Column("p", priority=4, numeric=True),
+    Column("mark", wrap=True, min_width=10),
+)
+COLUMNS = tuple(names(TABLE_COLUMNS))
+_RIGHT = numeric_names(TABLE_COLUMNS)
 _NAMES = {
     "peak_allocated_bytes": "peak allocated",
     "peak_reserved_bytes": "peak reserved",
@@ -33,23 +41,22 @@ def _shown(comp: Comparison, *, only_changed: bool) -> list[PointChange]:
     return [p for p in comp.points if not (only_changed and p.mark in QUIET_MARKS)]
 
 
-def _memory_unit(comp: Comparison) -> tuple[int, str]:
-    """GiB for real models; MiB when every value is below 1 GiB, so small differences stay visible."""
-    values = [v for p in comp.points for m in p.metrics if m.unit == "bytes" for v in (m.base, m.new) if v]
-    return (GIB, "GiB") if not values or max(values) >= GIB else (MIB, "MiB")
+def _memory_unit(comp: Comparison) -> SizeUnit:
+    """One unit for every size of the comparison (units.py: GiB unless all are below 1 GiB)."""
+    return SizeUnit.for_sizes(v for p in comp.points for m in p.metrics if m.unit == "bytes" for v in (m.base, m.new))
 
 
-def _fmt(value: float | None, unit: str, mem: tuple[int, str], *, signed: bool = False) -> str:
+def _fmt(value: float | None, unit: str, mem: SizeUnit, *, signed: bool = False) -> str:
     if value is None:
         return "-"
     sign = "+" if signed else ""
     if unit == "bytes":
-        return f"{value / mem[0]:{sign}.2f} {mem[1]}"
+        return mem(value, signed=signed)
     if unit == "s":
-        return f"{value * 1e3:{sign}.1f} ms"
+        return "0.0 ms" if round(value * 1e3, 1) == 0 else f"{value * 1e3:{sign}.1f} ms"
     if unit == "fraction":
-        return f"{value * 100:{sign}.1f}%"
-    return f"{value:{sign},.0f}"
+        return fmt_percent(value, digits=1, signed=signed)
+    return "0" if round(value) == 0 else f"{value:{sign},.0f}"
 
 
 def display_rows(comp: Comparison, *, only_changed: bool = False) -> list[dict[str, str]]:
@@ -113,18 +120,15 @@ def warning_lines(comp: Comparison) -> list[str]:
     return env + list(comp.notes)
 
 
-def compare_table(comp: Comparison, *, only_changed: bool = False) -> list[Table | Text]:
-    """The rich table of a comparison followed by added/removed points and the summary line."""
+def compare_table(comp: Comparison, *, only_changed: bool = False) -> list[FitTable | Text]:
+    """The table of a comparison (fitted to the terminal) followed by added/removed points and the summary."""
     rows = display_rows(comp, only_changed=only_changed)
     title = f"ckptbench compare: {comp.base['name']} -> {comp.new['name']}"
     trailer = [Text(line) for line in trailer_lines(comp, only_changed=only_changed)]
     if not rows:
         return [Text(f"{title}: no changed rows"), *trailer]
-    table = Table(title=title, header_style="bold")
-    for col in COLUMNS:
-        table.add_column(col, justify="right" if col in _RIGHT else "left", no_wrap=True)
-    for row in rows:
-        table.add_row(*(row[c] for c in COLUMNS), style=_STYLE.get(row["mark"]))
+    table = FitTable(rows, TABLE_COLUMNS, title=title, styles=[_STYLE.get(row["mark"]) for row in rows],
+                     complete_hint="--format markdown shows every column")
     return [table, *trailer]
 
 

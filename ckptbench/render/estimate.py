@@ -10,31 +10,30 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from rich.table import Table
-
+from ckptbench.config.grid import AXIS_DEFAULTS, setup_label
 from ckptbench.estimate.record import PART_NAMES, Estimate
-from ckptbench.render.tables import csv_text, markdown_table
+from ckptbench.render.tables import Column, FitTable, csv_text, markdown_of
 from ckptbench.results.inputs import Measured
-from ckptbench.units import fmt_bytes
+from ckptbench.units import SizeUnit, fmt_percent
 
-# Point axes shown when they vary across the estimated points (layout, batch and seq always).
-_AXES = {
-    "precision": "precision", "optimizer": "optimizer", "micro_batches": "micro", "offload": "offload",
-    "lora": "lora", "compile": "compile", "attn_implementation": "attn",
-}
+# Point axes shown when they vary across the estimated points (layout, batch and seq always):
+# precision in its own column, the technique axes together in 'setup' (as in the sweep summary).
+_TECHNIQUES = tuple(AXIS_DEFAULTS)
+# The breakdown at the peak, and how soon each part gives way in a narrow terminal.
 _PARTS = {
-    "params": "params", "grads": "grads", "optimizer_state": "optim", "activations": "activations",
-    "logits_loss": "logits+loss", "transient": "transient", "other": "other",
+    "params": ("params", 4), "grads": ("grads", 2), "optimizer_state": ("optim", 4),
+    "activations": ("activations", 2), "logits_loss": ("logits+loss", 3), "transient": ("transient", 5),
+    "other": ("other", 5),
 }
-_RIGHT = {"batch", "seq", "micro", "est. peak", "measured", "error", *_PARTS.values()}
 
 
 def _axes(estimates: Sequence[Estimate]) -> list[str]:
-    return [a for a in _AXES if len({e.point.key[a] for e in estimates}) > 1]
+    return [a for a in ("precision", *_TECHNIQUES) if len({e.point.key[a] for e in estimates}) > 1]
 
 
-def _size(n: int | None) -> str:
-    return "0" if n == 0 else fmt_bytes(n)
+def _setup(key: dict[str, Any], axes: Sequence[str]) -> str:
+    """The varying technique axes of a key that differ from plain training ('-' for plain training)."""
+    return setup_label({a: key[a] for a in axes if a in _TECHNIQUES}) or "-"
 
 
 def _fit(e: Estimate) -> str:
@@ -50,30 +49,42 @@ def _error(e: Estimate, measured: Measured) -> float | None:
     return None if not isinstance(peak, int) or e.peak_bytes is None else (e.peak_bytes - peak) / peak
 
 
-def estimate_columns(estimates: Sequence[Estimate], measured: Measured | None = None) -> list[str]:
+def estimate_columns(estimates: Sequence[Estimate], measured: Measured | None = None) -> list[Column]:
     """Display columns: point axes, the predicted peak, its breakdown, where it happens, the fit."""
-    cols = ["layout", "batch", "seq", *(_AXES[a] for a in _axes(estimates)), "est. peak"]
-    cols += ["measured", "error"] if measured else []
-    cols += [*_PARTS.values(), "peak at"]
+    axes = _axes(estimates)
+    cols = [Column("layout"), Column("batch", numeric=True), Column("seq", numeric=True)]
+    cols += [Column("precision")] if "precision" in axes else []
+    cols += [Column("setup", wrap=True, min_width=14)] if set(axes) & set(_TECHNIQUES) else []
+    cols.append(Column("est. peak", numeric=True))
+    if measured:
+        cols += [Column("measured", priority=1, numeric=True), Column("error", priority=1, numeric=True)]
+    cols += [Column(name, priority=prio, numeric=True) for name, prio in _PARTS.values()]
+    cols.append(Column("peak at", priority=3, wrap=True, min_width=16))
     if any(e.budget_bytes is not None for e in estimates) or any(e.note for e in estimates):
-        cols.append("fits budget")
+        cols.append(Column("fits budget", priority=1, wrap=True, min_width=10))
     return cols
+
+
+def size_unit(estimates: Sequence[Estimate], measured: Measured | None = None) -> SizeUnit:
+    """One unit for every size of the output (units.py)."""
+    seen = [v for v in (measured or {}).values() if isinstance(v, int)]
+    return SizeUnit.for_sizes([*(e.peak_bytes for e in estimates), *seen])
 
 
 def estimate_rows(estimates: Sequence[Estimate], measured: Measured | None = None) -> list[dict[str, str]]:
     """One display row per point: strings ready for any renderer."""
-    axes, measured = _axes(estimates), measured or {}
+    axes, size = _axes(estimates), size_unit(estimates, measured)
+    measured = measured or {}
     rows = []
     for e in estimates:
         key = e.point.key
         row = {"layout": str(key["layout"]), "batch": str(key["batch_size"]), "seq": str(key["seq_len"])}
-        row.update({_AXES[a]: str(key[a]) for a in axes})
-        row["est. peak"] = _size(e.peak_bytes)
-        error = _error(e, measured)
+        row["precision"], row["setup"] = str(key["precision"]), _setup(key, axes)
+        row["est. peak"] = size(e.peak_bytes)
         seen = measured.get(e.point.key_id, "-")
-        row["measured"] = _size(seen) if isinstance(seen, int) else seen
-        row["error"] = "-" if error is None else f"{error:+.2%}"
-        row.update({name: _size(e.breakdown.get(part)) for part, name in _PARTS.items()})
+        row["measured"] = size(seen) if isinstance(seen, int) else seen
+        row["error"] = fmt_percent(_error(e, measured), signed=True)
+        row.update({name: size(e.breakdown.get(part)) for part, (name, _) in _PARTS.items()})
         row["peak at"] = e.peak_at or "-"
         row["fits budget"] = _fit(e)
         rows.append(row)
@@ -83,25 +94,25 @@ def estimate_rows(estimates: Sequence[Estimate], measured: Measured | None = Non
 def _title(estimates: Sequence[Estimate], name: str) -> str:
     target = estimates[0].target if estimates else "cuda"
     budget = next((e.budget_bytes for e in estimates if e.budget_bytes is not None), None)
-    within = f", budget {fmt_bytes(budget)}" if budget is not None else ""
+    within = f", budget {size_unit(estimates)(budget)}" if budget is not None else ""
     return f"ckptbench estimate: {name} (predicted peak allocated memory on {target}{within}; all numbers estimated)"
 
 
-def estimate_table(estimates: Sequence[Estimate], *, name: str, measured: Measured | None = None) -> Table:
-    """A rich table of estimates (and measurements, from a run); points that do not fit are yellow."""
-    columns = estimate_columns(estimates, measured)
-    table = Table(title=_title(estimates, name), header_style="bold")
-    table.caption = "breakdown at the predicted peak; fake-tensor trace of the training step, not a measurement"
-    for col in columns:
-        table.add_column(col, justify="right" if col in _RIGHT else "left", no_wrap=col != "fits budget")
-    for e, row in zip(estimates, estimate_rows(estimates, measured), strict=True):
-        table.add_row(*(row[c] for c in columns), style="yellow" if e.fits is False else None)
-    return table
+def estimate_table(estimates: Sequence[Estimate], *, name: str, measured: Measured | None = None) -> FitTable:
+    """A table of estimates (and measurements, from a run) that fits the terminal; misfits are yellow."""
+    return FitTable(
+        estimate_rows(estimates, measured),
+        estimate_columns(estimates, measured),
+        title=_title(estimates, name),
+        caption="breakdown at the predicted peak; fake-tensor trace of the training step, not a measurement",
+        styles=["yellow" if e.fits is False else None for e in estimates],
+        complete_hint="--format markdown shows every column",
+    )
 
 
 def estimate_markdown(estimates: Sequence[Estimate], *, name: str = "", measured: Measured | None = None) -> str:
     """A Markdown section: title line, then the table."""
-    body = markdown_table(estimate_rows(estimates, measured), estimate_columns(estimates, measured), right=_RIGHT)
+    body = markdown_of(estimate_rows(estimates, measured), estimate_columns(estimates, measured))
     return f"**{_title(estimates, name)}**\n\n{body}"
 
 

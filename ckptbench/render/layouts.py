@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from rich.table import Table
-
-from ckptbench.config.layouts import parse_layout
+from ckptbench.config.layouts import LayoutPlan, parse_layout
 from ckptbench.config.schema import SweepConfig
-from ckptbench.render.tables import rich_table
+from ckptbench.render.tables import Column, FitTable
 
-LAYOUT_COLUMNS = ("layout", "layers (0-based)", "count", "wraps", "modules")
+# The layout's name and its layers matter most; the module paths only repeat them in long form.
+LAYOUT_COLUMNS = (
+    Column("layout"),
+    Column("layers (0-based)", wrap=True, min_width=12),
+    Column("count", priority=1, numeric=True),
+    Column("wraps", priority=2, wrap=True, min_width=13),
+    Column("modules", priority=3, wrap=True, min_width=24),
+)
 
 
 def _modules_text(targets: tuple[str, ...]) -> str:
@@ -17,6 +22,14 @@ def _modules_text(targets: tuple[str, ...]) -> str:
     shown = [f"model.layers.{t}" for t in targets[:3]]
     more = f" (+{len(targets) - 3} more)" if len(targets) > 3 else ""
     return ", ".join(shown) + more
+
+
+def _wraps(plan: LayoutPlan) -> str:
+    """What is wrapped in each chosen layer: the whole layer, per-op inside it, or named sub-modules."""
+    if not plan.layers:
+        return "-"
+    whole = {"block": "decoder layer", "selective": "decoder layer, per-op (selective)"}
+    return whole.get(plan.granularity) or ", ".join(plan.submodules)
 
 
 def layout_rows(cfg: SweepConfig) -> list[dict[str, str]]:
@@ -30,20 +43,19 @@ def layout_rows(cfg: SweepConfig) -> list[dict[str, str]]:
                          "modules": "first:k, k found by measurement (layout: fit)"})
             continue
         plan = parse_layout(name, n)
-        wraps = "decoder layer" if plan.granularity == "block" else ", ".join(plan.submodules)
         rows.append(
             {
                 "layout": name,
                 "layers (0-based)": plan.describe_layers(),
                 "count": f"{len(plan.layers)}/{n}",
-                "wraps": wraps if plan.layers else "-",
+                "wraps": _wraps(plan),
                 "modules": _modules_text(plan.targets),
             }
         )
     return rows
 
 
-def layouts_table(cfg: SweepConfig) -> Table:
-    """The rich table of ``layout_rows``."""
+def layouts_table(cfg: SweepConfig) -> FitTable:
+    """The table of ``layout_rows``, fitted to the terminal."""
     title = f"{cfg.model.name}: {cfg.model.num_layers} decoder layers"
-    return rich_table(layout_rows(cfg), LAYOUT_COLUMNS, title=title)
+    return FitTable(layout_rows(cfg), LAYOUT_COLUMNS, title=title)

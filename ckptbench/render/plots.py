@@ -1,6 +1,7 @@
-"""PNG bar plots of a run (matplotlib Figure + Agg, no pyplot state): peak memory, speed, breakdown.
+"""PNG plots of a run (matplotlib Figure + Agg, no pyplot state): peak memory bars, relative speed dots.
 
-The memory/throughput scatter lives in tradeoff_plot.py; report.write_plots draws all four.
+The memory/throughput scatter lives in tradeoff_plot.py, the memory breakdown in breakdown_plot.py;
+report.write_plots draws all four.
 
 Only points that finished ok are drawn as values; out-of-memory and skipped points are marked
 as text in their slot, so a missing bar is never mistaken for a zero.
@@ -8,81 +9,18 @@ as text in their slot, so a missing bar is never mistaken for a zero.
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 from typing import Any
 
-from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter
+from matplotlib.transforms import blended_transform_factory
 
-from ckptbench.analysis.recommend import BREAKDOWN, Candidate, candidates
-from ckptbench.results.frame import to_frame
+from ckptbench.render.plot_style import PlotData, is_number, save, suptitle
 from ckptbench.results.store import Run
-from ckptbench.units import GIB, MIB, fmt_bytes
-
-PART_COLORS = ("#4c72b0", "#8da0cb", "#dd8452", "#55a868")
-DPI = 110
-
-
-class PlotData:
-    """The run as rows, with the orders and colours every plot shares."""
-
-    def __init__(self, run: Run) -> None:
-        self.run = run
-        self.rows: list[dict[str, Any]] = to_frame(run).to_dict("records")
-        keys = [p.key for p in run.points]
-        for row, rec in zip(self.rows, run.points, strict=True):
-            row["key"] = rec.key
-            row["quartiles_s"] = _quartiles(rec.step_times_s)
-        self.layouts = list(dict.fromkeys(str(k.get("layout")) for k in keys))
-        self.batches = sorted({k.get("batch_size") for k in keys}, key=lambda b: (b is None, b))
-        names = sorted({n for k in keys for n in k} - {"layout", "batch_size"})
-        self.facet_axes = [n for n in names if len({repr(k.get(n)) for k in keys}) > 1]
-        peaks = [r["peak_reserved_bytes"] for r in self.rows if _num(r["peak_reserved_bytes"])]
-        self.scale, self.unit = (GIB, "GiB") if not peaks or max(peaks) >= GIB else (MIB, "MiB")
-        cmap = colormaps["viridis"]
-        n = max(len(self.batches) - 1, 1)
-        self.batch_color = {b: cmap(0.1 + 0.75 * i / n) for i, b in enumerate(self.batches)}
-        tab = colormaps["tab10" if len(self.layouts) <= 10 else "tab20"]
-        self.layout_color = {lay: tab(i % tab.N) for i, lay in enumerate(self.layouts)}
-
-    def facets(self) -> list[tuple[str, list[dict[str, Any]]]]:
-        """(title, rows) per combination of the key axes other than layout and batch that vary."""
-        groups: dict[str, list[dict[str, Any]]] = {}
-        for row in self.rows:
-            label = ", ".join(f"{_short(n)} {row['key'].get(n)}" for n in self.facet_axes)
-            groups.setdefault(label, []).append(row)
-        return list(groups.items())
-
-
-def _quartiles(times: list[float]) -> tuple[float, float] | None:
-    """First and third quartile of the measured step times (the same method as point_stats)."""
-    if not times:
-        return None
-    if len(times) == 1:
-        return times[0], times[0]
-    q = statistics.quantiles(times, n=4, method="inclusive")
-    return q[0], q[2]
-
-
-def _num(value: Any) -> bool:
-    return value is not None and value == value
-
-
-def _short(name: str) -> str:
-    return {"seq_len": "seq", "batch_size": "batch"}.get(name, name)
-
-
-def save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    return path
-
-
-def empty_note(ax: Axes, text: str) -> None:
-    """A centred grey note on axes that have nothing to show."""
-    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=11, color="#777777")
+from ckptbench.units import SizeUnit
 
 
 def _grouped_bars(
@@ -97,7 +35,7 @@ def _grouped_bars(
             if row is None:
                 continue
             x = i - 0.4 + width * (j + 0.5)
-            if row["status"] == "ok" and _num(value(row)):
+            if row["status"] == "ok" and is_number(value(row)):
                 yerr = err(row) if err is not None else None
                 ax.bar(x, value(row), width, color=data.batch_color[batch], yerr=yerr, capsize=2)
             else:
@@ -128,9 +66,9 @@ def _width(data: PlotData) -> float:
     return min(16.0, max(9.0, 0.35 * len(data.layouts) * max(len(data.batches), 2)))
 
 
-def plot_peak_memory(run: Run, path: Path, *, budget_bytes: int | None = None) -> Path:
+def plot_peak_memory(run: Run, path: Path, *, budget_bytes: int | None = None, size: SizeUnit | None = None) -> Path:
     """Grouped bars: peak reserved memory per layout and batch size, with the budget and the card."""
-    data = PlotData(run)
+    data = PlotData(run, size=size)
     facets = data.facets()
     fig = Figure(figsize=(_width(data), 3.8 * len(facets)), layout="constrained")
     axes = fig.subplots(len(facets), 1, squeeze=False)[:, 0]
@@ -140,105 +78,97 @@ def plot_peak_memory(run: Run, path: Path, *, budget_bytes: int | None = None) -
         ax.set_ylabel(f"peak reserved ({data.unit})")
         ax.set_title(label or None, fontsize=10)
         if total:
-            _hline(ax, total / data.scale, f"{run.environment.get('gpu_name') or 'GPU'}: {fmt_bytes(total)}",
+            _hline(ax, total / data.scale, f"{run.environment.get('gpu_name') or 'GPU'}: {data.size(total)}",
                    "#555555", ":")
         if budget_bytes:
-            _hline(ax, budget_bytes / data.scale, f"budget {fmt_bytes(budget_bytes)}", "#c44e52", "--")
+            _hline(ax, budget_bytes / data.scale, f"budget {data.size(budget_bytes)}", "#c44e52", "--")
         _batch_legend(ax, data, rows)
-    fig.suptitle(f"Peak reserved memory per layout and batch size: {run.name}", fontsize=12)
+    suptitle(fig, run, "Peak reserved memory per layout and batch size")
     return save(fig, path)
 
 
-def plot_speed(run: Run, path: Path) -> Path:
-    """Step time (median; error bar: inter-quartile range) and tokens/s per layout and batch size."""
-    data = PlotData(run)
+def plot_speed(run: Run, path: Path, *, size: SizeUnit | None = None) -> Path:
+    """Throughput of each point relative to `none` at the same batch size (and other axes): one dot per
+    point, so a batch-8 step of 1.8 s does not squash the difference between 388 and 493 ms at batch 2."""
+    data = PlotData(run, size=size)
     facets = data.facets()
-    fig = Figure(figsize=(_width(data), 3.4 * 2 * len(facets)), layout="constrained")
-    axes = fig.subplots(2 * len(facets), 1, squeeze=False)[:, 0]
-    for i, (label, rows) in enumerate(facets):
-        ax_t, ax_s = axes[2 * i], axes[2 * i + 1]
+    fig = Figure(figsize=(_width(data), 3.9 * len(facets) + 0.6), layout="constrained")
+    axes = fig.subplots(len(facets), 1, squeeze=False)[:, 0]
+    for ax, (label, rows) in zip(axes, facets, strict=True):
+        refs = speed_references(rows)
+        _relative_dots(ax, data, rows, refs)
+        ax.axhline(1.0, color="#555555", linewidth=1, linestyle=":")
+        ax.set_ylabel("tokens/s relative to the reference")
         where = f" ({label})" if label else ""
-        _grouped_bars(ax_t, data, rows, lambda r: r["median_step_time_s"] * 1e3, err=_iqr_ms)
-        ax_t.set_ylabel("median step time (ms)")
-        ax_t.set_title(f"Step time{where}, error bar: inter-quartile range", fontsize=10)
-        _grouped_bars(ax_s, data, rows, lambda r: r["tokens_per_s"])
-        ax_s.set_ylabel("throughput (tokens/s)")
-        ax_s.set_title(f"Tokens/s{where}", fontsize=10)
-        _batch_legend(ax_t, data, rows)
-        _batch_legend(ax_s, data, rows)
-    fig.suptitle(f"Step time and throughput per layout: {run.name}", fontsize=12)
+        ax.set_title(f"Throughput against `none` at the same batch size{where}; error bar: inter-quartile "
+                     "range of the point's step times", fontsize=9.5)
+        ax.legend(*_reference_legend(data, rows, refs), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    suptitle(fig, run, "Speed relative to no checkpointing")
     return save(fig, path)
 
 
-def _iqr_ms(row: dict[str, Any]) -> list[list[float]] | None:
-    """Error bar from the median down to the first and up to the third quartile, in ms."""
-    q = row.get("quartiles_s")
-    if q is None:
-        return None
-    med = row["median_step_time_s"]
-    return [[max(0.0, med - q[0]) * 1e3], [max(0.0, q[1] - med) * 1e3]]
+def speed_references(rows: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
+    """Per batch size: the `none` point when it ran ok, else the fastest ok point (named in the legend)."""
+    refs: dict[Any, dict[str, Any]] = {}
+    for batch in dict.fromkeys(r["batch_size"] for r in rows):
+        ok = [r for r in rows if r["batch_size"] == batch and r["status"] == "ok" and is_number(r["tokens_per_s"])]
+        none = next((r for r in ok if r["layout"] == "none"), None)
+        fastest = max(ok, key=lambda r: r["tokens_per_s"], default=None)
+        if none is not None or fastest is not None:
+            refs[batch] = none if none is not None else fastest  # type: ignore[assignment]
+    return refs
 
 
-def reference_shape(run: Run) -> dict[str, Any] | None:
-    """The non-layout part of the key with the most ok layouts (ties: the most tokens per step)."""
-    counts: dict[str, tuple[int, int, dict[str, Any]]] = {}
-    for p in run.points:
-        shape = {k: v for k, v in p.key.items() if k != "layout"}
-        sig = repr(sorted(shape.items()))
-        n = counts.get(sig, (0, 0, shape))[0]
-        counts[sig] = (n + p.ok, p.tokens_per_step or 0, shape)
-    best = max(counts.values(), key=lambda t: (t[0], t[1]), default=None)
-    return None if best is None or best[0] == 0 else best[2]
-
-
-def plot_breakdown(run: Run, path: Path, *, budget_bytes: int | None = None) -> Path:
-    """Stacked bars per layout at one shared shape: params, grads, optimizer state, activation, cache."""
-    data = PlotData(run)
-    shape = reference_shape(run)
-    by_layout = {c.layout: c for c in candidates(run) if shape and {k: c.key.get(k) for k in shape} == shape}
-    fig = Figure(figsize=(max(9.0, 0.9 * len(data.layouts) + 3), 5.4), layout="constrained")
-    ax = fig.subplots()
-    if shape is None:
-        empty_note(ax, "no point finished ok: nothing to break down")
-        shape = {}
-    for i, lay in enumerate(data.layouts if by_layout else []):
-        c = by_layout.get(lay)
-        if c is not None:
-            _stack(ax, i, c, data.scale, data.unit)
-            continue
-        key = {**shape, "layout": lay}
-        status = next((p.status for p in run.points if p.key == key), "not run")
-        ax.text(i, 0, f" {str(status).upper()}", rotation=90, ha="center", va="bottom", fontsize=8,
-                color="#c44e52", fontweight="bold")
-    ax.set_xticks(range(len(data.layouts)), data.layouts, rotation=30 if len(data.layouts) > 5 else 0,
-                  ha="right" if len(data.layouts) > 5 else "center")
-    ax.set_xlim(-0.6, len(data.layouts) - 0.4)
-    ax.set_ylabel(f"memory at peak ({data.unit})")
+def _relative_dots(ax: Axes, data: PlotData, rows: list[dict[str, Any]], refs: dict[Any, dict[str, Any]]) -> None:
+    layouts = [lay for lay in data.layouts if any(r["layout"] == lay for r in rows)]
+    width = 0.8 / max(len(data.batches), 1)
+    below = blended_transform_factory(ax.transData, ax.transAxes)
+    for j, batch in enumerate(data.batches):
+        for i, lay in enumerate(layouts):
+            row = next((r for r in rows if r["layout"] == lay and r["batch_size"] == batch), None)
+            x = i - 0.4 + width * (j + 0.5)
+            if row is None:
+                continue
+            ref = refs.get(batch)
+            if row["status"] != "ok" or ref is None or not is_number(row["tokens_per_s"]):
+                ax.text(x, 0.02, row["status"].upper(), transform=below, rotation=90, ha="center", va="bottom",
+                        fontsize=7, fontweight="bold", color="#c44e52" if row["status"] == "oom" else "#777777")
+                continue
+            rel, (low, high) = _relative(row, ref)
+            ax.errorbar(x, rel, yerr=[[rel - low], [high - rel]], fmt="o", color=data.batch_color[batch],
+                        markersize=6, capsize=2, markeredgecolor="black", markeredgewidth=0.4)
+    ax.set_xticks(range(len(layouts)), layouts, rotation=30 if len(layouts) > 5 else 0,
+                  ha="right" if len(layouts) > 5 else "center")
+    ax.set_xlim(-0.6, len(layouts) - 0.4)
+    ax.margins(y=0.15)  # a ratio axis: it need not start at zero, and the status marks sit at the bottom
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.2f}x"))
     ax.grid(axis="y", alpha=0.3)
-    ax.margins(y=0.08)
-    ax.set_ylim(bottom=0)
-    if budget_bytes:
-        _hline(ax, budget_bytes / data.scale, f"budget {fmt_bytes(budget_bytes)}", "#c44e52", "--")
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles, strict=True))  # one entry per part, top of the stack first
-    ax.legend(list(unique.values())[::-1], list(unique)[::-1], fontsize=8, loc="upper left",
-              bbox_to_anchor=(1.01, 1.0), title="numbers: peak reserved", title_fontsize=8)
-    names = ["batch_size", "seq_len", *(n for n in data.facet_axes if n != "seq_len")]
-    where = ", ".join(f"{_short(n)} {shape[n]}" for n in names if n in shape)
-    where = f" ({where})" if where else ""
-    fig.suptitle(f"Memory breakdown at the peak, per layout{where}: {run.name}", fontsize=12)
-    return save(fig, path)
 
 
-def _stack(ax: Axes, x: int, c: Candidate, scale: int, unit: str) -> None:
-    bottom = 0.0
-    for (name, label), color in zip(BREAKDOWN, PART_COLORS, strict=True):
-        height = c.breakdown[name] / scale
-        ax.bar(x, height, 0.6, bottom=bottom, color=color, label=label)
-        bottom += height
-    cache = max(0, c.memory_bytes - c.peak_allocated_bytes) / scale
-    if cache > 0:
-        ax.bar(x, cache, 0.6, bottom=bottom, color="white", edgecolor="#999999", hatch="///",
-               label="reserved, not allocated")
-    ax.annotate(f"{c.memory_bytes / scale:.1f} {unit}", (x, bottom + cache), xytext=(0, 2),
-                textcoords="offset points", ha="center", va="bottom", fontsize=8)
+def _relative(row: dict[str, Any], ref: dict[str, Any]) -> tuple[float, tuple[float, float]]:
+    """tokens/s over the reference's, and the range from the point's own step-time quartiles."""
+    rel = row["tokens_per_s"] / ref["tokens_per_s"]
+    q = row.get("quartiles_s")
+    med = row["median_step_time_s"]
+    if q is None or not q[0] or not q[1]:
+        return rel, (rel, rel)
+    return rel, (rel * med / q[1], rel * med / q[0])  # a slower step (third quartile) is the lower end
+
+
+def _reference_legend(
+    data: PlotData, rows: list[dict[str, Any]], refs: dict[Any, dict[str, Any]]
+) -> tuple[list[Any], list[str]]:
+    handles: list[Any] = [Line2D([], [], color="#555555", linestyle=":")]
+    labels = ["1.00x = the reference"]
+    for batch in (b for b in data.batches if any(r["batch_size"] == b for r in rows)):
+        ref = refs.get(batch)
+        if ref is None:
+            text = f"batch {batch}: nothing ran"
+        elif ref["layout"] == "none":
+            text = f"batch {batch}: vs none ({ref['tokens_per_s']:,.0f} tok/s)"
+        else:
+            text = f"batch {batch}: vs {ref['layout']} (none did not run)"
+        handles.append(Line2D([], [], color=data.batch_color[batch], marker="o", ls="", markersize=7,
+                              markeredgecolor="black", markeredgewidth=0.4))
+        labels.append(text)
+    return handles, labels

@@ -3,50 +3,60 @@
 from __future__ import annotations
 
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
 from ckptbench.analysis.recommend import Candidate, Recommendation
-from ckptbench.render.tables import markdown_table
-from ckptbench.units import fmt_bytes
+from ckptbench.render.tables import Column, FitTable, markdown_of
+from ckptbench.units import SizeUnit
 
 CHOICE_COLUMNS = (
-    "role", "point", "ckpt layers", "reserved", "allocated", "activation", "tok/s", "vs best", "vs budget",
+    Column("role"),
+    Column("point", wrap=True, min_width=14),
+    Column("ckpt layers", priority=4, wrap=True, min_width=10),
+    Column("reserved", numeric=True),
+    Column("allocated", priority=3, numeric=True),
+    Column("activation", priority=3, numeric=True),
+    Column("tok/s", numeric=True),
+    Column("vs best", priority=1, numeric=True),
+    Column("vs limit", numeric=True),  # budget minus headroom: the same figure as the sentence
 )
-PARETO_COLUMNS = ("point", "ckpt layers", "reserved", "allocated", "tok/s", "fits")
-_RIGHT = {"reserved", "allocated", "activation", "tok/s", "vs best", "vs budget"}
-_WRAP = {"ckpt layers"}  # the only column that may wrap; long layer lists fold
+PARETO_COLUMNS = (
+    Column("point", wrap=True, min_width=14),
+    Column("ckpt layers", priority=3, wrap=True, min_width=10),
+    Column("reserved", numeric=True),
+    Column("allocated", priority=2, numeric=True),
+    Column("tok/s", numeric=True),
+    Column("fits"),
+)
 _STYLE = {"best": "bold green", "no fit": "yellow", "smallest": "yellow"}
 
 
 def heading(rec: Recommendation) -> str:
     """'Under 80.00 GiB (4.00 GiB headroom: at most 76.00 GiB peak reserved), seq 2048'."""
+    size = rec.size
     seq = f", seq_len {rec.seq_len}" if rec.seq_len is not None else ""
     if not rec.headroom_bytes:
-        return f"Under {fmt_bytes(rec.budget_bytes)} of peak reserved memory, no headroom{seq}"
+        return f"Under {size(rec.budget_bytes)} of peak reserved memory, no headroom{seq}"
     return (
-        f"Under {fmt_bytes(rec.budget_bytes)} ({fmt_bytes(rec.headroom_bytes)} headroom: at most "
-        f"{fmt_bytes(rec.limit_bytes)} peak reserved){seq}"
+        f"Under {size(rec.budget_bytes)} ({size(rec.headroom_bytes)} headroom: at most "
+        f"{size(rec.limit_bytes)} peak reserved){seq}"
     )
 
 
 def _row(role: str, c: Candidate, rec: Recommendation) -> dict[str, str]:
     vs = f"{c.tokens_per_s / rec.best.tokens_per_s:.0%}" if rec.best is not None else "-"
+    size = rec.size
     return {
         "role": role,
         "point": c.label + (" (!)" if c.notes else ""),
         "ckpt layers": c.layers_checkpointed or "-",
-        "reserved": fmt_bytes(c.memory_bytes),
-        "allocated": fmt_bytes(c.peak_allocated_bytes),
-        "activation": fmt_bytes(c.breakdown["activation_bytes"]),
+        "reserved": size(c.memory_bytes),
+        "allocated": size(c.peak_allocated_bytes),
+        "activation": size(c.breakdown["activation_bytes"]),
         "tok/s": f"{c.tokens_per_s:,.0f}",
         "vs best": vs,
-        "vs budget": _versus_budget(c.memory_bytes, rec.budget_bytes),
+        "vs limit": rec.room(c),
     }
-
-
-def _versus_budget(memory: int, budget: int) -> str:
-    return f"{fmt_bytes(budget - memory)} free" if memory <= budget else f"{fmt_bytes(memory - budget)} over"
 
 
 def choice_rows(rec: Recommendation) -> list[dict[str, str]]:
@@ -63,15 +73,18 @@ def choice_rows(rec: Recommendation) -> list[dict[str, str]]:
     return rows
 
 
-def pareto_rows(front: list[Candidate], *, limit_bytes: int | None = None) -> list[dict[str, str]]:
+def pareto_rows(
+    front: list[Candidate], *, limit_bytes: int | None = None, size: SizeUnit | None = None
+) -> list[dict[str, str]]:
     """The Pareto front, by memory ascending; with a limit, whether each point fits under it."""
+    size = size or SizeUnit.for_sizes(c.memory_bytes for c in front)
     rows = []
     for c in front:
         row = {
             "point": c.label,
             "ckpt layers": c.layers_checkpointed or "-",
-            "reserved": fmt_bytes(c.memory_bytes),
-            "allocated": fmt_bytes(c.peak_allocated_bytes),
+            "reserved": size(c.memory_bytes),
+            "allocated": size(c.peak_allocated_bytes),
             "tok/s": f"{c.tokens_per_s:,.0f}",
         }
         if limit_bytes is not None:
@@ -80,7 +93,7 @@ def pareto_rows(front: list[Candidate], *, limit_bytes: int | None = None) -> li
     return rows
 
 
-def pareto_columns(*, with_budget: bool) -> tuple[str, ...]:
+def pareto_columns(*, with_budget: bool) -> tuple[Column, ...]:
     return PARETO_COLUMNS if with_budget else PARETO_COLUMNS[:-1]
 
 
@@ -102,27 +115,16 @@ def notes(rec: Recommendation) -> list[str]:
     return lines
 
 
-def _rich(rows: list[dict[str, str]], columns: tuple[str, ...], title: str) -> Table:
-    table = Table(title=title, header_style="bold", title_justify="left")
-    for col in columns:
-        table.add_column(
-            col, justify="right" if col in _RIGHT else "left", no_wrap=col not in _WRAP, overflow="fold"
-        )
-    for row in rows:
-        table.add_row(*(row[c] for c in columns), style=_STYLE.get(row.get("role", "")))
-    return table
-
-
 def rich_recommendation(rec: Recommendation) -> Group:
-    """Both tables, the sentence of why and the notes, for the terminal."""
-    parts: list[Table | Text] = [
-        _rich(choice_rows(rec), CHOICE_COLUMNS, f"{rec.run_name}: {heading(rec)}"),
+    """Both tables (fitted to the terminal), the sentence of why and the notes."""
+    choices = choice_rows(rec)
+    parts: list[FitTable | Text] = [
+        FitTable(choices, CHOICE_COLUMNS, title=f"{rec.run_name}: {heading(rec)}", title_justify="left",
+                 styles=[_STYLE.get(r["role"]) for r in choices], complete_hint="--format json has every field"),
         Text(rec.why),
-        _rich(
-            pareto_rows(rec.pareto, limit_bytes=rec.limit_bytes),
-            PARETO_COLUMNS,
-            "Pareto front (peak reserved memory vs tokens/s)",
-        ),
+        FitTable(pareto_rows(rec.pareto, limit_bytes=rec.limit_bytes, size=rec.size), PARETO_COLUMNS,
+                 title="Pareto front (peak reserved memory vs tokens/s)", title_justify="left",
+                 complete_hint="--format json has every field"),
     ]
     parts += [Text(line, style="yellow") for line in notes(rec)]
     return Group(*parts)
@@ -132,16 +134,18 @@ def markdown_recommendation(rec: Recommendation, *, level: int = 2) -> str:
     """The same content as Markdown (for report.md)."""
     h = "#" * level
     out = [f"{h} Recommendation\n", f"{heading(rec)}.\n", f"**{rec.why}**\n"]
-    out.append(markdown_table(choice_rows(rec), CHOICE_COLUMNS, right=_RIGHT))
+    out.append(markdown_of(choice_rows(rec), CHOICE_COLUMNS))
     out += [f"{line}\n" for line in notes(rec)]
     return "\n".join(out)
 
 
-def markdown_pareto(front: list[Candidate], *, limit_bytes: int | None = None, level: int = 2) -> str:
+def markdown_pareto(
+    front: list[Candidate], *, limit_bytes: int | None = None, level: int = 2, size: SizeUnit | None = None
+) -> str:
     """The Pareto front as a Markdown section."""
     head = (
         f"{'#' * level} Pareto front\n\n"
         "Points that no other point beats on both peak reserved memory and tokens/s, by memory.\n\n"
     )
     columns = pareto_columns(with_budget=limit_bytes is not None)
-    return head + markdown_table(pareto_rows(front, limit_bytes=limit_bytes), columns, right=_RIGHT)
+    return head + markdown_of(pareto_rows(front, limit_bytes=limit_bytes, size=size), columns)

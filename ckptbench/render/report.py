@@ -2,36 +2,47 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ckptbench.analysis.recommend import Recommendation, candidates, pareto_front
 from ckptbench.errors import ResultsError
-from ckptbench.render.plots import plot_breakdown, plot_peak_memory, plot_speed
+from ckptbench.estimate.record import Estimate
+from ckptbench.render.breakdown_plot import plot_breakdown
+from ckptbench.render.layer_report import layer_section
+from ckptbench.render.plots import plot_peak_memory, plot_speed
 from ckptbench.render.recommend import markdown_pareto, markdown_recommendation
-from ckptbench.render.summary import run_header, summary_columns, summary_rows
-from ckptbench.render.tables import markdown_table
+from ckptbench.render.summary import run_header, size_unit, summary_markdown
 from ckptbench.render.tradeoff_plot import plot_tradeoff
 from ckptbench.results.store import Run, write_text_atomic
-from ckptbench.units import fmt_bytes
+from ckptbench.units import SizeUnit, fmt_bytes
 
 REPORT_FILE = "report.md"
 PLOT_TITLES = {
     "peak_memory.png": "Peak reserved memory per layout and batch size",
-    "speed.png": "Step time and tokens/s per layout",
+    "speed.png": "Speed relative to no checkpointing",
     "tradeoff.png": "Memory against throughput, with the Pareto front",
-    "memory_breakdown.png": "Memory breakdown per layout",
+    "memory_breakdown.png": "Memory at the peak per layout",
 }
 PLOT_CAPTIONS = {
     "peak_memory.png": "Bars: peak reserved memory of each point; OOM/SKIPPED mark points that did not run.",
-    "speed.png": "Median step time (error bar: inter-quartile range of the measured steps) and tokens/s.",
+    "speed.png": (
+        "Tokens/s of each point over the tokens/s of `none` at the same batch size (where `none` did not run: "
+        "the fastest point of that batch, named in the legend); error bar: the inter-quartile range of the "
+        "point's measured steps. The tables below give the absolute step times."
+    ),
     "tradeoff.png": (
-        "Every ok point; the black staircase is the Pareto front (no point uses less memory and runs "
-        "faster). With a budget: the budget line, the headroom band and the recommended point."
+        "Every ok point, one colour and marker per layout, larger markers for larger batches; the black "
+        "staircase is the Pareto front (no point uses less memory and runs faster). With a budget: the budget "
+        "line, the headroom band and the recommended point."
     ),
     "memory_breakdown.png": (
-        "At the batch and sequence length where the most layouts ran: parameters, gradients, optimizer "
-        "state and activations at the peak, plus what the allocator reserved on top."
+        "At the batch and sequence length where the most layouts ran. Coloured parts: ckptbench estimate's "
+        "breakdown at its predicted peak (a fake-tensor trace of the same step: an estimate, not a measurement); "
+        "without an estimate, the measured parameters + optimizer state and the rest of the measured peak. "
+        "Measured: the black tick (peak allocated), the hatched part (reserved, not allocated) and the number "
+        "(peak reserved)."
     ),
 }
 
@@ -48,45 +59,57 @@ def default_out_dir(run: Run) -> Path:
     return run.path / "report"
 
 
-def write_report(run: Run, *, out_dir: Path, rec: Recommendation | None = None) -> ReportFiles:
-    """Write the PNG plots and report.md (which links them by relative path) into ``out_dir``."""
+def write_report(
+    run: Run, *, out_dir: Path, rec: Recommendation | None = None, estimates: Sequence[Estimate] = ()
+) -> ReportFiles:
+    """Write the PNG plots and report.md (which links them by relative path) into ``out_dir``;
+    ``estimates`` (of ``breakdown_plot.breakdown_points``) split the peaks in the breakdown plot."""
     if not run.points:
         raise ResultsError(f"{run.path}: the run has no finished points yet; nothing to report")
-    plots = write_plots(run, out_dir, rec=rec)
+    size = rec.size if rec is not None else size_unit(run)  # one unit for every size of the report
+    plots = write_plots(run, out_dir, rec=rec, size=size, estimates=estimates)
     sections = [_header(run)]
     if rec is not None:
         sections.append(markdown_recommendation(rec))
-        sections.append(markdown_pareto(rec.pareto, limit_bytes=rec.limit_bytes))
+        sections.append(markdown_pareto(rec.pareto, limit_bytes=rec.limit_bytes, size=size))
     else:
-        sections.append(markdown_pareto(pareto_front(candidates(run))))
+        sections.append(markdown_pareto(pareto_front(candidates(run)), size=size))
     sections.append(_plots_section(plots))
-    sections.append("## All points\n\n" + markdown_table(summary_rows(run), summary_columns(run)))
+    sections.append("## All points\n\n" + summary_markdown(run, size=size))
     if run.environment.get("device_type") == "cpu":
         sections.append(
             "Memory on CPU is measured by ckptbench's live-tensor tracker (reserved = allocated); "
             "CPU step times include the tracker's overhead.\n"
         )
+    limit = rec.limit_bytes if rec is not None else None
+    layers_md, layers_plot = layer_section(run, out_dir, limit_bytes=limit)  # saving and cost per checkpointed layer
+    sections.append(layers_md)
+    if layers_plot is not None:
+        plots.append(layers_plot)
     path = out_dir / REPORT_FILE
     write_text_atomic(path, "\n".join(sections))
     return ReportFiles(markdown=path, plots=plots)
 
 
-def write_plots(run: Run, out_dir: Path, *, rec: Recommendation | None = None) -> list[Path]:
+def write_plots(
+    run: Run, out_dir: Path, *, rec: Recommendation | None = None, size: SizeUnit | None = None,
+    estimates: Sequence[Estimate] = (),
+) -> list[Path]:
     """All four PNGs into ``out_dir``; returns their paths in report order."""
     out_dir.mkdir(parents=True, exist_ok=True)
     budget = rec.budget_bytes if rec is not None else None
     return [
-        plot_peak_memory(run, out_dir / "peak_memory.png", budget_bytes=budget),
-        plot_speed(run, out_dir / "speed.png"),
-        plot_tradeoff(run, out_dir / "tradeoff.png", rec=rec),
-        plot_breakdown(run, out_dir / "memory_breakdown.png", budget_bytes=budget),
+        plot_peak_memory(run, out_dir / "peak_memory.png", budget_bytes=budget, size=size),
+        plot_speed(run, out_dir / "speed.png", size=size),
+        plot_tradeoff(run, out_dir / "tradeoff.png", rec=rec, size=size),
+        plot_breakdown(run, out_dir / "memory_breakdown.png", budget_bytes=budget, size=size, estimates=estimates),
     ]
 
 
 def _header(run: Run) -> str:
     env, cfg = run.environment, run.config
     total = env.get("gpu_total_memory_bytes")
-    lines = [f"# ckptbench report: {run.name}\n", f"{run_header(run)}\n"]
+    lines = [f"# ckptbench report: {run.title}\n", f"{run_header(run)}\n"]
     if run.meta.get("note"):
         lines.append(f"> **Note:** {run.meta['note']}\n")
     facts = [

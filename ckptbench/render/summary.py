@@ -4,32 +4,33 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.table import Table
-
 from ckptbench.config.grid import setup_label
-from ckptbench.render.tables import markdown_table, rich_table
+from ckptbench.render.tables import Column, FitTable, markdown_of, status_style
 from ckptbench.results.frame import to_frame
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run, write_text_atomic
+from ckptbench.units import SizeUnit, fmt_bytes, fmt_percent, tried_allocation_bytes
 
-GIB = 2**30
-MIB = 2**20
-
-COLUMNS: tuple[str, ...] = (
-    "layout",
-    "batch",
-    "seq",
-    "precision",
-    "ckpt layers",
-    "peak",
-    "reserved",
-    "activation",
-    "step ms",
-    "± ms",
-    "tok/s",
-    "MFU",
-    "status",
+# In display order; a narrow terminal leaves out the highest priority numbers first.
+COLUMNS: tuple[Column, ...] = (
+    Column("layout"),
+    Column("batch", numeric=True),
+    Column("seq", numeric=True),
+    Column("precision", priority=5),
+    Column("ckpt layers", priority=6, wrap=True, min_width=10),
+    Column("peak", numeric=True),
+    Column("reserved", priority=1, numeric=True),
+    Column("activation", priority=3, numeric=True),
+    Column("step ms", numeric=True),
+    Column("± ms", priority=4, numeric=True),
+    Column("tok/s", priority=1, numeric=True),
+    Column("MFU", priority=2, numeric=True),
+    Column("HFU", priority=4, numeric=True),
+    Column("status", wrap=True, min_width=14),
 )
+_SETUP = Column("setup", wrap=True, min_width=14)
+_PREDICTED = (Column("predicted", priority=4, numeric=True), Column("pred. err", priority=4, numeric=True))
+_REASON_CHARS = 100  # an error's reason in a table cell; points.jsonl keeps all of it
 
 
 def _num(value: float | None, fmt: str, scale: float = 1.0) -> str:
@@ -38,54 +39,60 @@ def _num(value: float | None, fmt: str, scale: float = 1.0) -> str:
     return format(value / scale, fmt)
 
 
-def _percent(value: float | None) -> str:
-    text = _num(value * 100 if value is not None else None, ".1f")
-    return text if text == "-" else f"{text}%"
-
-
-def _mem(value: float | None, scale: int, unit: str) -> str:
-    text = _num(value, ".2f", scale)
-    return text if text == "-" else f"{text} {unit}"
-
-
-def summary_columns(run: Run) -> tuple[str, ...]:
-    """COLUMNS, plus 'setup' when a technique axis varies and 'predicted'/'pred. err' when estimated."""
-    cols = list(COLUMNS)
-    if any(setup_label(p.key) for p in run.points):
-        cols.insert(cols.index("precision") + 1, "setup")
-    if any(p.predicted_peak_allocated_bytes for p in run.points):
-        at = cols.index("peak") + 1
-        cols[at:at] = ["predicted", "pred. err"]
+def summary_columns(run: Run) -> tuple[Column, ...]:
+    """COLUMNS, plus 'setup' when a technique axis varies and 'predicted'/'pred. err' when estimated;
+    precision is as essential as the layout when it varies."""
+    cols: list[Column] = []
+    varies = len({p.key.get("precision") for p in run.points}) > 1
+    for col in COLUMNS:
+        cols.append(Column("precision") if col.name == "precision" and varies else col)
+        if col.name == "precision" and any(setup_label(p.key) for p in run.points):
+            cols.append(_SETUP)
+        if col.name == "peak" and any(p.predicted_peak_allocated_bytes for p in run.points):
+            cols += _PREDICTED
     return tuple(cols)
 
 
-def _prediction(rec: PointRecord, scale: int, unit: str) -> tuple[str, str]:
+def size_unit(run: Run) -> SizeUnit:
+    """The one unit of every size shown for this run (units.py: GiB unless all are below 1 GiB)."""
+    return SizeUnit.for_sizes(run.sizes())
+
+
+def _prediction(rec: PointRecord, size: SizeUnit) -> tuple[str, str]:
     pred, meas = rec.predicted_peak_allocated_bytes, rec.peak_allocated_bytes
     if pred is None:
         return "-", "-"
-    err = "-" if not rec.ok or not meas else f"{(pred - meas) / meas * 100:+.2f}%"
-    return _mem(pred, scale, unit) + " (est.)", err
+    err = None if not rec.ok or not meas else (pred - meas) / meas
+    return size(pred) + " (est.)", fmt_percent(err, signed=True)
 
 
-def _status(rec: PointRecord) -> str:
+def status_text(rec: PointRecord) -> str:
+    """'ok', 'ok (leak)', 'oom (tried 1.95 GiB)', 'error: <reason>' (the full message stays in points.jsonl)."""
     if rec.ok and rec.leaked:
         return "ok (leak)"
     if rec.ok and rec.loss_mismatch:
         return "ok (loss mismatch)"
     if rec.ok and (rec.loss_check is None or rec.loss_check.match is None):
         return "ok (loss unchecked)"  # older runs left a point unchecked when 'none' did not run
-    return rec.status if rec.ok or not rec.reason else f"{rec.status}: {rec.reason}"
+    if rec.ok or not rec.reason:
+        return rec.status
+    if rec.status == "oom":
+        tried = tried_allocation_bytes(rec.reason)
+        return "oom" if tried is None else f"oom (tried {fmt_bytes(tried)})"
+    reason = rec.reason.splitlines()[0]
+    if len(reason) > _REASON_CHARS:
+        reason = reason[: _REASON_CHARS - 1].rstrip() + "…"
+    return f"{rec.status}: {reason}"
 
 
-def summary_rows(run: Run) -> list[dict[str, str]]:
-    """One display row per point, in run order: strings ready for any renderer."""
-    peaks = [p.peak_allocated_bytes for p in run.points if p.peak_allocated_bytes is not None]
-    # GiB for real models; tiny CPU models are shown in MiB so that differences stay visible.
-    scale, unit = (GIB, "GiB") if not peaks or max(peaks) >= GIB else (MIB, "MiB")
+def summary_rows(run: Run, *, size: SizeUnit | None = None) -> list[dict[str, str]]:
+    """One display row per point, in run order: strings ready for any renderer (sizes in ``size``,
+    by default the run's unit)."""
+    size = size or size_unit(run)
     rows: list[dict[str, str]] = []
     for rec in run.points:
         ok, key = rec.ok, rec.key
-        predicted, pred_err = _prediction(rec, scale, unit)
+        predicted, pred_err = _prediction(rec, size)
         rows.append(
             {
                 "setup": setup_label(key) or "-",
@@ -96,22 +103,26 @@ def summary_rows(run: Run) -> list[dict[str, str]]:
                 "seq": str(key.get("seq_len")),
                 "precision": str(key.get("precision")),
                 "ckpt layers": str(rec.layers_checkpointed or "-"),
-                "peak": _mem(rec.peak_allocated_bytes if ok else None, scale, unit),
-                "reserved": _mem(rec.peak_reserved_bytes if ok else None, scale, unit),
-                "activation": _mem(rec.activation_bytes if ok else None, scale, unit),
+                "peak": size(rec.peak_allocated_bytes if ok else None),
+                "reserved": size(rec.peak_reserved_bytes if ok else None),
+                "activation": size(rec.activation_bytes if ok else None),
                 "step ms": _num(rec.median_step_time_s, ".1f", 1e-3),
                 "± ms": _num(rec.step_time_iqr_s, ".1f", 1e-3),
                 "tok/s": _num(rec.tokens_per_s, ",.0f"),
-                "MFU": _percent(rec.mfu),
-                "status": _status(rec),
+                "MFU": fmt_percent(rec.mfu, digits=1),
+                "HFU": fmt_percent(rec.hfu, digits=1),
+                "status": status_text(rec),
             }
         )
     return rows
 
 
-def summary_table(run: Run) -> Table:
-    """The final table of a sweep."""
-    return rich_table(summary_rows(run), summary_columns(run), title=f"ckptbench: {run.name}")
+def summary_table(run: Run) -> FitTable:
+    """The final table of a sweep, fitted to the terminal (summary.md has every column)."""
+    rows = summary_rows(run)
+    return FitTable(rows, summary_columns(run), title=f"ckptbench: {run.title}",
+                    styles=[status_style(r["status"]) for r in rows],
+                    complete_hint="summary.md in the run directory has every column")
 
 
 def run_header(run: Run) -> str:
@@ -119,9 +130,14 @@ def run_header(run: Run) -> str:
     env = run.environment
     where = env.get("gpu_name") or f"CPU ({env.get('probe', 'live-tensor tracker')})"
     return (
-        f"{run.name}: {where}, torch {env.get('torch')}, transformers {env.get('transformers')}, "
+        f"{run.title}: {where}, torch {env.get('torch')}, transformers {env.get('transformers')}, "
         f"status {run.meta.get('status', '?')}"
     )
+
+
+def summary_markdown(run: Run, *, size: SizeUnit | None = None) -> str:
+    """The complete summary table as Markdown."""
+    return markdown_of(summary_rows(run, size=size), summary_columns(run))
 
 
 def write_summaries(run: Run) -> tuple[Path, Path]:
@@ -135,9 +151,13 @@ def write_summaries(run: Run) -> tuple[Path, Path]:
             "\nMemory on CPU is measured by ckptbench's live-tensor tracker (reserved = allocated); "
             "CPU step times include the tracker's overhead.\n"
         )
-    text = f"# {run.name}\n\n{run_header(run)}\n\n" + markdown_table(summary_rows(run), summary_columns(run)) + note
+    text = f"# {run.title}\n\n{run_header(run)}\n\n" + summary_markdown(run) + note
     write_text_atomic(md_path, text)
     return csv_path, md_path
+
+
+SEARCH_COLUMNS = (Column("search"), Column("cell", wrap=True), Column("answer", wrap=True),
+                  Column("probes", priority=1, wrap=True, min_width=20))
 
 
 def search_rows(run: Run) -> list[dict[str, str]]:
@@ -157,6 +177,6 @@ def search_rows(run: Run) -> list[dict[str, str]]:
     return rows
 
 
-def search_table(run: Run) -> Table:
+def search_table(run: Run) -> FitTable:
     """The answers of a run's searches, each resting on the measured probes it lists."""
-    return rich_table(search_rows(run), ["search", "cell", "answer", "probes"], title="searches (measured)")
+    return FitTable(search_rows(run), SEARCH_COLUMNS, title="searches (measured)")

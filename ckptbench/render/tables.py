@@ -1,40 +1,218 @@
-"""Generic table rendering: rich tables, GitHub Markdown and CSV of string rows (no metrics here)."""
+"""Generic tables of string rows: rich tables that fit the terminal, GitHub Markdown and CSV (no metrics here).
+
+Every table declares its columns with a priority. ``fit_columns`` decides, for a given width, which
+columns are shown and how wide: numbers are never shortened or wrapped; text columns marked ``wrap``
+fold onto more lines down to their minimum width; when even that is too wide, the columns with the
+highest priority number are left out, and the table's caption names them. ``FitTable`` is a rich
+renderable that makes that decision at print time, with the width of the console it is printed on.
+Markdown and CSV are always complete.
+"""
 
 from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Collection, Sequence
+import re
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
 
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, JustifyMethod, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
-_RIGHT = {"batch", "seq", "peak", "predicted", "pred. err", "reserved", "activation", "step ms", "± ms", "tok/s",
-          "MFU", "count"}
+# A rich table with the default box and padding: one edge, then per column 2 padding + 1 rule.
+_EDGE, _PER_COLUMN = 1, 3
+# Wrapped text breaks after a space or a comma, so that '0,2,4,...,30' never splits a number.
+_PIECE = re.compile(r"[^\s,]*,?\s*")
+_LONGEST_KEPT_WHOLE = 30  # a wrapping column is at least as wide as its longest word, up to this
+_COMFORTABLE = 40  # a wrapping column this wide reads well; beyond it, it wraps rather than hide a column
 
 
-def rich_table(rows: Sequence[dict[str, str]], columns: Sequence[str], *, title: str | None = None) -> Table:
-    """A rich table of string rows."""
-    table = Table(title=title, show_lines=False, header_style="bold")
-    for col in columns:
-        table.add_column(col, justify="right" if col in _RIGHT else "left", no_wrap=col != "status")
-    for row in rows:
-        style = None if row.get("status", "ok").startswith("ok") else "yellow"
-        table.add_row(*(row[c] for c in columns), style=style)
-    return table
+@dataclass(frozen=True)
+class Column:
+    """One column of a table and how it gives way when the terminal is narrow."""
+
+    name: str
+    priority: int = 0  # 0: always shown; when the width is short, the highest number is left out first
+    numeric: bool = False  # right-aligned, never wrapped or shortened
+    wrap: bool = False  # text that may fold onto more lines, down to ``min_width``, before anything is left out
+    min_width: int = 12
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The columns shown at one width, their content widths, and the names of those left out."""
+
+    columns: tuple[Column, ...]
+    widths: tuple[int, ...]
+    left_out: tuple[str, ...]
+
+    @property
+    def total_width(self) -> int:
+        return sum(self.widths) + _PER_COLUMN * len(self.widths) + _EDGE
+
+
+def _natural(col: Column, rows: Sequence[dict[str, str]]) -> int:
+    """The width a column needs to show its header and every cell on one line."""
+    cells = (cell_len(line) for row in rows for line in row.get(col.name, "").splitlines() or [""])
+    return max(cell_len(col.name), max(cells, default=0))  # no rows at all: the header's width
+
+
+def _minimum(col: Column, natural: int, rows: Sequence[dict[str, str]]) -> int:
+    if not col.wrap:
+        return natural
+    longest_header_word = max(cell_len(w) for w in col.name.split())
+    longest_word = min(_longest_piece(col, rows), _LONGEST_KEPT_WHOLE)
+    return min(natural, max(col.min_width, longest_header_word, longest_word))
+
+
+def _pieces(text: str) -> list[str]:
+    """Unbreakable pieces: a word with its trailing comma and spaces."""
+    return [p for p in _PIECE.findall(text) if p]
+
+
+def wrap_text(text: str, width: int) -> str:
+    """``text`` folded onto lines of at most ``width`` cells, broken after spaces and commas
+    (a piece longer than a line is cut at the width: only text is ever that long, never a number)."""
+    lines: list[str] = []
+    for paragraph in text.splitlines() or [""]:
+        line = ""
+        for piece in _pieces(paragraph):
+            if cell_len((line + piece).rstrip()) <= width:
+                line += piece
+                continue
+            if line:
+                lines.append(line.rstrip())
+            while cell_len(piece.rstrip()) > width:
+                lines.append(piece[:width])
+                piece = piece[width:]
+            line = piece
+        lines.append(line.rstrip())
+    return "\n".join(lines)
+
+
+def _longest_piece(col: Column, rows: Sequence[dict[str, str]]) -> int:
+    return max((cell_len(p.rstrip()) for row in rows for p in _pieces(row.get(col.name, ""))), default=0)
+
+
+def _overhead(n: int) -> int:
+    return _PER_COLUMN * n + _EDGE
+
+
+def fit_columns(columns: Sequence[Column], rows: Sequence[dict[str, str]], width: int) -> Fit:
+    """Which columns to show at ``width`` (in display order) and how wide each one's content is."""
+    natural = {c.name: _natural(c, rows) for c in columns}
+    minimum = {c.name: _minimum(c, natural[c.name], rows) for c in columns}
+    # Essential columns first; then the others, most important first (ties: leftmost), each one that
+    # still fits at its minimum width next to the chosen ones at a comfortable width: a column is
+    # added only where it does not force a more important one to wrap (up to _COMFORTABLE cells).
+    comfortable = {c.name: natural[c.name] if not c.wrap else min(natural[c.name], max(minimum[c.name], _COMFORTABLE))
+                   for c in columns}
+    chosen = [c for c in columns if c.priority == 0]
+    for col in sorted((c for c in columns if c.priority > 0), key=lambda c: _rank(c, rows)):
+        need = sum(comfortable[c.name] for c in chosen) + minimum[col.name] + _overhead(len(chosen) + 1)
+        if need <= width:
+            chosen.append(col)
+    shown = [c for c in columns if c in chosen]  # back in display order
+    widths = _share(shown, natural, minimum, room=width - _overhead(len(shown)))
+    left_out = tuple(c.name for c in columns if c not in shown)
+    return Fit(columns=tuple(shown), widths=tuple(widths[c.name] for c in shown), left_out=left_out)
+
+
+def _rank(col: Column, rows: Sequence[dict[str, str]]) -> tuple[bool, int]:
+    """Optional columns by priority; one with nothing but '-' in it (MFU on a CPU run) comes last."""
+    return all(row.get(col.name, "-") == "-" for row in rows), col.priority
+
+
+def _share(shown: Sequence[Column], natural: dict[str, int], minimum: dict[str, int], *, room: int) -> dict[str, int]:
+    """Natural widths if they fit; otherwise wrapping columns give way, the least important first
+    (ties: the rightmost), each down to its minimum before the next one wraps."""
+    widths = {c.name: natural[c.name] for c in shown}
+    excess = sum(widths.values()) - room
+    for col in sorted((c for c in shown if c.wrap), key=lambda c: (c.priority, shown.index(c)), reverse=True):
+        if excess <= 0:
+            break
+        give = min(excess, widths[col.name] - minimum[col.name])
+        widths[col.name] -= give
+        excess -= give
+    return widths
+
+
+class FitTable:
+    """A rich table of string rows that fits the width of the console it is printed on."""
+
+    def __init__(
+        self,
+        rows: Sequence[dict[str, str]],
+        columns: Sequence[Column],
+        *,
+        title: str | None = None,
+        caption: str | None = None,
+        styles: Sequence[str | None] | None = None,
+        title_justify: JustifyMethod = "center",
+        complete_hint: str = "widen the terminal or set COLUMNS",
+    ) -> None:
+        self.rows, self.columns = list(rows), list(columns)
+        self.title, self.caption, self.title_justify = title, caption, title_justify
+        self.styles = list(styles) if styles is not None else [None] * len(self.rows)
+        self.complete_hint = complete_hint
+
+    def table(self, width: int) -> Table:
+        """The rich table for a console ``width`` columns wide."""
+        fit = fit_columns(self.columns, self.rows, width)
+        captions = [self.caption] if self.caption else []
+        if fit.left_out:
+            captions.append(f"not shown at {width} columns: {', '.join(fit.left_out)} ({self.complete_hint})")
+        table = Table(title=self.title, caption="\n".join(captions) or None, header_style="bold",
+                      title_justify=self.title_justify)
+        for col, w in zip(fit.columns, fit.widths, strict=True):
+            table.add_column(col.name, justify="right" if col.numeric else "left", width=w,
+                             no_wrap=not col.wrap, overflow="fold")
+        for row, style in zip(self.rows, self.styles, strict=True):
+            cells = (wrap_text(row.get(c.name, ""), w) if c.wrap else row.get(c.name, "")
+                     for c, w in zip(fit.columns, fit.widths, strict=True))
+            table.add_row(*(Text(cell) for cell in cells), style=style)
+        return table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.table(options.max_width)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self.table(options.max_width))
+
+
+def status_style(status: str) -> str | None:
+    """Rows of points that did not finish ok are yellow."""
+    return None if status.startswith("ok") else "yellow"
 
 
 def markdown_table(
-    rows: Sequence[dict[str, str]], columns: Sequence[str], *, right: Collection[str] = _RIGHT
+    rows: Sequence[dict[str, str]], columns: Sequence[str], *, right: Collection[str] = ()
 ) -> str:
     """A GitHub-flavoured Markdown table of string rows; ``right`` names the right-aligned columns."""
 
     def cell(text: str) -> str:
-        return text.replace("|", "\\|")
+        return text.replace("|", "\\|").replace("\n", " ")
 
     lines = ["| " + " | ".join(columns) + " |"]
     lines.append("| " + " | ".join("---:" if c in right else "---" for c in columns) + " |")
     lines += ["| " + " | ".join(cell(r[c]) for c in columns) + " |" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def markdown_of(rows: Sequence[dict[str, str]], columns: Sequence[Column]) -> str:
+    """The complete Markdown table of rows declared with ``Column``s."""
+    return markdown_table(rows, names(columns), right=numeric_names(columns))
+
+
+def names(columns: Iterable[Column]) -> list[str]:
+    return [c.name for c in columns]
+
+
+def numeric_names(columns: Iterable[Column]) -> set[str]:
+    return {c.name for c in columns if c.numeric}
 
 
 def csv_text(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -11,82 +12,110 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from ckptbench.analysis.recommend import Candidate, Recommendation, candidates, pareto_front
-from ckptbench.render.plots import PlotData, empty_note, save
+from ckptbench.render.plot_labels import Label, place_labels
+from ckptbench.render.plot_style import PlotData, empty_note, save, suptitle
 from ckptbench.results.store import Run
-from ckptbench.units import fmt_bytes
+from ckptbench.units import SizeUnit
 
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">")
+BEST_RING = 420.0  # area (points^2) of the ring around the recommended point
 
 
-def plot_tradeoff(run: Run, path: Path, *, rec: Recommendation | None = None) -> Path:
+def plot_tradeoff(run: Run, path: Path, *, rec: Recommendation | None = None, size: SizeUnit | None = None) -> Path:
     """Scatter of peak reserved memory against tokens/s, the Pareto front, the budget and the winner."""
-    data = PlotData(run)
+    return save(tradeoff_figure(run, rec=rec, size=size), path)
+
+
+def tradeoff_figure(run: Run, *, rec: Recommendation | None = None, size: SizeUnit | None = None) -> Figure:
+    """The scatter as a Figure: one colour and marker per layout, marker size by batch, labels that never overlap."""
+    data = PlotData(run, size=size)
     cands = candidates(run, seq_len=rec.seq_len if rec is not None else None)
     front = pareto_front(cands)
-    fig = Figure(figsize=(11, 6.4), layout="constrained")
+    fig = Figure(figsize=(11.5, 6.8), layout="constrained")
     ax = fig.subplots()
     if not cands:
         empty_note(ax, "no point finished ok: nothing to plot")
-    marker = {b: MARKERS[i % len(MARKERS)] for i, b in enumerate(data.batches)}
+    area = _marker_areas(data, cands)
     for c in cands:
-        ax.scatter(c.memory_bytes / data.scale, c.tokens_per_s, color=data.layout_color[c.layout],
-                   marker=marker[c.key.get("batch_size")], s=46, edgecolor="black", linewidth=0.4, zorder=3)
-    ax.step([c.memory_bytes / data.scale for c in front], [c.tokens_per_s for c in front], where="post",
+        ax.scatter(data.size.value(c.memory_bytes), c.tokens_per_s, color=data.layout_color[c.layout],
+                   marker=data.layout_marker[c.layout], s=area[c.key.get("batch_size")], edgecolor="black",
+                   linewidth=0.5, zorder=3)
+    ax.step([data.size.value(c.memory_bytes) for c in front], [c.tokens_per_s for c in front], where="post",
             color="black", linewidth=1.2, zorder=2, label="Pareto front")
     if rec is not None:
-        _budget_marks(ax, rec, data.scale)
-    ax.margins(x=0.06, y=0.1)
-    _label_front(ax, front, data.scale, keep=rec.best if rec is not None else None)
+        _budget_marks(ax, rec, data.size)
+    ax.margins(x=0.08, y=0.1)
     ax.set_xlabel(f"peak reserved memory ({data.unit})")
     ax.set_ylabel("throughput (tokens/s)")
     ax.grid(alpha=0.3)
-    _tradeoff_legend(ax, data, marker, {c.key.get("batch_size") for c in cands})
+    _tradeoff_legend(ax, data, cands, area)
     seq = f", seq {rec.seq_len}" if rec is not None and rec.seq_len is not None else ""
-    fig.suptitle(f"Memory against throughput (ok points{seq}): {run.name}", fontsize=12)
-    return save(fig, path)
+    suptitle(fig, run, f"Memory against throughput (ok points{seq})")
+    _label_points(fig, ax, data, cands, front, best=rec.best if rec is not None else None, area=area)
+    return fig
 
 
-def _label_front(ax: Axes, front: Sequence[Candidate], scale: int, *, keep: Candidate | None) -> None:
-    """Name front points up and to the left, where no point can be (it would dominate them);
-    skip a label that would sit on the previous one."""
-    to_axes = ax.transData + ax.transAxes.inverted()
-    last: tuple[float, float] | None = None
-    for c in front:
-        x, y = to_axes.transform((c.memory_bytes / scale, c.tokens_per_s))
-        crowded = last is not None and abs(y - last[1]) < 0.04 and abs(x - last[0]) < 0.3
-        if crowded and c is not keep:
+def _marker_areas(data: PlotData, cands: Sequence[Candidate]) -> dict[Any, float]:
+    """Larger markers for larger batches (in points^2), in the order of the run's batch sizes."""
+    shown = [b for b in data.batches if any(c.key.get("batch_size") == b for c in cands)]
+    return {b: 40.0 + 45.0 * i for i, b in enumerate(shown)}
+
+
+def _label_points(
+    fig: Figure, ax: Axes, data: PlotData, cands: Sequence[Candidate], front: Sequence[Candidate], *,
+    best: Candidate | None, area: dict[Any, float],
+) -> None:
+    """Name points where there is room: the recommended one first, then the Pareto front, then the rest
+    by speed; a label that would cover another label or a point is left out (the legend still names it)."""
+    order = [*([best] if best is not None else []), *front, *sorted(cands, key=lambda c: -c.tokens_per_s)]
+    one_seq = len({c.key.get("seq_len") for c in cands}) == 1  # then the title names it
+    seen: set[int] = set()
+    labels = []
+    for c in order:
+        if c.index in seen:
             continue
-        near_left = x < 0.2  # no room on the left: below and to the right instead
-        ax.annotate(c.label, (c.memory_bytes / scale, c.tokens_per_s), textcoords="offset points",
-                    xytext=(6, -11) if near_left else (-5, 5), ha="left" if near_left else "right",
-                    fontsize=7.5, color="#222222", fontweight="bold" if c is keep else "normal")
-        last = (x, y)
+        seen.add(c.index)
+        text = c.label.replace(f" s={c.key.get('seq_len')}", "") if one_seq else c.label
+        radius = (BEST_RING if c is best else area[c.key.get("batch_size")]) ** 0.5 / 2
+        labels.append(Label(data.size.value(c.memory_bytes), c.tokens_per_s, text, radius=radius, bold=c is best))
+    place_labels(fig, ax, labels, lines=[_staircase(front, data.size)])
 
 
-def _budget_marks(ax: Axes, rec: Recommendation, scale: int) -> None:
-    ax.axvline(rec.budget_bytes / scale, color="#c44e52", linestyle="--", linewidth=1.2,
-               label=f"budget {fmt_bytes(rec.budget_bytes)}")
+def _staircase(front: Sequence[Candidate], size: SizeUnit) -> list[tuple[float, float]]:
+    """The vertices of the Pareto front as ax.step(where='post') draws it."""
+    vertices: list[tuple[float, float]] = []
+    for a, b in itertools.pairwise(front):
+        vertices += [(size.value(a.memory_bytes), a.tokens_per_s), (size.value(b.memory_bytes), a.tokens_per_s)]
+    if front:
+        vertices.append((size.value(front[-1].memory_bytes), front[-1].tokens_per_s))
+    return vertices
+
+
+def _budget_marks(ax: Axes, rec: Recommendation, size: SizeUnit) -> None:
+    ax.axvline(size.value(rec.budget_bytes), color="#c44e52", linestyle="--", linewidth=1.2,
+               label=f"budget {size(rec.budget_bytes)}")
     if rec.headroom_bytes:
-        ax.axvspan(rec.limit_bytes / scale, rec.budget_bytes / scale, color="#c44e52", alpha=0.12,
-                   label=f"headroom {fmt_bytes(rec.headroom_bytes)}")
+        ax.axvspan(size.value(rec.limit_bytes), size.value(rec.budget_bytes), color="#c44e52", alpha=0.12,
+                   label=f"headroom {size(rec.headroom_bytes)}")
     if rec.best is not None:
         b = rec.best
-        ax.scatter(b.memory_bytes / scale, b.tokens_per_s, s=320, facecolor="none", edgecolor="#c44e52",
+        ax.scatter(size.value(b.memory_bytes), b.tokens_per_s, s=BEST_RING, facecolor="none", edgecolor="#c44e52",
                    linewidth=2, zorder=4, label="best under budget")
 
 
-def _tradeoff_legend(ax: Axes, data: PlotData, marker: dict[Any, str], batches: set[Any]) -> None:
-    """One legend outside the axes: the lines, then layout colours, then batch-size markers."""
+def _tradeoff_legend(ax: Axes, data: PlotData, cands: Sequence[Candidate], area: dict[Any, float]) -> None:
+    """One legend outside the axes: the lines, then each layout's colour and marker, then batch sizes."""
     handles, labels = ax.get_legend_handles_labels()
     blank = Line2D([], [], linestyle="")
     handles.append(blank)
-    labels.append("layout (colour)")
-    for lay, color in data.layout_color.items():
-        handles.append(Line2D([], [], color=color, marker="o", linestyle="", markeredgecolor="black"))
+    labels.append("layout")
+    for lay in (lay for lay in data.layouts if any(c.layout == lay for c in cands)):
+        handles.append(Line2D([], [], color=data.layout_color[lay], marker=data.layout_marker[lay], linestyle="",
+                              markeredgecolor="black", markersize=8))
         labels.append(lay)
     handles.append(blank)
-    labels.append("batch size (marker)")
-    for b in (b for b in data.batches if b in batches):
-        handles.append(Line2D([], [], color="grey", marker=marker[b], linestyle=""))
+    labels.append("batch size (marker size)")
+    for b, s in area.items():
+        handles.append(Line2D([], [], color="#bbbbbb", marker="o", linestyle="", markeredgecolor="black",
+                              markersize=s**0.5))
         labels.append(f"batch {b}")
-    ax.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), labelspacing=0.9)

@@ -196,11 +196,25 @@ class Run:
 
     @property
     def name(self) -> str:
+        """The directory name: what identifies the run on the command line (compare, --resume)."""
         return self.path.name
+
+    @property
+    def title(self) -> str:
+        """The run's own name (run.json ``name``, the config's name) for titles; else the directory name."""
+        name = self.meta.get("name")
+        return name if isinstance(name, str) and name else self.path.name
 
     @property
     def config(self) -> dict[str, Any]:
         return self.meta.get("config") or {}
+
+    def sizes(self) -> list[int]:
+        """Every peak the run holds, measured or predicted: what picks the display unit of its sizes."""
+        found = (
+            (p.peak_allocated_bytes, p.peak_reserved_bytes, p.predicted_peak_allocated_bytes) for p in self.points
+        )
+        return [s for group in found for s in group if s is not None]
 
     @property
     def environment(self) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -90,7 +91,11 @@ def apply_lora(model: LlamaForCausalLM, *, rank: int, spec: LoraSpec) -> nn.Modu
         r=rank, lora_alpha=spec.alpha,  # type: ignore[arg-type]  # peft annotates int; floats work
         target_modules=list(spec.target_modules), lora_dropout=0.0, bias="none"
     )
-    wrapped = get_peft_model(model, lora)
+    with warnings.catch_warnings():
+        # peft reads transformers' deprecated `is_gradient_checkpointing` property, whose FutureWarning would
+        # reach the user's stderr on every LoRA point (peft 0.21, transformers 5.x).
+        warnings.filterwarnings("ignore", message=".*`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        wrapped = get_peft_model(model, lora)
     # Reentrant checkpointing (used by ckpt_inputs offloading) needs an input that requires grad.
     model.enable_input_require_grads()
     return wrapped

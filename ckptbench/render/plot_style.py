@@ -1,0 +1,100 @@
+"""What every plot of a run shares: the run as rows, orders and colours, saving (matplotlib Figure + Agg)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from matplotlib import colormaps
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from ckptbench.results.frame import to_frame
+from ckptbench.results.store import Run
+from ckptbench.units import SizeUnit
+
+DPI = 110
+# One colour and one marker per layout. Ten tab10 hues plus black and gold: no light/dark pairs of
+# one hue (tab20 made none/all and first:16/last:16 look alike); with 12 colours and 11 markers the
+# (colour, marker) pair stays unique for 132 layouts.
+LAYOUT_COLORS = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+    "#000000", "#ffd700",
+)
+LAYOUT_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">")
+
+
+class PlotData:
+    """The run as rows, with the orders and colours every plot shares."""
+
+    def __init__(self, run: Run, *, size: SizeUnit | None = None) -> None:
+        self.run = run
+        self.size = size or SizeUnit.for_sizes(run.sizes())  # the unit of the run's tables too
+        self.rows: list[dict[str, Any]] = to_frame(run).to_dict("records")
+        keys = [p.key for p in run.points]
+        for row, rec in zip(self.rows, run.points, strict=True):
+            row["key"] = rec.key
+            row["quartiles_s"] = _quartiles(rec.step_times_s)
+        self.layouts = list(dict.fromkeys(str(k.get("layout")) for k in keys))
+        self.batches = sorted({k.get("batch_size") for k in keys}, key=lambda b: (b is None, b))
+        names = sorted({n for k in keys for n in k} - {"layout", "batch_size"})
+        self.facet_axes = [n for n in names if len({repr(k.get(n)) for k in keys}) > 1]
+        self.scale, self.unit = self.size.scale, self.size.name
+        cmap = colormaps["viridis"]
+        n = max(len(self.batches) - 1, 1)
+        self.batch_color = {b: cmap(0.1 + 0.75 * i / n) for i, b in enumerate(self.batches)}
+        self.layout_color = {lay: LAYOUT_COLORS[i % len(LAYOUT_COLORS)] for i, lay in enumerate(self.layouts)}
+        self.layout_marker = {lay: LAYOUT_MARKERS[i % len(LAYOUT_MARKERS)] for i, lay in enumerate(self.layouts)}
+
+    def facets(self) -> list[tuple[str, list[dict[str, Any]]]]:
+        """(title, rows) per combination of the key axes other than layout and batch that vary."""
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for row in self.rows:
+            label = ", ".join(f"{short_axis(n)} {row['key'].get(n)}" for n in self.facet_axes)
+            groups.setdefault(label, []).append(row)
+        return list(groups.items())
+
+
+def describe_run(run: Run) -> str:
+    """What a plot shows in one line: 'llama-7b, seq 2048, bf16, NVIDIA H200'."""
+    model_spec = run.config.get("model") or {}
+    model = str(model_spec.get("preset") or "model") + (" (overrides)" if model_spec.get("overrides") else "")
+    seqs = sorted({p.key.get("seq_len") for p in run.points}, key=lambda v: (v is None, v))
+    precisions = list(dict.fromkeys(str(p.key.get("precision")) for p in run.points))
+    env = run.environment
+    device = env.get("gpu_name") or "CPU (live-tensor tracker)"
+    return f"{model}, seq {', '.join(str(s) for s in seqs)}, {'/'.join(precisions)}, {device}"
+
+
+def suptitle(fig: Figure, run: Run, what: str) -> None:
+    """'<what>: <run name>' over the model, sequence lengths, precisions and device."""
+    fig.suptitle(f"{what}: {run.title}\n{describe_run(run)}", fontsize=12)
+
+
+def _quartiles(times: list[float]) -> tuple[float, float] | None:
+    """First and third quartile of the measured step times (the same method as point_stats)."""
+    if not times:
+        return None
+    if len(times) == 1:
+        return times[0], times[0]
+    q = statistics.quantiles(times, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def is_number(value: Any) -> bool:
+    return value is not None and value == value
+
+
+def short_axis(name: str) -> str:
+    return {"seq_len": "seq", "batch_size": "batch"}.get(name, name)
+
+
+def save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    return path
+
+
+def empty_note(ax: Axes, text: str) -> None:
+    """A centred grey note on axes that have nothing to show."""
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=11, color="#777777")
