@@ -25,6 +25,9 @@ from ckptbench.results.store import load_run  # noqa: E402
 
 CALIBRATION_RUNS = ("results/h200-gpu-check-2/check", "results/h200-gpu-check-1/axes")
 CONFIG_IN_STAGE = re.compile(r"configs/[\w/.-]+\.yaml")
+# `ckptbench tune` measures the points it chooses, within its --time-budget: its config's grid is the
+# space it searches, not a sweep to estimate. Such a stage's '# gpu-seconds' header is its time limit.
+TUNE_IN_STAGE = re.compile(r"\$CK tune\b")
 
 
 def estimates(configs: list[str]) -> list[SweepTime]:
@@ -35,6 +38,8 @@ def estimates(configs: list[str]) -> list[SweepTime]:
 def stage_configs(stage: Path) -> list[str]:
     """The configs a stage script runs (named outside its comments), in order of first mention."""
     code = [line for line in stage.read_text(encoding="utf-8").splitlines() if not line.lstrip().startswith("#")]
+    if TUNE_IN_STAGE.search("\n".join(code)):
+        return []
     return list(dict.fromkeys(CONFIG_IN_STAGE.findall("\n".join(code))))
 
 

@@ -95,6 +95,16 @@ def wide_stdout(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")
 
 
+@pytest.fixture(autouse=True)
+def quiet_host(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Timing warnings (a busy machine, unsteady steps) depend on whatever else runs on the machine: off,
+    so statuses and stderr are the same on every machine, unless a test is marked host_warnings."""
+    if "host_warnings" in request.keywords:
+        return
+    monkeypatch.setattr("ckptbench.bench.environment.busy_warning", lambda load, cpus: None)
+    monkeypatch.setattr("ckptbench.bench.environment.spread_warning", lambda step_times_s: None)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return

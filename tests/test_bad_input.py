@@ -82,6 +82,25 @@ CASES: list[Any] = [
     ("amp-fp16-point-on-cpu", merged(points=[{"precision": "amp_fp16"}]), [], "points.0.precision"),
     ("offload-on-cpu", merged(sweep=axes(offload=["all"])), [], "sweep.offload: all moves activations to host"),
     ("micro-batches-zero", merged(sweep=axes(micro_batches=[0])), [], "sweep.micro_batches"),
+    ("unknown-loss", merged(sweep=axes(loss=["fused"])), [], "sweep.loss.0"),
+    (
+        "fused-loss-on-cpu",
+        merged(sweep=axes(loss=["default", "fused_linear"])),
+        [],
+        "sweep.loss: fused_linear runs Triton kernels (Liger, cut-cross-entropy) and needs CUDA",
+    ),
+    (
+        "torchao-8bit-on-cpu",
+        merged(points=[{"optimizer": "adamw_8bit_torchao"}]),
+        [],
+        "points.0.optimizer: adamw_8bit_torchao compiles its step (torchao) and needs CUDA",
+    ),
+    (
+        "optimizer-offload-on-cpu",
+        merged(sweep=axes(optimizer_offload=["cpu"])),
+        [],
+        "sweep.optimizer_offload: cpu (torchao's CPUOffloadOptimizer) needs a CUDA device",
+    ),
     (
         "grid-too-big",
         merged(sweep=axes(batch_size=list(range(1, 1001)), seq_len=list(range(1, 201)))),

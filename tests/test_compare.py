@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ckptbench.analysis.compare import Gates, compare_refs, compare_runs, point_labels
-from ckptbench.analysis.marks import NOISE, Thresholds, compare_point, memory_mark, time_mark
+from ckptbench.analysis.marks import NOISE, Thresholds, compare_point, memory_mark
 from ckptbench.cli import app
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
@@ -119,15 +119,6 @@ def test_large_significant_time_regression_is_flagged_and_gated() -> None:
     assert json.loads(back.stdout)["summary"]["better"] == 1
 
 
-def test_time_mark_needs_significance_and_effect() -> None:
-    t = Thresholds(time_rtol=0.02, alpha=0.05)
-    assert time_mark(1.5, 0.2, higher_is_better=False, thresholds=t) == NOISE
-    assert time_mark(1.01, 0.001, higher_is_better=False, thresholds=t) == NOISE
-    assert time_mark(1.05, 0.001, higher_is_better=False, thresholds=t) == "worse"
-    assert time_mark(1.05, 0.001, higher_is_better=True, thresholds=t) == "better"
-    assert time_mark(None, 0.001, higher_is_better=False, thresholds=t) == "not comparable"
-
-
 def test_new_oom_is_flagged_and_gated() -> None:
     c = comp("oom")
     p = point(c, NONE_B2)
@@ -200,6 +191,7 @@ def test_json_output_parses_and_has_the_documented_fields() -> None:
         "removed",
         "summary",
         "gate_failures",
+        "gate_errors",
     }
     assert data["schema"] == "ckptbench.compare/1"
     assert data["base"]["name"] == "base" and data["new"]["points"] == 4
@@ -214,7 +206,11 @@ def test_json_output_parses_and_has_the_documented_fields() -> None:
         "median_step_time_s",
         "tokens_per_s",
     ]  # MFU is absent: no peak FLOP/s on CPU
-    assert set(p["metrics"][0]) == {"metric", "unit", "base", "new", "delta", "ratio", "mark", "p_value"}
+    fields = {"metric", "unit", "base", "new", "delta", "ratio", "mark", "p_value", "rule", "evidence"}
+    assert set(p["metrics"][0]) == fields | {"n_base", "n_new"}
+    step = next(m for m in p["metrics"] if m["metric"] == "median_step_time_s")
+    assert (step["rule"], step["n_base"], step["n_new"]) == (None, 10, 10)
+    assert step["evidence"].startswith("ranges overlap and p=")
     assert set(data["summary"]) >= {"worse", "better", "unchanged", "newly_oom", "time_ratio_geomean"}
     changed = json.loads(
         cli(str(RUNS / "base"), str(RUNS / "oom"), "--format", "json", "--only-changed").stdout
@@ -293,12 +289,18 @@ def test_keys_with_an_extra_axis_are_matched_as_whole_dicts() -> None:
     ]
 
 
-def test_too_few_steps_for_the_time_test_is_noted() -> None:
+def test_few_steps_are_noted_with_what_the_verdict_can_still_do() -> None:
     key = {"layout": "all", "batch_size": 1, "seq_len": 8, "precision": "bf16"}
     c = compare_runs(_run([key], "a", steps=3), _run([key], "b", steps=3))
     assert c.notes == [
-        "with 3 and 3 measured steps the step-time test cannot reach p < 0.05: time changes are never "
-        "flagged; measure more steps (measured_steps >= 5, 10 or more for CI)"
+        "with 3 and 3 measured steps the Mann-Whitney test cannot reach p < 0.05: a step-time change is "
+        "flagged only when the two runs' step times do not overlap (1 in 20 by chance with no change); "
+        "measure 10 or more steps for CI"
+    ]
+    one = compare_runs(_run([key], "a", steps=1), _run([key], "b", steps=1))
+    assert one.notes == [
+        "with 1 and 1 measured steps no step-time verdict is possible (at least 3 and 3 are needed): those "
+        "rows say 'too few samples'; measure more steps (10 or more for CI)"
     ]
     assert compare_runs(_run([key], "a", steps=5), _run([key], "b", steps=5)).notes == []
 

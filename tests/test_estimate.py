@@ -504,5 +504,5 @@ def test_point_key_fields_all_reach_the_json() -> None:
     assert record["key"] == {
         "model": "tiny", "layout": "all", "batch_size": 1, "seq_len": 32, "precision": "fp32",
         "optimizer": "adamw_fused", "micro_batches": 2, "offload": "none", "lora": "none", "compile": False,
-        "attn_implementation": "sdpa",
+        "attn_implementation": "sdpa", "loss": "default", "optimizer_in_backward": False, "optimizer_offload": "none",
     }

@@ -60,6 +60,7 @@ def test_ctrl_c_keeps_finished_points_and_resume_completes_them(tmp_path: Path) 
     assert 1 <= len(interrupted.points) < 3 and interrupted.meta["finished_points"] == len(interrupted.points)
     assert (run_dir / "summary.md").exists()
 
+    t0 = time.monotonic()
     resumed = subprocess.run(
         _cli(str(config), "--resume", str(run_dir)),
         capture_output=True,
@@ -68,15 +69,40 @@ def test_ctrl_c_keeps_finished_points_and_resume_completes_them(tmp_path: Path) 
         cwd=tmp_path,
         timeout=300,
     )
+    resumed_wall = time.monotonic() - t0
     assert resumed.returncode == 0, resumed.stderr
     finished = load_run(run_dir)
     assert finished.meta["status"] == "complete" and len(finished.meta["resumes"]) == 1
     lines = (run_dir / "points.jsonl").read_text().splitlines()
     written = [json.loads(x) for x in lines[: len(interrupted.points)]]
     assert len(lines) == 3 and written == [p.to_json() for p in interrupted.points]
+    _check_timing_accumulates(finished, before=len(interrupted.points), resumed_wall=resumed_wall,
+                              stderr=resumed.stderr)
 
     reference = run_sweep(tiny_config(**CONFIG), out=tmp_path / "uninterrupted")
     assert _summary(finished.points) == _summary(reference.records)  # same keys, statuses and losses
+
+
+def _check_timing_accumulates(run: Any, *, before: int, resumed_wall: float, stderr: str) -> None:
+    """run.json's timing covers both invocations, each from its process's start to its end."""
+    timing = run.meta["timing"]
+    first, second = timing["invocations"]
+    assert [(e["status"], e["resumed"]) for e in (first, second)] == [("interrupted", False), ("complete", True)]
+    for entry in (first, second):
+        assert entry["startup_s"] > 0.2  # from the process's start: the interpreter and torch's import count
+        parts = entry["startup_s"] + entry["environment_s"] + entry["points_s"] + entry["finish_s"]
+        assert parts <= entry["command_wall_s"] + 1e-6
+    assert second["command_wall_s"] <= resumed_wall + 0.05  # /proc's start time has 10 ms ticks
+    steps = sum(sum(p.warmup_times_s) + sum(p.step_times_s) for p in run.points)
+    assert timing["steps_s"] == pytest.approx(steps)
+    assert timing["command_wall_s"] == pytest.approx(first["command_wall_s"] + second["command_wall_s"])
+    # Before, sweep_wall_s counted the resumed part only and came out below the steps (0.83x).
+    assert run.meta["sweep_wall_s"] == timing["points_s"] > steps
+    assert "time: " in stderr and "x the steps)" in stderr
+    summary = subprocess.run([sys.executable, "scripts/gpu_summary.py", str(run.path)], capture_output=True,
+                             text=True, cwd=REPO, env=ENV, check=True).stdout
+    assert f"2 invocations: interrupted ({before} points), complete ({3 - before} points)" in summary
+    assert "start-up (interpreter, imports, config)" in summary
 
 
 def test_isolate_records_a_crashed_and_a_hung_point_and_goes_on(

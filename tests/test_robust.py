@@ -29,6 +29,7 @@ from ckptbench.results.store import (
     POINTS_FILE,
     RUN_FILE,
     SCHEMA_VERSION,
+    Run,
     RunWriter,
     create_run_dir,
     load_run,
@@ -302,3 +303,15 @@ def test_signals_raise_keyboard_interrupt_once_then_are_ignored() -> None:
         time.sleep(0.05)
         assert interrupts.fired
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_resume_accepts_a_run_written_before_a_config_field_existed(tmp_path: Path) -> None:
+    """A field added since the run was written takes its default; only a real change is refused."""
+    cfg = tiny_config()
+    stored = cfg.model_dump(mode="json")
+    del stored["cpu_threads"]  # as a run written before the field existed stores it
+    run = Run(path=tmp_path, meta={"config": stored, "environment": {}}, points=[])
+    check_resumable(cfg, run, {})
+    changed = {**stored, "seed": 7}
+    with pytest.raises(ConfigError, match="at seed"):
+        check_resumable(cfg, Run(path=tmp_path, meta={"config": changed, "environment": {}}, points=[]), {})

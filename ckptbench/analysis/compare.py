@@ -17,6 +17,7 @@ from ckptbench.analysis.marks import (
     NEWLY_OOM,
     NO_LONGER_OOM,
     NOT_COMPARABLE,
+    TOO_FEW,
     UNCHANGED,
     WORSE,
     MetricChange,
@@ -24,6 +25,7 @@ from ckptbench.analysis.marks import (
     Thresholds,
     compare_point,
 )
+from ckptbench.analysis.verdict import can_decide, disjoint_odds, least_decidable, mann_whitney_can_fire
 from ckptbench.config.grid import key_id
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run, load_run
@@ -39,6 +41,7 @@ ENV_FIELDS = (
     "ckptbench_version",
     "device_type",
     "probe",
+    "torch_num_threads",  # intra-op threads: on CPU they change step times by far more than 2%
 )
 CONFIG_FIELDS = (
     "model",
@@ -57,7 +60,9 @@ class Gates:
     """CI gates; None / False disables one."""
 
     memory_pct: float | None = None  # peak allocated grows by more than this many percent
-    time_pct: float | None = None  # median step time grows by more than this and the change is significant
+    # Median step time grows by more than this many percent and the step-time verdict says worse
+    # (analysis/verdict.py); a point whose step times are too few for any verdict is a gate error.
+    time_pct: float | None = None
     new_oom: bool = False  # a point that ran before now runs out of memory
 
 
@@ -75,6 +80,8 @@ class Comparison:
     removed: list[dict[str, Any]]
     summary: dict[str, Any] = field(default_factory=dict)
     gate_failures: list[str] = field(default_factory=list)
+    # Gates that could not be judged (too few step-time samples for --fail-time): never a silent pass.
+    gate_errors: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": "ckptbench.compare/1", **asdict(self)}
@@ -104,7 +111,8 @@ def compare_runs(
         removed=[_listed(base_pts[k], labels) for k in base_pts if k not in new_pts],
     )
     comp.summary = summarize(comp)
-    comp.gate_failures = gate_failures(points, gates=gates, alpha=thresholds.alpha)
+    comp.gate_failures = gate_failures(points, gates=gates)
+    comp.gate_errors = gate_errors(points, gates=gates)
     return comp
 
 
@@ -169,16 +177,25 @@ def _run_notes(run: Run, side: str) -> list[str]:
 
 
 def _power_notes(pairs: list[tuple[PointRecord, PointRecord]], *, alpha: float) -> list[str]:
-    """Warn when too few measured steps make a significant step-time change impossible."""
-    sizes = {(len(b.step_times_s), len(n.step_times_s)) for b, n in pairs}
-    # The smallest two-sided exact Mann-Whitney p-value is 2 / C(n+m, n) (all samples of one side first).
-    weak = sorted((n, m) for n, m in sizes if n and m and 2 / math.comb(n + m, n) >= alpha)
+    """Say when too few measured steps weaken the step-time verdict (analysis/verdict.py), or rule it out."""
+    sizes = {(len(b.step_times_s), len(n.step_times_s)) for b, n in pairs if b.ok and n.ok}
+    sizes = {(n, m) for n, m in sizes if n and m}
+    blind = sorted((n, m) for n, m in sizes if not can_decide(n, m, alpha=alpha))
+    if blind:
+        n, m = blind[0]
+        least = least_decidable(alpha)
+        return [
+            f"with {n} and {m} measured steps no step-time verdict is possible (at least {least} and {least} "
+            "are needed): those rows say 'too few samples'; measure more steps (10 or more for CI)"
+        ]
+    weak = sorted((n, m) for n, m in sizes if not mann_whitney_can_fire(n, m, alpha=alpha))
     if not weak:
         return []
     n, m = weak[0]
     return [
-        f"with {n} and {m} measured steps the step-time test cannot reach p < {alpha:g}: "
-        "time changes are never flagged; measure more steps (measured_steps >= 5, 10 or more for CI)"
+        f"with {n} and {m} measured steps the Mann-Whitney test cannot reach p < {alpha:g}: a step-time "
+        "change is flagged only when the two runs' step times do not overlap "
+        f"(1 in {disjoint_odds(n, m)} by chance with no change); measure 10 or more steps for CI"
     ]
 
 
@@ -210,7 +227,7 @@ def summarize(comp: Comparison) -> dict[str, Any]:
     """Counts of point marks, added/removed, and the geometric mean and range of step-time ratios."""
     counts = {
         mark.replace(" ", "_"): 0
-        for mark in (WORSE, BETTER, UNCHANGED, NEWLY_OOM, NO_LONGER_OOM, NOT_COMPARABLE)
+        for mark in (WORSE, BETTER, UNCHANGED, NEWLY_OOM, NO_LONGER_OOM, NOT_COMPARABLE, TOO_FEW)
     }
     for p in comp.points:
         counts[p.mark.replace(" ", "_")] += 1
@@ -230,7 +247,7 @@ def summarize(comp: Comparison) -> dict[str, Any]:
     }
 
 
-def gate_failures(points: list[PointChange], *, gates: Gates, alpha: float) -> list[str]:
+def gate_failures(points: list[PointChange], *, gates: Gates) -> list[str]:
     """One line per point and gate that fails."""
     out = []
     for p in points:
@@ -242,10 +259,21 @@ def gate_failures(points: list[PointChange], *, gates: Gates, alpha: float) -> l
             if growth > gates.memory_pct:
                 out.append(f"{p.label}: peak allocated +{growth:.2f}% > {gates.memory_pct:g}%")
         t = _metric(p, "median_step_time_s")
-        if gates.time_pct is not None and t and t.ratio is not None and t.p_value is not None:
+        # The verdict decides whether the step time changed at all; the gate how much is too much.
+        if gates.time_pct is not None and t and t.ratio is not None and t.mark == WORSE:
             growth = (t.ratio - 1.0) * 100
-            if growth > gates.time_pct and t.p_value < alpha:
-                out.append(
-                    f"{p.label}: median step time +{growth:.2f}% > {gates.time_pct:g}% (p={t.p_value:.2g})"
-                )
+            if growth > gates.time_pct:
+                out.append(f"{p.label}: median step time +{growth:.2f}% > {gates.time_pct:g}% ({t.evidence})")
     return out
+
+
+def gate_errors(points: list[PointChange], *, gates: Gates) -> list[str]:
+    """Why a gate could not be judged: --fail-time on points with too few step-time samples (one line)."""
+    if gates.time_pct is None:
+        return []
+    blind = [(p, t) for p in points if (t := _metric(p, "median_step_time_s")) and t.mark == TOO_FEW]
+    if not blind:
+        return []
+    labels = ", ".join(p.label for p, _ in blind[:3]) + (f" and {len(blind) - 3} more" if len(blind) > 3 else "")
+    why = blind[0][1].evidence
+    return [f"--fail-time cannot judge {len(blind)} point(s): {why}: {labels}"]

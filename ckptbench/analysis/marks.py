@@ -1,23 +1,33 @@
-"""One matched point: per-metric values, deltas, ratios and marks (memory tolerance, step-time test).
+"""One matched point: per-metric values, deltas, ratios and marks (memory tolerance, step-time verdict).
 
-Pure functions over point records; compare.py assembles them into a whole comparison.
+Pure functions over point records; compare.py assembles them into a whole comparison, verdict.py
+judges step times.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
+from ckptbench.analysis.verdict import (
+    BETTER,
+    NOISE,
+    NOT_COMPARABLE,
+    TOO_FEW,
+    WORSE,
+    TimeVerdict,
+    time_verdict,
+)
 from ckptbench.config.grid import key_id
 from ckptbench.results.record import PointRecord
 
-# Marks, per metric and per point.
-WORSE, BETTER, UNCHANGED, NOISE = "worse", "better", "unchanged", "within noise"
-NEWLY_OOM, NO_LONGER_OOM, NOT_COMPARABLE = "newly oom", "no longer oom", "not comparable"
+# Marks, per metric and per point (worse, better, within noise, too few samples, not comparable: verdict.py).
+UNCHANGED = "unchanged"
+NEWLY_OOM, NO_LONGER_OOM = "newly oom", "no longer oom"
 QUIET_MARKS = frozenset({UNCHANGED, NOISE})
 
-# (name, unit, kind): memory is compared against a small tolerance, the rest against the step-time test.
+# (name, unit, kind): memory is compared against a small tolerance; time and throughput (tokens/s, MFU: the
+# median step time inverted, so slower is worse for all three) share the step-time verdict.
 METRICS: tuple[tuple[str, str, str], ...] = (
     ("peak_allocated_bytes", "bytes", "memory"),
     ("peak_reserved_bytes", "bytes", "memory"),
@@ -26,7 +36,6 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("tokens_per_s", "tokens/s", "throughput"),
     ("mfu", "fraction", "throughput"),
 )
-HIGHER_IS_BETTER = frozenset({"tokens_per_s", "mfu"})
 
 
 @dataclass(frozen=True)
@@ -35,9 +44,10 @@ class Thresholds:
 
     # Relative memory change at or below this is "unchanged" (memory is nearly deterministic).
     memory_rtol: float = 0.001
-    # Relative change of median step time below this is "within noise", even when significant.
+    # Relative change of median step time below this is "within noise", even when a rule saw a change.
     time_rtol: float = 0.02
-    # Two-sided Mann-Whitney U p-value below which a step-time difference is significant.
+    # Two-sided Mann-Whitney U p-value below which a step-time difference is significant; also the
+    # largest chance of disjoint step-time ranges with no change that counts as a change (verdict.py).
     alpha: float = 0.05
 
 
@@ -53,6 +63,12 @@ class MetricChange:
     ratio: float | None
     mark: str
     p_value: float | None = None
+    # Time metrics: which rule decided (verdict.py: 'mann-whitney', 'ranges disjoint', or None), the
+    # line that says how sure, and the number of measured steps on each side.
+    rule: str | None = None
+    evidence: str | None = None
+    n_base: int | None = None
+    n_new: int | None = None
 
 
 @dataclass
@@ -113,7 +129,11 @@ def _values(rec: PointRecord) -> dict[str, Any]:
 
 def _compare_ok(base: PointRecord, new: PointRecord, *, thresholds: Thresholds) -> list[MetricChange]:
     b_stats, n_stats = _values(base), _values(new)
-    p_value = time_p_value(base.step_times_s, new.step_times_s)
+    # One verdict on the step-time samples; tokens/s and MFU are the median step time inverted, so they
+    # share it (slower steps are fewer tokens/s: worse for both).
+    verdict = time_verdict(
+        base.step_times_s, new.step_times_s, time_rtol=thresholds.time_rtol, alpha=thresholds.alpha
+    )
     out = []
     for name, unit, kind in METRICS:
         b, n = b_stats.get(name), n_stats.get(name)
@@ -124,9 +144,19 @@ def _compare_ok(base: PointRecord, new: PointRecord, *, thresholds: Thresholds) 
             mark = memory_mark(b, n, rtol=thresholds.memory_rtol)
             out.append(MetricChange(name, unit, b, n, delta, ratio, mark))
         else:
-            mark = time_mark(ratio, p_value, higher_is_better=name in HIGHER_IS_BETTER, thresholds=thresholds)
-            out.append(MetricChange(name, unit, b, n, delta, ratio, mark, p_value))
+            mark = NOT_COMPARABLE if ratio is None else verdict.mark
+            out.append(_time_change(name, unit, b, n, delta, ratio, mark, verdict))
     return out
+
+
+def _time_change(
+    name: str, unit: str, b: float | None, n: float | None, delta: float | None, ratio: float | None,
+    mark: str, verdict: TimeVerdict,
+) -> MetricChange:
+    return MetricChange(
+        name, unit, b, n, delta, ratio, mark, verdict.p_value,
+        rule=verdict.rule, evidence=verdict.evidence, n_base=verdict.n_base, n_new=verdict.n_new,
+    )
 
 
 def _delta_ratio(b: float | None, n: float | None) -> tuple[float | None, float | None]:
@@ -144,34 +174,13 @@ def memory_mark(base: float | None, new: float | None, *, rtol: float) -> str:
     return WORSE if new > base else BETTER
 
 
-def time_p_value(base_s: list[float], new_s: list[float]) -> float | None:
-    """Two-sided Mann-Whitney U p-value on the raw per-step times (None without samples)."""
-    if not base_s or not new_s:
-        return None
-    from scipy.stats import mannwhitneyu
-
-    p = float(mannwhitneyu(new_s, base_s, alternative="two-sided").pvalue)
-    return 1.0 if math.isnan(p) else p  # all samples tied: no evidence of a change
-
-
-def time_mark(
-    ratio: float | None, p_value: float | None, *, higher_is_better: bool, thresholds: Thresholds
-) -> str:
-    """Worse/better only when the step-time test is significant and the effect exceeds the noise band."""
-    if ratio is None or p_value is None:
-        return NOT_COMPARABLE
-    if p_value >= thresholds.alpha or abs(ratio - 1.0) < thresholds.time_rtol:
-        return NOISE
-    return BETTER if (ratio > 1.0) == higher_is_better else WORSE
-
-
 def point_mark(metrics: list[MetricChange]) -> str:
-    """A point is worse if any metric is worse; better if any is better and none worse."""
+    """Worse if any metric is worse; better if any is better and none worse; 'too few samples' when the
+    step times could not be judged and nothing else changed (the point is not known to be unchanged)."""
     marks = {m.mark for m in metrics}
-    if WORSE in marks:
-        return WORSE
-    if BETTER in marks:
-        return BETTER
+    for mark in (WORSE, BETTER, TOO_FEW):
+        if mark in marks:
+            return mark
     if marks & QUIET_MARKS:
         return UNCHANGED
     return NOT_COMPARABLE

@@ -1,14 +1,24 @@
-"""Facts about the machine and software a run was measured on (stored in run.json)."""
+"""Facts about the machine and software a run was measured on (stored in run.json), and the host's
+state while it measures: intra-op threads, load, spread of step times (warnings kept in each point)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import platform
 import socket
+import statistics
 import subprocess
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import ckptbench
+
+# A point's step times are unsteady when their inter-quartile range exceeds this share of the median.
+# Quiet CPU points (tiny model, one thread) spread 1-4%, GPU points under 1%; a busy 2-core machine
+# gave 18-140%. Beyond 10% the median is not a number to compare at a 5% gate.
+SPREAD_WARN_RATIO = 0.10
 
 
 def git_sha(cwd: Path | None = None) -> str | None:
@@ -37,8 +47,83 @@ def _driver_version() -> str | None:
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
-def collect(device_type: str) -> dict[str, Any]:
-    """Versions, host and (on CUDA) GPU name, memory, driver and CUDA version."""
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, which containers and taskset narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def load_average() -> float | None:
+    """The host's 1-minute load average (runnable threads, ours included), or None where unknown."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def busy_warning(load: float | None, cpus: int) -> str | None:
+    """A warning when more threads want to run than there are CPUs: measured times are then inflated."""
+    if load is None or load <= cpus:
+        return None
+    return f"busy: load average {load:.1f} above the {cpus} CPUs available; step times may be inflated"
+
+
+def spread_warning(step_times_s: Sequence[float]) -> str | None:
+    """A warning when the measured steps' inter-quartile range is a large share of their median."""
+    if len(step_times_s) < 2:
+        return None
+    q1, _, q3 = statistics.quantiles(step_times_s, n=4, method="inclusive")  # as PointRecord.step_time_iqr_s
+    median = statistics.median(step_times_s)
+    if not median or (q3 - q1) / median <= SPREAD_WARN_RATIO:
+        return None
+    return (
+        f"spread: step times' inter-quartile range is {(q3 - q1) / median:.0%} of the median "
+        f"(above {SPREAD_WARN_RATIO:.0%}); the median is unsteady"
+    )
+
+
+def host_state(step_times_s: Sequence[float], *, cpus: int) -> dict[str, Any]:
+    """A point's record fields about the host as it ended: its load, and warnings when its step times
+    may mislead (none when all is well: a record carries them only when they say something)."""
+    load = load_average()
+    warnings = [w for w in (busy_warning(load, cpus), spread_warning(step_times_s)) if w]
+    state: dict[str, Any] = {"load_average_1m": load} if load is not None else {}
+    return {**state, "warnings": warnings} if warnings else state
+
+
+def environment_notes(environment: dict[str, Any]) -> list[str]:
+    """Warnings about the host as a sweep starts: already busy, or more threads than CPUs."""
+    cpus = int(environment.get("cpus_available") or 1)
+    notes = []
+    busy = busy_warning(environment.get("load_average_1m"), cpus)
+    if busy is not None:
+        notes.append(f"the machine was {busy} (at the start; each point records its own)")
+    threads = environment.get("torch_num_threads")
+    if environment.get("device_type") == "cpu" and isinstance(threads, int) and threads > cpus:
+        notes.append(f"cpu_threads {threads} is more than the {cpus} CPUs available: threads will wait for each other")
+    return notes
+
+
+@contextlib.contextmanager
+def intra_op_threads(device_type: str, threads: int) -> Iterator[None]:
+    """Run a CPU sweep's points with ``threads`` intra-op threads (config cpu_threads), then restore."""
+    import torch
+
+    if device_type != "cpu":  # on CUDA the host only launches kernels: leave torch's default
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def collect(device_type: str, *, cpu_threads: int = 1) -> dict[str, Any]:
+    """Versions, host (CPUs, load, threads) and (on CUDA) GPU name, memory, driver and CUDA version."""
     import torch
     import transformers
 
@@ -51,7 +136,11 @@ def collect(device_type: str) -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "device_type": device_type,
-        "cpu_count": __import__("os").cpu_count(),
+        "cpu_count": os.cpu_count(),
+        "cpus_available": available_cpus(),
+        # The intra-op threads the points ran with: the config's cpu_threads on CPU, torch's default on CUDA.
+        "torch_num_threads": cpu_threads if device_type == "cpu" else torch.get_num_threads(),
+        "load_average_1m": load_average(),  # at the start of the sweep
         "gpu_name": None,
         "gpu_total_memory_bytes": None,
         "cuda_version": torch.version.cuda,

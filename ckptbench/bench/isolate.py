@@ -62,6 +62,8 @@ class IsolatedRunner(Runner):
         if record is None or "key" not in record:
             record = {**base, **(record or {}), "status": "error"}
         record.pop("fatal", None)  # the next point gets a fresh process and CUDA context
+        for name in ("warnings", "load_average_1m"):  # the parent judges the host as the point ends
+            record.pop(name, None)
         record["isolated"] = True
         return record
 

@@ -1,9 +1,10 @@
 """The loss check: checkpointing must not change the loss, so every ok point is compared with a reference.
 
-The reference is the 'none' layout of the same cell when that point ran ok (every warm-up and
-measured step is compared), else the first step's loss recomputed without checkpointing (see
-``bench.window.recompute_first_loss``), which exists whatever ran out of memory. The 'none' layout
-itself is checked against the recomputed loss. Pure: no torch; the runner supplies the losses.
+The reference is the plain step of the same cell (layout 'none', default loss, optimizer after
+backward, ...: see ``LOSS_NEUTRAL_AXES``) when that point ran ok (every warm-up and measured step is
+compared), else the first step's loss recomputed without checkpointing by transformers' default loss
+(see ``bench.window.recompute_first_loss``), which exists whatever ran out of memory. The plain
+step itself is checked against the recomputed loss. Pure: no torch; the runner supplies the losses.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptbench.config.grid import Point, key_without
+from ckptbench.config.grid import AXIS_DEFAULTS, Point
 from ckptbench.results.record import PointRecord
 
 # Relative tolerance per precision, used when the config's loss_rtol is null. Layouts run the same
@@ -35,6 +36,14 @@ RTOL_BY_PRECISION: dict[str, float] = {
     "amp_fp16": 2**-10,
     "fp32": 1e-5,
 }
+
+# Axes that change how a step is computed but not what it computes: a point with any of them is
+# checked against the plain step of its cell (layout 'none' and these axes at their defaults), so
+# "checkpointing, a chunked or fused loss, the optimizer in backward... must not change the loss"
+# is one check. micro_batches repeats the same batch, so the mean gradient and every loss are the same.
+LOSS_NEUTRAL_AXES = (
+    "layout", "loss", "optimizer_in_backward", "compile", "attn_implementation", "offload", "micro_batches",
+)
 
 NONE = "none"  # compared with the 'none' layout of the same cell, every step
 RECOMPUTED = "recomputed"  # compared with the first step's loss recomputed without checkpointing
@@ -60,29 +69,50 @@ class RecomputedLoss:
         )
 
 
+def loss_cell(point: Point) -> tuple[Any, ...]:
+    """The points whose losses must agree: the key without the loss-neutral axes."""
+    return tuple(sorted((k, v) for k, v in point.key.items() if k not in LOSS_NEUTRAL_AXES))
+
+
+def is_reference(point: Point) -> bool:
+    """The plain step of its cell: no checkpointing and every loss-neutral technique at its default."""
+    key = point.key
+    return point.layout == "none" and all(key[a] == AXIS_DEFAULTS[a] for a in LOSS_NEUTRAL_AXES if a != "layout")
+
+
 @dataclass
 class LossReferences:
-    """The 'none' layout's losses per cell (a point's key without its layout), kept while a sweep runs."""
+    """The plain step's losses per cell (``loss_cell``), kept while a sweep runs."""
 
     _by_cell: dict[tuple[Any, ...], tuple[str, list[float]]] = field(default_factory=dict)
+    # The first step's loss recomputed without checkpointing, per cell: it depends only on the cell's
+    # initial weights, batch and precision, so every layout of the cell shares one recomputation.
+    _recomputed: dict[tuple[Any, ...], RecomputedLoss] = field(default_factory=dict)
 
     def remember(self, point: Point, record: PointRecord) -> None:
-        """Keep a finished 'none' point's losses (this run's, or an earlier run's on --resume)."""
-        if point.layout != "none" or not record.ok:
+        """Keep a finished plain point's losses (this run's, or an earlier run's on --resume)."""
+        if not is_reference(point) or not record.ok:
             return
         losses = [*record.warmup_losses, *record.losses]
         if losses:
-            self._by_cell[key_without(point, "layout")] = (point.key_id, losses)
+            self._by_cell[loss_cell(point)] = (point.key_id, losses)
 
     def needs_recomputed(self, point: Point) -> bool:
-        """Whether the point's check needs a recomputed loss: it is 'none', or its cell has no 'none' losses."""
-        return point.layout == "none" or key_without(point, "layout") not in self._by_cell
+        """Whether the point's check needs a recomputed loss: it is the plain step, or its cell has none."""
+        return is_reference(point) or loss_cell(point) not in self._by_cell
+
+    def recomputed(self, point: Point) -> RecomputedLoss | None:
+        """The cell's recomputed first loss, when an earlier point of the cell has made it."""
+        return self._recomputed.get(loss_cell(point))
+
+    def keep_recomputed(self, point: Point, loss: RecomputedLoss) -> None:
+        self._recomputed[loss_cell(point)] = loss
 
     def check(
         self, point: Point, losses: Sequence[float], *, rtol: float, recomputed: RecomputedLoss | None
     ) -> dict[str, Any]:
         """The record's ``loss_check`` for an ok point's losses (warm-up then measured steps)."""
-        found = None if point.layout == "none" else self._by_cell.get(key_without(point, "layout"))
+        found = None if is_reference(point) else self._by_cell.get(loss_cell(point))
         if found is not None:
             reference_point, reference = found
             return compare(losses, reference, rtol=rtol, kind=NONE, reference_point=reference_point)

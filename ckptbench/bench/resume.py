@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ckptbench.config.grid import point_of
+from ckptbench.config.load import parse_config
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
 from ckptbench.results.record import PointRecord
@@ -43,13 +44,22 @@ def first_difference(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any]
     return None if old == new else (path or "(top level)", old, new)
 
 
+def _resolved(stored: Any) -> Any:
+    """The run's stored config as this ckptbench resolves it: a field added since the run was written
+    takes its default (it cannot have changed anything measured), so older runs stay resumable."""
+    try:
+        return parse_config(stored, source="run.json").model_dump(mode="json")
+    except ConfigError:
+        return stored  # not valid any more: compared as it is, and the difference is named
+
+
 def check_resumable(cfg: SweepConfig, run: Run, environment: dict[str, Any]) -> None:
     """Raise ConfigError (one line) unless ``run`` can be continued with ``cfg`` on this machine."""
     if not run.config:
         raise ConfigError(
             f"--resume {run.path}: its run.json holds no config to check this one against; start a new run"
         )
-    found = first_difference(run.config, cfg.model_dump(mode="json"))
+    found = first_difference(_resolved(run.config), cfg.model_dump(mode="json"))
     if found is not None:
         where, old, new = found
         raise ConfigError(

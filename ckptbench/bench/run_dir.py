@@ -38,14 +38,14 @@ def check_paths(*, out: Path | None, resume: Path | None, results_root: Path) ->
 
 def start_run(
     cfg: SweepConfig, *, out: Path | None, resume: Path | None, results_root: Path,
-    environment: dict[str, Any], options: dict[str, Any], num_points: int,
+    environment: dict[str, Any], options: dict[str, Any], num_points: int, meta: dict[str, Any] | None = None,
 ) -> tuple[RunWriter, dict[str, PointRecord], list[str]]:
     """The writer of a new or reopened run, the points it already holds and the notes of loading it."""
     if resume is not None:
         writer, run = _open_run(cfg, resume=resume, environment=environment, options=options)
         return writer, done_records(run), run.warnings
-    meta = {"num_points": num_points, "options": options}
-    return _new_run(cfg, out=out, results_root=results_root, environment=environment, meta=meta), {}, []
+    fields = {"num_points": num_points, "options": options, **(meta or {})}
+    return _new_run(cfg, out=out, results_root=results_root, environment=environment, meta=fields), {}, []
 
 
 def _prepare_dir(cfg: SweepConfig, out: Path | None, results_root: Path) -> Path:

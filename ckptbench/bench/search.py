@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from ckptbench.config.grid import Point, setup_label
 from ckptbench.config.schema import SweepConfig
@@ -166,12 +166,22 @@ class LayoutFitSearch:
         }
 
 
-Search = BatchMaxSearch | LayoutFitSearch
+class Search(Protocol):
+    """What the runner drives: propose a point, be told its record, say what was found."""
+
+    @property
+    def kind(self) -> str: ...
+    def next_point(self, budget_bytes: int | None = None) -> Point | None: ...
+    def observe(self, point: Point, record: PointRecord, budget_bytes: int | None) -> bool: ...
+    def outcome(self) -> dict[str, Any]: ...
 
 
-def make_searches(cfg: SweepConfig) -> list[Search]:
+ConfigSearch = BatchMaxSearch | LayoutFitSearch  # the searches a config can ask for
+
+
+def make_searches(cfg: SweepConfig) -> list[ConfigSearch]:
     """The searches a config asks for (batch_size: max or layout: fit), one per searched cell."""
-    out: list[Search] = []
+    out: list[ConfigSearch] = []
     for kind, template in cfg.search_templates():
         if kind == "batch_max":
             out.append(BatchMaxSearch(template, limit=cfg.search_max_batch))

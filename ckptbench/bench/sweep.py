@@ -14,15 +14,20 @@ from typing import Any
 from ckptbench.bench import faults
 from ckptbench.bench.device import make_probe, resolve_device
 from ckptbench.bench.environment import collect as collect_environment
+from ckptbench.bench.environment import environment_notes
 from ckptbench.bench.isolate import IsolatedRunner
+from ckptbench.bench.predictions import BackgroundPredictions, choose_predictions
 from ckptbench.bench.run_dir import check_paths, start_run
 from ckptbench.bench.runner import Progress, Runner
 from ckptbench.bench.search import Search, make_searches
+from ckptbench.bench.timing import SweepClock, timing_recorder
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig, check_cpu_compatible
 from ckptbench.errors import CkptbenchError, ConfigError, RunFailure
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import RunWriter
+
+Timing = Callable[[list[PointRecord], str], dict[str, Any]]
 
 
 @dataclass
@@ -36,14 +41,15 @@ class SweepOutcome:
     warnings: list[str] = field(default_factory=list)
     failure: str | None = None  # why the run failed although every point ran (no point succeeded)
     late_signal: bool = False  # Ctrl-C/SIGTERM came after the final status was written: nothing was cut
+    clock: SweepClock | None = None  # this invocation's clock: record_command_end adds the command's wall time
 
 
 class SweepInterrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM stopped the sweep; the finished points are on disk in ``run_dir``."""
 
-    def __init__(self, run_dir: Path, *, finished: int, total: int) -> None:
+    def __init__(self, run_dir: Path, *, finished: int, total: int, clock: SweepClock | None = None) -> None:
         super().__init__(f"{run_dir}: {finished} of {total} points finished")
-        self.run_dir, self.finished, self.total = run_dir, finished, total
+        self.run_dir, self.finished, self.total, self.clock = run_dir, finished, total, clock
 
 
 def _check_options(*, out: Path | None, resume: Path | None, isolate: bool, timeout_s: float | None) -> None:
@@ -65,7 +71,7 @@ def _make_runner(
             check_cpu_compatible(cfg)
         except ValueError as exc:
             raise ConfigError(f"{exc} (device {cfg.device!r} runs on the CPU here)") from None
-    environment = collect_environment(device.type)
+    environment = collect_environment(device.type, cpu_threads=cfg.cpu_threads)
     probe = make_probe(cfg, device)
     environment["probe"] = probe.kind
     if faults.active():  # a run measured with fault hooks says so for good
@@ -99,9 +105,23 @@ def _signals_deferred() -> Iterator[None]:
         mask(signal.SIG_SETMASK, old)
 
 
-def _mark(writer: RunWriter, status: str, finished: int) -> None:
+def _mark(writer: RunWriter, status: str, finished: int, timing: dict[str, Any] | None) -> None:
+    extra = {} if timing is None else {"timing": timing, "sweep_wall_s": timing["points_s"]}
     with contextlib.suppress(OSError):  # best effort: the points themselves are already on disk
-        writer.set_status(status, finished_points=finished)
+        writer.set_status(status, finished_points=finished, **extra)
+
+
+@dataclass
+class SweepPlan:
+    """What a sweep runs: grid points, then searches; predictions recorded next to the measurements.
+
+    ``None`` fields come from the config (its grid, its searches, the estimator's predictions).
+    """
+
+    points: list[Point] | None = None
+    searches: list[Search] | None = None
+    predictions: dict[str, int | None] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)  # more run.json fields (e.g. the tune options)
 
 
 def run_sweep(
@@ -114,67 +134,118 @@ def run_sweep(
     isolate: bool = False,
     point_timeout_s: float | None = None,
     predict: bool = True,
+    predictor: BackgroundPredictions | None = None,
+    predict_in_background: bool | None = None,
+    process_start: float | None = None,
+    plan: SweepPlan | None = None,
 ) -> SweepOutcome:
     """Run every point of ``cfg`` (or, with ``resume``, those a run lacks); each is on disk as it ends.
 
-    Once the run directory exists, every way out leaves run.json saying how the run ended: 'complete',
+    ``plan``: points, searches and predictions other than the config's (``ckptbench tune``).
+
+    ``predictor``: a background prediction process the caller started early (closed here, used when the
+    sweep runs on CUDA); ``predict_in_background``: None decides by device (bench/predictions.py).
+    ``process_start``: time.monotonic() at the command's start, so run.json counts the start-up too.
+    """
+    clock = SweepClock(process_start if process_start is not None else time.monotonic(), resumed=resume is not None)
+    clock.mark("entry")
+    try:
+        return _sweep(
+            cfg, clock, out=out, results_root=results_root, on_progress=on_progress, resume=resume,
+            isolate=isolate, point_timeout_s=point_timeout_s, predict=predict, predictor=predictor,
+            background=predict_in_background, plan=plan or SweepPlan(),
+        )
+    finally:
+        if predictor is not None:
+            predictor.close()
+
+
+def _sweep(
+    cfg: SweepConfig,
+    clock: SweepClock,
+    *,
+    out: Path | None,
+    results_root: Path,
+    on_progress: Callable[[Progress], None] | None,
+    resume: Path | None,
+    isolate: bool,
+    point_timeout_s: float | None,
+    predict: bool,
+    predictor: BackgroundPredictions | None,
+    background: bool | None,
+    plan: SweepPlan,
+) -> SweepOutcome:
+    """Once the run directory exists, every way out leaves run.json saying how the run ended: 'complete',
     'failed' (no point succeeded, or the sweep could not go on) or 'interrupted' (SweepInterrupted). A
     signal that arrives after the final status is written changes nothing: the outcome says it came late.
     """
     _check_options(out=out, resume=resume, isolate=isolate, timeout_s=point_timeout_s)
     resume = check_paths(out=out, resume=resume, results_root=results_root)
     runner, environment = _make_runner(cfg, isolate=isolate, timeout_s=point_timeout_s)
-    points = cfg.points_list()
+    points = cfg.points_list() if plan.points is None else plan.points
     options = {"isolate": isolate, "point_timeout_s": point_timeout_s}
     writer: RunWriter | None = None
     done: dict[str, PointRecord] = {}
     records: list[PointRecord] = []
     ended: list[str] = []  # the final status, once it is on disk
+    notes: list[str] = []
+    bg: BackgroundPredictions | None = None
+    timing: Timing | None = None
     try:
         with _signals_deferred():  # a signal now arrives once the writer exists, inside this try
-            writer, done, notes = start_run(cfg, out=out, resume=resume, results_root=results_root,
-                                            environment=environment, options=options, num_points=len(points))
-        if predict:  # grid points up front; search probes each just before it runs (runner.predict)
-            runner.predictions = _predictions(cfg, points, runner.device.type)
-            runner.predict = _probe_predictor(cfg, runner.device.type) if cfg.search_templates() else None
-        _run_points(runner, points, done, writer, on_progress, searches=make_searches(cfg), records=records,
-                    ended=ended)
-        writer.close()
-        return _outcome(writer, records, ended, done=done, notes=notes)
+            writer, done, notes = start_run(
+                cfg, out=out, resume=resume, results_root=results_root, environment=environment,
+                options=options, num_points=len(points), meta=plan.meta,
+            )
+        notes = [*notes, *environment_notes(environment)]
+        clock.mark("environment")
+        todo = [p for p in points if p.key_id not in done]
+        if predict and plan.predictions is None and cfg.search_templates():  # search probes: each just before it runs
+            runner.predict = _probe_predictor(cfg, runner.device.type)
+        searches: list[Search] = [*make_searches(cfg)] if plan.searches is None else plan.searches
+        if plan.predictions is not None:  # made by the caller (tune estimates every candidate first)
+            runner.predictions = dict(plan.predictions)
+        else:
+            runner.predictions, bg, why = choose_predictions(
+                cfg, todo, target=runner.device.type, predict=predict, background=background, predictor=predictor
+            )
+            notes += why
+        clock.extra["predictions_mode"] = "off" if not predict else "background" if bg else "in-process"
+        clock.mark("predictions")
+        timing = timing_recorder(clock, writer, bg, earlier_points=len(done))
+        _run_points(runner, points, done, writer, on_progress, searches=searches, records=records, ended=ended,
+                    clock=clock, timing=timing)
     except KeyboardInterrupt:
         if writer is None:  # before the run directory existed: nothing to mark
             raise
-        if ended:  # after the last point and the final status: the run is what run.json says
-            return _outcome(writer, records, ended, done=done, notes=notes, late_signal=True)
-        _mark(writer, "interrupted", len(done) + len(records))
-        raise SweepInterrupted(writer.run_dir, finished=len(done) + len(records), total=len(points)) from None
+        if not ended:
+            clock.mark("points_end")
+            finished = len(done) + len(records)
+            _mark(writer, "interrupted", finished, timing(records, "interrupted") if timing else None)
+            raise SweepInterrupted(writer.run_dir, finished=finished, total=len(points), clock=clock) from None
+        # after the last point and the final status: the run is what run.json says (the outcome below)
+        return _outcome(writer, records, ended, done=done, notes=notes, clock=clock, late_signal=True)
+    except BaseException:
+        if writer is not None and not ended:
+            _mark(writer, "failed", len(done) + len(records), timing(records, "failed") if timing else None)
+        raise
     finally:
         if writer is not None:
             writer.close()
+        if bg is not None:  # the one started here, or the caller's (closing twice is harmless)
+            bg.close()
+    notes += bg.notes() if bg is not None else []
+    return _outcome(writer, records, ended, done=done, notes=notes, clock=clock)
 
 
 def _outcome(
     writer: RunWriter, records: list[PointRecord], ended: list[str], *, done: dict[str, PointRecord],
-    notes: list[str], late_signal: bool = False,
+    notes: list[str], clock: SweepClock, late_signal: bool = False,
 ) -> SweepOutcome:
     return SweepOutcome(
         writer.run_dir, records, ended[0], already_done=len(done), warnings=list(notes),
-        failure=writer.meta.get("failure"), late_signal=late_signal,
+        failure=writer.meta.get("failure"), late_signal=late_signal, clock=clock,
     )
-
-
-def _predictions(cfg: SweepConfig, points: list[Point], device_type: str) -> dict[str, int | None]:
-    """Predicted peak allocated bytes of every grid point for this device (an estimate, made up front).
-
-    A prediction that cannot be made leaves the points without one: the sweep itself never depends on it.
-    """
-    try:
-        from ckptbench.estimate.api import predict_points
-
-        return predict_points(cfg, points, target="cuda" if device_type == "cuda" else "cpu")
-    except Exception as exc:  # the estimator is an aid; a failure in it must not cost a measured run
-        warnings.warn(f"no predictions recorded: {exc.__class__.__name__}: {exc}", stacklevel=2)
-        return {}
 
 
 def _probe_predictor(cfg: SweepConfig, device_type: str) -> Callable[[Point], int | None]:
@@ -205,6 +276,8 @@ def _run_points(
     searches: list[Search],
     records: list[PointRecord],
     ended: list[str],
+    clock: SweepClock,
+    timing: Timing,
 ) -> None:
     """Run the points ``done`` lacks, appending each record (to the file and to ``records``); then write
     the final status and put it in ``ended``."""
@@ -221,27 +294,25 @@ def _run_points(
         if on_progress is not None:
             on_progress(event)
 
-    started = time.perf_counter()
+    for rec in done.values():  # loss references, OOM skips and search probes carry over
+        runner.remember(Point.from_key(rec.key), rec)
+    todo = [p for p in points if p.key_id not in done]
+    clock.mark("points_start")
     try:
-        for rec in done.values():  # loss references, OOM skips and search probes carry over
-            runner.remember(Point.from_key(rec.key), rec)
-        todo = [p for p in points if p.key_id not in done]
         outcomes = runner.run(todo, record, searches)
     except RunFailure as exc:
-        _mark(writer, "failed", len(done) + len(records))
+        _mark(writer, "failed", len(done) + len(records), timing(records, "failed"))
         raise RunFailure(f"{exc}; finished points are in {writer.run_dir} (finish with --resume)") from None
-    except Exception:
-        _mark(writer, "failed", len(done) + len(records))
-        raise
-    # The runner's wall time (model builds, resets, warm-up, measured steps, cleanup): compare it with
-    # the sum of the step times to see what the tool itself costs.
-    wall = time.perf_counter() - started
-    _finish(writer, [*done.values(), *records], ended, searches=outcomes, sweep_wall_s=wall)
-
-
-def _finish(writer: RunWriter, held: list[PointRecord], ended: list[str], **extra: Any) -> None:
-    """Write the final status: 'failed' when the run holds no successful point, else 'complete'."""
+    clock.mark("points_end")
+    held = [*done.values(), *records]
     failure = no_success(held)
+    t = timing(records, "failed" if failure else "complete")
+    # sweep_wall_s: the points' wall time over every invocation (timing.points_s), kept for older readers.
+    _finish(writer, held, ended, failure, searches=outcomes, timing=t, sweep_wall_s=t["points_s"])
+
+
+def _finish(writer: RunWriter, held: list[PointRecord], ended: list[str], failure: str | None, **extra: Any) -> None:
+    """Write the final status: 'failed' when the run holds no successful point, else 'complete'."""
     status = "failed" if failure else "complete"
     writer.meta.pop("failure", None)  # a resumed run's earlier failure no longer holds
     if failure:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -12,9 +13,10 @@ from ckptbench.config.grid import Point
 from ckptbench.config.layouts import LayoutPlan
 from ckptbench.config.schema import SweepConfig
 from ckptbench.train.checkpointing import applied
+from ckptbench.train.losses import loss_head
 from ckptbench.train.model import attention, reset_weights
 from ckptbench.train.offload import HostOffload
-from ckptbench.train.optimizers import make_optimizer
+from ckptbench.train.optimizers import build_optimizer
 from ckptbench.train.step import Trainer, forward_loss, make_batch
 
 
@@ -28,11 +30,21 @@ def measure_point(
     device: torch.device,
     init_std: float,
     vocab_size: int,
+    reset: bool = True,
 ) -> dict[str, Any]:
-    """Reset the weights, apply the point's plan and techniques, warm up, measure; a record's fields."""
-    if point.compile and point.offload != "none":
-        return {"status": "skipped", "reason": "torch.compile with activation offloading is not supported"}
-    reset_weights(model, seed=cfg.seed, std=init_std)
+    """Reset the weights, apply the point's plan and techniques, warm up, measure; a record's fields.
+
+    ``reset=False`` when the weights are already the seed's initial ones (recompute_first_loss has just
+    reset them and left them untouched): resetting twice costs time and changes nothing.
+    """
+    why = unsupported(point)
+    if why is not None:
+        return {"status": "skipped", "reason": why}
+    t0 = time.perf_counter()
+    if reset:
+        reset_weights(model, seed=cfg.seed, std=init_std)
+        probe.sync()  # the first warm-up step would wait for it anyway: count it here, where it is spent
+    reset_s = time.perf_counter() - t0
     params = [p for p in model.parameters() if p.requires_grad]
     batch = make_batch(
         seed=cfg.seed,
@@ -47,11 +59,13 @@ def measure_point(
     with (
         applied(model, plan, offload_inputs=ckpt_offload),
         attention(model, point.attn_implementation),
+        loss_head(model, point.loss) as loss_impl,
         _tracking(probe),
     ):
+        optimizer = build_optimizer(point, params, lr=cfg.lr, zero_grad_to_none=cfg.zero_grad_to_none)
         trainer = Trainer(
             model,
-            make_optimizer(point.optimizer, params, lr=cfg.lr),
+            optimizer,
             point.precision,
             device.type,
             micro_batches=point.micro_batches,
@@ -59,15 +73,33 @@ def measure_point(
             forward=torch.compile(model) if point.compile else None,
             offload=host.active if host is not None and point.offload == "all" else None,
         )
-        result = _window(trainer, batch, probe=probe, cfg=cfg)
-        result["memory"].update(_static_memory(model, trainer.optimizer))
-        del trainer
+        try:
+            result = _window(trainer, batch, probe=probe, cfg=cfg)
+        finally:
+            if hasattr(optimizer, "remove_hooks"):  # optimizer_in_backward: the model outlives the point
+                optimizer.remove_hooks()
+        result["memory"].update(_static_memory(model, optimizer, in_backward=point.optimizer_in_backward))
+        del trainer, optimizer
+    if reset:
+        result["overhead_parts_s"] = {"weights_reset": reset_s}
     if host is not None:
         result["host_offload_peak_bytes"] = host.peak_bytes
+    if loss_impl is not None:
+        result["loss_implementation"] = loss_impl
     if point.compile:
         result["compile_s"] = result["warmup_times_s"][0]  # the first warm-up step compiles
         torch._dynamo.reset()
     return result
+
+
+def unsupported(point: Point) -> str | None:
+    """Why a combination of techniques cannot be measured (None when it can)."""
+    if point.compile and point.offload != "none":
+        return "torch.compile with activation offloading is not supported"
+    if point.optimizer_in_backward and point.precision == "amp_fp16":
+        # The loss scaler must unscale and check every gradient before any parameter is stepped.
+        return "optimizer_in_backward with amp_fp16: the gradient scaler needs the whole step"
+    return None
 
 
 def recompute_first_loss(
@@ -160,12 +192,24 @@ class _tracking:
             self.tracker.__exit__(*exc)
 
 
-def _static_memory(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Parameters, gradients (one per trainable parameter, same dtype) and optimizer state, in bytes."""
+def _static_memory(model: Any, optimizer: torch.optim.Optimizer, *, in_backward: bool) -> dict[str, int]:
+    """Parameters, gradients (one per trainable parameter, same dtype) and optimizer state, in bytes.
+
+    With the optimizer in backward no gradient outlives its own step: none is static (0 bytes).
+    Optimizer state in host memory (torchao's CPU offload keeps it in per-parameter CPU optimizers,
+    not in ``state``) is not device memory and is not counted.
+    """
     params = list(model.parameters())
-    state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    state = getattr(optimizer, "state", {}) if not _offloaded(optimizer) else {}
+    tensors = [t for s in state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    grads = 0 if in_backward else sum(p.numel() * p.element_size() for p in params if p.requires_grad)
     return {
         "params_bytes": tensor_bytes(params),
-        "grads_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
-        "optimizer_state_bytes": tensor_bytes(state),
+        "grads_bytes": grads,
+        "optimizer_state_bytes": tensor_bytes(tensors),
     }
+
+
+def _offloaded(optimizer: Any) -> bool:
+    """torchao's CPUOffloadOptimizer: its state lives in host memory."""
+    return type(optimizer).__name__ == "CPUOffloadOptimizer"

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from ckptbench.cli.common import Format, FormatOpt, ResultsOpt, err, fail, finite, out, warn
-from ckptbench.errors import EXIT_REGRESSION, CkptbenchError
+from ckptbench.errors import EXIT_BAD_INPUT, EXIT_REGRESSION, CkptbenchError
 
 OnlyChangedOpt = Annotated[bool, typer.Option("--only-changed", help="Hide unchanged and within-noise rows.")]
 FailMemoryOpt = Annotated[
@@ -20,7 +20,8 @@ FailMemoryOpt = Annotated[
 FailTimeOpt = Annotated[
     float | None,
     typer.Option(
-        "--fail-time", min=0, callback=finite, metavar="PCT", help="Exit 3 if step time grows > PCT% (significant)."
+        "--fail-time", min=0, callback=finite, metavar="PCT",
+        help="Exit 3 if step time grows > PCT% (and the verdict says worse); exit 2 if too few steps to judge.",
     ),
 ]
 FailOomOpt = Annotated[
@@ -67,8 +68,10 @@ def compare(
     except CkptbenchError as exc:
         raise fail(exc) from None
     _print_comparison(comp, fmt, only_changed=only_changed)
-    if comp.gate_failures:
+    if comp.gate_failures:  # a regression found outranks a gate that could not be judged
         raise typer.Exit(EXIT_REGRESSION)
+    if comp.gate_errors:
+        raise typer.Exit(EXIT_BAD_INPUT)
 
 
 def _print_comparison(comp: Any, fmt: Format, *, only_changed: bool) -> None:
@@ -85,3 +88,5 @@ def _print_comparison(comp: Any, fmt: Format, *, only_changed: bool) -> None:
         sys.stdout.write(RENDERERS[fmt.value](comp, only_changed=only_changed))
     for line in comp.gate_failures:
         err.print(f"[red]gate failed:[/red] {escape(line)}", soft_wrap=True)
+    for line in comp.gate_errors:
+        err.print(f"[red]error:[/red] {escape(line)}", soft_wrap=True)

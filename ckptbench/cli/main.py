@@ -14,6 +14,7 @@ from ckptbench.cli.compare import compare
 from ckptbench.cli.estimate import estimate
 from ckptbench.cli.recommend import recommend_cmd, report_cmd
 from ckptbench.cli.sweep import hold_late_signals_until_exit, layouts, sweep
+from ckptbench.cli.tune import tune
 from ckptbench.errors import CkptbenchError
 
 app = typer.Typer(
@@ -49,6 +50,7 @@ app.command("report", **example("ckptbench report results/h200-gpu-check-2/check
 app.command(**example("ckptbench estimate configs/llama7b.yaml --budget 80"))(estimate)
 ANSWERS_EXAMPLE = "ckptbench answers results/h200-gpu-check-2/check results/h200-gpu-check-1/axes --out docs/answers.md"
 app.command("answers", **example(ANSWERS_EXAMPLE))(answers_cmd)
+app.command(**example("ckptbench tune configs/llama7b-tune.yaml --budget 80 --max-points 25"))(tune)
 
 
 def main() -> None:

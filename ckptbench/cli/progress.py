@@ -58,6 +58,8 @@ class SweepProgress:
                 f"peak {fmt_bytes(rec.peak_allocated_bytes)}, "
                 f"{(rec.median_step_time_s or 0) * 1e3:.1f} ms/step, {rec.tokens_per_s or 0:,.0f} tok/s"
             )
+            if rec.warnings:  # busy machine, unsteady steps: the numbers may mislead
+                detail += f" ({', '.join(rec.warning_kinds)})"
         else:
             detail = f"{rec.status}: {rec.reason or ''}"
         self.progress.console.print(f"  {label}: {detail}", markup=False)

@@ -10,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ckptbench.config.layouts import canonical_layout
 
 Precision = Literal["bf16", "fp16", "fp32", "amp_bf16", "amp_fp16"]
-OptimizerName = Literal["adamw_fused", "adamw_foreach", "sgd", "adafactor", "adamw_8bit"]
+# adamw_8bit: bitsandbytes; adamw_8bit_torchao: torchao's AdamW8bit (both change the optimizer's numerics).
+OptimizerName = Literal["adamw_fused", "adamw_foreach", "sgd", "adafactor", "adamw_8bit", "adamw_8bit_torchao"]
 DeviceName = Literal["auto", "cuda", "cpu"]
 AttnImpl = Literal["sdpa", "eager"]
 # Activation offloading: 'none'; 'all' keeps every tensor autograd saves (outside checkpointed
@@ -26,6 +27,13 @@ MAX_MICRO_BATCHES = 2**16
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH)]
 SeqLen = Annotated[int, Field(ge=1, le=MAX_SEQ_LEN)]
 MicroBatches = Annotated[int, Field(ge=1, le=MAX_MICRO_BATCHES)]
+
+# The loss head: 'default' (transformers: full logits, then fp32 cross-entropy), 'chunked' (cross-entropy
+# over chunks of tokens, each chunk's fp32 logits recomputed in backward, never the whole batch's),
+# 'fused_linear' (Liger's fused linear cross-entropy, or Apple's cut-cross-entropy; CUDA only).
+LossName = Literal["default", "chunked", "fused_linear"]
+# Optimizer state in host memory, stepped by the CPU: 'none' or 'cpu' (torchao's CPUOffloadOptimizer; CUDA only).
+OptimizerOffload = Literal["none", "cpu"]
 
 
 class _Strict(BaseModel):
@@ -65,6 +73,13 @@ class SweepAxes(_Strict):
     # torch.compile the model; compile time is recorded apart and never counted in step time.
     compile: list[bool] = Field(default_factory=lambda: [False], min_length=1)
     attn_implementation: list[AttnImpl] | None = Field(default=None, min_length=1)
+    loss: list[LossName] = Field(default_factory=lambda: list[LossName](["default"]), min_length=1)
+    # Per-parameter optimizer steps from post-accumulate-grad hooks: each gradient is applied and freed
+    # during the backward pass (with micro_batches > 1: during the last micro-batch's backward).
+    optimizer_in_backward: list[bool] = Field(default_factory=lambda: [False], min_length=1)
+    optimizer_offload: list[OptimizerOffload] = Field(
+        default_factory=lambda: list[OptimizerOffload](["none"]), min_length=1
+    )
 
     @field_validator("lora")
     @classmethod
@@ -101,6 +116,9 @@ class PointSpec(_Strict):
     lora: str | None = Field(default=None, pattern=LORA_PATTERN)
     compile: bool | None = None
     attn_implementation: AttnImpl | None = None
+    loss: LossName | None = None
+    optimizer_in_backward: bool | None = None
+    optimizer_offload: OptimizerOffload | None = None
 
     @field_validator("layout")
     @classmethod

@@ -15,6 +15,9 @@ AXIS_DEFAULTS: dict[str, Any] = {
     "lora": "none",
     "compile": False,
     "attn_implementation": "sdpa",
+    "loss": "default",
+    "optimizer_in_backward": False,
+    "optimizer_offload": "none",
 }
 
 
@@ -38,6 +41,9 @@ class Point:
     offload: str = "none"
     compile: bool = False
     attn_implementation: str = "sdpa"
+    loss: str = "default"
+    optimizer_in_backward: bool = False
+    optimizer_offload: str = "none"
 
     @property
     def key(self) -> dict[str, Any]:
@@ -53,6 +59,9 @@ class Point:
             "lora": self.lora,
             "compile": self.compile,
             "attn_implementation": self.attn_implementation,
+            "loss": self.loss,
+            "optimizer_in_backward": self.optimizer_in_backward,
+            "optimizer_offload": self.optimizer_offload,
         }
 
     @property
@@ -95,10 +104,10 @@ def key_without(point: Point, field_name: str) -> tuple[Any, ...]:
 
 
 AXES = ("precision", "lora", "layout", "seq_len", "batch_size", "optimizer", "micro_batches", "offload",
-        "compile", "attn_implementation")
+        "compile", "attn_implementation", "loss", "optimizer_in_backward", "optimizer_offload")
 # Execution order: precision and LoRA outermost (the model is rebuilt only when they change), batch innermost.
-_ORDER = ("precision", "lora", "optimizer", "micro_batches", "offload", "compile", "attn_implementation",
-          "layout", "seq_len", "batch_size")
+_ORDER = ("precision", "lora", "optimizer", "optimizer_offload", "optimizer_in_backward", "loss", "micro_batches",
+          "offload", "compile", "attn_implementation", "layout", "seq_len", "batch_size")
 
 
 def search_templates(model: str, values: Mapping[str, Sequence[Any]], kind: str) -> list[tuple[str, Point]]:

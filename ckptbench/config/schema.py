@@ -35,6 +35,12 @@ class SweepConfig(_Strict):
     optimizer: OptimizerName = "adamw_fused"
     # After each step gradients are freed (true, the default) or zeroed in place and kept (false).
     zero_grad_to_none: bool = True
+    # Intra-op threads (torch.set_num_threads) while a CPU sweep measures; ignored on CUDA. 1 by default:
+    # CPU sweeps run small models whose ops are too short to gain from threads; threads that wait for each
+    # other at every op make a step 10-60x slower when another process takes a core (one thread does not);
+    # and one thread sums in a fixed order, so losses are identical in every process. Raise it only for a
+    # larger model on an otherwise idle machine (run.json records it as environment.torch_num_threads).
+    cpu_threads: int = Field(default=1, ge=1, le=1024)
     lr: float = Field(default=1e-5, gt=0)
     # LoRA settings for the sweep's 'r<rank>' points.
     lora: LoraSpec = Field(default_factory=LoraSpec)
@@ -111,6 +117,9 @@ class SweepConfig(_Strict):
             "offload": list(axes.offload),
             "compile": list(axes.compile),
             "attn_implementation": list(axes.attn_implementation or [self.model.attn_implementation]),
+            "loss": list(axes.loss),
+            "optimizer_in_backward": list(axes.optimizer_in_backward),
+            "optimizer_offload": list(axes.optimizer_offload),
         }
 
     def points_list(self) -> list[Point]:
@@ -186,6 +195,9 @@ def check_cpu_compatible(cfg: SweepConfig) -> None:
         ("precision", lambda v: v in ("fp16", "amp_fp16"), "is not supported on CPU; use bf16, amp_bf16 or fp32"),
         ("offload", lambda v: v != "none", "moves activations to host memory and needs a CUDA device"),
         ("compile", bool, "cannot run under the CPU memory tracker (a TorchDispatchMode); compile needs CUDA"),
+        ("loss", lambda v: v == "fused_linear", "runs Triton kernels (Liger, cut-cross-entropy) and needs CUDA"),
+        ("optimizer", lambda v: v == "adamw_8bit_torchao", "compiles its step (torchao) and needs CUDA"),
+        ("optimizer_offload", lambda v: v != "none", "(torchao's CPUOffloadOptimizer) needs a CUDA device"),
     )
     for axis, bad, why in checks:
         found = sorted({getattr(p, axis) for p in points if bad(getattr(p, axis))})

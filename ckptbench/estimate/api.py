@@ -15,7 +15,7 @@ each measured step keeps alive for the next (the detached loss the runner record
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,7 +35,7 @@ from ckptbench.estimate.assembly import (
 from ckptbench.estimate.record import CATEGORIES, Estimate, EstimateProgress
 from ckptbench.estimate.trace import StepTrace, trace_optimizer, trace_step
 from ckptbench.estimate.tracker import GRADS, OPTIMIZER_STATE, PARAMS
-from ckptbench.train.optimizers import OptimizerUnavailable
+from ckptbench.train.unavailable import TechniqueUnavailable
 from ckptbench.units import GIB
 
 Target = Literal["cpu", "cuda"]
@@ -87,7 +87,7 @@ class Estimator:
         def run() -> None:
             try:
                 trace(point)
-            except (OptimizerUnavailable, ModuleNotFoundError) as exc:
+            except (TechniqueUnavailable, ModuleNotFoundError) as exc:
                 self._failed[key] = str(exc).splitlines()[0]
 
         return run
@@ -106,6 +106,13 @@ class Estimator:
 
     def _trace_full(self, point: Point) -> None:
         self._full[point] = Peak.of_trace(trace_step(self.cfg, point, target=self.target))
+
+    def ready(self, point: Point) -> bool:
+        """Whether every trace ``point`` needs has run (or failed): ``estimate`` can answer now."""
+        optim = _optim_key(point)
+        trace_key: Any = point if self.method == "full" else self._short_key(point)
+        traced = trace_key in (self._full if self.method == "full" else self._costs)
+        return (optim in self._optim or optim in self._failed) and (traced or trace_key in self._failed)
 
     def estimate(self, point: Point, *, budget_bytes: int | None = None) -> Estimate:
         """The estimate of one point (its traces must have run: see ``jobs``)."""
@@ -142,12 +149,13 @@ def _shape_key(point: Point) -> tuple[Any, ...]:
     """Everything but the layout that shapes a step's per-layer costs."""
     return (
         point.precision, point.seq_len, point.batch_size, point.optimizer, point.lora, point.offload,
-        point.attn_implementation, min(point.micro_batches, 2),
+        point.attn_implementation, min(point.micro_batches, 2), point.loss, point.optimizer_in_backward,
+        point.optimizer_offload,
     )
 
 
 def _optim_key(point: Point) -> tuple[Any, ...]:
-    return (point.precision, point.optimizer, point.lora)
+    return (point.precision, point.optimizer, point.lora, point.optimizer_in_backward, point.optimizer_offload)
 
 
 def _label(point: Point, what: str) -> str:
@@ -203,4 +211,23 @@ def estimate_config(
 
 def predict_points(cfg: SweepConfig, points: Sequence[Point], *, target: Target = "cuda") -> dict[str, int | None]:
     """Predicted peak allocated bytes by ``Point.key_id``, for a sweep to record next to its measurement."""
-    return {e.point.key_id: e.peak_bytes for e in estimate_points(cfg, points, target=target)}
+    return dict(iter_predictions(cfg, points, target=target))
+
+
+def iter_predictions(
+    cfg: SweepConfig, points: Sequence[Point], *, target: Target = "cuda"
+) -> Iterator[tuple[str, int | None]]:
+    """(key_id, predicted peak allocated bytes) of each point as soon as its traces have run.
+
+    The traces are those estimate_points runs (every point's layer classes are registered before the
+    first trace), in the points' order, so a sweep measuring the points in that order gets the first
+    predictions first (bench/predictions.py makes them in a background process).
+    """
+    est = Estimator(cfg, target=target)
+    pending = list(points)
+    for _, job in est.jobs(points):
+        job()
+        ready = [p for p in pending if est.ready(p)]
+        pending = [p for p in pending if p not in ready]
+        yield from ((p.key_id, est.estimate(p).peak_bytes) for p in ready)
+    yield from ((p.key_id, est.estimate(p).peak_bytes) for p in pending)

@@ -33,7 +33,7 @@ class SegmentMarks:
     @contextlib.contextmanager
     def installed(self, opt: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter]) -> Iterator[None]:
         """The hooks, for the duration of the block."""
-        stack, base, tracker = self.base.model, self.base, self.tracker
+        stack, base = self.base.model, self.base
         handles = [
             stack.register_forward_pre_hook(self._model_pre),
             stack.register_forward_hook(self._stack_post),
@@ -46,12 +46,17 @@ class SegmentMarks:
         for i, layer in enumerate(self.layers):
             handles.append(layer.register_forward_pre_hook(self._layer_pre(i), with_kwargs=True))
         for p in params:
-            handles.append(p.register_post_accumulate_grad_hook(lambda p: tracker.reclassify(p.grad, GRADS)))
+            handles.append(p.register_post_accumulate_grad_hook(self._on_accumulated))
         try:
             yield
         finally:
             for h in handles:
                 h.remove()
+
+    def _on_accumulated(self, param: torch.Tensor) -> None:
+        # The optimizer in backward may have applied and freed the gradient already (its hook runs first).
+        if param.grad is not None:
+            self.tracker.reclassify(param.grad, GRADS)
 
     def _on_grad(self, label: str) -> Callable[[torch.Tensor], None]:
         # Runs when the tensor's gradient is complete; captures no tensor.

@@ -52,9 +52,11 @@ from ckptbench.estimate.tracker import (
     Vector,
 )
 from ckptbench.train.checkpointing import applied
+from ckptbench.train.losses import loss_head
 from ckptbench.train.model import apply_lora, attention, build_model, decoder_layers
-from ckptbench.train.optimizers import make_optimizer
+from ckptbench.train.optimizers import build_optimizer
 from ckptbench.train.step import Trainer, param_dtype
+from ckptbench.train.unavailable import TechniqueUnavailable
 
 _CPU = torch.device("cpu")
 
@@ -101,7 +103,7 @@ def _prepare(
     tracker.adopt(model.buffers(), OTHER)
     if tracker.kernels.persistent_bytes:
         tracker.reserve(tracker.kernels.persistent_bytes, OTHER)
-    opt = make_optimizer(point.optimizer, params, lr=cfg.lr)
+    opt = build_optimizer(point, params, lr=cfg.lr, zero_grad_to_none=cfg.zero_grad_to_none)
     with tracker:
         for p in params:
             p.grad = torch.zeros_like(p)
@@ -131,6 +133,7 @@ def trace_step(
     """
     if point.offload != "none" and target != "cuda":
         raise ConfigError(f"offload={point.offload}: activation offloading can only be estimated for a CUDA target")
+    _check_estimable(point)
     tracker = StepTracker(kernel_model(target), defer_shared=defer_shared)
     with eager_transformers(), FakeTensorMode() as mode, contextlib.ExitStack() as stack:
         model, params, opt = _prepare(cfg, point, tracker, num_layers, mode)
@@ -143,6 +146,7 @@ def trace_step(
         for plan in plans:
             stack.enter_context(applied(model, plan, offload_inputs=host if point.offload == "ckpt_inputs" else None))
         stack.enter_context(attention(model, point.attn_implementation))
+        stack.enter_context(loss_head(model, point.loss))
         offload = host.active if host is not None and point.offload == "all" else None
         trainer = Trainer(
             model, opt, point.precision, "cpu", micro_batches=micro_batches or point.micro_batches,
@@ -167,8 +171,28 @@ def _result(tracker: StepTracker, static: Vector) -> StepTrace:
     )
 
 
+def _check_estimable(point: Point) -> None:
+    """Techniques whose kernels or host-side state fake tensors cannot stand for: not estimated."""
+    if point.loss == "fused_linear":
+        raise TechniqueUnavailable("loss fused_linear runs Triton kernels, which are not estimated")
+    _check_optimizer_estimable(point)
+
+
+def _check_optimizer_estimable(point: Point) -> None:
+    # Separate from the loss: the whole model's optimizer trace is shared by every loss head.
+    if point.optimizer == "adamw_8bit_torchao":
+        raise TechniqueUnavailable("torchao's 8-bit AdamW compiles its step, which is not estimated")
+    if point.optimizer_offload != "none":
+        raise TechniqueUnavailable("torchao's CPU offload optimizer is not estimated")
+
+
 def trace_optimizer(cfg: SweepConfig, point: Point, *, target: str) -> StepTrace:
-    """Trace the whole model's optimizer step and zero_grad (every gradient present), without forward."""
+    """Trace the whole model's optimizer step and zero_grad (every gradient present), without forward.
+
+    With the optimizer in backward the step after backward finds no gradient (each was applied and
+    freed by its hook during the backward, which ``trace_step`` traces): no gradient is made here.
+    """
+    _check_optimizer_estimable(point)
     tracker = StepTracker(kernel_model(target))
     with FakeTensorMode() as mode:
         _model, params, opt = _prepare(cfg, point, tracker, None, mode)
@@ -176,7 +200,7 @@ def trace_optimizer(cfg: SweepConfig, point: Point, *, target: str) -> StepTrace
         with tracker:
             tracker.tag = GRADS
             tracker.mark("grads")
-            for p in params:
+            for p in params if not point.optimizer_in_backward else []:
                 p.grad = torch.zeros_like(p)
             tracker.tag = TRANSIENT
             tracker.mark("opt")

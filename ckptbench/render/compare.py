@@ -8,7 +8,17 @@ from typing import Any
 from rich.text import Text
 
 from ckptbench.analysis.compare import Comparison
-from ckptbench.analysis.marks import BETTER, NEWLY_OOM, NO_LONGER_OOM, QUIET_MARKS, WORSE, PointChange
+from ckptbench.analysis.marks import (
+    BETTER,
+    NEWLY_OOM,
+    NO_LONGER_OOM,
+    QUIET_MARKS,
+    TOO_FEW,
+    WORSE,
+    MetricChange,
+    PointChange,
+)
+from ckptbench.analysis.verdict import RANGES_DISJOINT
 from ckptbench.render.tables import Column, FitTable, csv_text, names, numeric_names
 from ckptbench.units import SizeUnit, fmt_percent
 
@@ -34,7 +44,7 @@ _NAMES = {
     "mfu": "MFU",
 }
 _COUNTED = ("worse", "better", "unchanged", "newly_oom", "no_longer_oom", "not_comparable")
-_STYLE = {WORSE: "red", NEWLY_OOM: "bold red", BETTER: "green", NO_LONGER_OOM: "green"}
+_STYLE = {WORSE: "red", NEWLY_OOM: "bold red", BETTER: "green", NO_LONGER_OOM: "green", TOO_FEW: "yellow"}
 
 
 def _shown(comp: Comparison, *, only_changed: bool) -> list[PointChange]:
@@ -79,7 +89,7 @@ def display_rows(comp: Comparison, *, only_changed: bool = False) -> list[dict[s
                     "new": _fmt(m.new, m.unit, mem),
                     "delta": _fmt(m.delta, m.unit, mem, signed=True),
                     "ratio": "-" if m.ratio is None else f"{m.ratio:.3f}",
-                    "p": "-" if m.p_value is None else f"{m.p_value:.3f}",
+                    "p": _p_cell(m),
                     "mark": m.mark,
                 }
             )
@@ -90,6 +100,15 @@ def _opt(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def _p_cell(m: MetricChange) -> str:
+    """The p-value, or what decided instead: disjoint step-time ranges, or too few samples (n=base/new)."""
+    if m.mark == TOO_FEW:
+        return f"n={m.n_base}/{m.n_new}"
+    if m.rule == RANGES_DISJOINT:
+        return "disjoint"
+    return "-" if m.p_value is None else f"{m.p_value:.3f}"
+
+
 def summary_line(comp: Comparison) -> str:
     """Counts of point marks and the geometric mean (and range) of step-time ratios."""
     s = comp.summary
@@ -97,13 +116,19 @@ def summary_line(comp: Comparison) -> str:
         f"step time ratio geomean {_opt(s['time_ratio_geomean'], '.3f')} "
         f"(min {_opt(s['time_ratio_min'], '.3f')}, max {_opt(s['time_ratio_max'], '.3f')})"
     )
-    counts = ", ".join(f"{s[k]} {k.replace('_', ' ')}" for k in _COUNTED)
+    counted = [*_COUNTED, *(["too_few_samples"] if s.get("too_few_samples") else [])]
+    counts = ", ".join(f"{s[k]} {k.replace('_', ' ')}" for k in counted)
     return f"{s['matched']} matched points: {counts}; {s['added']} added, {s['removed']} removed; {time}"
 
 
 def detail_lines(comp: Comparison, *, only_changed: bool = False) -> list[str]:
     """Why shown points failed (the OOM message), then points present on one side only, one line each."""
-    lines = [f"{p.label}: {p.note}" for p in _shown(comp, only_changed=only_changed) if p.note]
+    shown = _shown(comp, only_changed=only_changed)
+    lines = [f"{p.label}: {p.note}" for p in shown if p.note]
+    for p in shown:  # how sure each step-time change is
+        step = next((m for m in p.metrics if m.metric == "median_step_time_s"), None)
+        if step is not None and step.mark in (WORSE, BETTER) and step.evidence:
+            lines.append(f"{p.label}: step time {step.mark}: {step.evidence}")
     lines += [f"added (only in {comp.new['name']}): {a['label']} [{a['status']}]" for a in comp.added]
     lines += [f"removed (only in {comp.base['name']}): {r['label']} [{r['status']}]" for r in comp.removed]
     return lines
@@ -152,6 +177,8 @@ def compare_markdown(comp: Comparison, *, only_changed: bool = False) -> str:
     out.append(f"**Summary:** {summary_line(comp)}")
     if comp.gate_failures:
         out += ["", "**Gate failures:**", "", *(f"- {g}" for g in comp.gate_failures)]
+    if comp.gate_errors:
+        out += ["", "**Gates that could not be judged:**", "", *(f"- {g}" for g in comp.gate_errors)]
     return "\n".join(out) + "\n"
 
 
@@ -171,7 +198,8 @@ def compare_csv(comp: Comparison, *, only_changed: bool = False) -> str:
             if only_changed and m.mark in QUIET_MARKS:
                 continue
             metric = {
-                k: getattr(m, k) for k in ("metric", "unit", "base", "new", "delta", "ratio", "p_value")
+                k: getattr(m, k)
+                for k in ("metric", "unit", "base", "new", "delta", "ratio", "p_value", "rule", "evidence")
             }
             rows.append({**p.key, **status, **metric, "mark": m.mark})
     for side, listed in (("added", comp.added), ("removed", comp.removed)):
@@ -189,6 +217,8 @@ def compare_csv(comp: Comparison, *, only_changed: bool = False) -> str:
         "delta",
         "ratio",
         "p_value",
+        "rule",
+        "evidence",
         "mark",
     ]
     return csv_text(rows, columns)

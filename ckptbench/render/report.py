@@ -15,6 +15,7 @@ from ckptbench.render.plots import plot_peak_memory, plot_speed
 from ckptbench.render.recommend import markdown_pareto, markdown_recommendation
 from ckptbench.render.summary import run_header, size_unit, summary_markdown
 from ckptbench.render.tradeoff_plot import plot_tradeoff
+from ckptbench.render.tune import markdown_tune, tune_search
 from ckptbench.results.store import Run, write_text_atomic
 from ckptbench.units import SizeUnit, fmt_bytes
 
@@ -74,6 +75,9 @@ def write_report(
         sections.append(markdown_pareto(rec.pareto, limit_bytes=rec.limit_bytes, size=size))
     else:
         sections.append(markdown_pareto(pareto_front(candidates(run)), size=size))
+    search = tune_search(run)
+    if search is not None:  # a `ckptbench tune` run: how the answer was found
+        sections.append(markdown_tune(search))
     sections.append(_plots_section(plots))
     sections.append("## All points\n\n" + summary_markdown(run, size=size))
     if run.environment.get("device_type") == "cpu":

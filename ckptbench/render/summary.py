@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ckptbench.config.grid import setup_label
 from ckptbench.render.tables import Column, FitTable, markdown_of, status_style
@@ -67,7 +68,16 @@ def _prediction(rec: PointRecord, size: SizeUnit) -> tuple[str, str]:
 
 
 def status_text(rec: PointRecord) -> str:
-    """'ok', 'ok (leak)', 'oom (tried 1.95 GiB)', 'error: <reason>' (the full message stays in points.jsonl)."""
+    """'ok', 'ok (leak)', 'oom (tried 1.95 GiB)', 'error: <reason>' (the full message stays in points.jsonl);
+    timing warnings (a busy machine, unsteady steps: bench/environment.py) are added to an ok point's."""
+    text = _status_text(rec)
+    if rec.ok and rec.warnings:
+        kinds = ", ".join(rec.warning_kinds)
+        text = f"{text[:-1]}; {kinds})" if text.endswith(")") else f"{text} ({kinds})"
+    return text
+
+
+def _status_text(rec: PointRecord) -> str:
     if rec.ok and rec.leaked:
         return "ok (leak)"
     if rec.ok and rec.loss_mismatch:
@@ -164,6 +174,8 @@ def search_rows(run: Run) -> list[dict[str, str]]:
     """One row per search of a run (batch_size: max, layout: fit) with its measured answer."""
     rows = []
     for s in run.meta.get("searches") or []:
+        if s.get("kind") == "tune":
+            continue  # `ckptbench tune` prints (and `report` shows) its own search: render/tune.py
         answer = s.get("answer") or {}
         if s.get("kind") == "batch_max":
             text = "nothing fits" if answer.get("batch_size") is None else f"batch {answer['batch_size']}"
@@ -180,3 +192,17 @@ def search_rows(run: Run) -> list[dict[str, str]]:
 def search_table(run: Run) -> FitTable:
     """The answers of a run's searches, each resting on the measured probes it lists."""
     return FitTable(search_rows(run), SEARCH_COLUMNS, title="searches (measured)")
+
+
+def timing_line(entry: dict[str, Any]) -> str:
+    """Where one sweep command's wall time went (run.json timing, bench/timing.py), in one line."""
+    parts = [
+        ("start-up", "startup_s"), ("environment", "environment_s"), ("predictions", "predictions_s"),
+        ("waiting for predictions", "predictions_wait_s"), ("steps", "steps_s"),
+        ("per-point overhead", "point_overhead_s"), ("between points", "between_points_s"),
+        ("finish", "finish_s"),
+    ]
+    shown = ", ".join(f"{name} {entry[k]:.1f} s" for name, k in parts if entry.get(k) is not None)
+    wall, steps = entry.get("command_wall_s"), entry.get("steps_s")
+    ratio = f" ({wall / steps:.2f}x the steps)" if wall and steps else ""
+    return f"time: {wall or 0:.1f} s in all{ratio}: {shown}"

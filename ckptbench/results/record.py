@@ -87,8 +87,15 @@ class PointRecord(_Open):
     plan: dict[str, Any] | None = None
     host_offload_peak_bytes: Bytes | None = None
     compile_s: Seconds | None = None
+    loss_implementation: str | None = None  # the loss head used when it is not transformers' default
     model_build_s: Seconds | None = None
     wall_s: Seconds | None = None
+    # Where the point's wall time went besides its steps (bench/runner.py): weights reset, loss
+    # recomputation, cleanup (garbage collection, cached memory returned), in seconds.
+    overhead_parts_s: dict[str, Seconds] = Field(default_factory=dict)
+    load_average_1m: Annotated[float, Field(ge=0)] | None = None  # the host's load when the point ended
+    # Why the point's step times may mislead, as "kind: details" (kinds: busy, spread; bench/environment.py).
+    warnings: list[str] = Field(default_factory=list)
     probe: str | None = None
     search: bool = False  # measured as a probe of a search (batch_size: max, layout: fit)
     isolated: bool = False  # measured in a fresh process (--isolate)
@@ -146,6 +153,18 @@ class PointRecord(_Open):
         return q[2] - q[0]
 
     @property
+    def overhead_s(self) -> float | None:
+        """The point's wall time minus its warm-up and measured steps: what the tool itself spent."""
+        if self.wall_s is None:
+            return None
+        return self.wall_s - sum(self.warmup_times_s) - sum(self.step_times_s)
+
+    @property
+    def warning_kinds(self) -> list[str]:
+        """The kind of each warning (the text before its colon), for a short status."""
+        return [w.split(":", 1)[0] for w in self.warnings]
+
+    @property
     def tokens_per_s(self) -> float | None:
         med = self.median_step_time_s
         return (self.tokens_per_step or 0) / med if med else None
@@ -192,4 +211,5 @@ STAT_NAMES = (
     "mfu",
     "hfu",
     "activation_bytes",
+    "overhead_s",
 )

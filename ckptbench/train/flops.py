@@ -39,7 +39,13 @@ class ModelShape:
 
 
 def step_flops(
-    shape: ModelShape, plan: LayoutPlan, *, tokens: int, seq_len: int, frozen_base: bool = False
+    shape: ModelShape,
+    plan: LayoutPlan,
+    *,
+    tokens: int,
+    seq_len: int,
+    frozen_base: bool = False,
+    recompute_lm_head: bool = False,
 ) -> tuple[int, int]:
     """(model FLOPs, hardware FLOPs) of one optimizer step over ``tokens`` tokens of length ``seq_len``.
 
@@ -48,6 +54,7 @@ def step_flops(
     are not computed: 4N (adapter FLOPs are neglected). Hardware FLOPs add one more forward of
     every checkpointed part: 2 * its parameters plus, for attention, 4 * hidden * seq; per-op
     (selective) checkpointing saves the matmul and attention outputs, so it adds none of these.
+    ``recompute_lm_head`` (the chunked loss) adds one more forward of the LM head: 2 * its parameters.
     """
     attn_fwd_per_layer = 4 * shape.hidden_size * seq_len
     per_param = 4 if frozen_base else 6
@@ -60,4 +67,6 @@ def step_flops(
         "selective": 0,
     }[plan.granularity]
     recompute = tokens * per_layer * len(plan.layers)
+    if recompute_lm_head:
+        recompute += tokens * 2 * shape.lm_head_params
     return model, model + recompute

@@ -14,6 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from ckptbench.config.schema import LoraSpec, ModelSpec
 from ckptbench.errors import ConfigError
+from ckptbench.train.flops import ModelShape
 
 _LLAMA_FIELDS = frozenset(LlamaConfig().to_dict())
 
@@ -131,3 +132,13 @@ def layer_param_counts(cfg: LlamaConfig) -> dict[str, int]:
     attn = d * q_dim + 2 * d * kv_dim + q_dim * d
     mlp = 3 * d * ff
     return {"attn": attn, "mlp": mlp, "layer": attn + mlp + 2 * d, "lm_head": d * int(c.vocab_size)}
+
+
+def model_shape(cfg: LlamaConfig) -> ModelShape:
+    """What FLOP counting needs of a built LlamaConfig."""
+    counts = layer_param_counts(cfg)
+    c: Any = cfg
+    return ModelShape(
+        num_layers=int(c.num_hidden_layers), hidden_size=int(c.hidden_size), attn_params=counts["attn"],
+        mlp_params=counts["mlp"], layer_params=counts["layer"], lm_head_params=counts["lm_head"],
+    )

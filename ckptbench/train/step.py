@@ -74,7 +74,10 @@ class Trainer:
         forward = self.forward if self.forward is not None else self.model
         offload = self.offload or contextlib.nullcontext
         total = torch.zeros((), device=input_ids.device)
-        for _ in range(self.micro_batches):
+        in_backward = getattr(self.optimizer, "armed", None) is not None
+        for k in range(self.micro_batches):
+            if in_backward:  # optimizer_in_backward: apply the gradients in the last micro-batch's backward
+                self.optimizer.armed = k == self.micro_batches - 1  # type: ignore[attr-defined]
             with autocast(self.precision, self.device_type), offload():
                 loss = forward(input_ids=input_ids, labels=input_ids, use_cache=False).loss
             scaled = loss / self.micro_batches

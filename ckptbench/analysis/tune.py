@@ -1,0 +1,331 @@
+"""tune's decisions (pure): which candidate to measure next, which to drop and why, and the answer.
+
+The search keeps one training semantics and looks for the highest measured tokens/s whose measured
+peak reserved memory fits under the limit (budget minus headroom). Candidates are taken in order of
+tokens per step (most first), then hardware FLOPs (least recomputation first), then how many
+memory-saving techniques they use (fewest first). Before a candidate is measured it must survive
+three prunes, each recorded with its reason:
+
+1. **prediction**: ``predicted_fit`` (the one place an estimate is judged against the budget) says
+   it does not fit: never measured;
+2. **a cheaper setup already wins**: a measured point that fits has the same tokens per step and
+   speed class, no more hardware FLOPs and a subset of its memory savers: this candidate only adds
+   recomputation or savers' overheads to it;
+3. **it cannot beat the best**: even running its hardware FLOPs at ``RATE_SLACK`` times the best
+   FLOP rate measured in its speed class, its tokens/s would not exceed the best fitting point's.
+
+Every measurement is an ordinary point record; ``observe`` reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptbench.analysis.tune_space import layout_family, savers, semantic_changes, speed_class
+from ckptbench.config.grid import Point, setup_label
+from ckptbench.estimate.record import Estimate
+from ckptbench.results.record import PointRecord
+from ckptbench.units import fmt_bytes
+
+# A candidate may run faster per FLOP than anything measured so far (a larger batch fills the device
+# better): its bound allows 10% more than the best rate of its speed class before it is ruled out.
+RATE_SLACK = 1.10
+
+
+@dataclass(frozen=True)
+class Margin:
+    """Peak reserved over peak allocated, as learned from the points measured so far."""
+
+    ratio: float
+    source: str
+
+    @classmethod
+    def learn(cls, records: Sequence[PointRecord]) -> Margin:
+        ratios = [
+            r.peak_reserved_bytes / r.peak_allocated_bytes
+            for r in records
+            if r.ok and r.peak_reserved_bytes and r.peak_allocated_bytes
+        ]
+        if not ratios:
+            return cls(1.0, "no point measured yet, so no margin")
+        return cls(max(1.0, max(ratios)), f"x{max(ratios):.4f}, the largest measured reserved/allocated of "
+                   f"{len(ratios)} point(s)")
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A prediction judged against the limit: fits (True/False, None when there is no prediction)."""
+
+    fits: bool | None
+    judged_bytes: int | None
+    basis: str
+
+
+def predicted_fit(estimate: Estimate, *, limit_bytes: int, margin: Margin) -> Fit:
+    """Whether a point is predicted to fit under ``limit_bytes`` of peak reserved memory.
+
+    A predicted peak *reserved* (issue "Will it fit?") is used as it is; until the estimator gives
+    one, the predicted peak *allocated* times the margin learned from the measured points stands in.
+    """
+    reserved = getattr(estimate, "peak_reserved_bytes", None)
+    if isinstance(reserved, int):
+        judged, basis = reserved, f"predicted peak reserved {fmt_bytes(reserved)}"
+    elif estimate.peak_bytes is not None:
+        judged = int(estimate.peak_bytes * margin.ratio)
+        basis = f"predicted peak allocated {fmt_bytes(estimate.peak_bytes)} x margin {margin.ratio:.4f}"
+        if estimate.note and estimate.note.startswith("stand-in"):
+            basis += f" ({estimate.note})"
+    else:
+        return Fit(None, None, f"no prediction ({estimate.note or 'not estimated'})")
+    verdict = "fits" if judged <= limit_bytes else "does not fit"
+    return Fit(judged <= limit_bytes, judged, f"{basis} {verdict} the {fmt_bytes(limit_bytes)} limit")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A point of the space with what the search needs to order and prune it."""
+
+    point: Point
+    hardware_flops: int
+    estimate: Estimate
+
+    @property
+    def order(self) -> tuple[Any, ...]:
+        p = self.point
+        return (-p.tokens, p.compile, self.hardware_flops, len(savers(p)), p.key_id)
+
+    @property
+    def label(self) -> str:
+        p = self.point
+        extras = setup_label(p.key)
+        return f"{p.layout} b={p.batch_size}" + (f" {extras}" if extras else "")
+
+
+@dataclass
+class Measured:
+    """A measured candidate: its record's numbers."""
+
+    candidate: Candidate
+    record: PointRecord
+    fits: bool
+
+    @property
+    def tokens_per_s(self) -> float:
+        return float(self.record.tokens_per_s or 0.0)
+
+    @property
+    def flop_rate(self) -> float:
+        median = self.record.median_step_time_s
+        return self.candidate.hardware_flops / median if median else 0.0
+
+
+@dataclass
+class TunePlanner:
+    """The search's state: candidates left, what was measured, and every decision with its reason."""
+
+    candidates: list[Candidate]
+    limit_bytes: int
+    max_points: int | None = None
+    time_budget_s: float | None = None
+    margin: Margin = field(default_factory=lambda: Margin.learn([]))
+    measured: list[Measured] = field(default_factory=list)
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    stopped_by: str = "the space was exhausted"
+
+    def __post_init__(self) -> None:
+        self.candidates = sorted(self.candidates, key=lambda c: c.order)
+        self._by_key = {c.point.key_id: c for c in self.candidates}
+
+    # -- the loop -----------------------------------------------------------------------------
+    def next(self, elapsed_s: float = 0.0) -> Point | None:
+        """The next point to measure, or None when the search is over (the rest dropped, with reasons)."""
+        while self.candidates:
+            stop = self._limit_reached(elapsed_s)
+            if stop is not None:
+                self.stopped_by = stop
+                for c in self.candidates:
+                    self._decide(c, "dropped", f"not reached: {stop}")
+                self.candidates = []
+                return None
+            c = self.candidates.pop(0)
+            fit = predicted_fit(c.estimate, limit_bytes=self.limit_bytes, margin=self.margin)
+            why = self._pruned(c, fit)
+            if why is not None:
+                self._decide(c, "dropped", why, fit=fit)
+                continue
+            self._decide(c, "measure", f"most tokens per step left; {fit.basis}", fit=fit)
+            return c.point
+        return None
+
+    def observe(self, point: Point, record: PointRecord) -> None:
+        """Take in the measured record of the point ``next`` returned (or a resumed run's)."""
+        c = self._by_key[point.key_id]
+        fits = record.ok and not record.loss_mismatch and _peak(record) <= self.limit_bytes
+        self.measured.append(Measured(c, record, fits))
+        self.margin = Margin.learn([m.record for m in self.measured])
+        self.decisions[-1].update(_measured_fields(record, fits, self.limit_bytes))
+        if record.status == "skipped":
+            self._drop_class(c, record.reason or "skipped")
+
+    def _drop_class(self, skipped: Candidate, reason: str) -> None:
+        """A technique that cannot run here (not installed, needs CUDA) skips its whole speed class."""
+        mine = speed_class(skipped.point)
+        for c in [c for c in self.candidates if speed_class(c.point) == mine]:
+            self._decide(c, "dropped", f"skipped like {skipped.label}: {reason}")
+        self.candidates = [c for c in self.candidates if speed_class(c.point) != mine]
+
+    @property
+    def spent_points(self) -> int:
+        """Measurements that count against --max-points: a skipped point measured nothing."""
+        return sum(1 for m in self.measured if m.record.status != "skipped")
+
+    def _limit_reached(self, elapsed_s: float) -> str | None:
+        if self.max_points is not None and self.spent_points >= self.max_points:
+            return f"--max-points {self.max_points} reached"
+        if self.time_budget_s is not None and elapsed_s >= self.time_budget_s:
+            return f"--time-budget {self.time_budget_s / 60:g} min spent"
+        return None
+
+    # -- prunes ---------------------------------------------------------------------------------
+    def _pruned(self, c: Candidate, fit: Fit) -> str | None:
+        if fit.fits is False:
+            return f"predicted not to fit: {fit.basis}"
+        failed = self._failed_below(c)
+        if failed is not None:
+            return (
+                f"predicted not to fit: predicted peak allocated {fmt_bytes(c.estimate.peak_bytes or 0)}, no less "
+                f"than {failed.candidate.label}'s, which did not fit when measured ({_outcome(failed.record)})"
+            )
+        winner = self._cheaper_winner(c)
+        if winner is not None:
+            return (
+                f"a cheaper setup already fits at the same tokens per step: {winner.candidate.label} "
+                f"({winner.tokens_per_s:,.0f} tokens/s) with no more recomputation or memory savers"
+            )
+        bound = self._bound(c)
+        best = self.best
+        if bound is not None and best is not None and bound <= best.tokens_per_s:
+            return (
+                f"cannot beat {best.candidate.label} ({best.tokens_per_s:,.0f} tokens/s): at most "
+                f"{bound:,.0f} tokens/s even at {RATE_SLACK:g}x the best FLOP rate measured in its class"
+            )
+        return None
+
+    def _failed_below(self, c: Candidate) -> Measured | None:
+        """A measured point that did not fit (out of memory, or over the limit) although predicted to need
+        no more than this candidate: the allocator's overhead above the prediction is at least as large here."""
+        mine = c.estimate.peak_bytes
+        if mine is None:
+            return None
+        for m in self.measured:
+            theirs = m.candidate.estimate.peak_bytes
+            over = m.record.status == "oom" or (m.record.ok and _peak(m.record) > self.limit_bytes)
+            if over and theirs is not None and theirs <= mine:
+                return m
+        return None
+
+    def _cheaper_winner(self, c: Candidate) -> Measured | None:
+        for m in self.measured:
+            o = m.candidate
+            if (
+                m.fits
+                and o.point.tokens == c.point.tokens
+                and speed_class(o.point) == speed_class(c.point)
+                and o.hardware_flops <= c.hardware_flops
+                and savers(o.point) <= savers(c.point)
+                and o.point.micro_batches <= c.point.micro_batches
+            ):
+                return m
+        return None
+
+    def _bound(self, c: Candidate) -> float | None:
+        mine = speed_class(c.point)
+        rates = [m.flop_rate for m in self.measured if m.record.ok and speed_class(m.candidate.point) == mine]
+        if not rates or not c.hardware_flops:
+            return None
+        return c.point.tokens * max(rates) * RATE_SLACK / c.hardware_flops
+
+    # -- the answer ---------------------------------------------------------------------------
+    @property
+    def best(self) -> Measured | None:
+        """The fastest measured point that fits (ties: less memory, then measured earlier)."""
+        fitting = [m for m in self.measured if m.fits]
+        return min(fitting, key=lambda m: (-m.tokens_per_s, _peak(m.record)), default=None)
+
+    def family_best(self) -> dict[str, Measured]:
+        """The fastest fitting point of every layout family, fastest family first."""
+        out: dict[str, Measured] = {}
+        for m in sorted((m for m in self.measured if m.fits), key=lambda m: -m.tokens_per_s):
+            out.setdefault(layout_family(m.candidate.point.layout), m)
+        return out
+
+    def _decide(self, c: Candidate, action: str, why: str, *, fit: Fit | None = None) -> None:
+        entry: dict[str, Any] = {"key": c.point.key, "label": c.label, "action": action, "why": why}
+        if fit is not None and fit.judged_bytes is not None:
+            entry["judged_peak_bytes"] = fit.judged_bytes
+        self.decisions.append(entry)
+
+    def outcome(self) -> dict[str, Any]:
+        """What run.json keeps of the search (kind 'tune'), and what `tune` and `report` print."""
+        best = self.best
+        counts: dict[str, int] = {}
+        for d in self.decisions:
+            counts[_reason_kind(d)] = counts.get(_reason_kind(d), 0) + 1
+        return {
+            "kind": "tune",
+            "limit_bytes": self.limit_bytes,
+            "answer": None if best is None else _summary(best),
+            "semantic_changes": [] if best is None else semantic_changes(best.candidate.point),
+            "family_best": {f: _summary(m) for f, m in self.family_best().items()},
+            "margin": {"ratio": self.margin.ratio, "source": self.margin.source},
+            "measured_points": self.spent_points,
+            "stopped_by": self.stopped_by,
+            "counts": counts,
+            "decisions": self.decisions,
+        }
+
+
+def _peak(record: PointRecord) -> int:
+    return int(record.peak_reserved_bytes or record.peak_allocated_bytes or 0)
+
+
+def _outcome(record: PointRecord) -> str:
+    return "out of memory" if record.status == "oom" else f"{fmt_bytes(_peak(record))} peak reserved"
+
+
+def _measured_fields(record: PointRecord, fits: bool, limit: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"action": "measured", "status": record.status, "fits": fits}
+    if record.ok:
+        out.update(tokens_per_s=record.tokens_per_s, peak_reserved_bytes=_peak(record))
+        if record.loss_mismatch:
+            out["note"] = "loss differs from the plain step's: not a candidate"
+        elif not fits:
+            out["note"] = f"measured {fmt_bytes(_peak(record))} > the {fmt_bytes(limit)} limit"
+    else:
+        out["note"] = record.reason
+    return out
+
+
+def _summary(m: Measured) -> dict[str, Any]:
+    return {
+        "key": m.candidate.point.key,
+        "label": m.candidate.label,
+        "tokens_per_s": m.tokens_per_s,
+        "peak_reserved_bytes": _peak(m.record),
+        "peak_allocated_bytes": m.record.peak_allocated_bytes,
+        "layers_checkpointed": m.record.layers_checkpointed,
+    }
+
+
+def _reason_kind(decision: dict[str, Any]) -> str:
+    why = str(decision["why"])
+    if decision["action"] != "dropped":
+        return "measured"
+    for prefix, kind in (("predicted not", "predicted not to fit"), ("a cheaper", "a cheaper setup wins"),
+                         ("cannot beat", "cannot beat the best"), ("not reached", "not reached"),
+                         ("skipped like", "cannot run here")):
+        if why.startswith(prefix):
+            return kind
+    return "dropped"

@@ -1,0 +1,110 @@
+"""`ckptbench tune`: the fastest measured setup whose peak reserved memory fits a budget."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+from ckptbench.analysis.recommend import DEFAULT_HEADROOM
+from ckptbench.cli.common import BudgetOpt, ConfigArg, HeadroomOpt, SeqLenOpt, err, fail, finite, out
+from ckptbench.cli.progress import EstimateProgressBar, SweepProgress
+from ckptbench.cli.sweep import _interrupted, _Interrupts, _paths, _write_summaries
+from ckptbench.errors import CkptbenchError, ConfigError
+
+MaxPointsOpt = Annotated[
+    int | None, typer.Option("--max-points", metavar="N", help="Measure at most this many points.")
+]
+TimeBudgetOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--time-budget", help="Stop proposing points after this many minutes.", metavar="MIN", callback=finite
+    ),
+]
+AllowOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--allow", metavar="NAMES",
+        help="Also search techniques that change training: lora, 8bit, factored, offload_optimizer.",
+    ),
+]
+
+
+def tune(
+    config: ConfigArg,
+    budget: BudgetOpt = None,
+    seq_len: SeqLenOpt = None,
+    headroom: HeadroomOpt = DEFAULT_HEADROOM,
+    max_points: MaxPointsOpt = None,
+    time_budget: TimeBudgetOpt = None,
+    allow: AllowOpt = None,
+    out_dir: Annotated[
+        str | None,  # not Path: typer turns '' into '.', and '' must be refused (cli/common.py path_option)
+        typer.Option("--out", metavar="RUN_DIR", help="Run directory (default results/<name>-<time>)."),
+    ] = None,
+    results_root: Annotated[
+        str, typer.Option("--results", metavar="DIR", help="Folder for new run directories.")
+    ] = "results",
+    resume: Annotated[
+        str | None, typer.Option("--resume", help="Continue the search of RUN_DIR (same config).", metavar="RUN_DIR")
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", metavar="table|json", help="table or json.")] = "table",
+) -> None:
+    """Search layouts x batch sizes x techniques for the fastest setup that fits --budget, by measurement."""
+    from ckptbench.config.load import load_config
+
+    with _Interrupts() as interrupts:
+        try:
+            out_path, results, resume_dir = _paths(out_dir, results_root, resume)
+            cfg = load_config(config)
+            options = _options(budget, headroom, seq_len, max_points, time_budget, allow, fmt)
+            from ckptbench.bench.tune import run_tune
+
+            with EstimateProgressBar(err) as estimating, SweepProgress(0) as progress:
+                outcome = run_tune(cfg, options, out=out_path, results_root=results, resume=resume_dir,
+                                   on_progress=progress.update, on_estimate=estimating.update)
+            interrupts.finishing = True  # the final status is on disk: a signal from now on is a note
+        except CkptbenchError as exc:
+            raise fail(exc) from None
+        except KeyboardInterrupt as exc:
+            raise _interrupted(exc, config) from None
+        run = _write_summaries(outcome.sweep.run_dir)
+    _show(run, options, fmt)
+    err.print(f"results: {outcome.sweep.run_dir}", markup=False)
+
+
+def _options(budget: str | None, headroom: str, seq_len: int | None, max_points: int | None,
+             time_budget: float | None, allow: str | None, fmt: str) -> Any:
+    from ckptbench.analysis.tune_space import parse_allow
+    from ckptbench.bench.tune import TuneOptions
+    from ckptbench.units import parse_headroom, parse_size
+
+    if fmt not in ("table", "json"):
+        raise ConfigError(f"--format: {fmt!r} is not one of table, json")
+    if budget is None:
+        raise ConfigError("--budget is required, e.g. --budget 80 (GiB) or --budget 80GiB")
+    if max_points is not None and max_points < 1:
+        raise ConfigError(f"--max-points must be at least 1, got {max_points}")
+    if time_budget is not None and not time_budget > 0:
+        raise ConfigError(f"--time-budget must be a positive number of minutes, got {time_budget:g}")
+    budget_bytes = parse_size(budget)
+    return TuneOptions(
+        budget_bytes=budget_bytes, headroom_bytes=parse_headroom(headroom, budget_bytes=budget_bytes),
+        seq_len=seq_len, allow=parse_allow(allow), max_points=max_points,
+        time_budget_s=None if time_budget is None else time_budget * 60,
+    )
+
+
+def _show(run: Any, options: Any, fmt: str) -> None:
+    from ckptbench.analysis.recommend import recommend
+    from ckptbench.render.tune import rich_tune, tune_search
+
+    search = tune_search(run)
+    if search is None:
+        raise fail(ConfigError(f"{run.path}: the run holds no tune search"))
+    if fmt == "json":
+        typer.echo(json.dumps(search, sort_keys=True, indent=2))
+        return
+    rec = recommend(run, budget_bytes=options.budget_bytes, headroom_bytes=options.headroom_bytes)
+    out.print(rich_tune(search, rec))
