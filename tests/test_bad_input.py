@@ -108,7 +108,7 @@ CASES: list[Any] = [
         "sweep: the grid",
     ),
     ("negative-cap", merged(memory_cap_gib=-1), [], "memory_cap_gib"),
-    ("infinite-lr", merged(lr=float("inf")), [], "lr: must be a finite number"),
+    ("infinite-lr", merged(lr=float("inf")), [], "lr: Input should be a finite number"),
     ("bad-name", merged(name="a/b"), [], "name"),
     (
         "unknown-override",

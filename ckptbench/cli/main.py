@@ -13,7 +13,7 @@ from ckptbench.cli.common import Group, err, example, out
 from ckptbench.cli.compare import compare
 from ckptbench.cli.estimate import estimate
 from ckptbench.cli.recommend import recommend_cmd, report_cmd
-from ckptbench.cli.sweep import layouts, sweep
+from ckptbench.cli.sweep import hold_late_signals_until_exit, layouts, sweep
 from ckptbench.cli.trace import trace_allocator
 from ckptbench.cli.tune import tune
 from ckptbench.errors import CkptbenchError
@@ -58,6 +58,7 @@ app.command(**example("ckptbench tune configs/llama7b-tune.yaml --budget 80 --ma
 
 def main() -> None:
     """Entry point for ``python -m ckptbench`` and the ``ckptbench`` script."""
+    hold_late_signals_until_exit()  # this process ends with the command
     try:
         app()
     except CkptbenchError as exc:  # safety net: commands convert their own errors

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 # Values of the technique axes that mean "plain training"; tables name only the axes that differ.
@@ -81,6 +81,18 @@ class Point:
     def tokens(self) -> int:
         """Tokens per optimizer step (every micro-batch counts)."""
         return self.batch_size * self.seq_len * self.micro_batches
+
+
+_TYPES = {"str": str, "int": int, "bool": bool}
+
+
+def point_of(key: Mapping[str, Any]) -> Point | None:
+    """The point a recorded key names, or None when it is not a point of this version: a field missing
+    or extra (a key edited by hand, or written by a newer ckptbench with another axis), or a wrong type."""
+    kinds = {f.name: _TYPES[str(f.type)] for f in fields(Point)}
+    if set(key) != set(kinds) or any(type(key[name]) is not kind for name, kind in kinds.items()):
+        return None
+    return Point(**dict(key))
 
 
 def key_id(key: Mapping[str, Any]) -> str:

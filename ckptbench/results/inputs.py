@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ckptbench.config.load import load_config, parse_config
 from ckptbench.config.schema import SweepConfig
+from ckptbench.errors import ResultsError
 from ckptbench.results.store import RUN_FILE, load_run
 
 Measured = dict[str, int | str]  # by point key_id: peak allocated bytes of an ok point, else its status
@@ -18,6 +19,8 @@ def load_input(path: str | Path) -> tuple[SweepConfig, Measured]:
     if not (p / RUN_FILE).is_file():
         return load_config(p), {}
     run = load_run(p)
+    if not run.config:
+        raise ResultsError(f"{p / RUN_FILE}: holds no config (the field is missing or damaged); nothing to estimate")
     cfg = parse_config(run.config, source=str(p / RUN_FILE))
     measured: Measured = {}
     for rec in run.points:
