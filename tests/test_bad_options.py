@@ -130,3 +130,18 @@ def test_report_checks_its_out_folder_first(
     (tmp_path / "afile.txt").write_text("x")
     result = CliRunner().invoke(app, ["report", str(mini_run[1]), "--out", out])
     assert result.exit_code == 2 and len(result.stderr.splitlines()) == 1 and expected in result.stderr
+
+
+OUT_CASES = [c for c in PATH_CASES if c[1][0] == "--out"]
+
+
+@pytest.mark.parametrize(("case", "args", "expected"), OUT_CASES, ids=[c[0] for c in OUT_CASES])
+def test_trace_allocator_checks_its_out_folder_first(
+    nothing_starts: Path, case: str, args: list[str], expected: str
+) -> None:
+    # Checked before the config and the GPU: on a GPU machine no point is traced into a folder that cannot hold it.
+    result = CliRunner().invoke(app, ["trace-allocator", "c.yaml", *args])
+    lines = result.stderr.splitlines()
+    assert result.exit_code == 2, (result.stderr, result.exception)
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines
+    assert sorted(p.name for p in nothing_starts.iterdir()) == ["afile.txt", "c.yaml"]
