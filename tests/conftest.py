@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,6 +42,50 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# The smallest sweep that still has every part of a run: 4 points (2 layouts x 2 batch sizes) of a
+# one-layer model, in about a second. Damaged copies of it feed the robustness tests.
+MINI: dict[str, Any] = tiny_data(
+    name="mini",
+    model={"preset": "tiny", "overrides": {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
+                                           "vocab_size": 64}},
+    measured_steps=2,
+    optimizer="sgd",
+    sweep={"layout": ["none", "all"], "batch_size": [1, 2], "seq_len": [8], "precision": ["fp32"]},
+)
+
+
+@pytest.fixture(scope="session")
+def mini_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(config file, pristine run directory) of MINI, measured once per session; copy it before changing it."""
+    from ckptbench.bench.sweep import run_sweep
+
+    root = tmp_path_factory.mktemp("mini")
+    config = root / "mini.yaml"
+    config.write_text(json.dumps(MINI))  # JSON is YAML
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_sweep(parse_config(MINI), out=root / "run", predict=False)
+    finally:
+        torch.set_num_threads(before)
+    return config, root / "run"
+
+
+def copy_run(run: Path, to: Path) -> Path:
+    """A copy of a run directory (its lock file too) to damage."""
+    shutil.copytree(run, to)
+    return to
+
+
+def quiet_load(path: Path) -> Any:
+    """load_run without the warnings it emits (they are in Run.warnings)."""
+    from ckptbench.results.store import load_run
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_run(path)
 
 
 @pytest.fixture(autouse=True)

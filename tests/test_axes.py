@@ -148,7 +148,7 @@ def test_nonsense_combinations_are_rejected_at_load(sweep: dict[str, Any], fragm
 OTHER_VALUES = {"model": "other", "layout": "all", "batch_size": 4, "seq_len": 256, "precision": "amp_bf16",
                 "optimizer": "sgd", "micro_batches": 4, "offload": "all", "lora": "r8", "compile": True,
                 "attn_implementation": "eager", "loss": "chunked", "optimizer_in_backward": True,
-                "optimizer_offload": "cpu", "parallel": "fsdp2:2"}
+                "optimizer_offload": "cpu", "parallel": "fsdp2:2", "allocator": "expandable_segments"}
 
 
 def test_every_axis_is_in_the_point_key() -> None:

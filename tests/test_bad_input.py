@@ -108,7 +108,7 @@ CASES: list[Any] = [
         "sweep: the grid",
     ),
     ("negative-cap", merged(memory_cap_gib=-1), [], "memory_cap_gib"),
-    ("infinite-lr", merged(lr=float("inf")), [], "lr: must be a finite number"),
+    ("infinite-lr", merged(lr=float("inf")), [], "lr: Input should be a finite number"),
     ("bad-name", merged(name="a/b"), [], "name"),
     (
         "unknown-override",
@@ -129,6 +129,15 @@ CASES: list[Any] = [
         "model.overrides.num_hidden_layers",
     ),
     ("timeout-without-isolate", GOOD, ["--point-timeout", "5"], "--point-timeout needs --isolate"),
+    (
+        "allocator-on-cpu",
+        merged(sweep=axes(allocator=["default", "expandable_segments"])),
+        [],
+        "sweep.allocator: expandable_segments configures the CUDA caching allocator (PYTORCH_CUDA_ALLOC_CONF) "
+        "and needs a CUDA device",
+    ),
+    ("allocator-unknown-option", merged(sweep=axes(allocator=["max_split_mb:64"])), [], "'max_split_mb' is not an"),
+    ("allocator-too-small", merged(sweep=axes(allocator=["max_split_size_mb:10"])), [], "must be >= 20"),
     (
         "timeout-not-positive",
         GOOD,

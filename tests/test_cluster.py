@@ -74,7 +74,8 @@ def test_ctrl_c_cancels_the_jobs_and_resume_adds_only_the_missing_points(tmp_pat
     config = tmp_path / "small.yaml"
     config.write_text(yaml.safe_dump(tiny_data(model=TWO_LAYERS, sweep=SMALL, measured_steps=1)))
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CKPTBENCH_TEST_HANG": "layout=all"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CKPTBENCH_TEST_HANG": "layout=all",
+           "CKPTBENCH_ENABLE_TEST_HOOKS": "1"}  # the hooks are test-only
     cmd = [sys.executable, "-m", "ckptbench", "sweep", str(config), "--out", str(run_dir), "--no-predict",
            "--executor", "local", "--jobs", "2"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
@@ -102,6 +103,7 @@ def test_ctrl_c_cancels_the_jobs_and_resume_adds_only_the_missing_points(tmp_pat
 
 
 def test_a_job_that_dies_becomes_an_error_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CKPTBENCH_ENABLE_TEST_HOOKS", "1")  # the hooks are test-only
     monkeypatch.setenv("CKPTBENCH_TEST_JOB_CRASH", "layout=all")
     cfg = tiny_config(model=TWO_LAYERS, sweep={**SMALL, "layout": ["none", "all"]}, measured_steps=1)
     out = run_sweep(cfg, out=tmp_path / "run", cluster=LOCAL2, predict=False)
@@ -257,3 +259,20 @@ def test_resume_accepts_a_run_written_before_the_parallel_axis_and_cluster_secti
     (run_dir / "run.json").write_text(json.dumps(meta))
     again = run_sweep(cfg, resume=run_dir, predict=False)
     assert again.already_done == 1 and again.records == []
+
+
+def test_slurm_without_slurm_is_one_line_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ckptbench.cli.main import app
+
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))  # no sbatch, no srun
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(tiny_data(model=TWO_LAYERS, sweep=SMALL, measured_steps=1)))
+    result = CliRunner().invoke(app, ["sweep", str(config), "--out", str(tmp_path / "run"), "--executor", "slurm"])
+    assert result.exit_code == 2, (result.stderr, result.exception)
+    assert result.stderr.splitlines() == [
+        "error: --executor slurm: no Slurm here (sbatch is not on PATH); run the sweep from a Slurm login node, "
+        "or use --executor local"
+    ]
+    assert not (tmp_path / "run").exists()

@@ -21,7 +21,8 @@ from ckptbench.bench import predictions
 from ckptbench.bench.environment import spread_warning
 from ckptbench.bench.predictions import BackgroundPredictions
 from ckptbench.bench.sweep import run_sweep
-from ckptbench.estimate.api import estimate_points, iter_predictions, predict_points
+from ckptbench.estimate.api import estimate_points
+from ckptbench.estimate.predict import iter_predictions, predict_points
 from ckptbench.render.summary import summary_rows
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run, load_run
@@ -170,7 +171,8 @@ def test_predictions_stream_in_the_points_order_and_equal_the_estimates() -> Non
     streamed = list(iter_predictions(cfg, points, target="cpu"))
     # Each as soon as its shape is traced: the first point's comes first, before the second shape's trace.
     assert [k for k, _ in streamed] == [points[i].key_id for i in (0, 2, 1, 3)]  # none b=1, all b=1, b=2...
-    assert dict(streamed) == {e.point.key_id: e.peak_bytes for e in estimate_points(cfg, points, target="cpu")}
+    peaks = {k: f["predicted_peak_allocated_bytes"] for k, f in streamed}
+    assert peaks == {e.point.key_id: e.peak_bytes for e in estimate_points(cfg, points, target="cpu")}
 
 
 def test_background_predictions_are_recorded_like_in_process_ones(
@@ -203,12 +205,13 @@ def test_a_point_waits_for_its_prediction_so_it_is_made_before_the_point() -> No
     first = points[0].key_id
     bg = _stub(
         "import json, sys, time; sys.stdin.readline(); time.sleep(0.5); "
-        f"print(json.dumps({{'key_id': {first!r}, 'peak_bytes': 123}}), flush=True); time.sleep(30)"
+        f"print(json.dumps({{'key_id': {first!r}, 'fields': {{'predicted_peak_allocated_bytes': 123}}}}), "
+        "flush=True); time.sleep(30)"
     )
     try:
         bg.request(cfg, points, target="cpu")
         assert bg.get("not asked for") is None and bg.wait_s == 0  # a search probe: no wait
-        assert bg.get(first) == 123 and 0.3 < bg.wait_s < 10
+        assert bg.get(first) == {"predicted_peak_allocated_bytes": 123} and 0.3 < bg.wait_s < 10
     finally:
         bg.close()
     assert bg.proc.poll() is not None

@@ -110,6 +110,7 @@ def test_isolate_records_a_crashed_and_a_hung_point_and_goes_on(
 ) -> None:
     for name, value in ENV.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setenv("CKPTBENCH_ENABLE_TEST_HOOKS", "1")  # the hooks are test-only
     monkeypatch.setenv("CKPTBENCH_TEST_CRASH", "layout=all")
     monkeypatch.setenv("CKPTBENCH_TEST_HANG", "layout=every:2")
     started = time.monotonic()

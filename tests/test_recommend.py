@@ -254,3 +254,23 @@ def test_synthetic_fixture_matches_its_generator(tmp_path: Path) -> None:
     out = module.main(tmp_path)
     for name in ("run.json", "points.jsonl"):
         assert (out / name).read_text() == (SYNTHETIC / name).read_text(), name
+
+
+def test_a_point_fits_a_card_only_with_the_cuda_context_counted() -> None:
+    """`none` b=2 on the H200 reserved 63.22 GiB; with the card's measured context (0.74 GiB) it needs 63.96
+    GiB, so it does not fit 63.5 GiB: the recommendation moves to the next fastest point."""
+    from ckptbench.analysis.recommend import recommend
+    from ckptbench.estimate.gpus import gpu_model
+    from ckptbench.results.store import load_run
+
+    run_dir = Path(__file__).parents[1] / "results" / "h200-gpu-check-2" / "check"
+    if not (run_dir / "points.jsonl").exists():
+        pytest.skip("no H200 results in this checkout")
+    rec = recommend(load_run(run_dir), budget_bytes=int(63.5 * 2**30), headroom_bytes=0)
+    context = gpu_model("h200").context_bytes
+    assert rec.best is not None and rec.best.layout != "none"
+    none = next(c for c in rec.no_fit_layouts if c.layout == "none")
+    assert none.peak_reserved_bytes is not None and none.peak_reserved_bytes < 63.5 * 2**30
+    assert none.memory_bytes == none.peak_reserved_bytes + context and none.context_bytes == context
+    assert rec.best.label == "last:6 b=2 s=2048"
+    assert "at 61.88 GiB peak reserved + 0.74 GiB context (59.37 GiB allocated" in rec.why

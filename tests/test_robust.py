@@ -53,6 +53,7 @@ def by_layout(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def test_leaking_point_is_flagged_and_the_next_point_starts_clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CKPTBENCH_ENABLE_TEST_HOOKS", "1")  # the hooks are test-only
     monkeypatch.setenv("CKPTBENCH_TEST_LEAK", "layout=all")
     cfg = small()
     device = resolve_device(cfg)
@@ -73,6 +74,7 @@ def test_leaking_point_is_flagged_and_the_next_point_starts_clean(monkeypatch: p
 def test_an_error_in_one_point_is_recorded_and_the_sweep_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("CKPTBENCH_ENABLE_TEST_HOOKS", "1")  # the hooks are test-only
     monkeypatch.setenv("CKPTBENCH_TEST_ERROR", "layout=all")
     outcome = run_sweep(small(), out=tmp_path / "run")
     recs = by_layout(outcome.records)
@@ -85,6 +87,7 @@ def test_an_error_in_one_point_is_recorded_and_the_sweep_goes_on(
 def test_a_fatal_device_error_stops_the_sweep_and_keeps_the_results(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("CKPTBENCH_ENABLE_TEST_HOOKS", "1")  # the hooks are test-only
     monkeypatch.setenv("CKPTBENCH_TEST_CUDA_ERROR", "layout=all")
     (tmp_path / "c.yaml").write_text(json.dumps(small().model_dump(mode="json")))  # JSON is YAML
     result = CliRunner().invoke(app, ["sweep", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "run")])
@@ -236,10 +239,15 @@ def test_a_retried_point_supersedes_its_error_record(tmp_path: Path) -> None:
 
 
 def test_done_records_count_ok_oom_skipped_but_not_errors(tmp_path: Path) -> None:
-    records = [_rec("none"), _rec("all", "oom"), _rec("every:2", "skipped"), _rec("first:2", "error")]
+    def full(layout: str, status: str) -> dict[str, Any]:  # a key naming the point's fields (not the axes)
+        return {"key": {"model": "tiny", "layout": layout, "batch_size": 1, "seq_len": 64, "precision": "fp32"},
+                "status": status}
+
+    records = [full("none", "ok"), full("all", "oom"), full("every:2", "skipped"), full("first:2", "error")]
     run = load_run(_fake_run(tmp_path / "r", records))
+    base = {"model": "tiny", "batch_size": 1, "seq_len": 64, "precision": "fp32"}
     assert sorted(done_records(run)) == [  # keys are completed with the default of every axis
-        key_id({**AXIS_DEFAULTS, "batch_size": 1, "layout": layout}) for layout in ("all", "every:2", "none")
+        key_id({**AXIS_DEFAULTS, **base, "layout": layout}) for layout in ("all", "every:2", "none")
     ]
 
 
@@ -267,6 +275,7 @@ def test_resume_refuses_another_config_or_machine(tmp_path: Path) -> None:
 
 
 def test_resume_runs_only_missing_and_failed_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CKPTBENCH_ENABLE_TEST_HOOKS", "1")  # the hooks are test-only
     monkeypatch.setenv("CKPTBENCH_TEST_ERROR", "layout=all")
     first = run_sweep(small(), out=tmp_path / "run")
     assert [r.status for r in first.records] == ["ok", "error", "ok"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,59 @@ def test_layout_fit_on_cpu_under_a_tracker_cap(tmp_path: Path) -> None:
     assert status[search["answer"]["layout"]] == "ok"
     fewer = "none" if k == 1 else f"first:{k - 1}"
     assert status[fewer] == "oom"
+
+
+# -- searches that start from predictions (estimates): GPU time goes to the boundary ------------------------
+
+
+@pytest.mark.parametrize(("predicted", "boundary", "expected_probes"), [
+    (13, 13, [13, 14]),  # right: the boundary's two sides, nothing else
+    (14, 13, [14, 13]),  # one too high: one less confirms
+    (12, 13, [12, 13, 26, 19, 16, 14]),  # too low: measure on from the prediction (doubling, then bisection)
+    (0, 0, [1]),  # nothing predicted to fit: batch 1 confirms it
+])
+def test_batch_max_starts_from_the_predicted_boundary(
+    predicted: int, boundary: int, expected_probes: list[int],
+) -> None:
+    asked: list[int] = []
+
+    def predict(p: Point) -> bool:
+        asked.append(p.batch_size)
+        return p.batch_size <= predicted
+
+    search = BatchMaxSearch(TEMPLATE, limit=1024, predict=predict)
+    probes = drive(search, lambda p: {"status": "ok" if p.batch_size <= boundary else "oom"})
+    assert [p.batch_size for p in probes] == expected_probes
+    assert search.outcome()["answer"]["batch_size"] == (boundary or None)
+    assert search.outcome()["predicted"] == {"batch_size": predicted}
+    assert len(asked) <= 2 * 11  # predictions double then bisect up to the limit: no GPU time
+    assert search.fresh(replace(TEMPLATE, batch_size=predicted + 1))
+    assert not search.fresh(replace(TEMPLATE, batch_size=40))
+
+
+@pytest.mark.parametrize(("predicted_k", "true_k", "expected"), [
+    (17, 17, ["first:17", "first:16"]),  # right: the boundary's two sides
+    (17, 18, ["first:17", "first:18"]),  # one too few: one more confirms
+    (0, 0, ["none"]),
+])
+def test_layout_fit_starts_from_the_predicted_layer_count(predicted_k: int, true_k: int, expected: list[str]) -> None:
+    def k_of(layout: str) -> int:
+        return 0 if layout == "none" else 32 if layout == "all" else int(layout.split(":")[1])
+
+    search = LayoutFitSearch(TEMPLATE, num_layers=32, predict=lambda p: k_of(p.layout) >= predicted_k)
+    probes = drive(search, lambda p: {"status": "ok" if k_of(p.layout) >= true_k else "oom"})
+    assert [p.layout for p in probes] == expected
+    assert search.outcome()["answer"]["num_checkpointed"] == true_k
+    assert search.fresh(probes[0])
+
+
+def test_a_probe_fits_only_with_the_memory_outside_the_allocator_counted() -> None:
+    from ckptbench.bench.search import fits
+
+    key = TEMPLATE.key
+    assert fits(PointRecord.model_validate({"key": key, "status": "ok", "peak_reserved_bytes": 90}), 100)
+    ok_with_context = {"key": key, "status": "ok", "peak_reserved_bytes": 90, "context_bytes": 10}
+    assert fits(PointRecord.model_validate(ok_with_context), 100)
+    too_much = {**ok_with_context, "context_bytes": 11}  # 90 reserved + 11 outside the allocator > 100
+    assert not fits(PointRecord.model_validate(too_much), 100)
+    assert fits(PointRecord.model_validate(too_much), None)  # no budget: it ran, it fits

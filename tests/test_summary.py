@@ -47,3 +47,18 @@ def test_predictions_are_shown_as_estimates_with_their_error() -> None:
     assert "predicted" in [c.name for c in summary_columns(run)]
     row = summary_rows(run)[0]
     assert row["predicted"] == "3.03 GiB (est.)" and row["pred. err"] == "+1.00%"
+
+
+def test_reserved_predictions_are_shown_next_to_reserved_labelled() -> None:
+    key = {"model": "m", "layout": "all", "batch_size": 2, "seq_len": 8, "precision": "bf16"}
+    ok = PointRecord.model_validate({"key": key, "status": "ok", "peak_allocated_bytes": 100 * 2**30,
+                                     "peak_reserved_bytes": 110 * 2**30, "predicted_peak_reserved_bytes": 99 * 2**30,
+                                     "step_times_s": [1.0], "tokens_per_step": 16})
+    oom = PointRecord.model_validate({"key": {**key, "batch_size": 4}, "status": "oom",
+                                      "predicted_oom": {"phase": "warm-up step 1", "segment": "logits@0"}})
+    run = Run(path=Path("x"), meta={"name": "r"}, points=[ok, oom])
+    names = [c.name for c in summary_columns(run)]
+    assert names[names.index("reserved") + 1 : names.index("reserved") + 3] == ["pred. reserved", "res. err"]
+    rows = summary_rows(run)
+    assert (rows[0]["pred. reserved"], rows[0]["res. err"]) == ("99.00 GiB (est.)", "-10.00%")
+    assert (rows[1]["pred. reserved"], rows[1]["res. err"]) == ("OOM (est.)", "-")

@@ -19,7 +19,7 @@ from ckptbench.cli import app
 from ckptbench.config.grid import Point
 from ckptbench.config.load import load_config
 from ckptbench.errors import ConfigError
-from ckptbench.estimate.record import Estimate
+from ckptbench.estimate.record import Estimate, Reserved
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import load_run
 from tests.conftest import tiny_config
@@ -77,11 +77,16 @@ def test_no_point_predicted_not_to_fit_would_have_fit(replayed: tuple[TunePlanne
         assert not rec.ok or (rec.peak_reserved_bytes or 0) > LIMIT, d["label"]
 
 
-def _estimate(point: Point, peak: int | None, reserved: int | None = None) -> Estimate:
-    est = Estimate(point, "cuda", "fast", peak, {}, {}, None, None, None if peak else "not estimated: x")
-    if reserved is not None:  # issue "Will it fit?" adds a predicted peak reserved to Estimate
-        object.__setattr__(est, "peak_reserved_bytes", reserved)
-    return est
+def _estimate(
+    point: Point, peak: int | None, reserved: int | None = None, *, context: int = 0, oom: bool = False
+) -> Estimate:
+    replay = None
+    if reserved is not None or oom:  # the allocator replay on a card (a CUDA target): issue "Will it fit?"
+        where = {"phase": "warm-up", "segment": "logits@0", "where": "the loss of micro-batch 0"}
+        replay = Reserved(None if oom else reserved, None if oom else peak, 0, where if oom else None,
+                          "h200", context, True)
+    note = None if peak else "not estimated: x"
+    return Estimate(point, "cuda", "fast", peak, {}, {}, None, None, note, reserved=replay)
 
 
 def test_predicted_fit_uses_reserved_else_allocated_times_the_learned_margin() -> None:
@@ -92,6 +97,30 @@ def test_predicted_fit_uses_reserved_else_allocated_times_the_learned_margin() -
     assert predicted_fit(_estimate(point, 95, reserved=100), limit_bytes=100, margin=margin).fits is True
     unknown = predicted_fit(_estimate(point, None), limit_bytes=100, margin=margin)
     assert unknown.fits is None and unknown.basis.startswith("no prediction")
+
+
+def test_predicted_fit_counts_the_cards_context_and_a_predicted_out_of_memory() -> None:
+    """The replay's peak reserved plus the card's CUDA context is judged, as a measured point is."""
+    point = Point("bf16", "none", "all", 2048, 2, "llama-7b", "adamw_fused")
+    margin = Margin(1.0, "test")
+    with_context = predicted_fit(_estimate(point, 80, reserved=95, context=6), limit_bytes=100, margin=margin)
+    assert with_context.fits is False and with_context.judged_bytes == 101
+    assert "CUDA context" in with_context.basis and "predicted peak reserved" in with_context.basis
+    assert predicted_fit(_estimate(point, 80, reserved=94, context=6), limit_bytes=100, margin=margin).fits is True
+    oom = predicted_fit(_estimate(point, 10, oom=True), limit_bytes=100, margin=margin)
+    assert oom.fits is False and "run out of memory in warm-up (the loss of micro-batch 0)" in oom.basis
+
+
+def test_a_measured_point_fits_with_its_context_counted() -> None:
+    """Measured: peak reserved plus the memory the process held outside the allocator, as recommend counts."""
+    point = Point("bf16", "none", "all", 2048, 2, "llama-7b", "adamw_fused")
+    planner = TunePlanner([Candidate(point, 1, _estimate(point, 90))], limit_bytes=100)
+    assert planner.next() == point
+    fields = {"key": point.key, "status": "ok", "step_times_s": [1.0], "peak_allocated_bytes": 90,
+              "peak_reserved_bytes": 96, "context_bytes": 8}
+    planner.observe(point, PointRecord.model_validate(fields))
+    assert planner.best is None and planner.decisions[-1]["fits"] is False
+    assert "CUDA context" in planner.decisions[-1]["note"]
 
 
 def test_margin_is_the_largest_measured_reserved_over_allocated() -> None:
@@ -115,8 +144,11 @@ def test_techniques_without_an_estimate_are_judged_by_a_labelled_stand_in() -> N
     fused = found["fused_linear", "adamw_8bit_torchao", False]
     assert fused.peak_bytes == plain.peak_bytes and fused.note is not None
     assert fused.note.startswith("stand-in: estimated as loss=chunked") and "optimizer=adamw_fused" in fused.note
-    fit = predicted_fit(fused, limit_bytes=plain.peak_bytes, margin=Margin(1.0, "none"))
+    # On a CUDA target the allocator is replayed (on the H200 by default): the stand-in's reserved memory counts.
+    assert plain.reserved is not None and fused.reserved == plain.reserved and plain.needed_bytes is not None
+    fit = predicted_fit(fused, limit_bytes=plain.needed_bytes, margin=Margin(1.0, "none"))
     assert fit.fits is True and "(stand-in: estimated as loss=chunked" in fit.basis
+    assert fit.basis.startswith("predicted peak reserved")
 
 
 def test_a_point_that_ran_out_of_memory_rules_out_larger_predictions() -> None:

@@ -3,7 +3,10 @@
 Memory here is **peak reserved bytes**: what the caching allocator held from the device during the
 measured steps (allocated tensors plus cached, fragmented blocks). That, not peak allocated, is what
 must fit on the card next to other processes; allocated underestimates it by the allocator's cache.
-Records without a reserved figure fall back to peak allocated (on CPU the two are equal).
+Records without a reserved figure fall back to peak allocated (on CPU the two are equal). To that the
+memory the process holds outside the allocator is added (the CUDA context): measured with the point
+(``context_bytes``) or, for runs that did not record it, the device model's figure for the run's GPU
+(estimate/gpus.py): a point fits a card when both fit.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptbench.errors import ConfigError
+from ckptbench.estimate.gpus import gpu_for_name
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 from ckptbench.units import GIB_UNIT, SizeUnit
@@ -35,7 +39,7 @@ class Candidate:
     index: int  # position in points.jsonl (stable tie-break)
     key: dict[str, Any]
     label: str
-    memory_bytes: int  # peak reserved (see the module docstring)
+    memory_bytes: int  # peak reserved plus the context (see the module docstring)
     peak_allocated_bytes: int
     peak_reserved_bytes: int | None
     tokens_per_s: float
@@ -44,6 +48,7 @@ class Candidate:
     breakdown: dict[str, int]
     layers_checkpointed: str | None
     notes: tuple[str, ...] = ()
+    context_bytes: int = 0  # outside the allocator, included in memory_bytes
 
     @property
     def layout(self) -> str:
@@ -66,6 +71,7 @@ class Candidate:
             "memory": self.breakdown,
             "layers_checkpointed": self.layers_checkpointed,
             "notes": list(self.notes),
+            "context_bytes": self.context_bytes,
         }
         if limit_bytes is not None:
             out["fits"] = self.memory_bytes <= limit_bytes
@@ -88,7 +94,9 @@ def candidates(run: Run, *, seq_len: int | None = None) -> list[Candidate]:
     """The run's ok points (optionally of one sequence length) with a throughput and a peak."""
     scope = [(i, r) for i, r in enumerate(run.points) if r.ok and (seq_len is None or _seq(r) == seq_len)]
     extra = _varying_axes([r.key for _, r in scope])
-    found = (_candidate(i, r, extra=extra) for i, r in scope)
+    card = gpu_for_name(run.meta.get("environment", {}).get("gpu_name"))
+    context = card.context_bytes if card is not None else 0
+    found = (_candidate(i, r, extra=extra, context=context) for i, r in scope)
     return [c for c in found if c is not None]
 
 
@@ -96,7 +104,7 @@ def _seq(rec: PointRecord) -> Any:
     return rec.key.get("seq_len")
 
 
-def _candidate(index: int, rec: PointRecord, *, extra: Sequence[str]) -> Candidate | None:
+def _candidate(index: int, rec: PointRecord, *, extra: Sequence[str], context: int = 0) -> Candidate | None:
     alloc, reserved = rec.peak_allocated_bytes, rec.peak_reserved_bytes
     tokens_per_s, median = rec.tokens_per_s, rec.median_step_time_s
     if tokens_per_s is None or median is None or alloc is None:
@@ -112,7 +120,7 @@ def _candidate(index: int, rec: PointRecord, *, extra: Sequence[str]) -> Candida
         index=index,
         key=dict(rec.key),
         label=point_label(rec.key, extra=extra),
-        memory_bytes=int(reserved if reserved is not None else alloc),
+        memory_bytes=int(reserved if reserved is not None else alloc) + (rec.context_bytes or context),
         peak_allocated_bytes=int(alloc),
         peak_reserved_bytes=None if reserved is None else int(reserved),
         tokens_per_s=float(tokens_per_s),
@@ -121,6 +129,7 @@ def _candidate(index: int, rec: PointRecord, *, extra: Sequence[str]) -> Candida
         breakdown=breakdown,
         layers_checkpointed=rec.layers_checkpointed,
         notes=tuple(notes),
+        context_bytes=rec.context_bytes or context,
     )
 
 
@@ -260,6 +269,11 @@ def dominant_part(c: Candidate) -> tuple[str, float]:
     return name, value / c.peak_allocated_bytes if c.peak_allocated_bytes else 0.0
 
 
+def _what(c: Candidate, size: SizeUnit) -> str:
+    """What a candidate's memory figure is made of."""
+    return f"peak reserved + {size(c.context_bytes)} context" if c.context_bytes else "peak reserved"
+
+
 def explain(rec: Recommendation) -> str:
     """One or two sentences: why this point (or why nothing fits). Its sizes are the tables' (``rec.room``)."""
     size = rec.size
@@ -272,7 +286,7 @@ def explain(rec: Recommendation) -> str:
         headroom = f" with {size(rec.headroom_bytes)} headroom" if rec.headroom_bytes else ""
         return (
             f"Nothing fits under {budget}{headroom}: the smallest point, "
-            f"{s.label}, needs {size(s.memory_bytes)} peak reserved, {rec.room(s)} {limit}."
+            f"{s.label}, needs {size(s.memory_bytes)} {_what(s, size)}, {rec.room(s)} {limit}."
         )
     b = rec.best
     parts = ", ".join(f"{label} {size(b.breakdown[f])}" for f, label in BREAKDOWN)
@@ -280,7 +294,7 @@ def explain(rec: Recommendation) -> str:
     asked = f" ({budget} budget minus {size(rec.headroom_bytes)} headroom)" if rec.headroom_bytes else ""
     text = (
         f"{b.label} is the fastest point that fits: {b.tokens_per_s:,.0f} tokens/s at "
-        f"{size(b.memory_bytes)} peak reserved ({size(b.peak_allocated_bytes)} allocated: {parts}; "
+        f"{size(b.memory_bytes)} {_what(b, size)} ({size(b.peak_allocated_bytes)} allocated: {parts}; "
         f"{dom} dominates with {share:.0%}), leaving {rec.room(b)} under {limit}{asked}."
     )
     if rec.runners_up:

@@ -1,10 +1,10 @@
 """tune's decisions (pure): which candidate to measure next, which to drop and why, and the answer.
 
 The search keeps one training semantics and looks for the highest measured tokens/s whose measured
-peak reserved memory fits under the limit (budget minus headroom). Candidates are taken in order of
-tokens per step (most first), then hardware FLOPs (least recomputation first), then how many
-memory-saving techniques they use (fewest first). Before a candidate is measured it must survive
-three prunes, each recorded with its reason:
+peak reserved memory plus the CUDA context fits under the limit (budget minus headroom). Candidates are
+taken in order of tokens per step (most first), then hardware FLOPs (least recomputation first), then
+how many memory-saving techniques they use (fewest first). Before a candidate is measured it must
+survive three prunes, each recorded with its reason:
 
 1. **prediction**: ``predicted_fit`` (the one place an estimate is judged against the budget) says
    it does not fit: never measured;
@@ -64,19 +64,27 @@ class Fit:
 
 
 def predicted_fit(estimate: Estimate, *, limit_bytes: int, margin: Margin) -> Fit:
-    """Whether a point is predicted to fit under ``limit_bytes`` of peak reserved memory.
+    """Whether a point is predicted to fit under ``limit_bytes`` of peak reserved memory plus the CUDA context.
 
-    A predicted peak *reserved* (issue "Will it fit?") is used as it is; until the estimator gives
-    one, the predicted peak *allocated* times the margin learned from the measured points stands in.
+    On CUDA the estimator replays the caching allocator on the card (``estimate.reserved``): its predicted
+    peak reserved plus the card's context is judged, as a measured point is (``observe``), and a predicted
+    out-of-memory does not fit. Without a replay (CPU; a point the replay cannot assemble) the predicted
+    peak *allocated* times the margin learned from the measured points stands in.
     """
-    reserved = getattr(estimate, "peak_reserved_bytes", None)
-    if isinstance(reserved, int):
-        judged, basis = reserved, f"predicted peak reserved {fmt_bytes(reserved)}"
+    reserved = estimate.reserved
+    stand_in = f" ({estimate.note})" if estimate.note and estimate.note.startswith("stand-in") else ""
+    if reserved is not None and reserved.oom is not None:
+        oom = reserved.oom
+        where = oom.get("where") or oom.get("segment") or "setup"
+        return Fit(False, None, f"predicted to run out of memory in {oom.get('phase')} ({where}) on the "
+                   f"{reserved.gpu}{stand_in}")
+    if reserved is not None and reserved.peak_reserved_bytes is not None:
+        judged = reserved.peak_reserved_bytes + reserved.context_bytes
+        basis = (f"predicted peak reserved {fmt_bytes(reserved.peak_reserved_bytes)} + "
+                 f"{fmt_bytes(reserved.context_bytes)} CUDA context ({reserved.gpu}){stand_in}")
     elif estimate.peak_bytes is not None:
         judged = int(estimate.peak_bytes * margin.ratio)
-        basis = f"predicted peak allocated {fmt_bytes(estimate.peak_bytes)} x margin {margin.ratio:.4f}"
-        if estimate.note and estimate.note.startswith("stand-in"):
-            basis += f" ({estimate.note})"
+        basis = f"predicted peak allocated {fmt_bytes(estimate.peak_bytes)} x margin {margin.ratio:.4f}{stand_in}"
     else:
         return Fit(None, None, f"no prediction ({estimate.note or 'not estimated'})")
     verdict = "fits" if judged <= limit_bytes else "does not fit"
@@ -162,7 +170,7 @@ class TunePlanner:
     def observe(self, point: Point, record: PointRecord) -> None:
         """Take in the measured record of the point ``next`` returned (or a resumed run's)."""
         c = self._by_key[point.key_id]
-        fits = record.ok and not record.loss_mismatch and _peak(record) <= self.limit_bytes
+        fits = record.ok and not record.loss_mismatch and _needed(record) <= self.limit_bytes
         self.measured.append(Measured(c, record, fits))
         self.margin = Margin.learn([m.record for m in self.measured])
         self.decisions[-1].update(_measured_fields(record, fits, self.limit_bytes))
@@ -221,7 +229,7 @@ class TunePlanner:
             return None
         for m in self.measured:
             theirs = m.candidate.estimate.peak_bytes
-            over = m.record.status == "oom" or (m.record.ok and _peak(m.record) > self.limit_bytes)
+            over = m.record.status == "oom" or (m.record.ok and _needed(m.record) > self.limit_bytes)
             if over and theirs is not None and theirs <= mine:
                 return m
         return None
@@ -291,6 +299,12 @@ def _peak(record: PointRecord) -> int:
     return int(record.peak_reserved_bytes or record.peak_allocated_bytes or 0)
 
 
+def _needed(record: PointRecord) -> int:
+    """What must fit the limit: peak reserved plus the memory the process held outside the allocator (the
+    CUDA context, measured with the point; none on CPU), as ``recommend`` and the searches count it."""
+    return _peak(record) + int(record.context_bytes or 0)
+
+
 def _outcome(record: PointRecord) -> str:
     return "out of memory" if record.status == "oom" else f"{fmt_bytes(_peak(record))} peak reserved"
 
@@ -302,7 +316,9 @@ def _measured_fields(record: PointRecord, fits: bool, limit: int) -> dict[str, A
         if record.loss_mismatch:
             out["note"] = "loss differs from the plain step's: not a candidate"
         elif not fits:
-            out["note"] = f"measured {fmt_bytes(_peak(record))} > the {fmt_bytes(limit)} limit"
+            ctx = record.context_bytes
+            context = f" (peak reserved + {fmt_bytes(ctx)} CUDA context)" if ctx else ""
+            out["note"] = f"measured {fmt_bytes(_needed(record))}{context} > the {fmt_bytes(limit)} limit"
     else:
         out["note"] = record.reason
     return out

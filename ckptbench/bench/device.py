@@ -7,6 +7,7 @@ import torch
 from ckptbench.bench.probes import CudaProbe, Probe, TrackerProbe
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import EnvironmentError_
+from ckptbench.estimate.gpus import GpuModel, gpu_for_name
 
 # Errors after which the CUDA context is unusable (every later CUDA call fails): stop the sweep.
 _FATAL_MARKERS = (
@@ -47,3 +48,21 @@ def is_fatal_device_error(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return "out of memory" not in text and any(marker in text for marker in _FATAL_MARKERS)
+
+
+def current_gpu_model(device: torch.device) -> GpuModel:
+    """The device model of the GPU this process runs on: the card's own total memory, and the memory the
+    process holds outside the caching allocator (measured now, after CUDA started) unless ckptbench has a
+    measured figure for this card (the context grows as libraries load their kernels, so a figure taken at
+    the start is a lower bound)."""
+    props = torch.cuda.get_device_properties(device)
+    known = gpu_for_name(props.name)
+    if known is not None and known.measured:
+        return known
+    free, total = torch.cuda.mem_get_info(device)
+    outside = max(0, total - free - torch.cuda.memory_reserved(device))
+    return GpuModel(
+        props.name, props.name, (props.major, props.minor), int(props.total_memory),
+        "measured: torch.cuda.get_device_properties", outside,
+        "measured: torch.cuda.mem_get_info at the start of the sweep (a lower bound)", measured=True,
+    )

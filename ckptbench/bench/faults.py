@@ -1,4 +1,5 @@
-"""TEST-ONLY fault injection, switched on by environment variables. Never set these in a real run.
+"""TEST-ONLY fault injection, switched on by environment variables. Never set these in a real run: they
+do nothing unless ``CKPTBENCH_ENABLE_TEST_HOOKS=1`` is set too (the tests set it; a normal install never does).
 
 Each variable selects points by their key: ``FIELD=VALUE`` pairs separated by ``;``, all of which
 must match the point's key as text (for example ``layout=all`` or ``layout=all;batch_size=2``).
@@ -21,12 +22,30 @@ import os
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # imported where used: a fanned-out job checks its hook before importing torch
-    import torch
+from typing import Any
 
 LEAK_BYTES = 4 << 20
+ENABLE_VAR = "CKPTBENCH_ENABLE_TEST_HOOKS"
+HOOKS = ("CRASH", "HANG", "LEAK", "CUDA_ERROR", "ERROR", "JOB_CRASH")
+
+
+def enabled() -> bool:
+    """Whether the test-only switch is on (exactly '1')."""
+    return os.environ.get(ENABLE_VAR) == "1"
+
+
+def _set() -> dict[str, str]:
+    return {f"CKPTBENCH_TEST_{n}": v for n in HOOKS if (v := os.environ.get(f"CKPTBENCH_TEST_{n}", ""))}
+
+
+def active() -> dict[str, str]:
+    """The hook variables that will fire (name -> spec); empty unless the test-only switch is on."""
+    return _set() if enabled() else {}
+
+
+def ignored() -> list[str]:
+    """Hook variables that are set but do nothing, because the test-only switch is off."""
+    return [] if enabled() else sorted(_set())
 
 
 def matches(spec: str | None, key: dict[str, Any]) -> bool:
@@ -41,10 +60,10 @@ def matches(spec: str | None, key: dict[str, Any]) -> bool:
 
 
 def _selected(name: str, key: dict[str, Any]) -> bool:
-    return matches(os.environ.get(f"CKPTBENCH_TEST_{name}"), key)
+    return enabled() and matches(os.environ.get(f"CKPTBENCH_TEST_{name}"), key)
 
 
-def fire(key: dict[str, Any], *, model: Any, probe: Any, device: torch.device) -> None:
+def fire(key: dict[str, Any], *, model: Any, probe: Any, device: Any) -> None:
     """Inject the fault the environment asks for into the point with this key (normally nothing)."""
     if _selected("CRASH", key):
         print("ckptbench test hook: killing the point's process (CKPTBENCH_TEST_CRASH)", file=sys.stderr)
@@ -56,7 +75,7 @@ def fire(key: dict[str, Any], *, model: Any, probe: Any, device: torch.device) -
         while True:
             time.sleep(3600)
     if _selected("LEAK", key):
-        import torch
+        import torch  # only here: the CLI reads active() before torch is imported
 
         leak = torch.zeros(LEAK_BYTES // 4, dtype=torch.float32, device=device)
         probe.adopt([leak])  # the CPU tracker counts only tensors it is told about or sees created

@@ -19,12 +19,13 @@ from typing import Any
 
 import torch
 
+from ckptbench.bench.alloc_trace import start_recording, write_trace
 from ckptbench.bench.device import make_probe, resolve_device
 from ckptbench.bench.environment import intra_op_threads, placement
 from ckptbench.bench.launch import result_path
 from ckptbench.bench.runner import Runner
 from ckptbench.config.grid import Point
-from ckptbench.config.layouts import LayoutPlan
+from ckptbench.config.layouts import LayoutPlan, parse_layout
 from ckptbench.config.load import parse_config
 from ckptbench.config.schema import SweepConfig
 from ckptbench.results.record import PointRecord
@@ -40,6 +41,9 @@ class IsolatedRunner(Runner):
         if point.parallel != "none":
             return self._sharded(point, base)  # one process per rank
         return self._in_processes(point, base, timeout_s=self.point_timeout_s)
+
+    def _measure_fresh(self, point: Point, base: dict[str, Any]) -> dict[str, Any]:
+        return self._measure_safely(point, parse_layout(point.layout, self.shape.num_layers), base)
 
 
 # ---------------------------------------------------------------- the child side
@@ -66,6 +70,9 @@ def child_main(request_path: str) -> int:
     """
     request = json.loads(Path(request_path).read_text(encoding="utf-8"))
     _exit_with_parent(int(request["parent_pid"]))
+    trace_path = request.get("allocator_trace")
+    if trace_path:  # before anything touches the GPU: the trace starts from an empty allocator
+        start_recording()
     cfg = parse_config(request["config"], source="isolated point config")
     rank = RankInfo.from_env()
     device = _device(cfg, rank)
@@ -73,7 +80,7 @@ def child_main(request_path: str) -> int:
         init_process_group(rank, device)
     # The GPU this process runs on names the peak for MFU (a fanned-out job's may differ from the sweep's).
     gpu_name = placement(device)["gpu_name"] or request.get("gpu_name")
-    runner = Runner(cfg, device, make_probe(cfg, device), gpu_name=gpu_name, rank=rank)
+    runner = Runner(cfg, device, make_probe(cfg, device), gpu_name=gpu_name, rank=rank, own_process=True)
     for done in request["done"]:
         record = PointRecord.model_validate(done)
         runner.remember(Point.from_key(record.key), record)
@@ -83,6 +90,9 @@ def child_main(request_path: str) -> int:
         # The parent already decided this point runs (OOM skips are its call), so never skip here.
         with intra_op_threads(device.type, cfg.cpu_threads):  # as a sweep in one process runs its points
             record = runner.run_point(point, allow_skip=False)
+        if trace_path:
+            fraction = getattr(runner.probe, "fraction", None)  # what the probe set (older torch cannot read it)
+            write_trace(trace_path, extra={"key": point.key, "status": record.status, "fraction": fraction})
     finally:
         runner.close()
         if rank is not None:

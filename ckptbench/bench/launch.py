@@ -25,6 +25,7 @@ from typing import Any
 import ckptbench
 from ckptbench.bench.environment import available_cpus, host_state
 from ckptbench.bench.ranks import merge_ranks
+from ckptbench.config.alloc_conf import axis_to_conf
 from ckptbench.config.parallel import parse_parallel
 from ckptbench.results.store import write_json_atomic
 
@@ -45,30 +46,40 @@ def measure_in_process(
     return child_fields(base, child)
 
 
-# What only the sweep's process knows of a point: the prediction made before the run, whether a search
+# What only the sweep's process knows of a point: the predictions made before the run, whether a search
 # proposed it. A child's record carries them over from the base record.
-_PARENT_FIELDS = ("predicted_peak_allocated_bytes", "search")
+PARENT_FIELDS = ("predicted_peak_allocated_bytes", "predicted_peak_reserved_bytes", "predicted_oom", "search")
+ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 
 def child_fields(base: dict[str, Any], child: dict[str, Any] | None) -> dict[str, Any]:
-    """A point's record fields from what its process returned: its record, or a failure on top of ``base``."""
-    record = child if child is not None and "key" in child else {**base, **(child or {}), "status": "error"}
-    for name in _PARENT_FIELDS:
-        if base.get(name) is not None and not record.get(name):
-            record[name] = base[name]
+    """A point's record fields from what its process returned (its record, or a failure on top of
+    ``base``), with this process's predictions, marked as measured in a fresh process."""
+    if child is None or "key" not in child:
+        record = {**base, **(child or {}), "status": "error"}
+    else:
+        record = {**child, **{k: base[k] for k in PARENT_FIELDS if base.get(k) is not None}}
     record.pop("fatal", None)  # the next point gets a fresh process and CUDA context
-    record["isolated"] = True
+    record.update(process="fresh", points_before=0, allocator_conf=base.get("allocator_conf", ""), isolated=True)
     return record
 
 
 def run_child(request: dict[str, Any], *, workdir: Path, timeout_s: float | None) -> dict[str, Any] | None:
     """Run one point in a child process, or in one process per rank for a sharded point: its record
-    (ranks merged), or {'reason', 'stderr_tail'} when it failed."""
+    (ranks merged), or {'reason', 'stderr_tail'} when it failed.
+
+    The point's ``allocator`` setting configures the caching allocator in its processes: torch reads it
+    once, when CUDA starts, so it can only be set for a new process (torch 2.9+ reads PYTORCH_ALLOC_CONF
+    first, older ones PYTORCH_CUDA_ALLOC_CONF: both are set).
+    """
     ranks = _ranks(request)
     request_path = workdir / "request.json"
     files = {"result": str(workdir / "result.json"), "ready": str(workdir / "ready")}
     write_json_atomic(request_path, {**request, **files})
     env = dict(os.environ)
+    alloc_conf = axis_to_conf(str(request["key"].get("allocator", "default")))
+    if alloc_conf:
+        env.update(dict.fromkeys(ALLOC_CONF_VARS, alloc_conf))
     package_root = str(Path(ckptbench.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "ckptbench.bench.point_process", str(request_path)]

@@ -1,7 +1,9 @@
 """``python -m ckptbench.bench.predict_process``: a sweep's predictions, made in the background.
 
 Reads one JSON request line on stdin ({config, keys, target}) and writes one JSON line per point to
-stdout ({key_id, peak_bytes}) as soon as its traces have run, then {done, elapsed_s}; or {error}.
+stdout ({key_id, fields}: the predicted record fields) as soon as its traces have run, then
+{done, elapsed_s}; or {error}. The request's optional ``gpu`` is the sweep's card (estimate/gpus.py
+GpuModel's fields): this process sees no GPU.
 The estimator is imported before the request is read, so the import overlaps the sweep's own start-up.
 stdin's end (the sweep closed it, or died) ends this process.
 """
@@ -38,7 +40,8 @@ def main() -> int:
         os.nice(10)  # lower priority: the sweep's own process keeps the CPU it needs to drive the GPU
     from ckptbench.config.grid import Point
     from ckptbench.config.load import parse_config
-    from ckptbench.estimate.api import iter_predictions
+    from ckptbench.estimate.gpus import GpuModel
+    from ckptbench.estimate.predict import iter_predictions
 
     line = sys.stdin.readline()
     if not line:
@@ -49,8 +52,10 @@ def main() -> int:
         request = json.loads(line)
         cfg = parse_config(request["config"], source="background prediction config")
         points = [Point.from_key(key) for key in request["keys"]]
-        for key_id, peak in iter_predictions(cfg, points, target=request["target"]):
-            _send({"key_id": key_id, "peak_bytes": peak})
+        card = request.get("gpu")
+        gpu = GpuModel(**{**card, "capability": tuple(card["capability"])}) if card else None
+        for key_id, fields in iter_predictions(cfg, points, target=request["target"], gpu=gpu):
+            _send({"key_id": key_id, "fields": fields})
     except Exception as exc:  # reported to the sweep, which records its points without predictions
         _send({"error": f"{exc.__class__.__name__}: {exc}"})
         return 1

@@ -1,4 +1,5 @@
-"""Each point's predicted peak (ckptbench estimate), made before the point runs, kept in its record.
+"""Each point's predictions (ckptbench estimate: peak allocated, peak reserved or the predicted OOM),
+made before the point runs, kept in its record.
 
 On CUDA the predictions are made in a background CPU process (``python -m ckptbench.bench.predict_process``)
 while the GPU measures, so they add no wall time: the process is started as early as possible (the CLI
@@ -15,6 +16,7 @@ Torch-free at import: the CLI imports it before torch.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -22,13 +24,16 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import ckptbench
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig
+
+if TYPE_CHECKING:
+    from ckptbench.estimate.gpus import GpuModel
 
 # The longest a sweep waits for predictions, all points together; the estimator is an aid, never a
 # reason for a measured run to stall (a 7B sweep's predictions take about 10 s in all).
@@ -36,19 +41,19 @@ MAX_WAIT_S = 60.0
 
 
 class Predictions(Protocol):
-    """What the runner asks as each point starts: the point's predicted peak bytes, or None."""
+    """What the runner asks as each point starts: the point's predicted record fields, or None."""
 
-    def get(self, key_id: str, /) -> int | None: ...
+    def get(self, key_id: str, /) -> dict[str, Any] | None: ...
 
 
 def predict_in_process(
-    cfg: SweepConfig, points: Sequence[Point], *, target: str
-) -> tuple[dict[str, int | None], str | None]:
+    cfg: SweepConfig, points: Sequence[Point], *, target: str, gpu: GpuModel | None = None
+) -> tuple[dict[str, dict[str, Any]], str | None]:
     """Predictions of ``points`` made here and now, and why there are none (None when they were made)."""
     try:
-        from ckptbench.estimate.api import predict_points
+        from ckptbench.estimate.predict import predict_records
 
-        return predict_points(cfg, points, target="cuda" if target == "cuda" else "cpu"), None
+        return predict_records(cfg, points, target="cuda" if target == "cuda" else "cpu", gpu=gpu), None
     except Exception as exc:  # the estimator is an aid; a failure in it must not cost a measured run
         return {}, f"no predictions recorded: {exc.__class__.__name__}: {exc}"
 
@@ -58,7 +63,7 @@ class BackgroundPredictions:
 
     def __init__(self, proc: subprocess.Popen[str]) -> None:
         self.proc = proc
-        self._values: dict[str, int | None] = {}
+        self._values: dict[str, dict[str, Any]] = {}
         self._requested: set[str] = set()
         self._cond = threading.Condition()
         self._finished = False
@@ -86,10 +91,16 @@ class BackgroundPredictions:
         )
         return cls(proc)
 
-    def request(self, cfg: SweepConfig, points: Sequence[Point], *, target: str) -> None:
-        """Ask for the predictions of ``points`` (in the order they will run) for ``target``."""
+    def request(
+        self, cfg: SweepConfig, points: Sequence[Point], *, target: str, gpu: GpuModel | None = None
+    ) -> None:
+        """Ask for the predictions of ``points`` (in the order they will run) for ``target``, on ``gpu``
+        (this card's model: the process sees no GPU, CUDA_VISIBLE_DEVICES is empty there)."""
         self._requested = {p.key_id for p in points}
-        line = json.dumps({"config": cfg.model_dump(mode="json"), "keys": [p.key for p in points], "target": target})
+        msg = {"config": cfg.model_dump(mode="json"), "keys": [p.key for p in points], "target": target}
+        if gpu is not None:
+            msg["gpu"] = dataclasses.asdict(gpu)
+        line = json.dumps(msg)
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.write(line + "\n")
@@ -97,7 +108,7 @@ class BackgroundPredictions:
         except OSError as exc:
             self._finish(f"the prediction process is gone ({exc.__class__.__name__})")
 
-    def get(self, key_id: str, /) -> int | None:
+    def get(self, key_id: str, /) -> dict[str, Any] | None:
         if key_id not in self._requested:
             return None  # a search probe: never asked for
         with self._cond:
@@ -119,7 +130,7 @@ class BackgroundPredictions:
     def _take(self, msg: dict[str, Any]) -> None:
         with self._cond:
             if "key_id" in msg:
-                self._values[msg["key_id"]] = msg["peak_bytes"]
+                self._values[msg["key_id"]] = msg["fields"]
             elif "done" in msg:
                 self.background_s = msg.get("elapsed_s")
                 self._finished = True
@@ -173,36 +184,17 @@ def start_background(cfg: SweepConfig, *, predict: bool) -> BackgroundPrediction
 
 def choose_predictions(
     cfg: SweepConfig, todo: Sequence[Point], *, target: str, predict: bool, background: bool | None,
-    predictor: BackgroundPredictions | None,
+    predictor: BackgroundPredictions | None, gpu: GpuModel | None = None,
 ) -> tuple[Predictions, BackgroundPredictions | None, list[str]]:
     """The runner's predictions: made in the background on CUDA (``background`` None decides by
     ``target``), else here before the points; also the background process and notes for the user."""
     if predict and (background if background is not None else target == "cuda"):
         bg = predictor or BackgroundPredictions.start()
-        bg.request(cfg, todo, target=target)
+        bg.request(cfg, todo, target=target, gpu=gpu)
         return bg, bg, []
     if predictor is not None:
         predictor.close()  # started early for a sweep that turned out to run on the CPU
     if not predict:
         return {}, None, []
-    values, why = predict_in_process(cfg, todo, target=target)
+    values, why = predict_in_process(cfg, todo, target=target, gpu=gpu)
     return values, None, [why] if why else []
-
-
-def probe_predictor(cfg: SweepConfig, device_type: str) -> Callable[[Point], int | None]:
-    """Predicts one search probe at a time, just before it runs (probes are not known up front), with one
-    estimator, so a shape traced for one probe serves the next."""
-    from ckptbench.estimate.api import Estimator
-
-    estimator = Estimator(cfg, target="cuda" if device_type == "cuda" else "cpu")
-
-    def predict(point: Point) -> int | None:
-        try:
-            for _, job in estimator.jobs([point]):
-                job()
-            return estimator.estimate(point).peak_bytes
-        except Exception as exc:  # as for the grid: a failing estimate must not cost a measured probe
-            warnings.warn(f"no prediction for {point.key_id}: {exc.__class__.__name__}: {exc}", stacklevel=2)
-            return None
-
-    return predict

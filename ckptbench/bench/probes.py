@@ -33,6 +33,7 @@ class Probe(Protocol):
     def counters(self) -> dict[str, int]: ...
     def release(self) -> None: ...
     def adopt(self, tensors: Iterable[Any]) -> None: ...
+    def outside_allocator(self) -> int | None: ...
 
 
 class CudaProbe:
@@ -47,6 +48,7 @@ class CudaProbe:
         # (or lift it) every time: the fraction is per process and outlives an earlier probe.
         fraction = 1.0 if cap_bytes is None else min(1.0, cap_bytes / total)
         torch.cuda.set_per_process_memory_fraction(fraction, device)
+        self.fraction = fraction
 
     def sync(self) -> None:
         torch.cuda.synchronize(self.device)
@@ -75,6 +77,12 @@ class CudaProbe:
 
     def adopt(self, tensors: Iterable[Any]) -> None:
         """Nothing to do: the CUDA allocator already counts every tensor."""
+
+    def outside_allocator(self) -> int | None:
+        """Device memory in use but not reserved by this process's caching allocator: its CUDA context and
+        library kernels (and any other process on the card)."""
+        free, total = torch.cuda.mem_get_info(self.device)
+        return max(0, total - free - torch.cuda.memory_reserved(self.device))
 
 
 class LiveTensorTracker(TorchDispatchMode):
@@ -107,7 +115,7 @@ class LiveTensorTracker(TorchDispatchMode):
         finally:
             self._watching.pop().__exit__(None, None, None)
 
-    def _resized(self, _key: int, change: int, _meta: None) -> None:
+    def _resized(self, _key: int, change: int, _meta: None, _nbytes: int) -> None:
         if change > 0 and self.cap_bytes is not None and self.live > self.cap_bytes:
             self.num_ooms += 1
             raise torch.OutOfMemoryError(
@@ -186,6 +194,9 @@ class TrackerProbe:
         """Count tensors created outside the tracker (the model's parameters and buffers, the batch)."""
         self.tracker.track(tensors)
 
+    def outside_allocator(self) -> int | None:
+        return None
+
 
 class ElsewhereProbe:
     """The probe of a sweep whose points all run in other processes (fanned out as jobs): it names the
@@ -211,6 +222,9 @@ class ElsewhereProbe:
 
     def peak_reserved(self) -> int:
         return 0
+
+    def outside_allocator(self) -> int | None:
+        return None
 
     def counters(self) -> dict[str, int]:
         return {"num_alloc_retries": 0, "num_ooms": 0}

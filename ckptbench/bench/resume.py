@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ckptbench.config.grid import point_of
 from ckptbench.config.load import parse_config
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
@@ -55,6 +56,10 @@ def _resolved(stored: Any) -> Any:
 
 def check_resumable(cfg: SweepConfig, run: Run, environment: dict[str, Any]) -> None:
     """Raise ConfigError (one line) unless ``run`` can be continued with ``cfg`` on this machine."""
+    if not run.config:
+        raise ConfigError(
+            f"--resume {run.path}: its run.json holds no config to check this one against; start a new run"
+        )
     found = first_difference(_resolved(run.config), cfg.model_dump(mode="json"))
     if found is not None:
         where, old, new = found
@@ -72,5 +77,13 @@ def check_resumable(cfg: SweepConfig, run: Run, environment: dict[str, Any]) -> 
 
 
 def done_records(run: Run) -> dict[str, PointRecord]:
-    """Finished records of ``run`` by key id (the same text as ``Point.key_id``)."""
-    return {record.key_id: record for record in run.points if record.status in DONE_STATUSES}
+    """Finished records of ``run`` by key id (the same text as ``Point.key_id``).
+
+    A record whose key is not a point of this version (a field missing or extra) cannot be a point of
+    the config either: it is left out, so the point it may have meant runs again.
+    """
+    return {
+        record.key_id: record
+        for record in run.points
+        if record.status in DONE_STATUSES and point_of(record.key) is not None
+    }

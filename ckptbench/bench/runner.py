@@ -43,17 +43,20 @@ class Runner:
     gpu_name: str | None = None
     rank: RankInfo | None = None  # set in a rank of a sharded point: it measures that point itself
     point_timeout_s: float | None = None  # for points measured in fresh processes (--isolate, sharded)
+    own_process: bool = False  # this process was started for one point: never start another
     _slot: ModelSlot = field(default_factory=ModelSlot)
     _losses: LossReferences = field(default_factory=LossReferences)
     _oom_at: dict[tuple[Any, ...], int] = field(default_factory=dict)
     _done: dict[str, PointRecord] = field(default_factory=dict)
     _broken: bool = False  # a fatal device error happened: no more CUDA calls
-    # Predicted peak bytes by key_id, asked for as each point starts (bench/predictions.py may make
-    # them in the background; ``get`` waits for one that is still being made).
-    predictions: Predictions = field(default_factory=dict[str, "int | None"])
+    _points_run: int = 0  # points measured in this process so far
+    # Estimates made before each point runs, by key_id: the fields its record keeps (predicted peak allocated,
+    # reserved, the predicted OOM); asked for as each point starts (bench/predictions.py may make them in the
+    # background; ``get`` waits for one that is still being made).
+    predictions: Predictions = field(default_factory=dict[str, "dict[str, Any] | None"])
     # Predicts a search probe just before it runs (probes are not known up front); None: no prediction.
-    predict: Callable[[Point], int | None] | None = None
-    _probe_predictions: dict[str, int | None] = field(default_factory=dict)
+    predict: Callable[[Point], dict[str, Any] | None] | None = None
+    _probe_predictions: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     _history: list[dict[str, Any]] = field(default_factory=list)  # ok/oom records, for points run elsewhere
 
     def __post_init__(self) -> None:
@@ -85,7 +88,9 @@ class Runner:
                 outcomes = []
                 for search in searches:
                     while (probe := search.next_point(budget)) is not None:
-                        record = self._done.get(probe.key_id) or self._probe(probe, counter, on_record)
+                        record = self._done.get(probe.key_id) or self._probe(
+                            probe, counter, on_record, fresh=search.fresh(probe)
+                        )
                         search.observe(probe, record, budget)
                     outcomes.append(search.outcome())
                 return outcomes
@@ -93,11 +98,12 @@ class Runner:
             self.close()
 
     def _report(
-        self, point: Point, counter: ProgressCounter, on_record: Callable[[Progress], None], *, search: bool
+        self, point: Point, counter: ProgressCounter, on_record: Callable[[Progress], None], *, search: bool,
+        fresh: bool = False,
     ) -> PointRecord:
         i = counter.next()
         on_record(Progress(i, counter.total, point))
-        record = self.run_point(point, allow_skip=not search, search=search)
+        record = self.run_point(point, allow_skip=not search, search=search, fresh=fresh)
         self._done[point.key_id] = record
         on_record(Progress(i, counter.total, point, record))
         if record.fatal:
@@ -107,17 +113,19 @@ class Runner:
             )
         return record
 
-    def _probe(self, probe: Point, counter: ProgressCounter, on_record: Callable[[Progress], None]) -> PointRecord:
-        """Measure a search probe, predicted just before it runs."""
+    def _probe(
+        self, probe: Point, counter: ProgressCounter, on_record: Callable[[Progress], None], *, fresh: bool = False
+    ) -> PointRecord:
+        """Measure a search probe, predicted just before it runs (in a fresh process at a search's boundary)."""
         self.predict_probe(probe)
-        return self._report(probe, counter, on_record, search=True)
+        return self._report(probe, counter, on_record, search=True, fresh=fresh)
 
     def predict_probe(self, probe: Point) -> None:
         """Predict a search probe as it is about to run (probes are not known up front)."""
         if self.predict is not None and probe.key_id not in self._probe_predictions:
             self._probe_predictions[probe.key_id] = self.predict(probe)
 
-    def _predicted(self, point: Point) -> int | None:
+    def _predicted(self, point: Point) -> dict[str, Any] | None:
         if point.key_id in self._probe_predictions:
             return self._probe_predictions[point.key_id]
         return self.predictions.get(point.key_id)
@@ -155,16 +163,25 @@ class Runner:
         }
 
     def _in_processes(self, point: Point, base: dict[str, Any], *, timeout_s: float | None) -> dict[str, Any]:
-        """Measure a point in a fresh process (one per rank for a sharded point)."""
+        """Measure a point in a fresh process (one per rank for a sharded point), with its allocator settings."""
         return measure_in_process(self._request(point), base, timeout_s=timeout_s)
 
-    def run_point(self, point: Point, *, allow_skip: bool = True, search: bool = False) -> PointRecord:
-        """Measure one point (or skip it after a smaller batch ran out of memory): its record."""
+    def run_point(
+        self, point: Point, *, allow_skip: bool = True, search: bool = False, fresh: bool = False
+    ) -> PointRecord:
+        """Measure one point (or skip it after a smaller batch ran out of memory): its record.
+
+        ``fresh`` (a search's boundary) and a point with its own allocator settings run in a new process.
+        """
         start = self.start_point(point, allow_skip=allow_skip, search=search)
         if start.skipped is not None:
             return start.skipped
         started = time.perf_counter()
-        fields = self._measure_safely(point, start.plan, start.base)
+        own_settings = point.allocator != "default" and point.parallel == "none"
+        if self.device.type == "cuda" and not self.own_process and self.rank is None and (fresh or own_settings):
+            fields = self._measure_fresh(point, start.base)
+        else:
+            fields = self._measure_safely(point, start.plan, start.base)
         fields["wall_s"] = time.perf_counter() - started
         if not fields.get("isolated"):  # measured here; bench/launch.py judged the host of one measured apart
             fields.update(host_state(fields.get("step_times_s") or [], cpus=self.cpus))
@@ -206,11 +223,23 @@ class Runner:
             "hardware_flops_per_step": hw_flops,
             # Of all the point's GPUs: FLOPs and tokens per step count every rank.
             "peak_tflops": self.peak_tflops * point.world_size if self.peak_tflops else None,
-            # An estimate (ckptbench estimate), made before the point runs, kept next to the measurement.
-            "predicted_peak_allocated_bytes": self._predicted(point),
+            # Estimates (ckptbench estimate), made before the point runs, kept next to the measurement.
+            **(self._predicted(point) or {}),
             "probe": self.probe.kind,
+            "process": "in-process",
+            "points_before": self._points_run,
+            "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
             **self.placement,
         }
+
+    def _measure_fresh(self, point: Point, base: dict[str, Any]) -> dict[str, Any]:
+        """Measure a point in its own process (with its allocator settings): what a new training run sees.
+
+        This process's model is freed first so that the child has the card; this process's CUDA context
+        stays, so without a memory cap the child has that much less (about 0.7 GiB on an H200).
+        """
+        self.close()
+        return self._in_processes(point, base, timeout_s=None)
 
     def _model(self, point: Point) -> Any:
         """The model for a point's precision, LoRA and parallel setting, built only when those change."""
@@ -234,6 +263,8 @@ class Runner:
         try:
             model = self._model(point)
             record["model_build_s"] = self._slot.take_build_s()
+            self.probe.release()  # as in a fresh process: only the model's (and libraries') segments stay
+            self._points_run += 1
             baseline = self.probe.allocated()
             faults.fire(point.key, model=model, probe=self.probe, device=self.device)
             record.update(self._measure(model, point, plan))

@@ -2,12 +2,15 @@
 
 Each search proposes one point at a time and is told whether it fitted; the runner measures every
 proposal as an ordinary point (recorded, OOM included), so the answer rests on measurements only.
-Pure: no torch.
+Given a ``predict`` function (whether a point is predicted to fit: bench/search_predict.py), a search
+starts where the estimate puts the boundary and measures only around it (its two sides first), in a
+fresh process each: the GPU time goes to the boundary. Pure: no torch.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -15,12 +18,15 @@ from ckptbench.config.grid import Point, setup_label
 from ckptbench.config.schema import SweepConfig
 from ckptbench.results.record import PointRecord
 
+Predict = Callable[[Point], "bool | None"]  # whether a point is predicted to fit (None: no prediction)
+
 
 def fits(record: PointRecord, budget_bytes: int | None) -> bool:
-    """A point fits when it ran and its peak reserved memory is within the budget (if any)."""
+    """A point fits when it ran and its peak reserved memory plus the memory the process held outside the
+    allocator (the CUDA context, measured with the point) is within the budget (if any)."""
     if not record.ok:
         return False
-    return budget_bytes is None or _peak(record) <= budget_bytes
+    return budget_bytes is None or _peak(record) + (record.context_bytes or 0) <= budget_bytes
 
 
 def _peak(record: PointRecord) -> int:
@@ -47,10 +53,46 @@ class BatchMaxSearch:
     largest_fit: int | None = None
     smallest_fail: int | None = None
     probes: list[int] = field(default_factory=list)
+    predict: Predict | None = None
+    predicted: int | None = None  # the largest batch predicted to fit (0: none), once asked
+    _plan: list[int] = field(default_factory=list)
 
     kind = "batch_max"
 
+    def _predict_boundary(self) -> None:
+        """Double, then bisect, on predictions alone: the largest batch predicted to fit."""
+        assert self.predict is not None
+        fit, fail, batch = 0, None, 1
+        while fail is None and batch <= self.limit:
+            ok = self.predict(replace(self.template, batch_size=batch))
+            if ok is None:
+                return
+            fit, fail, batch = (batch, None, batch * 2) if ok else (fit, batch, batch)
+        while fail is not None and fail - fit > 1:
+            mid = (fit + fail) // 2
+            ok = self.predict(replace(self.template, batch_size=mid))
+            if ok is None:
+                return
+            fit, fail = (mid, fail) if ok else (fit, mid)
+        self.predicted = fit
+        self._plan = [b for b in (fit, fit + 1) if 1 <= b <= self.limit]
+
+    def _informative(self, batch: int) -> bool:
+        return (self.largest_fit is None or batch > self.largest_fit) and (
+            self.smallest_fail is None or batch < self.smallest_fail
+        )
+
+    def fresh(self, point: Point) -> bool:
+        """Whether a probe is a boundary point to measure in a fresh process (the predicted boundary's sides)."""
+        return self.predicted is not None and abs(point.batch_size - self.predicted - 0.5) < 2
+
     def next_point(self, budget_bytes: int | None = None) -> Point | None:
+        if self.predict is not None and self.predicted is None and not self.probes:
+            self._predict_boundary()
+        while self._plan:
+            batch = self._plan.pop(0)
+            if self._informative(batch):
+                return replace(self.template, batch_size=batch)
         if self.smallest_fail is None:
             batch = 1 if self.largest_fit is None else self.largest_fit * 2
             if batch > self.limit:
@@ -72,6 +114,8 @@ class BatchMaxSearch:
             self.largest_fit = max(self.largest_fit or 0, point.batch_size)
         else:
             self.smallest_fail = min(self.smallest_fail or point.batch_size, point.batch_size)
+            if point.batch_size == self.predicted and point.batch_size > 1:
+                self._plan.insert(0, point.batch_size - 1)  # the prediction was one too high: try one less
         return ok
 
     def outcome(self) -> dict[str, Any]:
@@ -80,6 +124,7 @@ class BatchMaxSearch:
             "group": group_label(self.template, "batch_size"),
             "key": {k: v for k, v in self.template.key.items() if k != "batch_size"},
             "answer": {"batch_size": self.largest_fit, "first_failing_batch_size": self.smallest_fail},
+            "predicted": None if self.predict is None else {"batch_size": self.predicted},
             "probes": self.probes,
         }
 
@@ -92,7 +137,8 @@ class LayoutFitSearch:
     activation cost of one layer, which proposes k; first:k is measured to confirm, then k moves by
     bisection between the largest k known not to fit and the smallest known to fit. The first layers
     are chosen because checkpointing early layers lowers the peak most: unchecked late layers are
-    freed first in the backward pass.
+    freed first in the backward pass. With predictions, the fewest layers predicted to fit (k) and one
+    fewer are measured first, in fresh processes; bisection follows only if the prediction was wrong.
     """
 
     template: Point
@@ -101,18 +147,56 @@ class LayoutFitSearch:
     fit_k: int | None = None
     fail_k: int | None = None
     probes: list[str] = field(default_factory=list)
+    predict: Predict | None = None
+    predicted: int | None = None  # the fewest first layers predicted to fit (num_layers + 1: none fits)
+    _plan: list[int] = field(default_factory=list)
 
     kind = "layout_fit"
 
     def _layout(self, k: int) -> str:
         return "none" if k == 0 else "all" if k == self.num_layers else f"first:{k}"
 
+    def _ask(self, k: int) -> bool | None:
+        assert self.predict is not None
+        return self.predict(replace(self.template, layout=self._layout(k)))
+
+    def _predict_boundary(self) -> None:
+        """Bisect on predictions alone: the fewest first layers to checkpoint that are predicted to fit."""
+        top, bottom = self._ask(self.num_layers), self._ask(0)
+        if top is None or bottom is None:
+            return
+        if not top or bottom:
+            self.predicted = 0 if bottom else self.num_layers + 1
+            self._plan = [0] if bottom else [self.num_layers]
+            return
+        lo, hi = 0, self.num_layers  # lo predicted not to fit, hi predicted to fit
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            ok = self._ask(mid)
+            if ok is None:
+                return
+            lo, hi = (lo, mid) if ok else (mid, hi)
+        self.predicted, self._plan = hi, [hi, hi - 1]
+
+    def fresh(self, point: Point) -> bool:
+        """Whether a probe is a boundary point to measure in a fresh process (the predicted boundary's sides)."""
+        return self.predicted is not None and abs(self._k_of(point.layout) - self.predicted + 0.5) < 2
+
+    def _informative(self, k: int) -> bool:
+        return (self.fail_k is None or k > self.fail_k) and (self.fit_k is None or k < self.fit_k)
+
     def _propose(self, budget_bytes: int | None) -> int | None:
+        if self.predict is not None and self.predicted is None and not self.probes:
+            self._predict_boundary()
+        while self._plan:
+            k = self._plan.pop(0)
+            if self._informative(k):
+                return k
         lo, hi = self.fail_k, self.fit_k
         if lo is None and hi is None:
             return 0
-        if lo is None:  # 'none' fits: nothing needs checkpointing
-            return None
+        if lo is None:  # nothing failed yet: measure 'none' unless it is the answer
+            return 0 if hi and 0 not in self.peaks else None
         if hi is None:
             return self.num_layers if self.num_layers not in self.peaks else None
         if hi - lo <= 1:
@@ -142,6 +226,8 @@ class LayoutFitSearch:
             self.fit_k = k if self.fit_k is None else min(self.fit_k, k)
         else:
             self.fail_k = k if self.fail_k is None else max(self.fail_k, k)
+            if k == self.predicted and k < self.num_layers:
+                self._plan.insert(0, k + 1)  # the prediction was one too low: try one more
         return ok
 
     def _k_of(self, layout: str) -> int:
@@ -162,6 +248,7 @@ class LayoutFitSearch:
                 "num_checkpointed": k,
                 "layers": None if k is None else list(range(k)),
             },
+            "predicted": None if self.predict is None else {"num_checkpointed": self.predicted},
             "probes": self.probes,
         }
 
@@ -174,17 +261,18 @@ class Search(Protocol):
     def next_point(self, budget_bytes: int | None = None) -> Point | None: ...
     def observe(self, point: Point, record: PointRecord, budget_bytes: int | None) -> bool: ...
     def outcome(self) -> dict[str, Any]: ...
+    def fresh(self, point: Point) -> bool: ...  # whether to measure a probe in a new process (on CUDA)
 
 
 ConfigSearch = BatchMaxSearch | LayoutFitSearch  # the searches a config can ask for
 
 
-def make_searches(cfg: SweepConfig) -> list[ConfigSearch]:
+def make_searches(cfg: SweepConfig, predict: Predict | None = None) -> list[ConfigSearch]:
     """The searches a config asks for (batch_size: max or layout: fit), one per searched cell."""
     out: list[ConfigSearch] = []
     for kind, template in cfg.search_templates():
         if kind == "batch_max":
-            out.append(BatchMaxSearch(template, limit=cfg.search_max_batch))
+            out.append(BatchMaxSearch(template, limit=cfg.search_max_batch, predict=predict))
         else:
-            out.append(LayoutFitSearch(template, num_layers=cfg.model.num_layers))
+            out.append(LayoutFitSearch(template, num_layers=cfg.model.num_layers, predict=predict))
     return out

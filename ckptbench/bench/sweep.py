@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -10,24 +11,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckptbench.bench.device import make_probe, resolve_device
+from ckptbench.bench import faults
+from ckptbench.bench.device import current_gpu_model, make_probe, resolve_device
 from ckptbench.bench.environment import collect as collect_environment
 from ckptbench.bench.environment import environment_notes
 from ckptbench.bench.events import Progress
 from ckptbench.bench.fanout import FanoutRunner, attach_pool, fanout_runner
 from ckptbench.bench.isolate import IsolatedRunner
-from ckptbench.bench.predictions import BackgroundPredictions, choose_predictions, probe_predictor
-from ckptbench.bench.resume import done_records
-from ckptbench.bench.rundir import new_run, open_run
+from ckptbench.bench.predictions import BackgroundPredictions, choose_predictions
+from ckptbench.bench.run_dir import check_paths, start_run
 from ckptbench.bench.runner import Runner
 from ckptbench.bench.search import Search, make_searches
 from ckptbench.bench.timing import SweepClock, timing_recorder
 from ckptbench.config.cluster import ClusterSpec
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig, check_cpu_compatible
-from ckptbench.errors import CkptbenchError, ConfigError, ResultsError, RunFailure
+from ckptbench.errors import CkptbenchError, ConfigError, EnvironmentError_, RunFailure
+from ckptbench.estimate.gpus import GpuModel
 from ckptbench.results.record import PointRecord
-from ckptbench.results.store import RunWriter, resolve_run_path
+from ckptbench.results.store import RunWriter
+
+Timing = Callable[[list[PointRecord], str], dict[str, Any]]
 
 
 @dataclass
@@ -39,6 +43,8 @@ class SweepOutcome:
     status: str
     already_done: int = 0
     warnings: list[str] = field(default_factory=list)
+    failure: str | None = None  # why the run failed although every point ran (no point succeeded)
+    late_signal: bool = False  # Ctrl-C/SIGTERM came after the final status was written: nothing was cut
     clock: SweepClock | None = None  # this invocation's clock: record_command_end adds the command's wall time
 
 
@@ -63,6 +69,11 @@ def _make_runner(
     cfg: SweepConfig, *, isolate: bool, timeout_s: float | None, cluster: ClusterSpec | None = None
 ) -> tuple[Runner, dict[str, Any]]:
     """Check that this machine can run ``cfg`` and build the runner; nothing is written yet."""
+    if cluster is not None and cluster.executor == "slurm" and shutil.which("sbatch") is None:
+        raise EnvironmentError_(
+            "--executor slurm: no Slurm here (sbatch is not on PATH); run the sweep from a Slurm login node, "
+            "or use --executor local"
+        )
     if cluster is not None and cluster.executor != "none":
         return fanout_runner(cfg, cluster, timeout_s=timeout_s)
     device = resolve_device(cfg)
@@ -74,6 +85,8 @@ def _make_runner(
     environment = collect_environment(device.type, cpu_threads=cfg.cpu_threads)
     probe = make_probe(cfg, device)
     environment["probe"] = probe.kind
+    if faults.active():  # a run measured with fault hooks says so for good
+        environment["test_hooks"] = faults.active()
     try:  # the runner builds the LlamaConfig: it checks the override values before anything is created
         gpu_name = environment.get("gpu_name")
         runner = (
@@ -103,9 +116,10 @@ def _signals_deferred() -> Iterator[None]:
         mask(signal.SIG_SETMASK, old)
 
 
-def _mark(writer: RunWriter, status: str, finished: int, timing: dict[str, Any]) -> None:
+def _mark(writer: RunWriter, status: str, finished: int, timing: dict[str, Any] | None) -> None:
+    extra = {} if timing is None else {"timing": timing, "sweep_wall_s": timing["points_s"]}
     with contextlib.suppress(OSError):  # best effort: the points themselves are already on disk
-        writer.set_status(status, finished_points=finished, timing=timing, sweep_wall_s=timing["points_s"])
+        writer.set_status(status, finished_points=finished, **extra)
 
 
 @dataclass
@@ -117,7 +131,7 @@ class SweepPlan:
 
     points: list[Point] | None = None
     searches: list[Search] | None = None
-    predictions: dict[str, int | None] | None = None
+    predictions: dict[str, dict[str, Any] | None] | None = None  # by key_id: the fields each record keeps
     meta: dict[str, Any] = field(default_factory=dict)  # more run.json fields (e.g. the tune options)
 
 
@@ -175,55 +189,99 @@ def _sweep(
     plan: SweepPlan,
     cluster: ClusterSpec,
 ) -> SweepOutcome:
+    """Once the run directory exists, every way out leaves run.json saying how the run ended: 'complete',
+    'failed' (no point succeeded, or the sweep could not go on) or 'interrupted' (SweepInterrupted). A
+    signal that arrives after the final status is written changes nothing: the outcome says it came late.
+    """
     fanned = cluster.executor != "none"
     _check_options(out=out, resume=resume, isolate=isolate or fanned, timeout_s=point_timeout_s)
-    if resume is not None:
-        try:
-            resume = resolve_run_path(resume, results_root=results_root)
-        except ResultsError as exc:
-            raise ResultsError(f"--resume {exc}") from None
+    resume = check_paths(out=out, resume=resume, results_root=results_root)
     runner, environment = _make_runner(cfg, isolate=isolate, timeout_s=point_timeout_s, cluster=cluster)
     points = cfg.points_list() if plan.points is None else plan.points
     options: dict[str, Any] = {"isolate": isolate or fanned, "point_timeout_s": point_timeout_s}
     if fanned:
         options["cluster"] = cluster.model_dump(mode="json")
-    if resume is not None:
-        writer, run = open_run(cfg, resume=resume, environment=environment, options=options)
-        done, notes = done_records(run), list(run.warnings)
-    else:
-        meta = {"num_points": len(points), "options": options, **plan.meta}
-        writer = new_run(cfg, out=out, results_root=results_root, environment=environment, meta=meta)
-        done, notes = {}, []
-    if isinstance(runner, FanoutRunner):
-        attach_pool(runner, writer.run_dir)
-    if cluster.executor != "slurm":  # Slurm's jobs run on other hosts: this one's load says nothing of them
-        notes += environment_notes(environment)
-    clock.mark("environment")
-    todo = [p for p in points if p.key_id not in done]
+    writer: RunWriter | None = None
+    done: dict[str, PointRecord] = {}
+    records: list[PointRecord] = []
+    ended: list[str] = []  # the final status, once it is on disk
+    notes: list[str] = []
     bg: BackgroundPredictions | None = None
-    if predict and plan.predictions is None and cfg.search_templates():  # search probes: each just before it runs
-        runner.predict = probe_predictor(cfg, runner.device.type)
-    searches: list[Search] = [*make_searches(cfg)] if plan.searches is None else plan.searches
+    timing: Timing | None = None
+    # On a GPU, predictions (reserved memory) are for this card: its memory and the memory outside the allocator.
+    # A fanned-out sweep's jobs choose their device (a Slurm login node has no GPU): the default card's model.
+    gpu = current_gpu_model(runner.device) if predict and runner.device.type == "cuda" and not fanned else None
     try:
+        with _signals_deferred():  # a signal now arrives once the writer exists, inside this try
+            writer, done, notes = start_run(
+                cfg, out=out, resume=resume, results_root=results_root, environment=environment,
+                options=options, num_points=len(points), meta=plan.meta,
+            )
+        if isinstance(runner, FanoutRunner):
+            attach_pool(runner, writer.run_dir)
+        if cluster.executor != "slurm":  # Slurm's jobs run on other hosts: this one's load says nothing of them
+            notes = [*notes, *environment_notes(environment)]
+        notes = list(notes)  # this invocation's own list (the loaded run's warnings stay as they are)
+        clock.mark("environment")
+        todo = [p for p in points if p.key_id not in done]
+        searches: list[Search] = [*make_searches(cfg)] if plan.searches is None else plan.searches
+        if predict and plan.predictions is None and cfg.search_templates():  # search probes: each just before it runs
+            predicted = _predicted_searches(cfg, runner, gpu)
+            searches = predicted if plan.searches is None else searches
         if plan.predictions is not None:  # made by the caller (tune estimates every candidate first)
-            runner.predictions, why = dict(plan.predictions), list[str]()
+            runner.predictions = dict(plan.predictions)
         else:
             runner.predictions, bg, why = choose_predictions(
-                cfg, todo, target=runner.device.type, predict=predict, background=background, predictor=predictor
+                cfg, todo, target=runner.device.type, predict=predict, background=background, predictor=predictor,
+                gpu=gpu,
             )
+            notes += why
         clock.extra["predictions_mode"] = "off" if not predict else "background" if bg else "in-process"
-        notes += why
         clock.mark("predictions")
         timing = timing_recorder(clock, writer, bg, earlier_points=len(done))
-        records = _run_points(
-            runner, points, done, writer, on_progress, searches=searches, clock=clock, timing=timing
-        )
+        _run_points(runner, points, done, writer, on_progress, searches=searches, records=records, ended=ended,
+                    clock=clock, timing=timing)
+    except KeyboardInterrupt:
+        if writer is None:  # before the run directory existed: nothing to mark
+            raise
+        if not ended:
+            clock.mark("points_end")
+            finished = len(done) + len(records)
+            _mark(writer, "interrupted", finished, timing(records, "interrupted") if timing else None)
+            raise SweepInterrupted(writer.run_dir, finished=finished, total=len(points), clock=clock) from None
+        # after the last point and the final status: the run is what run.json says (the outcome below)
+        return _outcome(writer, records, ended, done=done, notes=notes, clock=clock, late_signal=True)
+    except BaseException:
+        if writer is not None and not ended:
+            _mark(writer, "failed", len(done) + len(records), timing(records, "failed") if timing else None)
+        raise
     finally:
-        writer.close()
+        if writer is not None:
+            writer.close()
         if bg is not None:  # the one started here, or the caller's (closing twice is harmless)
             bg.close()
     notes += bg.notes() if bg is not None else []
-    return SweepOutcome(writer.run_dir, records, "complete", already_done=len(done), warnings=notes, clock=clock)
+    return _outcome(writer, records, ended, done=done, notes=notes, clock=clock)
+
+
+def _outcome(
+    writer: RunWriter, records: list[PointRecord], ended: list[str], *, done: dict[str, PointRecord],
+    notes: list[str], clock: SweepClock, late_signal: bool = False,
+) -> SweepOutcome:
+    return SweepOutcome(
+        writer.run_dir, records, ended[0], already_done=len(done), warnings=list(notes),
+        failure=writer.meta.get("failure"), late_signal=late_signal, clock=clock,
+    )
+
+
+def _predicted_searches(cfg: SweepConfig, runner: Runner, gpu: GpuModel | None) -> list[Search]:
+    """Searches whose probes carry predictions (one estimator for the sweep: a shape traced for one probe
+    serves the next); on a GPU they also start from the predicted boundary."""
+    from ckptbench.bench.search_predict import SearchPredictor
+
+    predictor = SearchPredictor(cfg, gpu)
+    runner.predict = predictor.record
+    return [*make_searches(cfg, predict=predictor if gpu is not None else None)]
 
 
 def _run_points(
@@ -234,13 +292,13 @@ def _run_points(
     on_progress: Callable[[Progress], None] | None,
     *,
     searches: list[Search],
+    records: list[PointRecord],
+    ended: list[str],
     clock: SweepClock,
-    timing: Callable[[list[PointRecord], str], dict[str, Any]],
-) -> list[PointRecord]:
-    for rec in done.values():
-        runner.remember(Point.from_key(rec.key), rec)  # loss references, OOM skips and search probes carry over
-    todo = [p for p in points if p.key_id not in done]
-    records: list[PointRecord] = []
+    timing: Timing,
+) -> None:
+    """Run the points ``done`` lacks, appending each record (to the file and to ``records``); then write
+    the final status and put it in ``ended``."""
 
     def record(event: Progress) -> None:
         if event.record is not None:
@@ -254,24 +312,43 @@ def _run_points(
         if on_progress is not None:
             on_progress(event)
 
+    for rec in done.values():  # loss references, OOM skips and search probes carry over
+        runner.remember(Point.from_key(rec.key), rec)
+    todo = [p for p in points if p.key_id not in done]
     clock.mark("points_start")
     try:
         outcomes = runner.run(todo, record, searches)
-    except KeyboardInterrupt:
-        clock.mark("points_end")
-        _mark(writer, "interrupted", len(done) + len(records), timing(records, "interrupted"))
-        finished = len(done) + len(records)
-        raise SweepInterrupted(writer.run_dir, finished=finished, total=len(points), clock=clock) from None
     except RunFailure as exc:
         _mark(writer, "failed", len(done) + len(records), timing(records, "failed"))
         raise RunFailure(f"{exc}; finished points are in {writer.run_dir} (finish with --resume)") from None
-    except BaseException:
-        _mark(writer, "failed", len(done) + len(records), timing(records, "failed"))
-        raise
     clock.mark("points_end")
-    t = timing(records, "complete")
+    held = [*done.values(), *records]
+    failure = no_success(held)
+    t = timing(records, "failed" if failure else "complete")
     # sweep_wall_s: the points' wall time over every invocation (timing.points_s), kept for older readers.
-    writer.set_status(
-        "complete", finished_points=len(done) + len(records), searches=outcomes, timing=t, sweep_wall_s=t["points_s"]
-    )
-    return records
+    _finish(writer, held, ended, failure, searches=outcomes, timing=t, sweep_wall_s=t["points_s"])
+
+
+def _finish(writer: RunWriter, held: list[PointRecord], ended: list[str], failure: str | None, **extra: Any) -> None:
+    """Write the final status: 'failed' when the run holds no successful point, else 'complete'."""
+    status = "failed" if failure else "complete"
+    writer.meta.pop("failure", None)  # a resumed run's earlier failure no longer holds
+    if failure:
+        extra["failure"] = failure
+    with _signals_deferred():  # the status and `ended` change together: a signal finds both or neither
+        writer.set_status(status, finished_points=len(held), **extra)
+        ended.append(status)
+
+
+def no_success(records: list[PointRecord]) -> str | None:
+    """Why a run that holds no successful point is a failure ('12 error; the first: ...'), else None."""
+    if not records or any(r.ok for r in records):
+        return None
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    first = records[0]
+    why = " ".join((first.reason or "no reason recorded").split())
+    why = why if len(why) <= 160 else why[:157] + "..."
+    tally = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    return f"no point succeeded ({tally}); the first {first.status}: {why}"

@@ -17,13 +17,15 @@ from typing import Any
 
 from ckptbench.analysis.tune import Candidate, Margin, TunePlanner, predicted_fit
 from ckptbench.analysis.tune_space import TuneSpace, tune_space
-from ckptbench.bench.device import resolve_device
+from ckptbench.bench.device import current_gpu_model, resolve_device
 from ckptbench.bench.events import Progress
 from ckptbench.bench.sweep import SweepOutcome, SweepPlan, run_sweep
 from ckptbench.config.grid import Point
 from ckptbench.config.layouts import parse_layout
 from ckptbench.config.schema import SweepConfig
-from ckptbench.estimate.api import Estimator
+from ckptbench.estimate.api import Estimator, card
+from ckptbench.estimate.gpus import GpuModel
+from ckptbench.estimate.predict import predicted_fields
 from ckptbench.estimate.record import Estimate, EstimateProgress
 from ckptbench.results.record import PointRecord
 from ckptbench.train.flops import ModelShape, step_flops
@@ -50,6 +52,9 @@ class TuneSearch:
 
     def outcome(self) -> dict[str, Any]:
         return self.planner.outcome()
+
+    def fresh(self, point: Point) -> bool:
+        return False  # every candidate in the sweep's process, as a grid point (after the cache is emptied)
 
 
 @dataclass
@@ -97,13 +102,16 @@ def run_tune(
     """Search the space of ``cfg`` for the fastest point under the options' limit; measure as it goes."""
     device = resolve_device(cfg)
     space = tune_space(cfg, device_type=device.type, seq_len=options.seq_len, allow=options.allow)
+    # On a GPU the estimator replays the caching allocator on this card: the fit check judges the predicted
+    # peak reserved plus this card's CUDA context (analysis/tune.py: predicted_fit).
+    gpu = current_gpu_model(device) if device.type == "cuda" else None
     candidates, notes = estimate_candidates(cfg, space, limit_bytes=options.limit_bytes,
                                             target="cuda" if device.type == "cuda" else "cpu",
-                                            on_estimate=on_estimate)
+                                            on_estimate=on_estimate, gpu=gpu)
     planner = TunePlanner(candidates, limit_bytes=options.limit_bytes, max_points=options.max_points,
                           time_budget_s=options.time_budget_s)
     search = TuneSearch(planner)
-    predictions = {c.point.key_id: c.estimate.peak_bytes for c in candidates}
+    predictions: dict[str, dict[str, Any] | None] = {c.point.key_id: predicted_fields(c.estimate) for c in candidates}
     plan = SweepPlan(points=[], searches=[search], predictions=predictions, meta={"tune": options.to_json()})
     sweep = run_sweep(cfg, out=out, results_root=results_root, on_progress=on_progress, resume=resume, plan=plan)
     result = search.outcome()
@@ -120,13 +128,17 @@ def estimate_candidates(
     limit_bytes: int,
     target: str,
     on_estimate: Callable[[EstimateProgress], None] | None = None,
+    gpu: GpuModel | None = None,
 ) -> tuple[list[Candidate], list[str]]:
-    """Every point of the space with its estimate and hardware FLOPs, batch size by batch size.
+    """Every point of the space with its estimate and hardware FLOPs, batch size by batch size; on CUDA
+    with the allocator replayed on ``gpu`` (the predicted peak reserved; default the H200).
 
-    Larger batches only need more memory, so once no point of a batch is predicted to fit (by
-    allocated bytes alone, the least any margin allows) the larger batches are not estimated.
+    Larger batches only need more memory, so once no point of a batch is predicted to fit (by the
+    predicted reserved memory plus context, or else by allocated bytes alone, the least any margin
+    allows) the larger batches are not estimated.
     """
-    estimator = Estimator(cfg, target=target)  # type: ignore[arg-type]
+    cuda = target == "cuda"
+    estimator = Estimator(cfg, target="cuda" if cuda else "cpu", gpu=card(gpu) if cuda else None)
     shape = model_shape(llama_config(cfg.model))
     out: list[Candidate] = []
     notes: list[str] = []

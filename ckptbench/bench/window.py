@@ -162,6 +162,7 @@ def _window(trainer: Trainer, batch: torch.Tensor, *, probe: Probe, cfg: SweepCo
     before = probe.counters()
     times, losses = _steps(trainer, batch, cfg.measured_steps, probe=probe)
     after = probe.counters()
+    context = probe.outside_allocator()
     return {
         "status": "ok",
         "warmup_times_s": warm_times,
@@ -173,6 +174,7 @@ def _window(trainer: Trainer, batch: torch.Tensor, *, probe: Probe, cfg: SweepCo
         "num_alloc_retries": after["num_alloc_retries"] - before["num_alloc_retries"],
         "num_ooms": after["num_ooms"] - before["num_ooms"],
         "memory": {"window_start_allocated_bytes": start_alloc},
+        **({"context_bytes": context} if context is not None else {}),
     }
 
 

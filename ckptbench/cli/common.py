@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,7 +14,7 @@ from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
-from ckptbench.errors import CkptbenchError
+from ckptbench.errors import EXIT_BAD_INPUT, CkptbenchError, ConfigError
 
 NO_TERMINAL_WIDTH = 200  # stdout with no terminal anywhere (CI logs, files) and no COLUMNS
 
@@ -49,11 +51,49 @@ out = _Stdout(highlight=False, soft_wrap=False)
 err = Console(stderr=True, highlight=False)
 
 
-def fail(exc: CkptbenchError) -> typer.Exit:
-    """Print one red line to stderr and turn the error into its exit code."""
+# click's base classes, reached through typer's public BadParameter: typer >= 0.2x vendors its own click.
+_MRO = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
+UsageError: type[Exception] = _MRO["UsageError"]
+ClickException: type[Exception] = _MRO["ClickException"]
+
+
+def fail(exc: CkptbenchError | Exception) -> typer.Exit:
+    """Print one red line to stderr and turn the error into its exit code.
+
+    A CkptbenchError keeps its own code; click's errors (a bad option value, an unknown option, a
+    missing argument) become the same one line, exit code 2, instead of a usage box.
+    """
+    text = usage_line(exc) if isinstance(exc, ClickException) else str(exc)
+    code = getattr(exc, "exit_code", EXIT_BAD_INPUT)
     # The message may quote user input: escape markup, no emoji codes, never wrap it.
-    err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, markup=True, emoji=False)
-    return typer.Exit(exc.exit_code)
+    err.print(f"[red]error:[/red] {escape(text)}", soft_wrap=True, markup=True, emoji=False)
+    return typer.Exit(code if isinstance(code, int) else EXIT_BAD_INPUT)
+
+
+def usage_line(exc: Exception) -> str:
+    """One line from click's error: 'compare: Invalid value for '--format': ... (see ckptbench compare --help)'."""
+    message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    message = " ".join(message.replace("Value error, ", "").split())
+    ctx: Any = getattr(exc, "ctx", None)
+    command = ctx.info_name if ctx is not None and ctx.parent is not None else ""  # '' for the group itself
+    hint = f" (see ckptbench {command} --help)" if command else " (see ckptbench --help)"
+    return f"{command}: {message}{hint}" if command else f"{message}{hint}"
+
+
+def finite(value: float | None) -> float | None:
+    """A typer callback: refuse nan and inf in a number option (click's ranges let them through)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"must be a finite number, got {value}")
+    return value
+
+
+def path_option(value: str | None, *, option: str) -> Path | None:
+    """A path given on the command line; '' is refused (Path('') would silently mean the current folder)."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise ConfigError(f"{option}: an empty path; give a folder, e.g. {option} results/my-run")
+    return Path(value)
 
 
 def warn(text: str) -> None:
@@ -78,10 +118,24 @@ class Command(TyperCommand):
 
 
 class Group(TyperGroup):
-    """The application: --help and --version show no value type either."""
+    """The application: --help and --version show no value type either, and click's errors go through
+    the one error handler (``fail``): one line and exit code 2 for a bad option value, an unknown option
+    or a missing argument, instead of a usage box."""
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _no_flag_types(super().get_params(ctx))
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("standalone_mode", True) is False:
+            return super().main(*args, **kwargs)
+        try:
+            # Not standalone: click hands us its errors and exit codes instead of printing and exiting.
+            code = super().main(*args, **{**kwargs, "standalone_mode": False})
+        except ClickException as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # no command given: the help was the answer
+                sys.exit(getattr(exc, "exit_code", EXIT_BAD_INPUT))
+            code = fail(exc).exit_code
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 def example(*lines: str) -> dict[str, Any]:

@@ -9,18 +9,18 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ckptbench.cli.common import Format, FormatOpt, ResultsOpt, err, fail, out, warn
+from ckptbench.cli.common import Format, FormatOpt, ResultsOpt, err, fail, finite, out, warn
 from ckptbench.errors import EXIT_BAD_INPUT, EXIT_REGRESSION, CkptbenchError
 
 OnlyChangedOpt = Annotated[bool, typer.Option("--only-changed", help="Hide unchanged and within-noise rows.")]
 FailMemoryOpt = Annotated[
     float | None,
-    typer.Option("--fail-memory", min=0, metavar="PCT", help="Exit 3 if peak allocated grows > PCT%."),
+    typer.Option("--fail-memory", min=0, callback=finite, metavar="PCT", help="Exit 3 if peak allocated grows > PCT%."),
 ]
 FailTimeOpt = Annotated[
     float | None,
     typer.Option(
-        "--fail-time", min=0, metavar="PCT",
+        "--fail-time", min=0, callback=finite, metavar="PCT",
         help="Exit 3 if step time grows > PCT% (and the verdict says worse); exit 2 if too few steps to judge.",
     ),
 ]
@@ -29,10 +29,15 @@ FailOomOpt = Annotated[
 ]
 MemoryTolOpt = Annotated[
     float,
-    typer.Option("--memory-tolerance", min=0, metavar="PCT", help="A memory change up to PCT% is unchanged."),
+    typer.Option(
+        "--memory-tolerance", min=0, callback=finite, metavar="PCT", help="A memory change up to PCT% is unchanged."
+    ),
 ]
 TimeNoiseOpt = Annotated[
-    float, typer.Option("--time-noise", min=0, metavar="PCT", help="A step-time change under PCT% is noise.")
+    float,
+    typer.Option(
+        "--time-noise", min=0, callback=finite, metavar="PCT", help="A step-time change under PCT% is noise."
+    ),
 ]
 
 AllowMixedOpt = Annotated[

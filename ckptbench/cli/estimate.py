@@ -24,6 +24,14 @@ SourceArg = Annotated[
         show_default=False,
     ),
 ]
+GpuOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--gpu", metavar="CARD",
+        help="The card to predict for: h200 (default; a run's own GPU), h100-80gb, a100-80gb, a100-40gb, l40s. "
+             "Without --budget, its memory is the budget.",
+    ),
+]
 
 
 def estimate(
@@ -37,30 +45,34 @@ def estimate(
         typer.Option("--parallel", metavar="SPEC", help="Estimate every point spread this way instead: ddp:N, fsdp2:N, "
                      "fsdp2:N:noreshard (per rank, on the fake process group; rank 0 holds the largest shard)."),
     ] = None,
+    gpu: GpuOpt = None,
 ) -> None:
-    """Predict, without a GPU, each point's peak allocated memory and what it is made of.
+    """Predict, without a GPU, each point's peak allocated and reserved memory and what it is made of.
 
     Given a run directory, estimate its points and show what the run measured next to them.
     """
     from ckptbench.config.load import with_parallel
     from ckptbench.estimate.api import estimate_config
+    from ckptbench.estimate.gpus import gpu_for_name, gpu_model
     from ckptbench.render.estimate import RENDERERS, estimate_table
-    from ckptbench.results.inputs import load_input
+    from ckptbench.results.inputs import load_input, measured_gpu, measured_reserved
     from ckptbench.units import parse_size
 
     try:
         cfg, measured = load_input(source)
         if parallel is not None:
             cfg = with_parallel(cfg, parallel)
+        reserved = measured_reserved(source)
+        card = gpu_model(gpu) if gpu is not None else gpu_for_name(measured_gpu(source))
         budget_bytes = parse_size(budget) if budget is not None else None
         with EstimateProgressBar(err) as bar:
             estimates = estimate_config(
                 cfg, target=target, budget_bytes=budget_bytes, method="full" if full else "fast",
-                on_progress=bar.update,
+                gpu=card if gpu is not None else None, default_gpu=card, on_progress=bar.update,
             )
     except CkptbenchError as exc:
         raise fail(exc) from None
     if fmt is Format.table:
-        out.print(estimate_table(estimates, name=cfg.name, measured=measured))
+        out.print(estimate_table(estimates, name=cfg.name, measured=measured, reserved=reserved))
     else:
-        sys.stdout.write(RENDERERS[fmt.value](estimates, name=cfg.name, measured=measured))
+        sys.stdout.write(RENDERERS[fmt.value](estimates, name=cfg.name, measured=measured, reserved=reserved))

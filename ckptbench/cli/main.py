@@ -13,7 +13,8 @@ from ckptbench.cli.common import Group, err, example, out
 from ckptbench.cli.compare import compare
 from ckptbench.cli.estimate import estimate
 from ckptbench.cli.recommend import recommend_cmd, report_cmd
-from ckptbench.cli.sweep import layouts, sweep
+from ckptbench.cli.sweep import hold_late_signals_until_exit, layouts, sweep
+from ckptbench.cli.trace import trace_allocator
 from ckptbench.cli.tune import tune
 from ckptbench.errors import CkptbenchError
 
@@ -50,11 +51,14 @@ app.command("report", **example("ckptbench report results/h200-gpu-check-2/check
 app.command(**example("ckptbench estimate configs/llama7b.yaml --budget 80"))(estimate)
 ANSWERS_EXAMPLE = "ckptbench answers results/h200-gpu-check-2/check results/h200-gpu-check-1/axes --out docs/answers.md"
 app.command("answers", **example(ANSWERS_EXAMPLE))(answers_cmd)
+TRACE_EXAMPLE = "ckptbench trace-allocator configs/allocator-traces.yaml --out traces"
+app.command("trace-allocator", **example(TRACE_EXAMPLE))(trace_allocator)
 app.command(**example("ckptbench tune configs/llama7b-tune.yaml --budget 80 --max-points 25"))(tune)
 
 
 def main() -> None:
     """Entry point for ``python -m ckptbench`` and the ``ckptbench`` script."""
+    hold_late_signals_until_exit()  # this process ends with the command
     try:
         app()
     except CkptbenchError as exc:  # safety net: commands convert their own errors

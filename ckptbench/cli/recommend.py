@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from ckptbench.analysis.recommend import DEFAULT_HEADROOM
-from ckptbench.cli.common import BudgetOpt, Format, HeadroomOpt, RunArg, SeqLenOpt, err, fail, out, warn
+from ckptbench.cli.common import BudgetOpt, Format, HeadroomOpt, RunArg, SeqLenOpt, err, fail, out, path_option, warn
 from ckptbench.errors import CkptbenchError, ConfigError, ResultsError
 
 ReportOutOpt = Annotated[
-    Path | None,
+    str | None,  # not Path: typer turns '' into '.', and '' must be refused (cli/common.py path_option)
     typer.Option("--out", metavar="DIR", help="Folder for report.md and the PNGs (default RUN/report)."),
 ]
 
@@ -83,13 +82,17 @@ def report_cmd(
 ) -> None:
     """Write report.md (tables, recommendation when --budget is given) and PNG plots of a run."""
     from ckptbench.render.report import default_out_dir, write_report
+    from ckptbench.results.paths import check_writable_dir
     from ckptbench.results.store import load_run
 
     try:
+        target = path_option(out_dir, option="--out")
         loaded = load_run(run)
         rec = _recommendation(loaded, budget=budget, headroom=headroom, seq_len=seq_len) if budget else None
+        target = target or default_out_dir(loaded)
+        check_writable_dir(target, option="--out")  # before the estimates are traced and the plots drawn
         estimates = _breakdown_estimates(loaded) if estimate else []
-        files = write_report(loaded, out_dir=out_dir or default_out_dir(loaded), rec=rec, estimates=estimates)
+        files = write_report(loaded, out_dir=target, rec=rec, estimates=estimates)
     except CkptbenchError as exc:
         raise fail(exc) from None
     except OSError as exc:
@@ -103,13 +106,14 @@ def _breakdown_estimates(run: Any) -> list[Any]:
     """ckptbench estimate of the points the breakdown plot shows (one per layout, at one shape), from the
     run's stored config; none when that cannot be made (the plot then shows what was measured)."""
     from ckptbench.cli.progress import EstimateProgressBar
-    from ckptbench.config.grid import Point
+    from ckptbench.config.grid import point_of
     from ckptbench.config.load import parse_config
     from ckptbench.estimate.api import estimate_points, resolve_target
     from ckptbench.render.breakdown_plot import breakdown_points
     from ckptbench.results.store import RUN_FILE
 
-    points = [Point.from_key(p.key) for p in breakdown_points(run)]
+    # A key that is not a point of this version (edited, or from a newer ckptbench) cannot be estimated.
+    points = [point for p in breakdown_points(run) if (point := point_of(p.key)) is not None]
     if not points:
         return []
     try:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import signal
+import sys
+import threading
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,9 +15,9 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ckptbench.cli.common import ConfigArg, err, fail, out, warn
+from ckptbench.cli.common import ConfigArg, err, fail, finite, out, path_option, warn
 from ckptbench.cli.progress import SweepProgress
-from ckptbench.errors import CkptbenchError
+from ckptbench.errors import CkptbenchError, ResultsError, RunFailure
 
 _CLUSTER = "Fan-out (docs/cluster.md)"
 
@@ -28,36 +31,90 @@ class Executor(str, Enum):
 
 
 class _Interrupts:
-    """Ctrl-C and SIGTERM raise KeyboardInterrupt once; later ones are ignored while the run is marked."""
+    """Ctrl-C and SIGTERM raise KeyboardInterrupt once; later ones are ignored while the run is marked.
+
+    Two windows need more than that:
+
+    - A signal handled while a finalizer runs (the garbage collector, a weakref callback) raises
+      KeyboardInterrupt where Python can only print and drop it ("Exception ignored in ..."), and later
+      signals would be ignored. The unraisable hook catches exactly that, re-arms and sends the signal
+      again a moment later, so that it lands in ordinary code.
+    - Once the run has its final status (``finishing``), a signal changes nothing on disk: it is noted
+      (``late``) and the summary is still written, so status, summary and exit code agree. In the real
+      command (``ckptbench sweep``, not a test's CliRunner) the signals are then ignored until the
+      process has exited: shutting the interpreter down takes a moment too, and Python would restore the
+      default handlers for it (a signal there was exit 130 for a complete run). SIGKILL still ends it.
+    """
+
+    keep_after_exit = False  # set by cli.main.main: the process ends right after the command
 
     def __enter__(self) -> _Interrupts:
-        self.fired = False
+        self.fired = self.finishing = self.late = False
+        self.signum: int = signal.SIGINT
         self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        self.previous_hook = sys.unraisablehook
+        sys.unraisablehook = self._unraisable
         return self
 
-    def _handle(self, *_: Any) -> None:
-        if not self.fired:
-            self.fired = True
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.finishing:
+            self.late = True
+        elif not self.fired:
+            self.fired, self.signum = True, signum
             raise KeyboardInterrupt
 
+    def _unraisable(self, info: Any) -> None:
+        dropped = info.exc_type is not None and issubclass(info.exc_type, KeyboardInterrupt)
+        if not (dropped and self.fired and not self.finishing):
+            self.previous_hook(info)
+            return
+        # Not from here (we may still be inside the finalizer): from another thread, a moment later.
+        self.fired = False
+        again = threading.Timer(0.05, os.kill, (os.getpid(), self.signum))
+        again.daemon = True
+        again.start()
+
     def __exit__(self, *exc: object) -> None:
+        sys.unraisablehook = self.previous_hook
         for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
+            # SIG_IGN survives interpreter shutdown (Python resets only its own handlers to the default).
+            signal.signal(sig, signal.SIG_IGN if self.finishing and self.keep_after_exit else handler)
+
+
+def hold_late_signals_until_exit() -> None:
+    """For the real command line: after a sweep's final status, signals stay notes until the process ends."""
+    _Interrupts.keep_after_exit = True
+
+
+def _paths(out_dir: str | None, results_root: str, resume: str | None) -> tuple[Path | None, Path, Path | None]:
+    return (
+        path_option(out_dir, option="--out"),
+        path_option(results_root, option="--results") or Path("results"),
+        path_option(resume, option="--resume"),
+    )
+
+
+def _hook_notes() -> None:
+    """Say so when a test-only fault hook is set: active (the switch is on) or ignored."""
+    from ckptbench.bench import faults
+
+    for name, spec in faults.active().items():
+        warn(f"test hook {name}={spec} is active ({faults.ENABLE_VAR}=1): points it selects fail on purpose")
+    for name in faults.ignored():
+        warn(f"{name} is set but ignored: test hooks are off (they need {faults.ENABLE_VAR}=1)")
 
 
 def sweep(
     config: ConfigArg,
     out_dir: Annotated[
-        Path | None,
+        str | None,  # not Path: typer turns '' into '.', and '' must be refused (cli/common.py path_option)
         typer.Option("--out", metavar="RUN_DIR", help="Run directory (default results/<name>-<timestamp>)."),
     ] = None,
     results_root: Annotated[
-        Path, typer.Option("--results", metavar="DIR", help="Folder for new run directories.")
-    ] = Path(
-        "results"
-    ),
+        str, typer.Option("--results", metavar="DIR", help="Folder for new run directories.")
+    ] = "results",
     resume: Annotated[
-        Path | None,
+        str | None,
         typer.Option("--resume", help="Finish an interrupted or failed run in RUN_DIR (same config).",
                      metavar="RUN_DIR"),
     ] = None,
@@ -67,7 +124,7 @@ def sweep(
     point_timeout: Annotated[
         float | None,
         typer.Option("--point-timeout", help="With --isolate: kill a point running longer than this.",
-                     metavar="SECONDS"),
+                     metavar="SECONDS", callback=finite),
     ] = None,
     predict: Annotated[
         bool,
@@ -100,14 +157,16 @@ def sweep(
     from ckptbench.config.load import load_config
 
     started = process_start_monotonic()  # run.json counts the command from the process's start
-    with _Interrupts():
+    with _Interrupts() as interrupts:
         try:
+            out, results, resume_dir = _paths(out_dir, results_root, resume)
             cfg = load_config(config)  # before torch is imported: a bad config fails in a blink
             cluster = with_overrides(
                 cfg.cluster, executor=executor.value if executor else None, gpus=gpus, jobs=jobs,
                 partition=partition, time_min=time_limit, array_parallelism=array_parallelism, account=account,
                 sbatch=sbatch,
             )
+            _hook_notes()
             from ckptbench.bench.predictions import start_background
 
             # Started before torch is imported here: the estimator's imports overlap the sweep's start-up.
@@ -116,19 +175,29 @@ def sweep(
 
             with SweepProgress(len(cfg.points_list())) as progress:
                 outcome = run_sweep(
-                    cfg, out=out_dir, results_root=results_root, on_progress=progress.update,
-                    resume=resume, isolate=isolate, point_timeout_s=point_timeout, predict=predict,
+                    cfg, out=out, results_root=results, on_progress=progress.update,
+                    resume=resume_dir, isolate=isolate, point_timeout_s=point_timeout, predict=predict,
                     cluster=cluster, predictor=predictor, process_start=started,
                 )
+                interrupts.finishing = True  # the final status is on disk: a signal from now on is a note
         except CkptbenchError as exc:
             raise fail(exc) from None
         except KeyboardInterrupt as exc:
             raise _interrupted(exc, config) from None
         for note in outcome.warnings:
             warn(note)
-        run = _write_summaries(outcome.run_dir)
-    _report(run, outcome, config)
-    _finish(outcome.run_dir, outcome.clock)
+        try:
+            run = _write_summaries(outcome.run_dir)
+        except (CkptbenchError, OSError) as exc:  # the records are on disk; only the summary is missing
+            raise fail(ResultsError(f"{outcome.run_dir}: cannot write the summary ({exc})")) from None
+        _report(run, outcome, config)
+        _finish(outcome.run_dir, outcome.clock)
+    if outcome.late_signal or interrupts.late:
+        err.print("note: the interrupt came after the last point was recorded; the run is whole, nothing was lost",
+                  soft_wrap=True)
+    if outcome.failure:
+        again = f"ckptbench sweep {config} --resume {outcome.run_dir}"
+        raise fail(RunFailure(f"{outcome.failure}; the records are in {outcome.run_dir} (retry: {again})"))
 
 
 def _finish(run_dir: Path, clock: Any) -> None:
@@ -152,7 +221,7 @@ def _report(run: Any, outcome: Any, config: Path) -> None:
 
     again = f"ckptbench sweep {escape(str(config))} --resume {escape(str(outcome.run_dir))}"
     failed = sum(1 for r in outcome.records if r.status == "error")
-    if failed:
+    if failed and not outcome.failure:  # when nothing succeeded, the error line at the end says it all
         err.print(f"[yellow]warning:[/yellow] {failed} point(s) failed (status error); retry: {again}")
     if outcome.already_done:
         err.print(f"resumed: {outcome.already_done} points were already done; {len(outcome.records)} ran now")
@@ -173,7 +242,7 @@ def _interrupted(exc: KeyboardInterrupt, config: Path) -> typer.Exit:
     # A SweepInterrupted once the run directory exists: it says where and how far.
     run_dir, finished, total = (getattr(exc, name, None) for name in ("run_dir", "finished", "total"))
     if run_dir is None:
-        err.print("[yellow]interrupted:[/yellow] before the sweep started; no point was run")
+        err.print("[yellow]interrupted:[/yellow] before the sweep started; no point was run, nothing was written")
         return typer.Exit(130)
     with contextlib.suppress(CkptbenchError, OSError):  # the points themselves are safe already
         _write_summaries(run_dir)

@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from ckptbench.analysis.recommend import DEFAULT_HEADROOM
-from ckptbench.cli.common import BudgetOpt, ConfigArg, HeadroomOpt, SeqLenOpt, err, fail, out
+from ckptbench.cli.common import BudgetOpt, ConfigArg, HeadroomOpt, SeqLenOpt, err, fail, finite, out
 from ckptbench.cli.progress import EstimateProgressBar, SweepProgress
-from ckptbench.cli.sweep import _interrupted, _Interrupts, _write_summaries
+from ckptbench.cli.sweep import _interrupted, _Interrupts, _paths, _write_summaries
 from ckptbench.errors import CkptbenchError, ConfigError
 
 MaxPointsOpt = Annotated[
     int | None, typer.Option("--max-points", metavar="N", help="Measure at most this many points.")
 ]
 TimeBudgetOpt = Annotated[
-    float | None, typer.Option("--time-budget", help="Stop proposing points after this many minutes.", metavar="MIN")
+    float | None,
+    typer.Option(
+        "--time-budget", help="Stop proposing points after this many minutes.", metavar="MIN", callback=finite
+    ),
 ]
 AllowOpt = Annotated[
     str | None,
@@ -38,28 +40,31 @@ def tune(
     time_budget: TimeBudgetOpt = None,
     allow: AllowOpt = None,
     out_dir: Annotated[
-        Path | None, typer.Option("--out", metavar="RUN_DIR", help="Run directory (default results/<name>-<time>).")
+        str | None,  # not Path: typer turns '' into '.', and '' must be refused (cli/common.py path_option)
+        typer.Option("--out", metavar="RUN_DIR", help="Run directory (default results/<name>-<time>)."),
     ] = None,
     results_root: Annotated[
-        Path, typer.Option("--results", metavar="DIR", help="Folder for new run directories.")
-    ] = Path("results"),
+        str, typer.Option("--results", metavar="DIR", help="Folder for new run directories.")
+    ] = "results",
     resume: Annotated[
-        Path | None, typer.Option("--resume", help="Continue the search of RUN_DIR (same config).", metavar="RUN_DIR")
+        str | None, typer.Option("--resume", help="Continue the search of RUN_DIR (same config).", metavar="RUN_DIR")
     ] = None,
     fmt: Annotated[str, typer.Option("--format", metavar="table|json", help="table or json.")] = "table",
 ) -> None:
     """Search layouts x batch sizes x techniques for the fastest setup that fits --budget, by measurement."""
     from ckptbench.config.load import load_config
 
-    with _Interrupts():
+    with _Interrupts() as interrupts:
         try:
+            out_path, results, resume_dir = _paths(out_dir, results_root, resume)
             cfg = load_config(config)
             options = _options(budget, headroom, seq_len, max_points, time_budget, allow, fmt)
             from ckptbench.bench.tune import run_tune
 
             with EstimateProgressBar(err) as estimating, SweepProgress(0) as progress:
-                outcome = run_tune(cfg, options, out=out_dir, results_root=results_root, resume=resume,
+                outcome = run_tune(cfg, options, out=out_path, results_root=results, resume=resume_dir,
                                    on_progress=progress.update, on_estimate=estimating.update)
+            interrupts.finishing = True  # the final status is on disk: a signal from now on is a note
         except CkptbenchError as exc:
             raise fail(exc) from None
         except KeyboardInterrupt as exc:

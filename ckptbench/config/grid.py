@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ckptbench.config.parallel import world_size
@@ -21,6 +21,7 @@ AXIS_DEFAULTS: dict[str, Any] = {
     "optimizer_in_backward": False,
     "optimizer_offload": "none",
     "parallel": "none",
+    "allocator": "default",
 }
 
 
@@ -48,6 +49,7 @@ class Point:
     optimizer_in_backward: bool = False
     optimizer_offload: str = "none"
     parallel: str = "none"
+    allocator: str = "default"
 
     @property
     def key(self) -> dict[str, Any]:
@@ -67,6 +69,7 @@ class Point:
             "optimizer_in_backward": self.optimizer_in_backward,
             "optimizer_offload": self.optimizer_offload,
             "parallel": self.parallel,
+            "allocator": self.allocator,
         }
 
     @property
@@ -90,6 +93,18 @@ class Point:
         return self.batch_size * self.seq_len * self.micro_batches * self.world_size
 
 
+_TYPES = {"str": str, "int": int, "bool": bool}
+
+
+def point_of(key: Mapping[str, Any]) -> Point | None:
+    """The point a recorded key names, or None when it is not a point of this version: a field missing
+    or extra (a key edited by hand, or written by a newer ckptbench with another axis), or a wrong type."""
+    kinds = {f.name: _TYPES[str(f.type)] for f in fields(Point)}
+    if set(key) != set(kinds) or any(type(key[name]) is not kind for name, kind in kinds.items()):
+        return None
+    return Point(**dict(key))
+
+
 def key_id(key: Mapping[str, Any]) -> str:
     """Stable text of a key dict: 'batch_size=2|layout=all|...' (sorted by field)."""
     return "|".join(f"{k}={key[k]}" for k in sorted(key))
@@ -102,11 +117,14 @@ def key_without(point: Point, field_name: str) -> tuple[Any, ...]:
 
 
 AXES = ("precision", "lora", "layout", "seq_len", "batch_size", "optimizer", "micro_batches", "offload",
-        "compile", "attn_implementation", "loss", "optimizer_in_backward", "optimizer_offload", "parallel")
-# Execution order: precision and LoRA outermost (the model is rebuilt only when they change), batch innermost;
-# sharded points (each in its own processes) after the single-device points of the same setup.
-_ORDER = ("precision", "lora", "optimizer", "optimizer_offload", "optimizer_in_backward", "loss", "micro_batches",
-          "offload", "compile", "attn_implementation", "parallel", "layout", "seq_len", "batch_size")
+        "compile", "attn_implementation", "loss", "optimizer_in_backward", "optimizer_offload", "parallel",
+        "allocator")
+# Execution order: precision and LoRA outermost (the model is rebuilt only when they change; the allocator's
+# settings need a process of their own), batch innermost; sharded points (each in its own processes) after
+# the single-device points of the same setup.
+_ORDER = ("precision", "lora", "allocator", "optimizer", "optimizer_offload", "optimizer_in_backward", "loss",
+          "micro_batches", "offload", "compile", "attn_implementation", "parallel", "layout", "seq_len",
+          "batch_size")
 
 
 def search_templates(model: str, values: Mapping[str, Sequence[Any]], kind: str) -> list[tuple[str, Point]]:

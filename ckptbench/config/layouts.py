@@ -93,69 +93,133 @@ def compress_ranges(indices: tuple[int, ...] | list[int]) -> str:
     return ",".join(parts)
 
 
+_MAX_DIGITS = 6  # layer indices and strides never need more; int() of 5000 digits is a ValueError of its own
+
+
+def _q(layout: str) -> str:
+    """The user's layout, quoted and shortened for a one-line message."""
+    text = repr(layout)
+    return text if len(text) <= 40 else text[:35] + "..." + text[-1]
+
+
 def _int(text: str, layout: str, what: str) -> int:
-    if not re.fullmatch(r"\d+", text.strip()):
-        raise LayoutError(f"layout {layout!r}: {what} must be a non-negative integer, got {text!r}")
-    return int(text)
+    # ASCII digits only: Python's \d and int() also take '٣' and '２', which nobody means as a layer.
+    digits = text.strip()
+    if not re.fullmatch(r"[0-9]+", digits):
+        raise LayoutError(f"layout {_q(layout)}: {what} must be a non-negative integer, got {_q(text)}")
+    if len(digits.lstrip("0")) > _MAX_DIGITS:
+        raise LayoutError(f"layout {_q(layout)}: {what} must have at most {_MAX_DIGITS} digits")
+    return int(digits)
 
 
-def _select(selector: str, num_layers: int, layout: str) -> tuple[int, ...]:
-    name, _, arg = selector.partition(":")
-    name = name.strip().lower()
+@dataclass(frozen=True)
+class _Syntax:
+    """A layout string parsed without the model: selector, its numbers, granularity."""
+
+    name: str
+    args: tuple[int, ...]
+    granularity: str
+
+    def text(self) -> str:
+        """The one canonical spelling: lower case, no spaces, sorted layers, '@block' and '+0' left out."""
+        if self.name == "every" and self.args[1]:
+            arg = f"{self.args[0]}+{self.args[1]}"
+        elif self.name == "range":
+            arg = f"{self.args[0]}-{self.args[1]}"
+        else:  # every:N, first:K, last:K, layers:I,J
+            arg = ",".join(map(str, self.args[:1] if self.name == "every" else self.args))
+        selector = f"{self.name}:{arg}" if self.args else self.name
+        plain = self.granularity == "block" or self.name == "none"  # 'none@mlp' checkpoints nothing either
+        return selector if plain else f"{selector}@{self.granularity}"
+
+
+def _args(name: str, arg: str, layout: str) -> tuple[int, ...]:
     if name in ("none", "all"):
         if arg:
-            raise LayoutError(f"layout {layout!r}: {name!r} takes no argument")
-        return () if name == "none" else tuple(range(num_layers))
+            raise LayoutError(f"layout {_q(layout)}: {name!r} takes no argument")
+        return ()
     if not arg:
-        raise LayoutError(f"layout {layout!r}: unknown or incomplete layout; allowed: {SYNTAX_HELP}")
+        raise LayoutError(f"layout {_q(layout)}: unknown or incomplete layout; allowed: {SYNTAX_HELP}")
     if name == "every":
         n_text, _, off_text = arg.partition("+")
-        n = _int(n_text, layout, "N")
-        offset = _int(off_text, layout, "OFFSET") if off_text else 0
-        if n < 1:
-            raise LayoutError(f"layout {layout!r}: every:N needs N >= 1, got {n}")
-        if offset >= n:
-            raise LayoutError(f"layout {layout!r}: OFFSET must be below N ({n}), got {offset}")
-        return tuple(i for i in range(num_layers) if i % n == offset)
+        return (_int(n_text, layout, "N"), _int(off_text, layout, "OFFSET") if off_text else 0)
     if name in ("first", "last"):
-        k = _int(arg, layout, "K")
-        if k < 1 or k > num_layers:
-            raise LayoutError(f"layout {layout!r}: K must be 1..{num_layers} (the model has {num_layers} layers)")
-        return tuple(range(k)) if name == "first" else tuple(range(num_layers - k, num_layers))
+        return (_int(arg, layout, "K"),)
     if name == "range":
         a_text, sep, b_text = arg.partition("-")
         if not sep:
-            raise LayoutError(f"layout {layout!r}: range needs A-B, for example range:8-19")
-        a, b = _int(a_text, layout, "A"), _int(b_text, layout, "B")
-        if a > b or b >= num_layers:
-            raise LayoutError(
-                f"layout {layout!r}: range must satisfy A <= B <= {num_layers - 1} "
-                f"(the model has {num_layers} layers)"
-            )
-        return tuple(range(a, b + 1))
+            raise LayoutError(f"layout {_q(layout)}: range needs A-B, for example range:8-19")
+        return (_int(a_text, layout, "A"), _int(b_text, layout, "B"))
     if name == "layers":
-        items = sorted({_int(t, layout, "layer index") for t in arg.split(",")})
-        bad = [i for i in items if i >= num_layers]
-        if bad:
-            raise LayoutError(
-                f"layout {layout!r}: layer {bad[0]} does not exist (the model has {num_layers} layers, 0-based)"
-            )
-        return tuple(items)
-    raise LayoutError(f"layout {layout!r}: unknown selector {name!r}; allowed: {SYNTAX_HELP}")
+        return tuple(sorted({_int(t, layout, "layer index") for t in arg.split(",")}))
+    raise LayoutError(f"layout {_q(layout)}: unknown selector {name!r}; allowed: {SYNTAX_HELP}")
 
 
-def parse_layout(layout: str, num_layers: int) -> LayoutPlan:
-    """Resolve a layout string for a model with ``num_layers`` decoder layers."""
+def _syntax(layout: str) -> _Syntax:
+    """Parse a layout string's syntax (no layer count needed); LayoutError when it is not a layout."""
     if not isinstance(layout, str) or not layout.strip():
         raise LayoutError(f"layout must be a non-empty string; allowed: {SYNTAX_HELP}")
-    if num_layers < 1:
-        raise LayoutError(f"the model must have at least one layer, got {num_layers}")
     text = layout.strip()
     selector, _, granularity = text.partition("@")
     granularity = granularity.strip().lower() or "block"
     if granularity not in GRANULARITIES:
         raise LayoutError(
-            f"layout {layout!r}: unknown granularity {granularity!r}; allowed: {', '.join(GRANULARITIES)}"
+            f"layout {_q(text)}: unknown granularity {_q(granularity)}; allowed: {', '.join(GRANULARITIES)}"
         )
-    layers = _select(selector.strip(), num_layers, text)
-    return LayoutPlan(layout=text, num_layers=num_layers, layers=layers, granularity=granularity)  # type: ignore[arg-type]
+    name, _, arg = selector.strip().partition(":")
+    name = name.strip().lower()
+    return _Syntax(name, _args(name, arg.strip(), text), granularity)
+
+
+def canonical_layout(layout: str) -> str:
+    """The canonical spelling of a layout ('ALL', ' all', 'all@block' -> 'all'); 'fit' stays 'fit'.
+    Text that is not a layout is returned as it is (parse_layout reports it)."""
+    if isinstance(layout, str) and layout.strip().lower() == "fit":
+        return "fit"
+    try:
+        return _syntax(layout).text()
+    except LayoutError:
+        return layout
+
+
+def _select(syntax: _Syntax, num_layers: int, layout: str) -> tuple[int, ...]:
+    """The layers a parsed layout chooses in a model of ``num_layers`` layers."""
+    name, args = syntax.name, syntax.args
+    if name in ("none", "all"):
+        return () if name == "none" else tuple(range(num_layers))
+    if name == "every":
+        n, offset = args
+        if n < 1:
+            raise LayoutError(f"layout {_q(layout)}: every:N needs N >= 1, got {n}")
+        if offset >= n:
+            raise LayoutError(f"layout {_q(layout)}: OFFSET must be below N ({n}), got {offset}")
+        return tuple(i for i in range(num_layers) if i % n == offset)
+    if name in ("first", "last"):
+        k = args[0]
+        if k < 1 or k > num_layers:
+            raise LayoutError(f"layout {_q(layout)}: K must be 1..{num_layers} (the model has {num_layers} layers)")
+        return tuple(range(k)) if name == "first" else tuple(range(num_layers - k, num_layers))
+    if name == "range":
+        a, b = args
+        if a > b or b >= num_layers:
+            raise LayoutError(
+                f"layout {_q(layout)}: range must satisfy A <= B <= {num_layers - 1} "
+                f"(the model has {num_layers} layers)"
+            )
+        return tuple(range(a, b + 1))
+    bad = [i for i in args if i >= num_layers]  # layers:
+    if bad:
+        raise LayoutError(
+            f"layout {_q(layout)}: layer {bad[0]} does not exist (the model has {num_layers} layers, 0-based)"
+        )
+    return args
+
+
+def parse_layout(layout: str, num_layers: int) -> LayoutPlan:
+    """Resolve a layout string for a model with ``num_layers`` decoder layers."""
+    syntax = _syntax(layout)
+    if num_layers < 1:
+        raise LayoutError(f"the model must have at least one layer, got {num_layers}")
+    text = layout.strip()
+    layers = _select(syntax, num_layers, text)
+    return LayoutPlan(layout=text, num_layers=num_layers, layers=layers, granularity=syntax.granularity)  # type: ignore[arg-type]

@@ -13,8 +13,12 @@ import yaml
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
-from ckptbench.config.schema import SweepConfig, _shown
+from ckptbench.config.axes import _shown
+from ckptbench.config.schema import SweepConfig
+from ckptbench.config.yaml_text import check_expanded_size, read_yaml
 from ckptbench.errors import ConfigError
+
+MAX_CONFIG_BYTES = 16 * 2**20  # a config is a few KiB; 100,000 explicit points fit in a few MiB
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:
@@ -72,6 +76,7 @@ def parse_config(data: Any, *, source: str = "config") -> SweepConfig:
         raise ConfigError(f"{source}: the config is empty; it needs at least a 'name' field")
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of fields, got {type(data).__name__}")
+    check_expanded_size(data, source=source)  # before validation walks it: an alias bomb stops here
     try:
         cfg = SweepConfig.model_validate(data)
         # The resolved config is stored as JSON in every run: it must round-trip.
@@ -89,7 +94,7 @@ def parse_config(data: Any, *, source: str = "config") -> SweepConfig:
 def loads_config(text: str, *, source: str = "config") -> SweepConfig:
     """Parse YAML text and validate it; every problem is a one-line ConfigError."""
     try:
-        data = yaml.safe_load(text)
+        data = read_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -105,6 +110,8 @@ def load_config(path: str | Path) -> SweepConfig:
     """Read and validate a YAML config file."""
     p = Path(path)
     try:
+        if p.is_file() and p.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{p}: larger than {MAX_CONFIG_BYTES // 2**20} MiB; a config is a few KiB")
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{p}: no such config file") from None

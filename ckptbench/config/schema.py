@@ -2,65 +2,25 @@
 
 from __future__ import annotations
 
-import difflib
 import math
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ckptbench.config.axes import AttnImpl, DeviceName, OptimizerName, PointSpec, SweepAxes, _Strict
+from ckptbench.config.axes import MAX_BATCH, DeviceName, OptimizerName, PointSpec, SweepAxes, _Strict
 from ckptbench.config.cluster import ClusterSpec
 from ckptbench.config.grid import Point, expand, search_templates
-from ckptbench.config.layouts import parse_layout
+from ckptbench.config.layouts import LayoutPlan, parse_layout
+from ckptbench.config.model import MAX_LAYERS, LoraSpec, ModelSpec, check_model_shape
 from ckptbench.config.parallel import sharding_conflict
-from ckptbench.config.presets import PRESETS, preset_names
 from ckptbench.errors import LayoutError
 
-MAX_LAYERS = 4096  # far above any real LLaMA; keeps layout expansion cheap for absurd inputs
+__all__ = ["MAX_LAYERS", "LoraSpec", "ModelSpec", "SweepConfig", "check_cpu_compatible"]
+
 MAX_SEED = 2**32 - 1
 MAX_NAME_CHARS = 100
 MAX_GRID_POINTS = 100_000  # days of GPU time even for tiny points; guards against a typo'd grid
-
-
-class ModelSpec(_Strict):
-    """Which LLaMA to build: a preset plus optional LlamaConfig field overrides."""
-
-    preset: str = "llama-7b"
-    # Any LlamaConfig field, for example {num_hidden_layers: 16}; checked against LlamaConfig at build.
-    overrides: dict[str, Any] = Field(default_factory=dict)
-    # 'sdpa' (PyTorch scaled_dot_product_attention) or 'eager' (materialises the S x S attention matrix).
-    attn_implementation: AttnImpl = "sdpa"
-
-    @field_validator("preset")
-    @classmethod
-    def _known_preset(cls, value: str) -> str:
-        if value not in PRESETS:
-            hint = difflib.get_close_matches(value, preset_names(), n=1)
-            extra = f" (did you mean {hint[0]!r}?)" if hint else ""
-            raise ValueError(f"unknown preset{extra}; allowed: {', '.join(preset_names())}")
-        return value
-
-    def resolved(self) -> dict[str, Any]:
-        """The preset's fields with the overrides applied."""
-        return {**PRESETS[self.preset], **self.overrides}
-
-    @property
-    def num_layers(self) -> int:
-        return int(self.resolved()["num_hidden_layers"])
-
-    @property
-    def name(self) -> str:
-        """The model's name in point keys: the preset, marked when overridden."""
-        if not self.overrides:
-            return self.preset
-        return self.preset + "+" + ",".join(f"{k}={v}" for k, v in sorted(self.overrides.items()))
-
-
-class LoraSpec(_Strict):
-    """LoRA settings shared by every 'r<rank>' point."""
-
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
-    alpha: float = Field(default=16.0, gt=0)
+MAX_STEPS = 100_000  # warm-up or measured steps per point: beyond this a point never ends
 
 
 class SweepConfig(_Strict):
@@ -72,8 +32,8 @@ class SweepConfig(_Strict):
     # Emulate a smaller card: cap the CUDA caching allocator (or the CPU tracker) at this many GiB.
     memory_cap_gib: float | None = Field(default=None, gt=0)
     # Warm-up steps are run (the first creates the optimizer state) and excluded from statistics.
-    warmup_steps: int = Field(default=2, ge=1)
-    measured_steps: int = Field(default=5, ge=1)
+    warmup_steps: int = Field(default=2, ge=1, le=MAX_STEPS)
+    measured_steps: int = Field(default=5, ge=1, le=MAX_STEPS)
     optimizer: OptimizerName = "adamw_fused"
     # After each step gradients are freed (true, the default) or zeroed in place and kept (false).
     zero_grad_to_none: bool = True
@@ -99,7 +59,7 @@ class SweepConfig(_Strict):
     # null means whatever runs without running out of memory (the card, or memory_cap_gib).
     budget_gib: float | None = Field(default=None, gt=0)
     # batch_size: max never probes beyond this batch size.
-    search_max_batch: int = Field(default=1024, ge=1)
+    search_max_batch: int = Field(default=1024, ge=1, le=MAX_BATCH)
     sweep: SweepAxes = Field(default_factory=SweepAxes)
     # Explicit cells, added to the grid or replacing it (points_mode).
     points: list[PointSpec] = Field(default_factory=list)
@@ -108,11 +68,12 @@ class SweepConfig(_Strict):
     # node (local) or on Slurm (slurm). Never changes what is measured (docs/cluster.md).
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
 
-    @field_validator("memory_cap_gib", "lr", "peak_tflops", "loss_rtol")
+    @field_validator("points", mode="before")
     @classmethod
-    def _finite(cls, value: float | None) -> float | None:
-        if value is not None and not math.isfinite(value):
-            raise ValueError("must be a finite number")
+    def _not_too_many(cls, value: Any) -> Any:
+        # Before each entry is validated: a list of ten million points is refused in a blink.
+        if isinstance(value, list) and len(value) > MAX_GRID_POINTS:
+            raise ValueError(f"{len(value)} explicit points, more than {MAX_GRID_POINTS}; split them into several")
         return value
 
     @field_validator("seed")
@@ -132,21 +93,12 @@ class SweepConfig(_Strict):
     @model_validator(mode="after")
     def _check_against_model(self) -> SweepConfig:
         resolved = self.model.resolved()
-        num_layers = resolved.get("num_hidden_layers")
-        if not isinstance(num_layers, int) or isinstance(num_layers, bool) or not 1 <= num_layers <= MAX_LAYERS:
-            raise ValueError(
-                "model.overrides.num_hidden_layers: must be an integer from 1 to "
-                f"{MAX_LAYERS}, got {_shown(num_layers)}"
-            )
-        _check_grid_size(self.sweep)
-        for i, layout in enumerate(self.sweep.layout):
-            if layout != "fit":
-                _check_layout(layout, num_layers, f"sweep.layout.{i}")
+        check_model_shape(resolved, self.model.overrides)
+        num_layers = int(resolved["num_hidden_layers"])
+        _check_grid_size(self)
+        _check_layouts(self, num_layers)
         if self.sweep.batch_size == "max" and "fit" in self.sweep.layout:
             raise ValueError("sweep: batch_size: max and layout: fit search different axes; use one at a time")
-        for i, spec in enumerate(self.points):
-            if spec.layout is not None:
-                _check_layout(spec.layout, num_layers, f"points.{i}.layout")
         if any(p.layout == "fit" for p in self.points) or (
             self.sweep.batch_size == "max" and any(p.batch_size is None for p in self.points)
         ):
@@ -176,6 +128,7 @@ class SweepConfig(_Strict):
             "optimizer_in_backward": list(axes.optimizer_in_backward),
             "optimizer_offload": list(axes.optimizer_offload),
             "parallel": list(axes.parallel),
+            "allocator": list(axes.allocator),
         }
 
     def points_list(self) -> list[Point]:
@@ -198,17 +151,41 @@ class SweepConfig(_Strict):
         return [] if kind is None else search_templates(self.model.name, self.axis_values(), kind)
 
 
-def _check_layout(layout: str, num_layers: int, where: str) -> None:
+def _plan(layout: str, num_layers: int, where: str) -> LayoutPlan:
     try:
-        parse_layout(layout, num_layers)
+        return parse_layout(layout, num_layers)
     except LayoutError as exc:
         raise ValueError(f"{where}: {exc}") from None
 
 
-def _check_grid_size(axes: SweepAxes) -> None:
-    size = math.prod(len(v) for v in axes.model_dump().values() if isinstance(v, list))
-    if size > MAX_GRID_POINTS:
-        raise ValueError(f"sweep: the grid has {size} points, more than {MAX_GRID_POINTS}; split it into several")
+def _check_layouts(cfg: SweepConfig, num_layers: int) -> None:
+    """Every layout parses for this model, and no two spellings checkpoint the same thing.
+
+    'all', 'range:0-7' and 'first:8' on 8 layers would be three points measuring one plan (under three
+    keys that compare and --resume treat as different): refused, naming both. The same spelling again
+    is fine in explicit points (other batch sizes), not in sweep.layout (it would be the same points).
+    """
+    seen: dict[tuple[Any, ...], tuple[str, str]] = {}  # what a plan checkpoints -> (where, spelling)
+    named = [(f"sweep.layout.{i}", x) for i, x in enumerate(cfg.sweep.layout) if x != "fit"]
+    named += [(f"points.{i}.layout", p.layout) for i, p in enumerate(cfg.points) if p.layout not in (None, "fit")]
+    for where, layout in named:
+        plan = _plan(layout, num_layers, where)
+        what = (plan.layers, plan.granularity if plan.layers else "")
+        first = seen.setdefault(what, (where, layout))
+        if first[1] != layout or (first[0] != where and where.startswith("sweep.")):
+            raise ValueError(
+                f"{where}: {layout!r} checkpoints the same as {first[0]} {first[1]!r} ({plan.describe()}); "
+                f"list each layout once (use {first[1]!r})"
+            )
+
+
+def _check_grid_size(cfg: SweepConfig) -> None:
+    """The grid's cells plus the explicit points stay within MAX_GRID_POINTS."""
+    replaced = cfg.points_mode == "replace" and bool(cfg.points)
+    grid = 0 if replaced else math.prod(len(v) for v in cfg.sweep.model_dump().values() if isinstance(v, list))
+    if grid + len(cfg.points) > MAX_GRID_POINTS:
+        parts = f"the grid has {grid} and points adds {len(cfg.points)}" if cfg.points else f"the grid has {grid}"
+        raise ValueError(f"sweep: {parts} points, more than {MAX_GRID_POINTS}; split it into several")
 
 
 def _check_seq_lens(cfg: SweepConfig, max_pos: Any) -> None:
@@ -250,6 +227,8 @@ def check_cpu_compatible(cfg: SweepConfig) -> None:
         ("loss", lambda v: v == "fused_linear", "runs Triton kernels (Liger, cut-cross-entropy) and needs CUDA"),
         ("optimizer", lambda v: v == "adamw_8bit_torchao", "compiles its step (torchao) and needs CUDA"),
         ("optimizer_offload", lambda v: v != "none", "(torchao's CPUOffloadOptimizer) needs a CUDA device"),
+        ("allocator", lambda v: v != "default", "configures the CUDA caching allocator (PYTORCH_CUDA_ALLOC_CONF) "
+                                                 "and needs a CUDA device"),
     )
     for axis, bad, why in checks:
         found = sorted({getattr(p, axis) for p in points if bad(getattr(p, axis))})
@@ -264,8 +243,3 @@ def _field_of(cfg: SweepConfig, axis: str, value: Any) -> str:
             return f"points.{i}.{axis}"
     return f"sweep.{axis}"
 
-
-def _shown(value: Any, limit: int = 60) -> str:
-    """A short one-line repr of a user's value."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -5,10 +5,10 @@ changes what a CPU cannot do or would take minutes for: the tiny preset with a q
 (at least 8; each layout maps onto them: first:16 of 32 becomes first:4 of 8, range:8-12 range:2-3),
 sequence lengths divided by 32, caps and budgets scaled with the static memory (parameters, gradients,
 optimizer state) of the tiny model against the real one, pure bf16 and fp16 turned into fp32 (slow on
-most CPUs), offloading and compile left out, sharded points as two gloo ranks (``ddp:8`` becomes
-``ddp:2``), one warm-up and one measured step, and fewer cells: the first three layouts of the sweep,
-its smallest and largest batch, the first four explicit points. Its results are never measurements of
-anything but the plumbing.
+most CPUs), offloading, compile and allocator settings (CUDA only) left out, sharded points as two gloo
+ranks (``ddp:8`` becomes ``ddp:2``), one warm-up and one measured step, and fewer cells: the first three
+layouts of the sweep, its smallest and largest batch, the first four explicit points. Its results are
+never measurements of anything but the plumbing.
 """
 
 from __future__ import annotations
@@ -93,6 +93,8 @@ def _point(spec: dict[str, Any], layers: int, small: int) -> dict[str, Any]:
         out["compile"] = False  # compile cannot run under the CPU tracker
     if out.get("parallel"):
         out["parallel"] = dry_parallel(str(out["parallel"]))
+    if out.get("allocator") not in (None, "default"):
+        out["allocator"] = "default"  # PYTORCH_CUDA_ALLOC_CONF configures the CUDA allocator only
     return out
 
 
@@ -112,6 +114,8 @@ def _sweep(axes: dict[str, Any], layers: int, small: int) -> dict[str, Any]:
         out["compile"] = [False]
     if out.get("parallel"):
         out["parallel"] = list(dict.fromkeys(dry_parallel(str(v)) for v in out["parallel"]))
+    if out.get("allocator"):
+        out["allocator"] = ["default"]
     return out
 
 

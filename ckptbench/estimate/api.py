@@ -15,7 +15,8 @@ each measured step keeps alive for the next (the detached loss the runner record
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -32,7 +33,10 @@ from ckptbench.estimate.assembly import (
     plans_for,
     short_model_classes,
 )
-from ckptbench.estimate.record import CATEGORIES, Estimate, EstimateProgress
+from ckptbench.estimate.event_assembly import AssemblyError
+from ckptbench.estimate.gpus import DEFAULT_GPU, GpuModel, gpu_model
+from ckptbench.estimate.record import CATEGORIES, Estimate, EstimateProgress, Reserved
+from ckptbench.estimate.reserved import fast_steps, full_steps, predict_reserved
 from ckptbench.estimate.trace import StepTrace, trace_optimizer, trace_step
 from ckptbench.estimate.tracker import GRADS, OPTIMIZER_STATE, PARAMS
 from ckptbench.train.unavailable import TechniqueUnavailable
@@ -52,9 +56,11 @@ class Estimator:
     target: Target = "cuda"
     method: Method = "fast"
     rank: int = 0  # the rank a sharded point is estimated for (rank 0 holds FSDP2's largest shards)
+    gpu: GpuModel | None = None  # the card whose allocator is replayed (CUDA target); None: no replay
     _costs: dict[tuple[Any, ...], StepCosts] = field(default_factory=dict)
     _optim: dict[tuple[Any, ...], StepTrace] = field(default_factory=dict)
     _full: dict[Point, Peak] = field(default_factory=dict)
+    _traces: dict[Any, StepTrace] = field(default_factory=dict)  # short (or full) traces, for the replay
     _classes: dict[tuple[Any, ...], set[str]] = field(default_factory=dict)
     _failed: dict[Any, str] = field(default_factory=dict)
 
@@ -100,20 +106,31 @@ class Estimator:
 
         return run
 
+    @property
+    def _workspace(self) -> int | None:
+        return self.gpu.cublas_workspace_bytes(os.environ.get("CUBLAS_WORKSPACE_CONFIG")) if self.gpu else None
+
     def _trace_optim(self, point: Point) -> None:
-        self._optim[_optim_key(point)] = trace_optimizer(self.cfg, point, target=self.target, rank=self.rank)
+        self._optim[_optim_key(point)] = trace_optimizer(
+            self.cfg, point, target=self.target, rank=self.rank, cublas_workspace_bytes=self._workspace
+        )
 
     def _trace_short(self, point: Point) -> None:
         key = self._short_key(point)
         classes, micro = key[-1], min(point.micro_batches, 2)
         trace = trace_step(
             self.cfg, point, target=self.target, plans=plans_for(classes), num_layers=len(classes),
-            micro_batches=micro, defer_shared=True, rank=self.rank,
+            micro_batches=micro, defer_shared=True, rank=self.rank, cublas_workspace_bytes=self._workspace,
         )
         self._costs[key] = StepCosts.from_trace(trace, classes, micro)
+        self._traces[key] = trace
 
     def _trace_full(self, point: Point) -> None:
-        self._full[point] = Peak.of_trace(trace_step(self.cfg, point, target=self.target, rank=self.rank))
+        trace = trace_step(
+            self.cfg, point, target=self.target, rank=self.rank, cublas_workspace_bytes=self._workspace
+        )
+        self._full[point] = Peak.of_trace(trace)
+        self._traces[point] = trace
 
     def ready(self, point: Point) -> bool:
         """Whether every trace ``point`` needs has run (or failed): ``estimate`` can answer now."""
@@ -122,7 +139,7 @@ class Estimator:
         traced = trace_key in (self._full if self.method == "full" else self._costs)
         return (optim in self._optim or optim in self._failed) and (traced or trace_key in self._failed)
 
-    def estimate(self, point: Point, *, budget_bytes: int | None = None) -> Estimate:
+    def estimate(self, point: Point, *, budget_bytes: int | None = None, budget_is_cap: bool = False) -> Estimate:
         """The estimate of one point (its traces must have run: see ``jobs``)."""
         trace_key: Any = point if self.method == "full" else self._short_key(point)
         failure: str | None = self._failed.get(_optim_key(point)) or self._failed.get(trace_key)
@@ -135,11 +152,37 @@ class Estimator:
             optim = self._optim[_optim_key(point)]
             peak = assemble(self._costs[trace_key], optim, self.classes(point), point.micro_batches)
         vector = peak.after_steps(self.cfg.measured_steps)
-        compile_note = "torch.compile is not modelled: the eager step is estimated" if point.compile else None
+        notes = ["torch.compile is not modelled: the eager step is estimated"] if point.compile else []
+        reserved = self._reserved(point, trace_key, notes)
         return Estimate(
             point=point, target=self.target, method=self.method, peak_bytes=sum(vector),
             breakdown=dict(zip(CATEGORIES, vector, strict=True)), static=self._static(point),
-            peak_at=describe_segment(peak.label), budget_bytes=budget_bytes, note=compile_note,
+            peak_at=describe_segment(peak.label), budget_bytes=budget_bytes, note="; ".join(notes) or None,
+            reserved=reserved, budget_is_cap=budget_is_cap,
+        )
+
+    def _reserved(self, point: Point, trace_key: Any, notes: list[str]) -> Reserved | None:
+        """The allocator replay of the point on ``self.gpu`` (estimate/reserved.py), when there is one."""
+        if self.gpu is None or self.target != "cuda":
+            return None
+        optim = self._optim[_optim_key(point)]
+        try:
+            if self.method == "full":
+                steps = full_steps(self._traces[trace_key], optim)
+            else:
+                trace, classes = self._traces[trace_key], trace_key[-1]
+                steps = fast_steps(trace, classes, self.classes(point), point.micro_batches, optim)
+        except AssemblyError as exc:
+            notes.append(f"reserved memory not predicted: {exc} (try --full)")
+            return None
+        result = predict_reserved(self.cfg, point, steps, optim, self.gpu)
+        ok = result.oom is None
+        return Reserved(
+            peak_reserved_bytes=result.peak_reserved_bytes if ok else None,
+            peak_allocated_bytes=result.peak_allocated_bytes if ok else None,
+            num_alloc_retries=result.num_alloc_retries,
+            oom=None if ok else {**result.oom.to_json(), "where": describe_segment(result.oom.segment)},  # type: ignore[union-attr]
+            gpu=self.gpu.key, context_bytes=self.gpu.context_bytes, gpu_measured=self.gpu.measured,
         )
 
     def _static(self, point: Point) -> dict[str, int]:
@@ -178,12 +221,18 @@ def estimate_points(
     target: Target = "cuda",
     method: Method = "fast",
     budget_bytes: int | None = None,
+    budget_is_cap: bool = False,
+    gpu: GpuModel | str | None = None,
     on_progress: Callable[[EstimateProgress], None] | None = None,
     rank: int = 0,
 ) -> list[Estimate]:
     """Predict the measured-window peak of each point (a sharded point: of ``rank``); ``on_progress``
-    hears of every trace."""
-    est = Estimator(cfg, target=target, method=method, rank=rank)
+    hears of every trace.
+
+    On a CUDA target the caching allocator is replayed on ``gpu`` (a card's key or model; default
+    the H200, where the predictions were validated) for the peak reserved memory.
+    """
+    est = Estimator(cfg, target=target, method=method, rank=rank, gpu=card(gpu) if target == "cuda" else None)
     jobs = est.jobs(points)
     for i, (label, job) in enumerate(jobs):
         if on_progress is not None:
@@ -191,7 +240,12 @@ def estimate_points(
         job()
     if on_progress is not None:
         on_progress(EstimateProgress(len(jobs), len(jobs), "done"))
-    return [est.estimate(p, budget_bytes=budget_bytes) for p in points]
+    return [est.estimate(p, budget_bytes=budget_bytes, budget_is_cap=budget_is_cap) for p in points]
+
+
+def card(gpu: GpuModel | str | None) -> GpuModel:
+    """A card's model from its key or itself (default: the H200, where the replay was validated)."""
+    return gpu if isinstance(gpu, GpuModel) else gpu_model(gpu or DEFAULT_GPU)
 
 
 def resolve_target(cfg: SweepConfig, target: str | None) -> Target:
@@ -208,37 +262,25 @@ def estimate_config(
     *,
     target: str | None = None,
     budget_bytes: int | None = None,
+    gpu: GpuModel | str | None = None,
+    default_gpu: GpuModel | None = None,
     method: Method = "fast",
     on_progress: Callable[[EstimateProgress], None] | None = None,
 ) -> list[Estimate]:
-    """Estimate every point of ``cfg`` (in execution order) against a budget, by default its memory cap."""
-    if budget_bytes is None and cfg.memory_cap_gib is not None:
-        budget_bytes = int(cfg.memory_cap_gib * GIB)
-    return estimate_points(
-        cfg, cfg.points_list(), target=resolve_target(cfg, target), method=method,
-        budget_bytes=budget_bytes, on_progress=on_progress,
-    )
+    """Estimate every point of ``cfg`` (in execution order) against a budget.
 
-
-def predict_points(cfg: SweepConfig, points: Sequence[Point], *, target: Target = "cuda") -> dict[str, int | None]:
-    """Predicted peak allocated bytes by ``Point.key_id``, for a sweep to record next to its measurement."""
-    return dict(iter_predictions(cfg, points, target=target))
-
-
-def iter_predictions(
-    cfg: SweepConfig, points: Sequence[Point], *, target: Target = "cuda"
-) -> Iterator[tuple[str, int | None]]:
-    """(key_id, predicted peak allocated bytes) of each point as soon as its traces have run.
-
-    The traces are those estimate_points runs (every point's layer classes are registered before the
-    first trace), in the points' order, so a sweep measuring the points in that order gets the first
-    predictions first (bench/predictions.py makes them in a background process).
+    The budget is ``budget_bytes`` (a card's memory), else the card ``gpu`` names (its total memory;
+    the config's memory cap, an emulated smaller card, is then dropped), else the config's memory cap
+    (which caps the allocator alone: the CUDA context is outside it).
+    ``default_gpu`` is the card replayed when ``gpu`` is not given (a run's own; else the H200).
     """
-    est = Estimator(cfg, target=target)
-    pending = list(points)
-    for _, job in est.jobs(points):
-        job()
-        ready = [p for p in pending if est.ready(p)]
-        pending = [p for p in pending if p not in ready]
-        yield from ((p.key_id, est.estimate(p).peak_bytes) for p in ready)
-    yield from ((p.key_id, est.estimate(p).peak_bytes) for p in pending)
+    is_cap = False
+    if gpu is not None:  # the card itself is the limit: the config's emulation cap does not apply
+        cfg = cfg.model_copy(update={"memory_cap_gib": None})
+        budget_bytes = budget_bytes if budget_bytes is not None else card(gpu).total_bytes
+    elif budget_bytes is None and cfg.memory_cap_gib is not None:
+        budget_bytes, is_cap = int(cfg.memory_cap_gib * GIB), True
+    return estimate_points(
+        cfg, cfg.points_list(), target=resolve_target(cfg, target), method=method, gpu=gpu or default_gpu,
+        budget_bytes=budget_bytes, budget_is_cap=is_cap, on_progress=on_progress,
+    )

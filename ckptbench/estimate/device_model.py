@@ -74,6 +74,9 @@ class CpuKernels:
     def workspace_bytes(self, func: Any, args: tuple[Any, ...], out: Any) -> int:
         return 0
 
+    def workspace_buffers(self, func: Any, args: tuple[Any, ...], out: Any) -> list[int]:
+        return []
+
     def host_resident(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         return []
 
@@ -96,37 +99,43 @@ class CudaKernels:
         return size
 
     def workspace_bytes(self, func: Any, args: tuple[Any, ...], out: Any) -> int:
+        """Bytes of the scratch buffers ``func`` holds while it runs, each rounded as the allocator rounds it."""
+        return sum(self.block_bytes(n) for n in self.workspace_buffers(func, args, out))
+
+    def workspace_buffers(self, func: Any, args: tuple[Any, ...], out: Any) -> list[int]:
+        """The scratch buffers ``func`` allocates after its outputs (request sizes, in allocation order)."""
         if func is _FLASH_BWD:
             return self._attention_backward(args[1], args[2])
         if func is _SOFTMAX_BWD:
             grad = args[0]
-            return self.block_bytes(grad.numel() * grad.element_size())  # tmp = grad * output
+            return [grad.numel() * grad.element_size()]  # tmp = grad * output
         if func is _EMBEDDING_BWD:
             return self._embedding_backward(args[0], args[1], num_weights=int(args[2]), scale=bool(args[4]))
-        return 0
+        return []
 
-    def _attention_backward(self, query: torch.Tensor, key: torch.Tensor) -> int:
+    def _attention_backward(self, query: torch.Tensor, key: torch.Tensor) -> list[int]:
+        # flash-attn's mha_bwd: softmax_d, then dq_accum, then (GQA) dk_expanded and dv_expanded.
         batch, heads, seq_q, head_dim = query.shape
         seq_rounded = _round_up(seq_q, 128)
         dim_rounded = _round_up(head_dim, 32) if head_dim <= 192 else 256
-        total = self.block_bytes(batch * seq_rounded * heads * dim_rounded * 4)  # dq_accum
-        total += self.block_bytes(batch * heads * seq_rounded * 4)  # softmax_d
+        buffers = [batch * heads * seq_rounded * 4, batch * seq_rounded * heads * dim_rounded * 4]
         if key.shape[1] != heads:  # GQA: dK and dV for every query head, summed afterwards
-            total += 2 * self.block_bytes(batch * key.shape[2] * heads * head_dim * key.element_size())
-        return total
+            buffers += 2 * [batch * key.shape[2] * heads * head_dim * key.element_size()]
+        return buffers
 
-    def _embedding_backward(self, grad: torch.Tensor, indices: torch.Tensor, *, num_weights: int, scale: bool) -> int:
+    def _embedding_backward(
+        self, grad: torch.Tensor, indices: torch.Tensor, *, num_weights: int, scale: bool
+    ) -> list[int]:
         tokens = indices.numel()
         if tokens <= _EMBEDDING_FAST_PATH_TOKENS and not scale:
-            return 0  # one atomic-add kernel straight into the gradient
+            return []  # one atomic-add kernel straight into the gradient
         index_bytes = indices.element_size()
         segments = min(tokens, num_weights)
         partials = tokens // _EMBEDDING_ROWS_PER_THREAD + segments
         acc_bytes = 8 if grad.dtype == torch.float64 else 4
-        buffers = [tokens, tokens, tokens, segments, segments, partials]  # sorted, orig, offsets, ...
-        total = sum(self.block_bytes(n * index_bytes) for n in buffers)
-        total += 2 * self.block_bytes(8)  # two device-side counters
-        return total + self.block_bytes(partials * grad.shape[-1] * acc_bytes)
+        counts = [tokens, tokens, tokens, segments, segments, partials]  # sorted, orig, offsets, ...
+        # ... two device-side counters, and the partial sums
+        return [n * index_bytes for n in counts] + [8, 8, partials * grad.shape[-1] * acc_bytes]
 
     def host_resident(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         """Adam's step counters stay on the host unless the optimizer is fused or capturable."""

@@ -27,8 +27,9 @@ Meta = TypeVar("Meta")
 
 # Called with (storage key, bytes, metadata) when a counted storage dies or is forgotten.
 ReleaseHook = Callable[[int, int, Meta], None]
-# Called with (storage key, change in counted bytes, metadata) when a counted storage is resized.
-ResizeHook = Callable[[int, int, Meta], None]
+# Called with (storage key, change in counted bytes, metadata, the storage's new size in bytes) when a
+# counted storage is resized; metadata it returns replaces the storage's.
+ResizeHook = Callable[[int, int, Meta, int], "Meta | None"]
 
 
 def creates_storage(func: Any) -> bool:
@@ -130,7 +131,9 @@ class LiveStorageCounter(Generic[Meta]):
             self._entries[key] = (nbytes + change, meta)
             self.live += change
             if self._on_resize is not None:
-                self._on_resize(key, change, meta)
+                replaced = self._on_resize(key, change, meta, storage.nbytes())
+                if replaced is not None:
+                    self._entries[key] = (nbytes + change, replaced)
 
     def forget(self, t: torch.Tensor) -> None:
         """Stop counting ``t``'s storage and ignore it until it dies: it is memory elsewhere."""

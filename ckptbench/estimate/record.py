@@ -39,8 +39,35 @@ class EstimateProgress:
 
 
 @dataclass(frozen=True)
+class Reserved:
+    """The caching-allocator replay of a point (estimate/replay.py) on one card: all estimates."""
+
+    peak_reserved_bytes: int | None  # None when the point runs out of memory
+    peak_allocated_bytes: int | None  # as the replay counts it (blocks as split: can exceed the byte model)
+    num_alloc_retries: int
+    oom: dict[str, Any] | None  # phase, segment, request_bytes, allocated_bytes, reserved_bytes
+    gpu: str  # the card's key (estimate/gpus.py)
+    context_bytes: int  # memory the process holds outside the allocator on that card
+    gpu_measured: bool  # whether the card's figures were measured (else they are estimates too)
+
+    @property
+    def fragmentation_bytes(self) -> int | None:
+        """Reserved but unallocated at the peak: peak reserved minus peak allocated."""
+        if self.peak_reserved_bytes is None or self.peak_allocated_bytes is None:
+            return None
+        return self.peak_reserved_bytes - self.peak_allocated_bytes
+
+
+@dataclass(frozen=True)
 class Estimate:
-    """The predicted peak of one point and what it is made of (every number is an estimate)."""
+    """The predicted peak of one point and what it is made of (every number is an estimate).
+
+    ``budget_bytes`` is a card's memory (``--budget``, ``--gpu``): the point fits when its peak
+    reserved memory plus the memory outside the allocator (the CUDA context) stays within it; or the
+    config's ``memory_cap_gib`` (``budget_is_cap``), which caps the allocator alone: the point fits
+    when the replayed allocator does not run out. Without a replay (CPU target) the peak allocated
+    memory is judged.
+    """
 
     point: Point
     target: str
@@ -51,13 +78,26 @@ class Estimate:
     peak_at: str | None  # where in the step the peak happens
     budget_bytes: int | None
     note: str | None = None
+    reserved: Reserved | None = None
+    budget_is_cap: bool = False
+
+    @property
+    def needed_bytes(self) -> int | None:
+        """What must fit the budget: reserved plus context (a card), reserved (a cap), else allocated."""
+        if self.reserved is not None and self.reserved.peak_reserved_bytes is not None:
+            extra = 0 if self.budget_is_cap else self.reserved.context_bytes
+            return self.reserved.peak_reserved_bytes + extra
+        return self.peak_bytes
 
     @property
     def fits(self) -> bool | None:
-        """Whether the predicted peak stays within the budget (None without a budget or estimate)."""
-        if self.budget_bytes is None or self.peak_bytes is None:
+        """Whether the point fits the budget (None without a budget or estimate)."""
+        if self.reserved is not None and self.reserved.oom is not None:
+            return False
+        needed = self.needed_bytes
+        if self.budget_bytes is None or needed is None:
             return None
-        return self.peak_bytes <= self.budget_bytes
+        return needed <= self.budget_bytes
 
     @property
     def dominant(self) -> str | None:
@@ -67,18 +107,35 @@ class Estimate:
     @property
     def reason(self) -> str | None:
         """Why a point does not fit, naming the part that dominates (None when it fits)."""
-        if self.fits is not False or self.peak_bytes is None or self.budget_bytes is None:
+        if self.fits is not False or self.peak_bytes is None:
             return None
-        part = self.breakdown[self.dominant or "params"]
+        name = self.dominant or "params"
+        part = self.breakdown[name]
+        largest = f"largest part: {PART_NAMES[name]} {fmt_bytes(part)} ({part / self.peak_bytes:.0%})"
+        oom = self.reserved.oom if self.reserved is not None else None
+        if oom is not None:
+            return (
+                f"runs out of memory in {oom['phase']} ({oom.get('where') or oom['segment'] or 'setup'}) allocating "
+                f"{fmt_bytes(oom['request_bytes'])} with {fmt_bytes(oom['allocated_bytes'])} allocated and "
+                f"{fmt_bytes(oom['reserved_bytes'])} reserved; {largest}"
+            )
+        needed, what = self.needed_bytes or 0, self._needed_words()
         return (
-            f"needs {fmt_bytes(self.peak_bytes)} > {fmt_bytes(self.budget_bytes)} budget "
-            f"(peak in the {self.peak_at}); largest part: {PART_NAMES[self.dominant or 'params']} "
-            f"{fmt_bytes(part)} ({part / self.peak_bytes:.0%})"
+            f"needs {fmt_bytes(needed)} > {fmt_bytes(self.budget_bytes)} budget ({what}; "
+            f"peak in the {self.peak_at}); {largest}"
         )
 
+    def _needed_words(self) -> str:
+        if self.reserved is None or self.reserved.peak_reserved_bytes is None:
+            return "peak allocated"
+        if self.budget_is_cap:
+            return "peak reserved"
+        r = self.reserved
+        return f"peak reserved {fmt_bytes(r.peak_reserved_bytes)} + context {fmt_bytes(r.context_bytes)}"
+
     def to_record(self) -> dict[str, Any]:
-        """JSON-ready: ``key``, ``predicted_peak_allocated_bytes``, the breakdown, fit and reason."""
-        return {
+        """JSON-ready: ``key``, the predicted peaks (allocated, reserved), the breakdown, fit and reason."""
+        record = {
             "key": self.point.key,
             "estimate": True,
             "target": self.target,
@@ -88,7 +145,19 @@ class Estimate:
             "memory": dict(self.static),
             "peak_at": self.peak_at,
             "budget_bytes": self.budget_bytes,
+            "budget_is_cap": self.budget_is_cap,
             "fits": self.fits,
             "reason": self.reason,
             "note": self.note,
         }
+        r = self.reserved
+        record.update({
+            "predicted_peak_reserved_bytes": None if r is None else r.peak_reserved_bytes,
+            "predicted_fragmentation_bytes": None if r is None else r.fragmentation_bytes,
+            "predicted_num_alloc_retries": None if r is None else r.num_alloc_retries,
+            "predicted_oom": None if r is None else r.oom,
+            "gpu": None if r is None else r.gpu,
+            "context_bytes": None if r is None else r.context_bytes,
+            "gpu_figures_measured": None if r is None else r.gpu_measured,
+        })
+        return record

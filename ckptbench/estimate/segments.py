@@ -62,8 +62,13 @@ class SegmentMarks:
             self.tracker.reclassify(param.grad, GRADS)
 
     def _on_grad(self, label: str) -> Callable[[torch.Tensor], None]:
-        # Runs when the tensor's gradient is complete; captures no tensor.
-        return lambda grad: self.tracker.mark(f"{label}@{self.micro}")
+        # Runs when the tensor's gradient is complete; captures no tensor. The gradient is what the
+        # open segment hands down to the next one.
+        def hook(grad: torch.Tensor) -> None:
+            self.tracker.note_output(grad)
+            self.tracker.mark(f"{label}@{self.micro}")
+
+        return hook
 
     def _model_pre(self, module: Any, args: Any) -> None:
         self.micro += 1
@@ -74,6 +79,8 @@ class SegmentMarks:
         def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             self.tracker.mark(f"fwd:{i}@{self.micro}")
             hidden = args[0] if args else kwargs["hidden_states"]
+            if i:
+                self.tracker.note_output(hidden, f"fwd:{i - 1}@{self.micro}")
             if self.micro == 0:
                 self.tracker.note_input(i, hidden)
             if i == 0:
@@ -98,6 +105,7 @@ class SegmentMarks:
         # Marked at the final norm, not in the last layer's forward hook: the layer call must have
         # released its arguments (the last layer's input) so that they are freed in its segment.
         self.tracker.mark(f"head@{self.micro}")
+        self.tracker.note_output(args[0], f"fwd:{len(self.layers) - 1}@{self.micro}")  # bwd: see _layer_post
 
     def _stack_post(self, module: Any, args: Any, output: Any) -> None:
         self.tracker.mark(f"logits@{self.micro}")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -39,6 +39,7 @@ from ckptbench.config.layouts import LayoutPlan, parse_layout
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
 from ckptbench.estimate.device_model import kernel_model
+from ckptbench.estimate.events import Event
 from ckptbench.estimate.fake_patches import EmulatedHostOffload, eager_transformers, swappable_fake_parameters
 from ckptbench.estimate.segments import SegmentMarks
 from ckptbench.estimate.sharded import complete_fake_buckets, fake_process_group
@@ -73,6 +74,13 @@ class StepTrace:
     releases: tuple[tuple[str, Vector, str], ...] = ()  # deferred frees (StepTracker.share)
     crossings: tuple[tuple[tuple[str, str], Vector], ...] = ()  # StepTracker.crossings
     input_frees: tuple[tuple[int, tuple[str, Vector]], ...] = ()  # StepTracker.input_frees
+    events: tuple[Event, ...] = ()  # every allocation and free, in order (estimate/events.py)
+    labels: tuple[str, ...] = ()  # segment labels, indexed by an event's segment number
+    workspaces: frozenset[int] = frozenset()  # event ids of kernel scratch buffers
+    release_events: tuple[tuple[str, str, int], ...] = ()  # StepTracker.release_events
+    roles: tuple[tuple[int, str], ...] = ()  # StepTracker.roles: (event id, producing segment)
+    build: tuple[int, ...] = ()  # bytes of each parameter and buffer, in the order a build allocates them
+    host: frozenset[int] = frozenset()  # event ids of tensors that live in host memory on the target
 
     def get(self, label: str) -> Segment:
         for seg in self.segments:
@@ -133,6 +141,7 @@ def trace_step(
     micro_batches: int | None = None,
     defer_shared: bool = False,
     rank: int = 0,
+    cublas_workspace_bytes: int | None = None,
 ) -> StepTrace:
     """Trace one measured step of ``point`` (optionally on a model of ``num_layers`` with ``plans``).
 
@@ -142,7 +151,7 @@ def trace_step(
     if point.offload != "none" and target != "cuda":
         raise ConfigError(f"offload={point.offload}: activation offloading can only be estimated for a CUDA target")
     _check_estimable(point)
-    tracker = StepTracker(kernel_model(target), defer_shared=defer_shared)
+    tracker = StepTracker(_kernels(target, cublas_workspace_bytes), defer_shared=defer_shared)
     with (
         fake_process_group(point.parallel, rank=rank) as mesh, eager_transformers(), FakeTensorMode() as mode,
         contextlib.ExitStack() as stack,
@@ -180,7 +189,36 @@ def _result(tracker: StepTracker, static: Vector) -> StepTrace:
         releases=tuple(tracker.releases),
         crossings=tuple(tracker.crossings.items()),
         input_frees=tuple(sorted(tracker.input_frees.items())),
+        events=tuple(tracker.events.events),
+        labels=tracker.labels,
+        workspaces=frozenset(tracker.events.workspaces),
+        release_events=tuple(tracker.release_events),
+        roles=tuple(tracker.roles.items()),
     )
+
+
+def creation_order(model: Any) -> tuple[int, ...]:
+    """Bytes of every parameter and buffer storage in the order building the model allocates them.
+
+    Modules allocate their tensors as they are constructed, in registration order (named_modules);
+    LoRA adapters are added after the base model (train.model.apply_lora); tied weights count once.
+    """
+    seen: set[int] = set()
+    found: list[tuple[bool, int]] = []
+    for name, module in model.named_modules():
+        tensors = [*module._parameters.values(), *module._buffers.values()]
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in seen:
+                seen.add(id(t.untyped_storage()))
+                found.append(("lora_" in name, t.untyped_storage().nbytes()))
+    return tuple(nbytes for _, nbytes in sorted(found, key=lambda item: item[0]))
+
+
+def _kernels(target: str, cublas_workspace_bytes: int | None) -> Any:
+    """The kernel model; on CUDA with a card's cuBLAS workspace size when one is given."""
+    if target == "cuda" and cublas_workspace_bytes is not None:
+        return kernel_model(target, cublas_workspace_bytes=cublas_workspace_bytes)
+    return kernel_model(target)
 
 
 def _check_estimable(point: Point) -> None:
@@ -198,16 +236,21 @@ def _check_optimizer_estimable(point: Point) -> None:
         raise TechniqueUnavailable("torchao's CPU offload optimizer is not estimated")
 
 
-def trace_optimizer(cfg: SweepConfig, point: Point, *, target: str, rank: int = 0) -> StepTrace:
+def trace_optimizer(
+    cfg: SweepConfig, point: Point, *, target: str, rank: int = 0, cublas_workspace_bytes: int | None = None
+) -> StepTrace:
     """Trace the whole model's optimizer step and zero_grad (every gradient present), without forward.
 
     With the optimizer in backward the step after backward finds no gradient (each was applied and
     freed by its hook during the backward, which ``trace_step`` traces): no gradient is made here.
+    After 'end', the same model's first optimizer step (which creates the optimizer state) is traced
+    with a new optimizer: segments 'grads_first' and 'opt_first', for the allocator replay's first
+    warm-up step (in backward too: its ``step()`` steps every parameter that holds a gradient).
     """
     _check_optimizer_estimable(point)
-    tracker = StepTracker(kernel_model(target))
+    tracker = StepTracker(_kernels(target, cublas_workspace_bytes))
     with fake_process_group(point.parallel, rank=rank) as mesh, FakeTensorMode() as mode:
-        _model, _sharded, params, opt = _prepare(cfg, point, tracker, None, mode, mesh)
+        model, _sharded, params, opt = _prepare(cfg, point, tracker, None, mode, mesh)
         static = tuple(tracker.by_cat)
         with tracker:
             tracker.tag = GRADS
@@ -220,4 +263,17 @@ def trace_optimizer(cfg: SweepConfig, point: Point, *, target: str, rank: int = 
             tracker.mark("zero")
             opt.zero_grad(set_to_none=cfg.zero_grad_to_none)
             tracker.mark("end")
-    return _result(tracker, static)
+            first = build_optimizer(point, params, lr=cfg.lr, zero_grad_to_none=cfg.zero_grad_to_none)
+            tracker.mark("grads_first")
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            tracker.mark("opt_first")
+            first.step()
+            tracker.mark("after_first")
+            host = frozenset(_event_id(tracker, t) for t in tracker.kernels.host_resident(first))
+    return replace(_result(tracker, static), build=creation_order(model), host=host)
+
+
+def _event_id(tracker: StepTracker, t: torch.Tensor) -> int:
+    entry = tracker.storages.lookup(t)
+    return entry[1][2] if entry is not None else -1

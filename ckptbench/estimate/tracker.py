@@ -13,7 +13,9 @@ a CPU-target estimate counts as the CPU tracker measures. On top of that it
   ckptbench.estimate.api can re-assemble the step of a model with more layers;
 - asks a kernel model (estimate/device_model.py) how the target device's allocator rounds each
   storage and which scratch buffers a kernel holds while it runs (these never surface as
-  tensors, so they are added to the peak of the op that uses them).
+  tensors, so they are added to the peak of the op that uses them);
+- logs every allocation and free in execution order (``events``, estimate/events.py), with the
+  segment it happened in, for the caching-allocator replay.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ckptbench.estimate.events import EventLog
 from ckptbench.estimate.live_storage import (
     LiveStorageCounter,
     creates_storage,
@@ -50,6 +53,7 @@ class KernelModel(Protocol):
 
     def block_bytes(self, nbytes: int) -> int: ...
     def workspace_bytes(self, func: Any, args: tuple[Any, ...], out: Any) -> int: ...
+    def workspace_buffers(self, func: Any, args: tuple[Any, ...], out: Any) -> list[int]: ...
     def host_resident(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]: ...
 
 
@@ -106,20 +110,25 @@ class StepTracker(TorchDispatchMode):
         self.segments: list[Segment] = []
         # Frees moved out of segments: (segment they happened in, bytes, kind); see ``share``.
         self.releases: list[tuple[str, Vector, str]] = []
+        self.release_events: list[tuple[str, str, int]] = []  # the same frees: (segment, kind, event id)
+        # Allocations that carry a layer's output up, or a gradient down: {event id: producing segment}.
+        self.roles: dict[int, str] = {}
         # Where each decoder layer's input was freed: {layer: (segment, bytes)}; see ``note_input``.
         self.input_frees: dict[int, tuple[str, Vector]] = {}
         # Bytes a layer segment allocated and a non-layer segment freed: {(freeing, allocating): bytes}.
         self.crossings: dict[tuple[str, str], Vector] = {}
         self.pending_label: str | None = None  # a segment to open right before the next op
         self.defer_shared = defer_shared
-        # Storage metadata: (category, number of the segment that allocated it).
-        self.storages: LiveStorageCounter[tuple[int, int]] = LiveStorageCounter(
+        self.events = EventLog()
+        # Storage metadata: (category, number of the segment that allocated it, allocation event id).
+        self.storages: LiveStorageCounter[tuple[int, int, int]] = LiveStorageCounter(
             round_bytes=kernels.block_bytes, on_release=self._released, on_resize=self._resized
         )
         self._watching: list[contextlib.AbstractContextManager[None]] = []
         self._shared: dict[int, str] = {}
         self._inputs: dict[int, int] = {}
-        self._deferred: list[tuple[int, int, str]] = []
+        self._deferred: list[tuple[int, int, str, int]] = []  # (bytes, category, kind, event id)
+        self._forgetting = False
         self._labels: list[str] = []
         self._zero_flags: set[int] = set()
         self._label: str | None = None
@@ -151,10 +160,10 @@ class StepTracker(TorchDispatchMode):
         for inner in storage_tensors(t):
             entry = self.storages.lookup(inner)
             if entry is not None:
-                nbytes, (old, seg) = entry
+                nbytes, (old, seg, eid) = entry
                 self.by_cat[old] -= nbytes
                 self.by_cat[category] += nbytes
-                self.storages.relabel(inner, (category, seg))
+                self.storages.relabel(inner, (category, seg, eid))
 
     def share(self, tensors: Iterable[Any], kind: str = "shared") -> None:
         """Mark storages whose free depends on the layout, not on one layer.
@@ -172,31 +181,66 @@ class StepTracker(TorchDispatchMode):
         """Record where a decoder layer's input gets freed (``input_frees``)."""
         self._inputs[storage_key(t)] = layer
 
+    def note_output(self, t: torch.Tensor, producer: str | None = None) -> None:
+        """Record that ``t`` is what segment ``producer`` (default: the open one) hands to the next."""
+        entry = self.storages.lookup(t)
+        label = producer or self._label
+        if entry is not None and entry[0] and label is not None:
+            self.roles.setdefault(entry[1][2], label)
+
     def forget(self, t: torch.Tensor) -> None:
         """Stop counting a storage that lives in host memory on the target (not on the GPU)."""
-        self.storages.forget(t)
+        self._forgetting = True
+        try:
+            self.storages.forget(t)
+        finally:
+            self._forgetting = False
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """Every segment label so far, in order (an event's segment number indexes it)."""
+        return tuple(self._labels)
+
+    @property
+    def segment_number(self) -> int:
+        """The number of the open segment (-1 before the first mark)."""
+        return len(self._labels) - 1
 
     def _add(self, t: torch.Tensor, category: int) -> None:
-        self.by_cat[category] += self.storages.add(t, (category, len(self._labels) - 1))
+        seg, eid = self.segment_number, self.events.reserve_id()
+        added = self.storages.add(t, (category, seg, eid))
+        if added:
+            self.events.alloc(t.untyped_storage().nbytes(), seg)
+        self.by_cat[category] += added
 
-    def _released(self, key: int, nbytes: int, meta: tuple[int, int]) -> None:
+    def _released(self, key: int, nbytes: int, meta: tuple[int, int, int]) -> None:
         """A counted storage was freed (or forgotten): take its bytes off, now or at the segment's end."""
-        category, seg = meta
+        category, seg, eid = meta
+        if nbytes and self._forgetting:
+            self.events.drop(eid, self.segment_number)
         if key in self._inputs and self._label is not None:
             self.input_frees[self._inputs.pop(key)] = (self._label, _only(category, nbytes))
         kind = self._shared.pop(key, None)  # the key may be reused by a new storage: keep only the bytes
         if self.defer_shared and kind is not None:
-            self._deferred.append((nbytes, category, kind))
+            self._deferred.append((nbytes, category, kind, eid if nbytes else -1))
             return
+        if nbytes and not self._forgetting:
+            self.events.free(eid, self.segment_number)
         self.by_cat[category] -= nbytes
         if seg >= 0 and self._label is not None and is_layer(self._labels[seg]) and not is_layer(self._label):
             pair = (self._label, self._labels[seg])
             self.crossings[pair] = add(self.crossings.get(pair, (0,) * len(CATEGORIES)), _only(category, nbytes))
 
-    def _resized(self, _key: int, change: int, meta: tuple[int, int]) -> None:
-        """A counted storage was resized in place (FSDP2 freeing or refilling an unsharded parameter)."""
-        self.by_cat[meta[0]] += change
+    def _resized(self, _key: int, change: int, meta: tuple[int, int, int], nbytes: int) -> tuple[int, int, int]:
+        """A counted storage was resized in place (FSDP2 freeing or refilling an unsharded parameter): for the
+        allocator replay, its old block is freed and a block of the new size allocated."""
+        category, seg, eid = meta
+        self.by_cat[category] += change
+        if eid >= 0:
+            self.events.free(eid, self.segment_number)
+        eid = self.events.alloc(nbytes, self.segment_number) if nbytes else -1
         self._touch()
+        return category, seg, eid
 
     def __enter__(self) -> StepTracker:
         watch = watching_resizes(self.storages)
@@ -224,9 +268,12 @@ class StepTracker(TorchDispatchMode):
         """Close the open segment (if any), apply deferred frees, and open one called ``label``."""
         if self._label is not None:
             self.segments.append(Segment(self._label, self._start, self._peak_vec, tuple(self.by_cat)))
-            for nbytes, category, kind in self._deferred:
+            for nbytes, category, kind, eid in self._deferred:
                 self.by_cat[category] -= nbytes
                 self.releases.append((self._label, _only(category, nbytes), kind))
+                if eid >= 0:
+                    self.events.free(eid, self.segment_number)
+                    self.release_events.append((self._label, kind, eid))
             self._deferred.clear()
         now = tuple(self.by_cat)
         self._labels.append(label)
@@ -257,5 +304,10 @@ class StepTracker(TorchDispatchMode):
         for t in tree_leaves(out) if creates_storage(func) else ():
             if isinstance(t, torch.Tensor):
                 self._add(t, category)
-        self._touch(self.kernels.workspace_bytes(func, args, out))
+        scratch = self.kernels.workspace_buffers(func, args, out)
+        if scratch:
+            self.events.scratch(scratch, self.segment_number)
+            self._touch(sum(self.kernels.block_bytes(n) for n in scratch))
+        else:
+            self._touch()
         return out

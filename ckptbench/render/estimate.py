@@ -25,6 +25,7 @@ _PARTS = {
     "activations": ("activations", 2), "logits_loss": ("logits+loss", 3), "transient": ("transient", 5),
     "other": ("other", 5),
 }
+Reserved = dict[str, int]  # measured peak reserved bytes by key_id (results.inputs.measured_reserved)
 
 
 def _axes(estimates: Sequence[Estimate]) -> list[str]:
@@ -36,9 +37,12 @@ def _setup(key: dict[str, Any], axes: Sequence[str]) -> str:
     return setup_label({a: key[a] for a in axes if a in _TECHNIQUES}) or "-"
 
 
-def _fit(e: Estimate) -> str:
+def _fit(e: Estimate, size: SizeUnit) -> str:
     if e.peak_bytes is None:
         return e.note or "-"
+    oom = e.reserved.oom if e.reserved is not None else None
+    if oom is not None:
+        return f"no (out of memory: {oom.get('where') or oom['segment']}, {size(oom['request_bytes'])})"
     if e.fits is None:
         return "-"
     return "yes" if e.fits else f"no ({PART_NAMES[e.dominant or 'params']})"
@@ -49,8 +53,41 @@ def _error(e: Estimate, measured: Measured) -> float | None:
     return None if not isinstance(peak, int) or e.peak_bytes is None else (e.peak_bytes - peak) / peak
 
 
-def estimate_columns(estimates: Sequence[Estimate], measured: Measured | None = None) -> list[Column]:
-    """Display columns: point axes, the predicted peak, its breakdown, where it happens, the fit."""
+def _predicted_reserved(e: Estimate) -> int | None:
+    return e.reserved.peak_reserved_bytes if e.reserved is not None else None
+
+
+def _reserved_error(e: Estimate, reserved: Reserved) -> float | None:
+    seen, predicted = reserved.get(e.point.key_id), _predicted_reserved(e)
+    return None if seen is None or predicted is None else (predicted - seen) / seen
+
+
+def _reserved_columns(estimates: Sequence[Estimate], reserved: Reserved | None) -> list[Column]:
+    if not any(e.reserved is not None for e in estimates):
+        return []
+    cols = [Column("est. reserved", numeric=True)]
+    if reserved:
+        cols += [Column("measured reserved", priority=1, numeric=True)]
+        cols += [Column("reserved error", priority=1, numeric=True)]
+    return [*cols, Column("frag.", priority=2, numeric=True)]
+
+
+def _reserved_cells(e: Estimate, reserved: Reserved, size: SizeUnit) -> dict[str, str]:
+    r, seen = e.reserved, reserved.get(e.point.key_id)
+    frag = r.fragmentation_bytes if r is not None else None
+    return {
+        "est. reserved": "OOM" if r is not None and r.oom else size(_predicted_reserved(e)),
+        "measured reserved": size(seen),
+        "reserved error": fmt_percent(_reserved_error(e, reserved), signed=True),
+        "frag.": size(frag),
+    }
+
+
+def estimate_columns(
+    estimates: Sequence[Estimate], measured: Measured | None = None, reserved: Reserved | None = None
+) -> list[Column]:
+    """Display columns: point axes, the predicted peaks (allocated, reserved), the breakdown, where the peak
+    happens, the fit."""
     axes = _axes(estimates)
     cols = [Column("layout"), Column("batch", numeric=True), Column("seq", numeric=True)]
     cols += [Column("precision")] if "precision" in axes else []
@@ -58,6 +95,7 @@ def estimate_columns(estimates: Sequence[Estimate], measured: Measured | None = 
     cols.append(Column("est. peak", numeric=True))
     if measured:
         cols += [Column("measured", priority=1, numeric=True), Column("error", priority=1, numeric=True)]
+    cols += _reserved_columns(estimates, reserved)
     cols += [Column(name, priority=prio, numeric=True) for name, prio in _PARTS.values()]
     cols.append(Column("peak at", priority=3, wrap=True, min_width=16))
     if any(e.budget_bytes is not None for e in estimates) or any(e.note for e in estimates):
@@ -68,13 +106,15 @@ def estimate_columns(estimates: Sequence[Estimate], measured: Measured | None = 
 def size_unit(estimates: Sequence[Estimate], measured: Measured | None = None) -> SizeUnit:
     """One unit for every size of the output (units.py)."""
     seen = [v for v in (measured or {}).values() if isinstance(v, int)]
-    return SizeUnit.for_sizes([*(e.peak_bytes for e in estimates), *seen])
+    return SizeUnit.for_sizes([*(e.peak_bytes for e in estimates), *map(_predicted_reserved, estimates), *seen])
 
 
-def estimate_rows(estimates: Sequence[Estimate], measured: Measured | None = None) -> list[dict[str, str]]:
+def estimate_rows(
+    estimates: Sequence[Estimate], measured: Measured | None = None, reserved: Reserved | None = None
+) -> list[dict[str, str]]:
     """One display row per point: strings ready for any renderer."""
     axes, size = _axes(estimates), size_unit(estimates, measured)
-    measured = measured or {}
+    measured, reserved = measured or {}, reserved or {}
     rows = []
     for e in estimates:
         key = e.point.key
@@ -84,9 +124,10 @@ def estimate_rows(estimates: Sequence[Estimate], measured: Measured | None = Non
         seen = measured.get(e.point.key_id, "-")
         row["measured"] = size(seen) if isinstance(seen, int) else seen
         row["error"] = fmt_percent(_error(e, measured), signed=True)
+        row.update(_reserved_cells(e, reserved, size))
         row.update({name: size(e.breakdown.get(part)) for part, (name, _) in _PARTS.items()})
         row["peak at"] = e.peak_at or "-"
-        row["fits budget"] = _fit(e)
+        row["fits budget"] = _fit(e, size)
         rows.append(row)
     return rows
 
@@ -95,14 +136,22 @@ def _title(estimates: Sequence[Estimate], name: str) -> str:
     target = estimates[0].target if estimates else "cuda"
     budget = next((e.budget_bytes for e in estimates if e.budget_bytes is not None), None)
     within = f", budget {size_unit(estimates)(budget)}" if budget is not None else ""
-    return f"ckptbench estimate: {name} (predicted peak allocated memory on {target}{within}; all numbers estimated)"
+    card = next((e.reserved for e in estimates if e.reserved is not None), None)
+    if card is None:
+        what = f"predicted peak allocated memory on {target}"
+    else:
+        status = "measured figures" if card.gpu_measured else "card figures estimated"
+        what = f"predicted peak allocated and reserved memory on {card.gpu} ({status})"
+    return f"ckptbench estimate: {name} ({what}{within}; all numbers estimated)"
 
 
-def estimate_table(estimates: Sequence[Estimate], *, name: str, measured: Measured | None = None) -> FitTable:
+def estimate_table(
+    estimates: Sequence[Estimate], *, name: str, measured: Measured | None = None, reserved: Reserved | None = None
+) -> FitTable:
     """A table of estimates (and measurements, from a run) that fits the terminal; misfits are yellow."""
     return FitTable(
-        estimate_rows(estimates, measured),
-        estimate_columns(estimates, measured),
+        estimate_rows(estimates, measured, reserved),
+        estimate_columns(estimates, measured, reserved),
         title=_title(estimates, name),
         caption="breakdown at the predicted peak; fake-tensor trace of the training step, not a measurement",
         styles=["yellow" if e.fits is False else None for e in estimates],
@@ -110,13 +159,17 @@ def estimate_table(estimates: Sequence[Estimate], *, name: str, measured: Measur
     )
 
 
-def estimate_markdown(estimates: Sequence[Estimate], *, name: str = "", measured: Measured | None = None) -> str:
+def estimate_markdown(
+    estimates: Sequence[Estimate], *, name: str = "", measured: Measured | None = None, reserved: Reserved | None = None
+) -> str:
     """A Markdown section: title line, then the table."""
-    body = markdown_of(estimate_rows(estimates, measured), estimate_columns(estimates, measured))
+    body = markdown_of(estimate_rows(estimates, measured, reserved), estimate_columns(estimates, measured, reserved))
     return f"**{_title(estimates, name)}**\n\n{body}"
 
 
-def _records(estimates: Sequence[Estimate], measured: Measured | None) -> list[dict[str, Any]]:
+def _records(
+    estimates: Sequence[Estimate], measured: Measured | None, reserved: Reserved | None = None
+) -> list[dict[str, Any]]:
     out = []
     for e in estimates:
         rec = e.to_record()
@@ -125,26 +178,46 @@ def _records(estimates: Sequence[Estimate], measured: Measured | None) -> list[d
             rec["measured_peak_allocated_bytes"] = seen if isinstance(seen, int) else None
             rec["measured_status"] = "ok" if isinstance(seen, int) else seen
             rec["relative_error"] = _error(e, measured)
+        if reserved:
+            rec["measured_peak_reserved_bytes"] = reserved.get(e.point.key_id)
+            rec["reserved_relative_error"] = _reserved_error(e, reserved)
         out.append(rec)
     return out
 
 
-def estimate_json(estimates: Sequence[Estimate], *, name: str = "", measured: Measured | None = None) -> str:
-    """A JSON list: one object per point with ``key``, ``predicted_peak_allocated_bytes`` and the breakdown."""
-    return json.dumps(_records(estimates, measured), sort_keys=True, indent=2) + "\n"
+def estimate_json(
+    estimates: Sequence[Estimate], *, name: str = "", measured: Measured | None = None, reserved: Reserved | None = None
+) -> str:
+    """A JSON list: one object per point with ``key``, the predicted peaks (allocated, reserved), the breakdown."""
+    return json.dumps(_records(estimates, measured, reserved), sort_keys=True, indent=2) + "\n"
 
 
-def estimate_csv(estimates: Sequence[Estimate], *, name: str = "", measured: Measured | None = None) -> str:
+_RESERVED_KEYS = (
+    "predicted_peak_reserved_bytes", "predicted_fragmentation_bytes", "predicted_num_alloc_retries", "gpu",
+)
+
+
+def estimate_csv(
+    estimates: Sequence[Estimate], *, name: str = "", measured: Measured | None = None, reserved: Reserved | None = None
+) -> str:
     """One flat row per point, raw bytes: ``predicted_at_peak_*`` is the breakdown at the peak,
     ``predicted_{params,grads,optimizer_state}_bytes`` the whole model's static memory."""
     rows: list[dict[str, Any]] = []
-    for e, rec in zip(estimates, _records(estimates, measured), strict=True):
+    for e, rec in zip(estimates, _records(estimates, measured, reserved), strict=True):
         row: dict[str, Any] = dict(e.point.key)
         row["predicted_peak_allocated_bytes"] = rec["predicted_peak_allocated_bytes"]
+        if e.reserved is not None:
+            row.update({k: rec[k] for k in _RESERVED_KEYS})
+            row["predicted_context_bytes"] = rec["context_bytes"]  # the card model's figure, an estimate too
+            oom = rec["predicted_oom"] or {}
+            row.update({f"predicted_oom_{k}": oom.get(k) for k in ("phase", "segment", "request_bytes")})
         row.update({f"predicted_at_peak_{k}": v for k, v in rec["breakdown"].items()})
         row.update({f"predicted_{k}": v for k, v in rec["memory"].items()})
         row.update({k: rec[k] for k in ("peak_at", "budget_bytes", "fits", "reason", "note", "target", "method")})
-        measured_keys = ("measured_peak_allocated_bytes", "measured_status", "relative_error")
+        measured_keys = (
+            "measured_peak_allocated_bytes", "measured_status", "relative_error", "measured_peak_reserved_bytes",
+            "reserved_relative_error",
+        )
         row.update({k: rec[k] for k in measured_keys if k in rec})
         rows.append(row)
     columns = list(dict.fromkeys(k for row in rows for k in row))

@@ -35,11 +35,13 @@ def heading(rec: Recommendation) -> str:
     """'Under 80.00 GiB (4.00 GiB headroom: at most 76.00 GiB peak reserved), seq 2048'."""
     size = rec.size
     seq = f", seq_len {rec.seq_len}" if rec.seq_len is not None else ""
+    shown = rec.smallest or rec.best
+    what = "peak reserved" if shown is None or not shown.context_bytes else "peak reserved + CUDA context"
     if not rec.headroom_bytes:
-        return f"Under {size(rec.budget_bytes)} of peak reserved memory, no headroom{seq}"
+        return f"Under {size(rec.budget_bytes)} of {what} memory, no headroom{seq}"
     return (
         f"Under {size(rec.budget_bytes)} ({size(rec.headroom_bytes)} headroom: at most "
-        f"{size(rec.limit_bytes)} peak reserved){seq}"
+        f"{size(rec.limit_bytes)} {what}){seq}"
     )
 
 

@@ -31,6 +31,9 @@ COLUMNS: tuple[Column, ...] = (
 )
 _SETUP = Column("setup", wrap=True, min_width=14)
 _PREDICTED = (Column("predicted", priority=4, numeric=True), Column("pred. err", priority=4, numeric=True))
+_PREDICTED_RESERVED = (
+    Column("pred. reserved", priority=4, numeric=True), Column("res. err", priority=4, numeric=True),
+)
 _REASON_CHARS = 100  # an error's reason in a table cell; points.jsonl keeps all of it
 
 
@@ -41,8 +44,8 @@ def _num(value: float | None, fmt: str, scale: float = 1.0) -> str:
 
 
 def summary_columns(run: Run) -> tuple[Column, ...]:
-    """COLUMNS, plus 'setup' when a technique axis varies and 'predicted'/'pred. err' when estimated;
-    precision is as essential as the layout when it varies."""
+    """COLUMNS, plus 'setup' when a technique axis varies and 'predicted'/'pred. err' (allocated) and
+    'pred. reserved'/'res. err' when estimated; precision is as essential as the layout when it varies."""
     cols: list[Column] = []
     varies = len({p.key.get("precision") for p in run.points}) > 1
     for col in COLUMNS:
@@ -51,6 +54,8 @@ def summary_columns(run: Run) -> tuple[Column, ...]:
             cols.append(_SETUP)
         if col.name == "peak" and any(p.predicted_peak_allocated_bytes for p in run.points):
             cols += _PREDICTED
+        if col.name == "reserved" and any(p.predicted_peak_reserved_bytes or p.predicted_oom for p in run.points):
+            cols += _PREDICTED_RESERVED
     return tuple(cols)
 
 
@@ -61,6 +66,17 @@ def size_unit(run: Run) -> SizeUnit:
 
 def _prediction(rec: PointRecord, size: SizeUnit) -> tuple[str, str]:
     pred, meas = rec.predicted_peak_allocated_bytes, rec.peak_allocated_bytes
+    if pred is None:
+        return "-", "-"
+    err = None if not rec.ok or not meas else (pred - meas) / meas
+    return size(pred) + " (est.)", fmt_percent(err, signed=True)
+
+
+def _reserved_prediction(rec: PointRecord, size: SizeUnit) -> tuple[str, str]:
+    """The reserved prediction made before the run (or its predicted out-of-memory error), with its error."""
+    pred, meas = rec.predicted_peak_reserved_bytes, rec.peak_reserved_bytes
+    if rec.predicted_oom:
+        return "OOM (est.)", "-"
     if pred is None:
         return "-", "-"
     err = None if not rec.ok or not meas else (pred - meas) / meas
@@ -103,8 +119,11 @@ def summary_rows(run: Run, *, size: SizeUnit | None = None) -> list[dict[str, st
     for rec in run.points:
         ok, key = rec.ok, rec.key
         predicted, pred_err = _prediction(rec, size)
+        reserved, res_err = _reserved_prediction(rec, size)
         rows.append(
             {
+                "pred. reserved": reserved,
+                "res. err": res_err,
                 "setup": setup_label(key) or "-",
                 "predicted": predicted,
                 "pred. err": pred_err,

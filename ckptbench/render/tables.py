@@ -57,7 +57,7 @@ class Fit:
 def _natural(col: Column, rows: Sequence[dict[str, str]]) -> int:
     """The width a column needs to show its header and every cell on one line."""
     cells = (cell_len(line) for row in rows for line in row.get(col.name, "").splitlines() or [""])
-    return max(cell_len(col.name), *cells)
+    return max(cell_len(col.name), max(cells, default=0))  # no rows at all: the header's width
 
 
 def _minimum(col: Column, natural: int, rows: Sequence[dict[str, str]]) -> int:

@@ -16,7 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ckptbench.config.grid import AXIS_DEFAULTS, key_id
 
 Status = Literal["ok", "oom", "error", "skipped"]
-Bytes = Annotated[int, Field(ge=0)]
+# Counts stay within int64: a damaged 10**400 would overflow every float statistic made from it.
+_MAX = 2**63 - 1
+Count = Annotated[int, Field(ge=0, le=_MAX)]
+Bytes = Count
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Scalar = str | bool | int | float
 
@@ -35,7 +38,8 @@ class PointMemory(_Open):
     window_start_allocated_bytes: Bytes | None = None
     baseline_allocated_bytes: Bytes | None = None
     after_point_allocated_bytes: Bytes | None = None
-    leaked_bytes: int | None = None  # negative when the point freed memory that was live before it
+    # Negative when the point freed memory that was live before it.
+    leaked_bytes: Annotated[int, Field(ge=-_MAX, le=_MAX)] | None = None
     leaked: bool | None = None
 
     @property
@@ -51,7 +55,7 @@ class LossCheck(_Open):
     reference: str | None = None  # 'none' (the cell's unchecked layout) or 'recomputed' (bench/loss_check.py)
     reference_point: str | None = None  # the reference's key id, or how it was recomputed
     reference_losses: list[float] = Field(default_factory=list)
-    steps: int | None = None  # how many steps were compared
+    steps: Count | None = None  # how many steps were compared
     rtol: float | None = None  # the tolerance used (records before it was stored: the config's loss_rtol)
     max_rel_diff: float | None = None
     match: bool | None = None
@@ -86,16 +90,20 @@ class PointRecord(_Open):
     peak_allocated_bytes: Bytes | None = None
     peak_reserved_bytes: Bytes | None = None
     predicted_peak_allocated_bytes: Bytes | None = None  # an estimate made before the run
-    num_alloc_retries: Annotated[int, Field(ge=0)] | None = None
-    num_ooms: Annotated[int, Field(ge=0)] | None = None
+    # Estimates made before the run: the caching allocator's replay (estimate/replay.py) on this GPU;
+    # the predicted out-of-memory error (phase, segment, request_bytes) instead when it runs out.
+    predicted_peak_reserved_bytes: Bytes | None = None
+    predicted_oom: dict[str, Any] | None = None
+    num_alloc_retries: Count | None = None
+    num_ooms: Count | None = None
     memory: PointMemory = Field(default_factory=PointMemory)
     loss_check: LossCheck | None = None
-    tokens_per_step: Annotated[int, Field(ge=0)] | None = None
-    model_flops_per_step: Annotated[int, Field(ge=0)] | None = None
-    hardware_flops_per_step: Annotated[int, Field(ge=0)] | None = None
+    tokens_per_step: Count | None = None
+    model_flops_per_step: Count | None = None
+    hardware_flops_per_step: Count | None = None
     peak_tflops: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     layers_checkpointed: str | None = None
-    num_checkpointed: Annotated[int, Field(ge=0)] | None = None
+    num_checkpointed: Count | None = None
     plan: dict[str, Any] | None = None
     host_offload_peak_bytes: Bytes | None = None
     compile_s: Seconds | None = None
@@ -111,6 +119,14 @@ class PointRecord(_Open):
     probe: str | None = None
     search: bool = False  # measured as a probe of a search (batch_size: max, layout: fit)
     isolated: bool = False  # measured in a fresh process (--isolate)
+    # 'fresh': the point's own process (--isolate, search boundaries, allocator settings); 'in-process':
+    # after earlier points in the sweep's process (their cached segments released by empty_cache first).
+    process: Literal["fresh", "in-process"] | None = None
+    points_before: Count | None = None  # points measured earlier in the same process
+    allocator_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF in the measuring process ('' when unset)
+    # GPU memory the process held outside the caching allocator at the end of the window (CUDA context,
+    # library kernels; other processes on the card count too): total - free - reserved.
+    context_bytes: int | None = None
     model_rebuilt: bool = False
     fatal: bool = False  # the device was unusable after this point
     # Where the point ran: the host, the GPU model and its index on that host (None on CPU).

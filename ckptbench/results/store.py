@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ckptbench.errors import ResultsError
+from ckptbench.results.meta import checked_meta
 from ckptbench.results.record import PointRecord
 
 try:
@@ -85,15 +86,49 @@ def _lock_run_dir(run_dir: Path) -> int | None:
 
 
 def repair_points_file(path: Path) -> bool:
-    """Cut a truncated last line (a crash mid-write) so that appended lines stay valid; True if cut."""
+    """Make points.jsonl safe to append to; True if it was changed.
+
+    A last record cut off mid-write (not JSON) is cut away, whatever follows it (a newline, blank
+    lines): appended records must never follow it, or the damage would sit in the middle of the file
+    for good. A complete last record that lacks only its newline keeps its data and gets the newline.
+    """
     if not path.exists():
         return False
     data = path.read_bytes()
-    if not data or data.endswith(b"\n"):
+    body = data.rstrip()
+    if not body:
         return False
-    with open(path, "r+b") as fh:
-        fh.truncate(data.rfind(b"\n") + 1)
+    start = body.rfind(b"\n") + 1
+    try:
+        json.loads(body[start:])
+    except ValueError:  # a half-written line (UnicodeDecodeError is a ValueError too)
+        with open(path, "r+b") as fh:
+            fh.truncate(start)
+        return True
+    if data.endswith(b"\n"):
+        return False
+    with open(path, "ab") as fh:
+        fh.write(b"\n")
     return True
+
+
+def _writer_alive(run_dir: Path) -> bool | None:
+    """Whether a process holds the run's lock (a sweep writing it); None where that cannot be told."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:  # every writer creates the lock file before run.json: none is alive
+        return False
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing releases the shared lock, if it was taken
+    return False
 
 
 class RunWriter:
@@ -172,7 +207,7 @@ class Run:
 
     @property
     def config(self) -> dict[str, Any]:
-        return self.meta.get("config", {})
+        return self.meta.get("config") or {}
 
     def sizes(self) -> list[int]:
         """Every peak the run holds, measured or predicted: what picks the display unit of its sizes."""
@@ -183,7 +218,7 @@ class Run:
 
     @property
     def environment(self) -> dict[str, Any]:
-        return self.meta.get("environment", {})
+        return self.meta.get("environment") or {}
 
     @property
     def gpu_models(self) -> dict[str, int]:
@@ -228,14 +263,21 @@ def load_run(ref: str | Path, *, results_root: Path = Path("results")) -> Run:
     if not isinstance(meta, dict):
         raise ResultsError(f"{path / RUN_FILE}: not a JSON object")
     version = meta.get("schema_version")
-    if version != SCHEMA_VERSION:
-        newer = isinstance(version, int) and version > SCHEMA_VERSION
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        newer = isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION
         which = "a newer" if newer else "an older"
         raise ResultsError(
             f"{path}: written by {which} ckptbench (schema {version!r}, this one reads {SCHEMA_VERSION}); "
             f"use ckptbench {meta.get('ckptbench_version', '?')} to read it"
         )
-    run = Run(path=path, meta=meta, points=[])
+    run = Run(path=path, meta={}, points=[])
+    run.meta, notes = checked_meta(meta, source=str(path / RUN_FILE))
+    for note in notes:
+        _skip(run, note)
+    if run.meta.get("status") == "running" and _writer_alive(path) is False:
+        run.meta["status"] = "interrupted"  # in memory only: a reader never writes the run
+        _skip(run, f"{path}: run.json says 'running' but no ckptbench process holds the run: it was "
+                   f"interrupted (killed?); finish it with: ckptbench sweep CONFIG --resume {path}")
     _read_points(run)
     run.points = latest_per_key(run.points)
     return run
@@ -252,8 +294,8 @@ def _read_points(run: Run) -> None:
     if not pfile.exists():
         return
     try:
-        lines = pfile.read_text(encoding="utf-8").split("\n")
-    except (OSError, UnicodeDecodeError) as exc:
+        lines = pfile.read_bytes().split(b"\n")  # bytes: one damaged byte costs its line, not the run
+    except OSError as exc:
         raise ResultsError(f"{pfile}: unreadable ({exc.__class__.__name__})") from None
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     for i, line in enumerate(lines):

@@ -1,0 +1,353 @@
+"""A full model's ordered allocations and frees, rebuilt from a short model's trace (the replay's fast path).
+
+The byte model (estimate/assembly.py) re-assembles per-layer byte vectors; the allocator replay
+needs every request in execution order. Decoder layers of one checkpoint class issue the same
+requests, so each full-model segment copies the events of a *template*: the short model's segment of
+the same kind (global segments) or of a layer of the same class (layer 0 and the last layer take the
+short model's boundary layers when their class is the short model's first class, else a middle
+layer of their class). Each free is then pointed at the full model's allocation it frees:
+
+- allocated in the same segment, or in the same layer's forward (saved activations): the copy's own;
+- a *role*: the output of the layer below (a layer's input), or the gradient coming from above (the
+  final norm's backward for the top layer): the output of the full model's neighbour;
+- a tensor every layer receives (rotary tables, position ids) or layer 0's input, whose free depends
+  on which layers hold it: placed as estimate/assembly.py places it (``_placement``), at the end of
+  the segment where it is freed (the trace defers these frees to a segment's end for that reason);
+- a layer's allocation freed in a global segment (weight gradients at zero_grad, autocast's cast
+  weights when the forward's autocast exits): one free per full layer of that template, in layer order.
+
+Micro-batches after the first copy the short model's second micro-batch. The optimizer step comes
+from a trace of the whole model's optimizer (estimate/trace.py, ``trace_optimizer``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ckptbench.estimate.events import ALLOC
+from ckptbench.estimate.trace import StepTrace
+
+GLOBAL_ORDER = ("pre", "fwd", "head", "logits", "exit", "back", "bwd", "tail")
+FullEvent = tuple[int, int, int]  # (op, key, nbytes)
+
+
+class AssemblyError(Exception):
+    """The short trace has a free this assembly does not know how to place (use the full trace)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_label(label: str) -> tuple[str, int | None, int | None]:
+    """'bwd:3@1' -> ('bwd', 3, 1); 'head@0' -> ('head', None, 0); 'zero' -> ('zero', None, None)."""
+    body, _, micro = label.partition("@")
+    kind, _, index = body.partition(":")
+    return kind, int(index) if index else None, int(micro) if micro else None
+
+
+def make_label(kind: str, layer: int | None, micro: int | None) -> str:
+    body = kind if layer is None else f"{kind}:{layer}"
+    return body if micro is None else f"{body}@{micro}"
+
+
+@dataclass
+class StepEvents:
+    """One training step's requests, keys unique within the step, with the segment each starts."""
+
+    events: list[FullEvent] = field(default_factory=list)
+    bounds: list[tuple[int, str]] = field(default_factory=list)  # (index of the first event, label)
+    workspaces: set[int] = field(default_factory=set)
+    next_key: int = 0
+
+    def begin(self, label: str) -> None:
+        self.bounds.append((len(self.events), label))
+
+    def alloc(self, nbytes: int, *, workspace: bool = False) -> int:
+        key = self.next_key
+        self.next_key += 1
+        self.events.append((ALLOC, key, nbytes))
+        if workspace:
+            self.workspaces.add(key)
+        return key
+
+    def free(self, key: int) -> None:
+        self.events.append((1, key, 0))
+
+    def _segment_at(self, label: str) -> tuple[int, int, int]:
+        """(position in ``bounds``, first event, end event) of segment ``label``."""
+        for i, (start, name) in enumerate(self.bounds):
+            if name == label:
+                end = self.bounds[i + 1][0] if i + 1 < len(self.bounds) else len(self.events)
+                return i, start, end
+        raise KeyError(label)
+
+    def keys_made_in(self, label: str) -> set[int]:
+        """Keys allocated in segment ``label`` (the optimizer step's: its state on the first step)."""
+        _, start, end = self._segment_at(label)
+        return {key for op, key, _ in self.events[start:end] if op == ALLOC}
+
+    def with_optimizer(self, optimizer_step: Sequence[tuple[int, int, int]]) -> StepEvents:
+        """The same step with another optimizer step (the first one, which creates the state)."""
+        at, start, end = self._segment_at("opt")
+        out = StepEvents(list(self.events[:start]), list(self.bounds[:at]), set(self.workspaces), self.next_key)
+        EventAssembler._optimizer_into(out, optimizer_step)
+        shift = len(out.events) - end
+        out.events += self.events[end:]
+        out.bounds += [(i + shift, name) for i, name in self.bounds[at + 1 :]]
+        return out
+
+
+class ShortTemplate:
+    """A short model's trace prepared for copying: events per segment, roles, shared frees."""
+
+    def __init__(self, trace: StepTrace, classes: Sequence[str], micro_batches: int) -> None:
+        self.classes, self.micro_batches = list(classes), micro_batches
+        self.last = len(classes) - 1
+        self.segments: dict[str, list[tuple[int, int, int]]] = {}
+        self.alloc_at: dict[int, str] = {}
+        self.workspaces = trace.workspaces
+        for op, eid, nbytes, seg in trace.events:
+            label = trace.labels[seg] if seg >= 0 else "PRE"
+            self.segments.setdefault(label, []).append((op, eid, nbytes))
+            if op == ALLOC:
+                self.alloc_at[eid] = label
+        self.released = {eid for _, _, eid in trace.release_events}
+        self.releases = list(trace.release_events)
+        self.outputs = self._roles(trace)
+        self.role = {eid: (label, i) for label, eids in self.outputs.items() for i, eid in enumerate(eids)}
+        self.middle = {c: i for i, c in reversed(list(enumerate(classes))) if 0 < i < self.last}
+
+    @staticmethod
+    def _roles(trace: StepTrace) -> dict[str, list[int]]:
+        """Per producing segment, the allocations it hands on (a layer's output, a gradient going down)."""
+        outputs: dict[str, list[int]] = {}
+        for eid, label in trace.roles:
+            outputs.setdefault(label, []).append(eid)
+        return outputs
+
+    def template_layer(self, j: int, full: Sequence[str]) -> int:
+        """The short layer whose events full layer ``j`` copies."""
+        c0 = self.classes[0]
+        if j == 0 and full[0] == c0:
+            return 0
+        if j == len(full) - 1 and full[j] == c0:
+            return self.last
+        return self.middle[full[j]]
+
+    def holds_input(self, cls: str) -> bool:
+        """Whether a (middle) layer of the class keeps its input until its backward."""
+        t = self.middle[cls]
+        eids = self.outputs.get(make_label("fwd", t - 1, 0), [])
+        return any(self._freed_in_bwd(eid, t) for eid in eids)
+
+    def _freed_in_bwd(self, eid: int, layer: int) -> bool:
+        return any(op != ALLOC and key == eid for op, key, _ in self.segments.get(make_label("bwd", layer, 0), []))
+
+
+class EventAssembler:
+    """Copies a short model's events into one training step of a full model with these layer classes."""
+
+    def __init__(self, template: ShortTemplate, full: Sequence[str], micro_batches: int) -> None:
+        self.tmpl, self.full, self.n, self.micro = template, list(full), len(full), micro_batches
+        self.layer_of = [template.template_layer(j, full) for j in range(self.n)]
+        self.out = StepEvents()
+        self.keys: dict[tuple[str, int], int] = {}  # (full label, template event id) -> key
+
+    def run(self, optimizer_step: Sequence[tuple[int, int, int]]) -> StepEvents:
+        """The step: start, every micro-batch, the optimizer step (given, whole model), zero_grad."""
+        self._segment("start", "start")
+        for kk in range(self.micro):
+            tm = min(kk, self.tmpl.micro_batches - 1)
+            for label, template in self._micro_labels(kk, tm):
+                self._segment(label, template)
+        self._optimizer(optimizer_step)
+        self._segment("zero", "zero")
+        return self.out
+
+    def _micro_labels(self, kk: int, tm: int) -> list[tuple[str, str]]:
+        pairs = [(f"pre@{kk}", f"pre@{tm}")]
+        pairs += [(f"fwd:{j}@{kk}", f"fwd:{self.layer_of[j]}@{tm}") for j in range(self.n)]
+        pairs += [(f"{g}@{kk}", f"{g}@{tm}") for g in ("head", "logits", "exit", "back")]
+        pairs += [(f"bwd:{j}@{kk}", f"bwd:{self.layer_of[j]}@{tm}") for j in reversed(range(self.n))]
+        return [*pairs, (f"tail@{kk}", f"tail@{tm}")]
+
+    def _optimizer(self, events: Sequence[tuple[int, int, int]]) -> None:
+        self._optimizer_into(self.out, events)
+
+    @staticmethod
+    def _optimizer_into(out: StepEvents, events: Sequence[tuple[int, int, int]]) -> None:
+        """The whole model's optimizer step, traced apart: its own allocations and frees."""
+        out.begin("opt")
+        own: dict[int, int] = {}
+        for op, eid, nbytes in events:
+            if op == ALLOC:
+                own[eid] = out.alloc(nbytes)
+            elif eid in own:
+                out.free(own.pop(eid))
+            else:
+                raise AssemblyError("the optimizer step frees a tensor it did not allocate")
+
+    def _segment(self, label: str, template: str) -> None:
+        tmpl, out = self.tmpl, self.out
+        out.begin(label)
+        expanded = False
+        for op, eid, nbytes in tmpl.segments.get(template, []):
+            if op == ALLOC:
+                self.keys[(label, eid)] = out.alloc(nbytes, workspace=eid in tmpl.workspaces)
+                continue
+            if eid in tmpl.released:
+                continue
+            made = tmpl.alloc_at.get(eid)
+            if made is None:
+                raise AssemblyError(f"{template} frees a tensor that existed before the step")
+            if self._crossing(made, template, eid):
+                if not expanded:
+                    self._expand_crossings(label, template)
+                    expanded = True
+                continue
+            for key in self._resolve(label, template, made, eid):
+                out.free(key)
+        for key in self._releases_into(label):
+            out.free(key)
+
+    def _crossing(self, made: str, template: str, eid: int) -> bool:
+        """A layer's allocation freed in a global segment (not a layer output): expanded per full layer."""
+        return parse_label(template)[1] is None and parse_label(made)[1] is not None and eid not in self.tmpl.role
+
+    def _expand_crossings(self, label: str, template: str) -> None:
+        tmpl = self.tmpl
+        frees = [
+            (tmpl.alloc_at[eid], eid) for op, eid, _ in tmpl.segments[template]
+            if op != ALLOC and eid not in tmpl.released and eid in tmpl.alloc_at
+            and self._crossing(tmpl.alloc_at[eid], template, eid)
+        ]
+        for j in range(self.n):
+            for made, eid in frees:
+                kind, layer, micro = parse_label(made)
+                if layer == self.layer_of[j]:
+                    for m in self._micros(label, template, micro):
+                        self.out.free(self.keys[(make_label(kind, j, m), eid)])
+
+    def _micros(self, label: str, template: str, made_micro: int | None) -> list[int | None]:
+        """The full micro-batches an allocation of template micro-batch ``made_micro`` stands for."""
+        lm, tm = parse_label(label)[2], parse_label(template)[2]
+        if made_micro is None:
+            return [None]
+        if lm is not None and tm is not None:
+            return [lm - (tm - made_micro)]
+        last = self.tmpl.micro_batches - 1  # freed after every micro-batch (zero_grad): each later one too
+        return [made_micro] if made_micro < last else list(range(made_micro, self.micro))
+
+    def _resolve(self, label: str, template: str, made: str, eid: int) -> list[int]:
+        """The full keys one template free stands for (none for layer 0's input: freed as 'input0')."""
+        (lk, lj, _), (_, tt, _), (yk, yt, ym) = parse_label(label), parse_label(template), parse_label(made)
+        micros = self._micros(label, template, ym)
+        if eid in self.tmpl.role:
+            self._check_neighbour(tt, yk, yt)
+            return [k for m in micros for k in self._role(lk, lj, yk, self.tmpl.role[eid][1], m)]
+        if yt is not None and yt == tt and lj is not None:  # the same layer's forward (saved activations)
+            return [self.keys[(make_label(yk, lj, m), eid)] for m in micros]
+        if yt is None and tt is None:
+            return [self.keys[(make_label(yk, None, m), eid)] for m in micros]
+        raise AssemblyError(f"no rule places a free in {template} of a tensor made in {made}")
+
+    def _check_neighbour(self, consumer: int | None, kind: str, producer: int | None) -> None:
+        """A layer frees the output of the layer right below it, or the gradient of the one right above."""
+        if consumer is None or producer is None:
+            return
+        expected = consumer - 1 if kind == "fwd" else consumer + 1
+        if producer != expected:
+            raise AssemblyError(f"layer {consumer} frees what layer {producer} handed on")
+
+    def _role(self, lk: str, lj: int | None, yk: str, index: int, micro: int | None) -> list[int]:
+        if yk == "fwd":  # the layer below's output (the final norm takes the top layer's)
+            below = lj - 1 if lj is not None else self.n - 1
+            return [] if below < 0 else [self._output("fwd", below, micro, index)]
+        above = lj + 1 if lj is not None else 0  # the gradient from above (the embedding's: layer 0's)
+        if lk == "bwd" and above >= self.n:
+            return [self._output("back", None, micro, index)]
+        return [self._output("bwd", above, micro, index)]
+
+    def _output(self, kind: str, j: int | None, micro: int | None, index: int) -> int:
+        tm = None if micro is None else min(micro, self.tmpl.micro_batches - 1)
+        template = make_label(kind, None if j is None else self.layer_of[j], tm)
+        outputs = self.tmpl.outputs.get(template, [])
+        if index >= len(outputs):
+            raise AssemblyError(f"{template} has no output #{index}")
+        return self.keys[(make_label(kind, j, micro), outputs[index])]
+
+    def _releases_into(self, label: str) -> list[int]:
+        """Keys of the shared tensors (and layer 0's input) freed at the end of full segment ``label``."""
+        kk = parse_label(label)[2]
+        if kk is None:
+            return []
+        tm = min(kk, self.tmpl.micro_batches - 1)
+        keys: list[tuple[int, int]] = []
+        for where, what, eid in self.tmpl.releases:
+            if parse_label(where)[2] != tm or self._placement(where, what, kk) != label:
+                continue
+            mk, ml, mm = parse_label(self.tmpl.alloc_at[eid])
+            if ml is not None or mm is None:
+                raise AssemblyError(f"a shared tensor made in {self.tmpl.alloc_at[eid]}")
+            keys.append((eid, self.keys[(make_label(mk, None, kk - (tm - mm)), eid)]))
+        # Freed together when the holder lets go of them (a checkpoint's saved inputs, the decoder's
+        # locals): CPython drops a tuple's items last to first, so the last allocated goes first.
+        return [key for _, key in sorted(keys, reverse=True)]
+
+    def _placement(self, where: str, what: str, kk: int) -> str:
+        """estimate/assembly.py's ``_placement`` and ``_releases_after``, for one free, in the full model."""
+        kind, layer, _ = parse_label(where)
+        if what == "input0":
+            if self.tmpl.holds_input(self.full[0]):
+                return f"bwd:0@{kk}"
+            return f"{kind if layer is None else 'head'}@{kk}"
+        if layer is None:
+            return f"{kind}@{kk}"
+        if kind != "bwd":
+            return f"head@{kk}"
+        classes = self.tmpl.classes
+        holders = {classes[layer], *classes[layer + 1 :]} - set(classes[:layer])
+        held = [j for j, c in enumerate(self.full) if c in holders]
+        return f"bwd:{held[0]}@{kk}" if held else f"head@{kk}"
+
+
+def assemble_step(
+    trace: StepTrace, classes: Sequence[str], full: Sequence[str], micro_batches: int,
+    optimizer_step: Sequence[tuple[int, int, int]],
+) -> StepEvents:
+    """The full model's step (layer classes ``full``) from a short trace with layer classes ``classes``."""
+    template = ShortTemplate(trace, classes, max(1, min(micro_batches, 2)))
+    return EventAssembler(template, full, micro_batches).run(optimizer_step)
+
+
+def segment_events(
+    trace: StepTrace, label: str, *, exclude: frozenset[int] = frozenset()
+) -> list[tuple[int, int, int]]:
+    """The (op, id, nbytes) events of one segment of a trace (e.g. the optimizer trace's 'opt')."""
+    return [
+        (op, eid, nbytes) for op, eid, nbytes, seg in trace.events
+        if seg >= 0 and trace.labels[seg] == label and eid not in exclude
+    ]
+
+
+def traced_step(trace: StepTrace, optimizer_step: Sequence[tuple[int, int, int]] | None = None) -> StepEvents:
+    """A fully traced step's events from 'start' to 'zero' (its own optimizer step unless one is given)."""
+    out, keys = StepEvents(), dict[int, int]()
+    by_segment: dict[int, list[tuple[int, int, int]]] = {}
+    for op, eid, nbytes, seg in trace.events:
+        by_segment.setdefault(seg, []).append((op, eid, nbytes))
+    first = trace.labels.index("start")
+    for seg in range(first, trace.labels.index("end", first)):
+        label = trace.labels[seg]
+        if label == "opt" and optimizer_step is not None:
+            EventAssembler._optimizer_into(out, optimizer_step)
+            continue
+        out.begin(label)
+        for op, eid, nbytes in by_segment.get(seg, []):
+            if op == ALLOC:
+                keys[eid] = out.alloc(nbytes, workspace=eid in trace.workspaces)
+            elif eid in keys:
+                out.free(keys.pop(eid))
+            else:
+                raise AssemblyError(f"{label} frees a tensor that existed before the step")
+    return out

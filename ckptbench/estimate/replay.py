@@ -1,0 +1,149 @@
+"""A measured point as the caching allocator sees it: setup, warm-up steps, the measured window. No torch.
+
+The process a sweep runs a point in (bench/runner.py, bench/window.py), fresh or after
+``empty_cache`` (which leaves the same segments: the model and the library workspaces):
+
+1. ``train.model.warm_device_libraries``: the cuBLAS workspaces of the main thread and of
+   autograd's backward thread, and cuBLASLt's, kept for the life of the process;
+2. the model's parameters and buffers, in the order the build allocates them;
+3. the batch;
+4. the warm-up steps: the first one creates the optimizer state inside its optimizer step; the
+   losses the runner keeps are freed when the warm-up ends;
+5. ``reset_peak_memory_stats``, then the measured steps: the peaks and the retries counted here.
+
+The allocator state carries over from step to step, as on the GPU. The first request the
+allocator cannot serve is the predicted out-of-memory error: which step, which segment of the
+step (estimate/trace.py labels), how large a segment it tried to reserve.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ckptbench.config.alloc_conf import AllocatorSettings
+from ckptbench.estimate.allocator import AllocatorOOM, CachingAllocator, DeviceLimit
+from ckptbench.estimate.allocator_pool import Block
+from ckptbench.estimate.event_assembly import StepEvents
+from ckptbench.estimate.events import ALLOC
+
+
+@dataclass(frozen=True)
+class ProcessModel:
+    """What the measuring process allocates around the steps."""
+
+    warmup_steps: int
+    measured_steps: int
+    workspaces: tuple[int, ...]  # kept from the start (cuBLAS, cuBLASLt)
+    build: tuple[int, ...]  # parameters and buffers, in build order
+    batch_bytes: int
+
+
+@dataclass(frozen=True)
+class OomPrediction:
+    """Where the replayed allocator ran out of memory."""
+
+    phase: str  # 'setup', 'warm-up step 1', 'measured step 2'
+    segment: str  # the step segment ('logits@0', 'bwd:3@0', 'opt'), or '' outside a step
+    request_bytes: int  # what it tried to reserve ("Tried to allocate" in torch's message)
+    allocated_bytes: int
+    reserved_bytes: int
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "phase": self.phase, "segment": self.segment, "request_bytes": self.request_bytes,
+            "allocated_bytes": self.allocated_bytes, "reserved_bytes": self.reserved_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Peaks over the measured window (as torch.cuda.max_memory_* report them after a reset)."""
+
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    num_alloc_retries: int  # in the measured window
+    oom: OomPrediction | None
+
+    @property
+    def fragmentation_bytes(self) -> int:
+        """Reserved but never allocated at the peak: peak reserved minus peak allocated."""
+        return self.peak_reserved_bytes - self.peak_allocated_bytes
+
+
+class _Run:
+    """One replay: the allocator, the live blocks, where we are."""
+
+    def __init__(self, settings: AllocatorSettings, limit: DeviceLimit) -> None:
+        self.allocator = CachingAllocator(settings, limit)
+        self.phase = "setup"
+
+    def keep(self, sizes: Sequence[int]) -> list[Block]:
+        return [self.allocator.malloc(n) for n in sizes if n > 0]
+
+    def step(self, events: StepEvents) -> tuple[list[Block], list[Block]]:
+        """Replay one step; what it leaves allocated: (optimizer state it created, the rest: the loss)."""
+        malloc, free = self.allocator.malloc, self.allocator.free
+        live: dict[int, Block] = {}
+        index = 0
+        try:
+            for index, (op, key, nbytes) in enumerate(events.events):  # noqa: B007 (index: where it failed)
+                if op == ALLOC:
+                    live[key] = malloc(nbytes)
+                else:
+                    free(live.pop(key))
+        except AllocatorOOM as oom:
+            raise _Stopped(self._where(events, index), oom) from None
+        state = events.keys_made_in("opt")
+        return [b for k, b in live.items() if k in state], [b for k, b in live.items() if k not in state]
+
+    @staticmethod
+    def _where(events: StepEvents, index: int) -> str:
+        starts = [start for start, _ in events.bounds]
+        at = bisect.bisect_right(starts, index) - 1
+        return events.bounds[at][1] if at >= 0 else ""
+
+
+class _Stopped(Exception):
+    def __init__(self, segment: str, oom: AllocatorOOM) -> None:
+        super().__init__(segment)
+        self.segment, self.oom = segment, oom
+
+
+def replay_point(
+    first: StepEvents, steady: StepEvents, process: ProcessModel, settings: AllocatorSettings, limit: DeviceLimit
+) -> ReplayResult:
+    """Replay a point's process; the measured window's peaks, or where it runs out of memory."""
+    run = _Run(settings, limit)
+    stats = run.allocator.stats
+    try:
+        try:
+            run.keep(process.workspaces)
+            run.keep(process.build)
+            run.keep([process.batch_bytes])
+        except AllocatorOOM as failed:
+            raise _Stopped("", failed) from None
+        losses: list[Block] = []
+        for i in range(process.warmup_steps):
+            run.phase = f"warm-up step {i + 1}"
+            _, returned = run.step(first if i == 0 else steady)  # the optimizer state stays
+            losses += returned
+        for block in losses:  # the warm-up losses, dropped when the warm-up returns
+            run.allocator.free(block)
+        run.allocator.reset_peak()
+        retries = stats.num_alloc_retries
+        before = run.allocator.large_pool_state()
+        for i in range(process.measured_steps):
+            run.phase = f"measured step {i + 1}"
+            run.step(steady)
+            after = run.allocator.large_pool_state()
+            if after == before:
+                # A repeat: every later step replays the same blocks in the large pool (the small pool only
+                # differs by the 512-byte losses the runner keeps), so its peaks are already reached.
+                break
+            before = after
+    except _Stopped as stop:
+        oom = OomPrediction(run.phase, stop.segment, stop.oom.size, stop.oom.allocated, stop.oom.reserved)
+        return ReplayResult(stats.peak_allocated, stats.peak_reserved, stats.num_alloc_retries, oom)
+    return ReplayResult(stats.peak_allocated, stats.peak_reserved, stats.num_alloc_retries - retries, None)

@@ -1,0 +1,72 @@
+"""Where a command may write: ``--out``, ``--results`` and ``--resume`` checked before anything runs.
+
+Each problem (a file where a folder is needed, a folder nobody may write, /proc, a name or a path longer
+than the file system allows) is one ConfigError naming the option, raised before a model is built or a
+run directory created, instead of an OSError traceback after the sweep has started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+from ckptbench.errors import ConfigError
+
+_NAME_MAX, _PATH_MAX = 255, 4096  # Linux's limits, used where pathconf cannot tell
+
+
+def _limit(path: Path, name: str, default: int) -> int:
+    with contextlib.suppress(OSError, ValueError):
+        return int(os.pathconf(path, name))
+    return default
+
+
+def _shown(path: Path) -> str:
+    text = str(path)
+    return text if len(text) <= 80 else text[:40] + "..." + text[-37:]
+
+
+def _nearest_existing(path: Path, option: str) -> Path:
+    """The deepest existing folder above (or at) ``path``; a file on the way is a ConfigError."""
+    current = path.absolute()
+    chain = [current, *current.parents]
+    for candidate in chain:
+        try:
+            exists = candidate.exists()
+        except OSError as exc:  # a component too long, or not searchable
+            why = exc.strerror or exc
+            raise ConfigError(f"{option} {_shown(path)}: cannot look at {_shown(candidate)} ({why})") from None
+        if not exists:
+            continue
+        if not candidate.is_dir():
+            what = "it" if candidate == current else _shown(candidate)
+            raise ConfigError(f"{option} {_shown(path)}: {what} exists and is not a directory")
+        return candidate
+    return Path(path.anchor or "/")
+
+
+def check_writable_dir(path: Path, *, option: str) -> None:
+    """ConfigError (one line, naming ``option``) unless ``path`` is or can become a folder this process
+    can write into. Nothing is left behind: the check creates and removes one empty folder."""
+    text = str(path)
+    if not text or text.isspace():
+        raise ConfigError(f"{option}: an empty path; give a folder, e.g. {option} results/my-run")
+    probe = Path(path.anchor or os.sep)  # limits per file system; the root's are the usual ones
+    path_max, name_max = _limit(probe, "PC_PATH_MAX", _PATH_MAX), _limit(probe, "PC_NAME_MAX", _NAME_MAX)
+    if len(os.fsencode(str(path.absolute()))) >= path_max:
+        raise ConfigError(f"{option} {_shown(path)}: the path is longer than the file system allows ({path_max} bytes)")
+    long = next((part for part in path.parts if len(os.fsencode(part)) > name_max), None)
+    if long is not None:
+        raise ConfigError(
+            f"{option} {_shown(path)}: the name {_shown(Path(long))} is {len(os.fsencode(long))} bytes long, "
+            f"more than the file system allows ({name_max})"
+        )
+    existing = _nearest_existing(path, option)
+    try:  # the only test that holds for root, read-only mounts and /proc alike: try it
+        os.rmdir(tempfile.mkdtemp(prefix=".ckptbench-write-test-", dir=existing))
+    except OSError as exc:
+        raise ConfigError(
+            f"{option} {_shown(path)}: cannot create a folder in {_shown(existing)} ({exc.strerror or exc})"
+        ) from None
