@@ -23,63 +23,23 @@ estimator's ordered stream of allocations and frees, or on one recorded on a GPU
 - ``alloc_block``: a new segment fails past ``fraction x total`` (set_per_process_memory_fraction)
   or past what the device has left (cudaMalloc; the CUDA context and other processes' memory are
   outside the allocator);
-- expandable segments (``expandable_segments:True``) live in estimate/allocator_expandable.py.
+- expandable segments (``expandable_segments:True``) live in estimate/allocator_expandable.py; giving
+  cached segments back in estimate/allocator_release.py; limits, counters and OOM in estimate/allocator_stats.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from ckptbench.config.alloc_conf import KLARGE_BUFFER, AllocatorSettings
 from ckptbench.estimate.allocator_expandable import ExpandableSegments
 from ckptbench.estimate.allocator_pool import Block, BlockPool, Segment
+from ckptbench.estimate.allocator_release import CacheRelease
+from ckptbench.estimate.allocator_stats import AllocatorOOM, DeviceLimit, Stats
 
 MIN_BLOCK = 512  # kMinBlockSize
 SMALL_SIZE = 2**20  # kSmallSize: the largest request of the small pool
 SMALL_BUFFER = 2 * 2**20  # kSmallBuffer: a small-pool segment
 MIN_LARGE_ALLOC = 10 * 2**20  # kMinLargeAlloc: requests below it get a large_segment_size segment
 ROUND_LARGE = 2 * 2**20  # kRoundLarge: larger requests round up to this
-
-
-class AllocatorOOM(Exception):
-    """The replayed allocator cannot serve a request (torch raises torch.OutOfMemoryError there)."""
-
-    def __init__(self, size: int, *, allocated: int, reserved: int) -> None:
-        super().__init__(f"cannot allocate {size} bytes ({allocated} allocated, {reserved} reserved)")
-        self.size, self.allocated, self.reserved = size, allocated, reserved
-
-
-@dataclass(frozen=True)
-class DeviceLimit:
-    """What the allocator may reserve: the card, the per-process fraction, memory outside the allocator."""
-
-    total_bytes: int  # cudaMemGetInfo's total (torch.cuda.get_device_properties().total_memory)
-    fraction: float | None = None  # set_per_process_memory_fraction; None: never set
-    outside_bytes: int = 0  # CUDA context, other processes: cudaMalloc fails before the allocator's cap
-
-    @property
-    def allowed_bytes(self) -> int | None:
-        """allowed_memory_maximum = fraction x total, when a fraction is set."""
-        return None if self.fraction is None else int(self.fraction * self.total_bytes)
-
-
-@dataclass
-class Stats:
-    """The allocator's counters, as torch.cuda.memory_stats names them."""
-
-    allocated: int = 0
-    reserved: int = 0
-    peak_allocated: int = 0
-    peak_reserved: int = 0
-    num_alloc_retries: int = 0
-    num_ooms: int = 0
-    num_device_alloc: int = 0
-    num_device_free: int = 0
-    # (action, address, bytes) of every segment alloc/free (or expandable map/unmap), when recorded
-    segment_events: list[tuple[str, int, int]] = field(default_factory=list)
-
-    def reset_peak(self) -> None:
-        self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
 
 
 def round_power2_division(size: int, divisions: int) -> int:
@@ -110,6 +70,7 @@ class CachingAllocator:
         self._addresses = list(reversed(addresses or []))
         self._next_addr = 1 << 40
         self.expandable = ExpandableSegments(self)
+        self.release = CacheRelease(self)
         self.gc_on = settings.garbage_collection_threshold > 0 and limit.fraction is not None
         self._divisions = any(settings.roundup_power2_divisions)
 
@@ -148,9 +109,9 @@ class CachingAllocator:
     def _new_block(self, pool: BlockPool, size: int, alloc_size: int, stream: int) -> Block | None:
         """malloc's slow path: collect garbage, then a new segment, then free cached ones and retry."""
         if self.gc_on:
-            self._garbage_collect()
+            self.release.garbage_collect()
         block = self._alloc_block(pool, size, alloc_size, stream, retry=False)
-        if block is None and self._release_available(pool, size, stream):
+        if block is None and self.release.available(pool, size, stream):
             block = self._alloc_block(pool, size, alloc_size, stream, retry=False)
         if block is None and self.release_cached():  # free every unsplit cached segment: a counted retry
             block = self._alloc_block(pool, size, alloc_size, stream, retry=True)
@@ -274,67 +235,10 @@ class CachingAllocator:
         if self.record_segments:
             self.stats.segment_events.append((action, addr, nbytes))
 
-    # -- giving memory back ----------------------------------------------------------------------
-    def _release_block(self, pool: BlockPool, block: Block) -> None:
-        """release_block: cudaFree a cached block that is a whole segment."""
-        assert not block.is_split() and not block.expandable
-        pool.stream_free(block.stream).remove(block)
-        self.unreserve(block.size, "segment_free", block.addr)
-
-    def _release_available(self, pool: BlockPool, size: int, stream: int) -> bool:
-        """release_available_cached_blocks: free oversize cached segments, just enough for the request."""
-        max_split = self.settings.max_split_size
-        free = pool.free.get(stream)
-        if max_split is None or not free:
-            return False
-        key = max(size, max_split)
-        index = free.lower_bound(key)
-        if index < len(free) and not free.at(index).expandable:
-            self._release_block(pool, free.at(index))
-            return True
-        released = 0
-        for block in reversed([free.at(i) for i in range(index)]):  # the largest first
-            if released >= key or block.size < max_split:
-                break
-            if not block.expandable:
-                released += block.size
-                self._release_block(pool, block)
-        return released >= key
-
+    # -- giving memory back (estimate/allocator_release.py) ---------------------------------------
     def release_cached(self) -> bool:
         """release_cached_blocks (also empty_cache): free every cached block that is a whole segment."""
-        for small in (False, True):  # release_blocks(large_blocks), then release_blocks(small_blocks)
-            pool = self.pools[small]
-            grown = []
-            for block in pool.all_free():
-                if block.expandable:
-                    grown.append(block)
-                elif not block.is_split():
-                    self._release_block(pool, block)
-            for block in grown:
-                self.expandable.unmap(pool, block)
-        return True
-
-    def _garbage_collect(self) -> None:
-        """garbage_collect_cached_blocks: free the oldest unsplit cached large segments above the threshold."""
-        allowed = self.limit.allowed_bytes or 0
-        threshold = int(self.settings.garbage_collection_threshold * allowed)
-        if self.stats.reserved <= threshold:
-            return
-        target, reclaimed = self.stats.reserved - threshold, 0
-        pool = self.pools[False]
-        whole = [b for b in pool.all_free() if not b.is_split()]
-        total_age, count = sum(pool.searches - b.gc_base for b in whole), len(whole)
-        freed_any = True
-        while reclaimed < target and freed_any and count > 0:
-            age_threshold = total_age / count
-            freed_any = False
-            for block in pool.all_free():
-                age = pool.searches - block.gc_base
-                if not block.is_split() and not block.expandable and age >= age_threshold:
-                    freed_any, reclaimed = True, reclaimed + block.size
-                    total_age, count = total_age - age, count - 1
-                    self._release_block(pool, block)
+        return self.release.cached()
 
     def reset_peak(self) -> None:
         """torch.cuda.reset_peak_memory_stats."""

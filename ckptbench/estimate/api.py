@@ -33,12 +33,12 @@ from ckptbench.estimate.assembly import (
     plans_for,
     short_model_classes,
 )
-from ckptbench.estimate.event_assembly import AssemblyError
 from ckptbench.estimate.gpus import DEFAULT_GPU, GpuModel, gpu_model
 from ckptbench.estimate.record import CATEGORIES, Estimate, EstimateProgress, Reserved
 from ckptbench.estimate.reserved import fast_steps, full_steps, predict_reserved
+from ckptbench.estimate.step_events import AssemblyError
+from ckptbench.estimate.step_vectors import GRADS, OPTIMIZER_STATE, PARAMS
 from ckptbench.estimate.trace import StepTrace, trace_optimizer, trace_step
-from ckptbench.estimate.tracker import GRADS, OPTIMIZER_STATE, PARAMS
 from ckptbench.train.unavailable import TechniqueUnavailable
 from ckptbench.units import GIB
 

@@ -42,7 +42,7 @@ a request served by a larger free block whose remainder is 1 MiB or less counts 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -56,6 +56,17 @@ CUBLAS_WORKSPACE_BYTES = 32 * 2**20  # Hopper (sm90) default; 4096 KiB x 2 + 16 
 CUBLAS_HANDLES = 2  # the main thread (forward, optimizer) and autograd's CUDA device thread (backward)
 _EMBEDDING_FAST_PATH_TOKENS = 3072
 _EMBEDDING_ROWS_PER_THREAD = 10
+
+
+class KernelModel(Protocol):
+    """How the target device stores tensors and which scratch memory its kernels hold."""
+
+    persistent_bytes: int
+
+    def block_bytes(self, nbytes: int) -> int: ...
+    def workspace_bytes(self, func: Any, args: tuple[Any, ...], out: Any) -> int: ...
+    def workspace_buffers(self, func: Any, args: tuple[Any, ...], out: Any) -> list[int]: ...
+    def host_resident(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]: ...
 
 
 def _round_up(value: int, multiple: int) -> int:

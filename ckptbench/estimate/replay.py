@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from ckptbench.config.alloc_conf import AllocatorSettings
 from ckptbench.estimate.allocator import AllocatorOOM, CachingAllocator, DeviceLimit
 from ckptbench.estimate.allocator_pool import Block
-from ckptbench.estimate.event_assembly import StepEvents
 from ckptbench.estimate.events import ALLOC
+from ckptbench.estimate.step_events import StepEvents
 
 
 @dataclass(frozen=True)

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ckptbench.estimate.device_model import KernelModel
 from ckptbench.estimate.events import EventLog
 from ckptbench.estimate.live_storage import (
     LiveStorageCounter,
@@ -38,60 +38,23 @@ from ckptbench.estimate.live_storage import (
     watching_resizes,
 )
 from ckptbench.estimate.record import CATEGORIES
+from ckptbench.estimate.step_vectors import (
+    ACTIVATIONS,
+    GRADS,
+    LOGITS_LOSS,
+    OPTIMIZER_STATE,
+    OTHER,
+    PARAMS,
+    TRANSIENT,
+    Segment,
+    Vector,
+    add,
+    is_layer,
+    only,
+)
 
-PARAMS, GRADS, OPTIMIZER_STATE, ACTIVATIONS, LOGITS_LOSS, TRANSIENT, OTHER = range(len(CATEGORIES))
-
-Vector = tuple[int, ...]
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _UNSCALE = torch.ops.aten._amp_foreach_non_finite_check_and_unscale_.default
-
-
-class KernelModel(Protocol):
-    """How the target device stores tensors and which scratch memory its kernels hold."""
-
-    persistent_bytes: int
-
-    def block_bytes(self, nbytes: int) -> int: ...
-    def workspace_bytes(self, func: Any, args: tuple[Any, ...], out: Any) -> int: ...
-    def workspace_buffers(self, func: Any, args: tuple[Any, ...], out: Any) -> list[int]: ...
-    def host_resident(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]: ...
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One stretch of the step: byte vectors (one entry per category) at its start, its peak and its end."""
-
-    label: str
-    start: Vector
-    peak: Vector
-    end: Vector
-
-    @property
-    def rise(self) -> Vector:
-        """The peak above the start, per category."""
-        return tuple(p - s for p, s in zip(self.peak, self.start, strict=True))
-
-    @property
-    def delta(self) -> Vector:
-        """What the segment leaves behind (end minus start), per category."""
-        return tuple(e - s for e, s in zip(self.end, self.start, strict=True))
-
-
-def is_layer(label: str) -> bool:
-    """Whether a segment label is a decoder layer's forward or backward ('fwd:3@0', 'bwd:3@0')."""
-    return label.startswith(("fwd:", "bwd:"))
-
-
-def add(a: Vector, b: Vector, scale: int = 1) -> Vector:
-    """Element-wise ``a + scale * b``."""
-    return tuple(x + scale * y for x, y in zip(a, b, strict=True))
-
-
-def _only(category: int, nbytes: int) -> Vector:
-    """A byte vector holding ``nbytes`` in ``category`` and nothing elsewhere."""
-    vec = [0] * len(CATEGORIES)
-    vec[category] = nbytes
-    return tuple(vec)
 
 
 class StepTracker(TorchDispatchMode):
@@ -219,7 +182,7 @@ class StepTracker(TorchDispatchMode):
         if nbytes and self._forgetting:
             self.events.drop(eid, self.segment_number)
         if key in self._inputs and self._label is not None:
-            self.input_frees[self._inputs.pop(key)] = (self._label, _only(category, nbytes))
+            self.input_frees[self._inputs.pop(key)] = (self._label, only(category, nbytes))
         kind = self._shared.pop(key, None)  # the key may be reused by a new storage: keep only the bytes
         if self.defer_shared and kind is not None:
             self._deferred.append((nbytes, category, kind, eid if nbytes else -1))
@@ -229,7 +192,7 @@ class StepTracker(TorchDispatchMode):
         self.by_cat[category] -= nbytes
         if seg >= 0 and self._label is not None and is_layer(self._labels[seg]) and not is_layer(self._label):
             pair = (self._label, self._labels[seg])
-            self.crossings[pair] = add(self.crossings.get(pair, (0,) * len(CATEGORIES)), _only(category, nbytes))
+            self.crossings[pair] = add(self.crossings.get(pair, (0,) * len(CATEGORIES)), only(category, nbytes))
 
     def _resized(self, _key: int, change: int, meta: tuple[int, int, int], nbytes: int) -> tuple[int, int, int]:
         """A counted storage was resized in place (FSDP2 freeing or refilling an unsharded parameter): for the
@@ -270,7 +233,7 @@ class StepTracker(TorchDispatchMode):
             self.segments.append(Segment(self._label, self._start, self._peak_vec, tuple(self.by_cat)))
             for nbytes, category, kind, eid in self._deferred:
                 self.by_cat[category] -= nbytes
-                self.releases.append((self._label, _only(category, nbytes), kind))
+                self.releases.append((self._label, only(category, nbytes), kind))
                 if eid >= 0:
                     self.events.free(eid, self.segment_number)
                     self.release_events.append((self._label, kind, eid))
@@ -311,3 +274,7 @@ class StepTracker(TorchDispatchMode):
         else:
             self._touch()
         return out
+
+
+__all__ = ["ACTIVATIONS", "GRADS", "LOGITS_LOSS", "OPTIMIZER_STATE", "OTHER", "PARAMS", "TRANSIENT", "KernelModel",
+           "Segment", "StepTracker", "Vector", "add", "is_layer"]
