@@ -245,7 +245,8 @@ def test_background_predictions_carry_the_reserved_prediction_for_the_sweeps_car
         streamed = {p.key_id: bg.get(p.key_id) for p in points}
     finally:
         bg.close()
-    assert bg.error is None and streamed == predict_records(cfg, points, target="cuda", gpu=a100)
+    # Every prediction arrived (close() may end the process before its final 'done' line is read: not an error).
+    assert bg.notes() == [] and streamed == predict_records(cfg, points, target="cuda", gpu=a100)
     h200 = predict_records(cfg, points, target="cuda", gpu="h200")
     # Ampere's smaller cuBLAS workspaces: less reserved than on the H200, so the card did reach the process.
     for key, fields in streamed.items():
