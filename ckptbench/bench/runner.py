@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -12,11 +11,12 @@ from typing import Any
 import torch
 
 from ckptbench.bench import faults
+from ckptbench.bench.base_record import base_record
 from ckptbench.bench.checked import measure_checked
 from ckptbench.bench.device import is_fatal_device_error
 from ckptbench.bench.environment import available_cpus, host_state, intra_op_threads, placement
 from ckptbench.bench.events import PROBES_GUESS, PointStart, Progress, ProgressCounter
-from ckptbench.bench.launch import measure_in_process
+from ckptbench.bench.fresh import FreshProcesses
 from ckptbench.bench.loss_check import LossReferences
 from ckptbench.bench.models import ModelSlot
 from ckptbench.bench.predictions import Predictions
@@ -34,8 +34,11 @@ from ckptbench.train.unavailable import TechniqueUnavailable
 
 
 @dataclass
-class Runner:
-    """Runs a list of points on one device, one model at a time, and yields a record per point."""
+class Runner(FreshProcesses):
+    """Runs a list of points on one device, one model at a time, and yields a record per point.
+
+    Points measured in fresh processes (their own, or a sharded point's ranks) go through bench/fresh.py.
+    """
 
     cfg: SweepConfig
     device: torch.device
@@ -151,21 +154,6 @@ class Runner:
         if record.status in ("ok", "oom"):
             self._history.append(record.to_json())  # sent to child processes: loss references and OOM skips
 
-    def _request(self, point: Point) -> dict[str, Any]:
-        """What a point's own process needs: the config, the point, and what this runner knows
-        (loss references, OOMs) of the points before it."""
-        return {
-            "config": self.cfg.model_dump(mode="json"),
-            "key": point.key,
-            "gpu_name": self.gpu_name,
-            "done": list(self._history),
-            "parent_pid": os.getpid(),
-        }
-
-    def _in_processes(self, point: Point, base: dict[str, Any], *, timeout_s: float | None) -> dict[str, Any]:
-        """Measure a point in a fresh process (one per rank for a sharded point), with its allocator settings."""
-        return measure_in_process(self._request(point), base, timeout_s=timeout_s)
-
     def run_point(
         self, point: Point, *, allow_skip: bool = True, search: bool = False, fresh: bool = False
     ) -> PointRecord:
@@ -190,7 +178,14 @@ class Runner:
     def start_point(self, point: Point, *, allow_skip: bool = True, search: bool = False) -> PointStart:
         """A point's plan and base record, or its skipped record when a smaller batch ran out of memory."""
         plan = parse_layout(point.layout, self.shape.num_layers)
-        base = self._base_record(point, plan)
+        flops = step_flops(
+            self.shape, plan, tokens=point.tokens, seq_len=point.seq_len, frozen_base=point.lora != "none",
+            recompute_lm_head=point.loss == "chunked",
+        )
+        base = base_record(
+            point, plan, flops=flops, peak_tflops=self.peak_tflops, predicted=self._predicted(point),
+            probe_kind=self.probe.kind, points_before=self._points_run, placement=self.placement,
+        )
         if search:
             base["search"] = True
         skip_from = self._oom_at.get(key_without(point, "batch_size"))
@@ -205,41 +200,6 @@ class Runner:
         record = PointRecord.model_validate(fields)
         self.remember(point, record)
         return record
-
-    def _base_record(self, point: Point, plan: LayoutPlan) -> dict[str, Any]:
-        model_flops, hw_flops = step_flops(
-            self.shape, plan, tokens=point.tokens, seq_len=point.seq_len, frozen_base=point.lora != "none",
-            recompute_lm_head=point.loss == "chunked",
-        )
-        return {
-            "key": point.key,
-            "status": None,
-            "reason": None,
-            "plan": {"layers": list(plan.layers), "granularity": plan.granularity, "targets": list(plan.targets)},
-            "layers_checkpointed": plan.describe_layers(),
-            "num_checkpointed": len(plan.layers),
-            "tokens_per_step": point.tokens,
-            "model_flops_per_step": model_flops,
-            "hardware_flops_per_step": hw_flops,
-            # Of all the point's GPUs: FLOPs and tokens per step count every rank.
-            "peak_tflops": self.peak_tflops * point.world_size if self.peak_tflops else None,
-            # Estimates (ckptbench estimate), made before the point runs, kept next to the measurement.
-            **(self._predicted(point) or {}),
-            "probe": self.probe.kind,
-            "process": "in-process",
-            "points_before": self._points_run,
-            "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
-            **self.placement,
-        }
-
-    def _measure_fresh(self, point: Point, base: dict[str, Any]) -> dict[str, Any]:
-        """Measure a point in its own process (with its allocator settings): what a new training run sees.
-
-        This process's model is freed first so that the child has the card; this process's CUDA context
-        stays, so without a memory cap the child has that much less (about 0.7 GiB on an H200).
-        """
-        self.close()
-        return self._in_processes(point, base, timeout_s=None)
 
     def _model(self, point: Point) -> Any:
         """The model for a point's precision, LoRA and parallel setting, built only when those change."""
@@ -301,15 +261,6 @@ class Runner:
         # Needed: a fresh process has no cached segments, and peak *reserved* of the next point would
         # otherwise include what this point left in the allocator's cache (DESIGN.md).
         self.probe.release()
-
-    def _sharded(self, point: Point, base: dict[str, Any]) -> dict[str, Any]:
-        """A sharded point: one fresh process per rank (this process's model and cache freed first)."""
-        visible = torch.cuda.device_count() if self.device.type == "cuda" else None
-        if visible is not None and point.world_size > visible:
-            reason = f"{point.parallel} needs {point.world_size} GPUs; {visible} visible here"
-            return {**base, "status": "skipped", "reason": reason}
-        self.close()
-        return self._in_processes(point, base, timeout_s=self.point_timeout_s)
 
     def _measure(self, model: Any, point: Point, plan: LayoutPlan) -> dict[str, Any]:
         return measure_checked(

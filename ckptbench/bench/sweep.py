@@ -2,31 +2,28 @@
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckptbench.bench import faults
-from ckptbench.bench.device import current_gpu_model, make_probe, resolve_device
-from ckptbench.bench.environment import collect as collect_environment
+from ckptbench.bench.device import current_gpu_model
 from ckptbench.bench.environment import environment_notes
 from ckptbench.bench.events import Progress
-from ckptbench.bench.fanout import FanoutRunner, attach_pool, fanout_runner
-from ckptbench.bench.isolate import IsolatedRunner
+from ckptbench.bench.fanout import FanoutRunner, attach_pool
 from ckptbench.bench.predictions import BackgroundPredictions, choose_predictions
 from ckptbench.bench.run_dir import check_paths, start_run
+from ckptbench.bench.run_status import finish_status, mark_status, no_success, signals_deferred
 from ckptbench.bench.runner import Runner
 from ckptbench.bench.search import Search, make_searches
+from ckptbench.bench.sweep_setup import check_options
+from ckptbench.bench.sweep_setup import make_runner as _make_runner  # the name tests patch
 from ckptbench.bench.timing import SweepClock, timing_recorder
 from ckptbench.config.cluster import ClusterSpec
 from ckptbench.config.grid import Point
-from ckptbench.config.schema import SweepConfig, check_cpu_compatible
-from ckptbench.errors import CkptbenchError, ConfigError, EnvironmentError_, RunFailure
+from ckptbench.config.schema import SweepConfig
+from ckptbench.errors import RunFailure
 from ckptbench.estimate.gpus import GpuModel
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import RunWriter
@@ -54,72 +51,6 @@ class SweepInterrupted(KeyboardInterrupt):
     def __init__(self, run_dir: Path, *, finished: int, total: int, clock: SweepClock | None = None) -> None:
         super().__init__(f"{run_dir}: {finished} of {total} points finished")
         self.run_dir, self.finished, self.total, self.clock = run_dir, finished, total, clock
-
-
-def _check_options(*, out: Path | None, resume: Path | None, isolate: bool, timeout_s: float | None) -> None:
-    if resume is not None and out is not None:
-        raise ConfigError("--resume continues RUN_DIR in place; it cannot be combined with --out")
-    if timeout_s is not None and not isolate:
-        raise ConfigError("--point-timeout needs --isolate (only a point's own process can be stopped)")
-    if timeout_s is not None and not timeout_s > 0:
-        raise ConfigError(f"--point-timeout must be a positive number of seconds, got {timeout_s:g}")
-
-
-def _make_runner(
-    cfg: SweepConfig, *, isolate: bool, timeout_s: float | None, cluster: ClusterSpec | None = None
-) -> tuple[Runner, dict[str, Any]]:
-    """Check that this machine can run ``cfg`` and build the runner; nothing is written yet."""
-    if cluster is not None and cluster.executor == "slurm" and shutil.which("sbatch") is None:
-        raise EnvironmentError_(
-            "--executor slurm: no Slurm here (sbatch is not on PATH); run the sweep from a Slurm login node, "
-            "or use --executor local"
-        )
-    if cluster is not None and cluster.executor != "none":
-        return fanout_runner(cfg, cluster, timeout_s=timeout_s)
-    device = resolve_device(cfg)
-    if device.type == "cpu":
-        try:
-            check_cpu_compatible(cfg)
-        except ValueError as exc:
-            raise ConfigError(f"{exc} (device {cfg.device!r} runs on the CPU here)") from None
-    environment = collect_environment(device.type, cpu_threads=cfg.cpu_threads)
-    probe = make_probe(cfg, device)
-    environment["probe"] = probe.kind
-    if faults.active():  # a run measured with fault hooks says so for good
-        environment["test_hooks"] = faults.active()
-    try:  # the runner builds the LlamaConfig: it checks the override values before anything is created
-        gpu_name = environment.get("gpu_name")
-        runner = (
-            IsolatedRunner(cfg, device, probe, gpu_name, point_timeout_s=timeout_s)
-            if isolate
-            else Runner(cfg, device, probe, gpu_name=gpu_name)
-        )
-    except CkptbenchError:
-        raise
-    except Exception as exc:  # LlamaConfig's own checks of model.overrides (types, head counts...)
-        text = " ".join(str(exc).split()) or exc.__class__.__name__
-        raise ConfigError(f"model.overrides: transformers' LlamaConfig rejects them: {text[:200]}") from None
-    return runner, environment
-
-
-@contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Hold Ctrl-C/SIGTERM while a record is appended, so a line is never half-written by us."""
-    mask = getattr(signal, "pthread_sigmask", None)
-    if mask is None:
-        yield
-        return
-    old = mask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        yield
-    finally:
-        mask(signal.SIG_SETMASK, old)
-
-
-def _mark(writer: RunWriter, status: str, finished: int, timing: dict[str, Any] | None) -> None:
-    extra = {} if timing is None else {"timing": timing, "sweep_wall_s": timing["points_s"]}
-    with contextlib.suppress(OSError):  # best effort: the points themselves are already on disk
-        writer.set_status(status, finished_points=finished, **extra)
 
 
 @dataclass
@@ -194,7 +125,7 @@ def _sweep(
     signal that arrives after the final status is written changes nothing: the outcome says it came late.
     """
     fanned = cluster.executor != "none"
-    _check_options(out=out, resume=resume, isolate=isolate or fanned, timeout_s=point_timeout_s)
+    check_options(out=out, resume=resume, isolate=isolate or fanned, timeout_s=point_timeout_s)
     resume = check_paths(out=out, resume=resume, results_root=results_root)
     runner, environment = _make_runner(cfg, isolate=isolate, timeout_s=point_timeout_s, cluster=cluster)
     points = cfg.points_list() if plan.points is None else plan.points
@@ -212,7 +143,7 @@ def _sweep(
     # A fanned-out sweep's jobs choose their device (a Slurm login node has no GPU): the default card's model.
     gpu = current_gpu_model(runner.device) if predict and runner.device.type == "cuda" and not fanned else None
     try:
-        with _signals_deferred():  # a signal now arrives once the writer exists, inside this try
+        with signals_deferred():  # a signal now arrives once the writer exists, inside this try
             writer, done, notes = start_run(
                 cfg, out=out, resume=resume, results_root=results_root, environment=environment,
                 options=options, num_points=len(points), meta=plan.meta,
@@ -247,13 +178,13 @@ def _sweep(
         if not ended:
             clock.mark("points_end")
             finished = len(done) + len(records)
-            _mark(writer, "interrupted", finished, timing(records, "interrupted") if timing else None)
+            mark_status(writer, "interrupted", finished, timing(records, "interrupted") if timing else None)
             raise SweepInterrupted(writer.run_dir, finished=finished, total=len(points), clock=clock) from None
         # after the last point and the final status: the run is what run.json says (the outcome below)
         return _outcome(writer, records, ended, done=done, notes=notes, clock=clock, late_signal=True)
     except BaseException:
         if writer is not None and not ended:
-            _mark(writer, "failed", len(done) + len(records), timing(records, "failed") if timing else None)
+            mark_status(writer, "failed", len(done) + len(records), timing(records, "failed") if timing else None)
         raise
     finally:
         if writer is not None:
@@ -302,7 +233,7 @@ def _run_points(
 
     def record(event: Progress) -> None:
         if event.record is not None:
-            with _signals_deferred():
+            with signals_deferred():
                 try:
                     writer.append(event.record)
                 except OSError as exc:
@@ -319,36 +250,11 @@ def _run_points(
     try:
         outcomes = runner.run(todo, record, searches)
     except RunFailure as exc:
-        _mark(writer, "failed", len(done) + len(records), timing(records, "failed"))
+        mark_status(writer, "failed", len(done) + len(records), timing(records, "failed"))
         raise RunFailure(f"{exc}; finished points are in {writer.run_dir} (finish with --resume)") from None
     clock.mark("points_end")
     held = [*done.values(), *records]
     failure = no_success(held)
     t = timing(records, "failed" if failure else "complete")
     # sweep_wall_s: the points' wall time over every invocation (timing.points_s), kept for older readers.
-    _finish(writer, held, ended, failure, searches=outcomes, timing=t, sweep_wall_s=t["points_s"])
-
-
-def _finish(writer: RunWriter, held: list[PointRecord], ended: list[str], failure: str | None, **extra: Any) -> None:
-    """Write the final status: 'failed' when the run holds no successful point, else 'complete'."""
-    status = "failed" if failure else "complete"
-    writer.meta.pop("failure", None)  # a resumed run's earlier failure no longer holds
-    if failure:
-        extra["failure"] = failure
-    with _signals_deferred():  # the status and `ended` change together: a signal finds both or neither
-        writer.set_status(status, finished_points=len(held), **extra)
-        ended.append(status)
-
-
-def no_success(records: list[PointRecord]) -> str | None:
-    """Why a run that holds no successful point is a failure ('12 error; the first: ...'), else None."""
-    if not records or any(r.ok for r in records):
-        return None
-    counts: dict[str, int] = {}
-    for r in records:
-        counts[r.status] = counts.get(r.status, 0) + 1
-    first = records[0]
-    why = " ".join((first.reason or "no reason recorded").split())
-    why = why if len(why) <= 160 else why[:157] + "..."
-    tally = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-    return f"no point succeeded ({tally}); the first {first.status}: {why}"
+    finish_status(writer, held, ended, failure, searches=outcomes, timing=t, sweep_wall_s=t["points_s"])
