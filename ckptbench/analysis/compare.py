@@ -1,7 +1,8 @@
 """What changed between two runs: matched points, per-metric marks, environment differences, gates.
 
 Pure functions over loaded runs returning data (``compare_refs`` loads the two runs first);
-per-point marks live in analysis/marks.py, rendering in render/compare.py.
+per-point marks live in analysis/marks.py, the notes above the table in analysis/compare_notes.py,
+rendering in render/compare.py.
 """
 
 from __future__ import annotations
@@ -12,6 +13,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ckptbench.analysis.compare_notes import (
+    CONFIG_FIELDS,
+    ENV_FIELDS,
+    environment_differences,
+    gpu_notes,
+    power_notes,
+    run_notes,
+)
 from ckptbench.analysis.marks import (
     BETTER,
     NEWLY_OOM,
@@ -26,34 +35,14 @@ from ckptbench.analysis.marks import (
     compare_point,
     not_comparable,
 )
-from ckptbench.analysis.verdict import can_decide, disjoint_odds, least_decidable, mann_whitney_can_fire
 from ckptbench.config.grid import key_id
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run, load_run
 
-# Environment fields and measurement-config fields whose differences are reported above the table;
-# differences in the grid itself show up as added/removed points instead.
-ENV_FIELDS = (
-    "gpu_name",
-    "driver_version",
-    "cuda_version",
-    "torch",
-    "transformers",
-    "ckptbench_version",
-    "device_type",
-    "probe",
-    "torch_num_threads",  # intra-op threads: on CPU they change step times by far more than 2%
-)
-CONFIG_FIELDS = (
-    "model",
-    "warmup_steps",
-    "measured_steps",
-    "optimizer",
-    "lr",
-    "seed",
-    "memory_cap_gib",
-    "peak_tflops",
-)
+__all__ = [
+    "CONFIG_FIELDS", "ENV_FIELDS", "Comparison", "Gates", "Thresholds", "compare_refs", "compare_runs",
+    "environment_differences", "gate_errors", "gate_failures", "point_labels", "summarize",
+]
 
 
 @dataclass(frozen=True)
@@ -116,11 +105,11 @@ def compare_runs(
         thresholds=thresholds,
         environment_differences=environment_differences(base, new),
         notes=[
-            *_gpu_notes(base, "base"),
-            *_gpu_notes(new, "new"),
-            *_run_notes(base, "base"),
-            *_run_notes(new, "new"),
-            *_power_notes([(base_pts[k], new_pts[k]) for k in matched], alpha=thresholds.alpha),
+            *gpu_notes(base, "base"),
+            *gpu_notes(new, "new"),
+            *run_notes(base, "base"),
+            *run_notes(new, "new"),
+            *power_notes([(base_pts[k], new_pts[k]) for k in matched], alpha=thresholds.alpha),
         ],
         points=points,
         added=[_listed(new_pts[k], labels) for k in new_pts if k not in base_pts],
@@ -181,64 +170,6 @@ def point_labels(keys: list[dict[str, Any]]) -> dict[str, str]:
         parts = [f"{_LABEL_PREFIX.get(n, n + '=')}{key[n]}" for n in names if n in key]
         labels[key_id(key)] = " ".join(parts)
     return labels
-
-
-def _gpu_notes(run: Run, side: str) -> list[str]:
-    mixed = run.mixed_gpus
-    return [f"{side} run {run.name}: its points ran on different GPU models: {mixed}"] if mixed else []
-
-
-def _run_notes(run: Run, side: str) -> list[str]:
-    notes = [f"{side} run {run.name}: {w}" for w in run.warnings]
-    status = run.meta.get("status")
-    if status != "complete":
-        total = run.meta.get("num_points", "?")
-        held = f"{len(run.points)} of {total} points"
-        notes.append(f"{side} run {run.name} is {status} ({held}); compared on what it holds")
-    return notes
-
-
-def _power_notes(pairs: list[tuple[PointRecord, PointRecord]], *, alpha: float) -> list[str]:
-    """Say when too few measured steps weaken the step-time verdict (analysis/verdict.py), or rule it out."""
-    sizes = {(len(b.step_times_s), len(n.step_times_s)) for b, n in pairs if b.ok and n.ok}
-    sizes = {(n, m) for n, m in sizes if n and m}
-    blind = sorted((n, m) for n, m in sizes if not can_decide(n, m, alpha=alpha))
-    if blind:
-        n, m = blind[0]
-        least = least_decidable(alpha)
-        return [
-            f"with {n} and {m} measured steps no step-time verdict is possible (at least {least} and {least} "
-            "are needed): those rows say 'too few samples'; measure more steps (10 or more for CI)"
-        ]
-    weak = sorted((n, m) for n, m in sizes if not mann_whitney_can_fire(n, m, alpha=alpha))
-    if not weak:
-        return []
-    n, m = weak[0]
-    return [
-        f"with {n} and {m} measured steps the Mann-Whitney test cannot reach p < {alpha:g}: a step-time "
-        "change is flagged only when the two runs' step times do not overlap "
-        f"(1 in {disjoint_odds(n, m)} by chance with no change); measure 10 or more steps for CI"
-    ]
-
-
-def environment_differences(base: Run, new: Run) -> list[str]:
-    """One line per environment or measurement-config field that differs between the runs."""
-    lines = []
-    for name in ENV_FIELDS:
-        a, b = base.environment.get(name), new.environment.get(name)
-        if a != b:
-            lines.append(f"{name}: {a} -> {b}")
-    for name in CONFIG_FIELDS:
-        a, b = base.config.get(name), new.config.get(name)
-        if a != b:
-            lines.append(f"config.{name}: {_flat(a)} -> {_flat(b)}")
-    return lines
-
-
-def _flat(value: Any) -> str:
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {_flat(v)}" for k, v in sorted(value.items())) + "}"
-    return str(value)
 
 
 def _metric(point: PointChange, name: str) -> MetricChange | None:

@@ -7,6 +7,8 @@ Records without a reserved figure fall back to peak allocated (on CPU the two ar
 memory the process holds outside the allocator is added (the CUDA context): measured with the point
 (``context_bytes``) or, for runs that did not record it, the device model's figure for the run's GPU
 (estimate/gpus.py): a point fits a card when both fit.
+
+A run's points become ``Candidate``s in analysis/recommend_candidates.py; the Pareto front is analysis/pareto.py.
 """
 
 from __future__ import annotations
@@ -16,136 +18,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptbench.analysis.pareto import pareto_front
+from ckptbench.analysis.recommend_candidates import BREAKDOWN, Candidate, candidates, point_label, seq_len_of
 from ckptbench.errors import ConfigError
-from ckptbench.estimate.gpus import gpu_for_name
-from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 from ckptbench.units import GIB_UNIT, SizeUnit
 
 DEFAULT_HEADROOM = "5%"  # of the budget: room for fragmentation growth, the CUDA context, other processes
 MEMORY_METRIC = "peak_reserved_bytes"
-BREAKDOWN = (
-    ("params_bytes", "params"),
-    ("grads_bytes", "grads"),
-    ("optimizer_state_bytes", "optimizer state"),
-    ("activation_bytes", "activation"),
-)
 
-
-@dataclass(frozen=True)
-class Candidate:
-    """One ok point, reduced to what a recommendation needs."""
-
-    index: int  # position in points.jsonl (stable tie-break)
-    key: dict[str, Any]
-    label: str
-    memory_bytes: int  # peak reserved plus the context (see the module docstring)
-    peak_allocated_bytes: int
-    peak_reserved_bytes: int | None
-    tokens_per_s: float
-    median_step_time_s: float
-    step_time_iqr_s: float
-    breakdown: dict[str, int]
-    layers_checkpointed: str | None
-    notes: tuple[str, ...] = ()
-    context_bytes: int = 0  # outside the allocator, included in memory_bytes
-
-    @property
-    def layout(self) -> str:
-        return str(self.key.get("layout"))
-
-    @property
-    def relative_spread(self) -> float:
-        """Inter-quartile range of the step time over its median."""
-        return self.step_time_iqr_s / self.median_step_time_s if self.median_step_time_s > 0 else 0.0
-
-    def to_json(self, *, limit_bytes: int | None = None) -> dict[str, Any]:
-        out = {
-            "key": self.key,
-            "label": self.label,
-            "peak_allocated_bytes": self.peak_allocated_bytes,
-            "peak_reserved_bytes": self.peak_reserved_bytes,
-            "tokens_per_s": self.tokens_per_s,
-            "median_step_time_s": self.median_step_time_s,
-            "step_time_iqr_s": self.step_time_iqr_s,
-            "memory": self.breakdown,
-            "layers_checkpointed": self.layers_checkpointed,
-            "notes": list(self.notes),
-            "context_bytes": self.context_bytes,
-        }
-        if limit_bytes is not None:
-            out["fits"] = self.memory_bytes <= limit_bytes
-        return out
-
-
-def point_label(key: dict[str, Any], *, extra: Sequence[str] = ()) -> str:
-    """'every:4 b=4 s=2048', plus any other key axes named in ``extra`` (those that vary in the run)."""
-    parts = [str(key.get("layout")), f"b={key.get('batch_size')}", f"s={key.get('seq_len')}"]
-    parts += [f"{name}={key.get(name)}" for name in extra]
-    return " ".join(parts)
-
-
-def _varying_axes(keys: Sequence[dict[str, Any]]) -> list[str]:
-    names = sorted({n for k in keys for n in k} - {"layout", "batch_size", "seq_len"})
-    return [n for n in names if len({repr(k.get(n)) for k in keys}) > 1]
-
-
-def candidates(run: Run, *, seq_len: int | None = None) -> list[Candidate]:
-    """The run's ok points (optionally of one sequence length) with a throughput and a peak."""
-    scope = [(i, r) for i, r in enumerate(run.points) if r.ok and (seq_len is None or _seq(r) == seq_len)]
-    extra = _varying_axes([r.key for _, r in scope])
-    card = gpu_for_name(run.meta.get("environment", {}).get("gpu_name"))
-    context = card.context_bytes if card is not None else 0
-    found = (_candidate(i, r, extra=extra, context=context) for i, r in scope)
-    return [c for c in found if c is not None]
-
-
-def _seq(rec: PointRecord) -> Any:
-    return rec.key.get("seq_len")
-
-
-def _candidate(index: int, rec: PointRecord, *, extra: Sequence[str], context: int = 0) -> Candidate | None:
-    alloc, reserved = rec.peak_allocated_bytes, rec.peak_reserved_bytes
-    tokens_per_s, median = rec.tokens_per_s, rec.median_step_time_s
-    if tokens_per_s is None or median is None or alloc is None:
-        return None
-    breakdown = {name: int(getattr(rec.memory, name) or 0) for name, _ in BREAKDOWN[:3]}
-    breakdown["activation_bytes"] = int(rec.activation_bytes or 0)
-    notes = []
-    if rec.loss_mismatch:
-        notes.append("loss differs from its reference (loss_check)")
-    if rec.leaked:
-        notes.append("memory leaked after the point")
-    return Candidate(
-        index=index,
-        key=dict(rec.key),
-        label=point_label(rec.key, extra=extra),
-        memory_bytes=int(reserved if reserved is not None else alloc) + (rec.context_bytes or context),
-        peak_allocated_bytes=int(alloc),
-        peak_reserved_bytes=None if reserved is None else int(reserved),
-        tokens_per_s=float(tokens_per_s),
-        median_step_time_s=float(median),
-        step_time_iqr_s=float(rec.step_time_iqr_s or 0.0),
-        breakdown=breakdown,
-        layers_checkpointed=rec.layers_checkpointed,
-        notes=tuple(notes),
-        context_bytes=rec.context_bytes or context,
-    )
-
-
-def pareto_front(cands: Sequence[Candidate]) -> list[Candidate]:
-    """Points no other point beats on both axes (less or equal memory and more or equal tokens/s,
-    one of them strictly), by memory ascending. Exact duplicates both stay."""
-
-    def dominated(c: Candidate) -> bool:
-        return any(
-            o.memory_bytes <= c.memory_bytes
-            and o.tokens_per_s >= c.tokens_per_s
-            and (o.memory_bytes < c.memory_bytes or o.tokens_per_s > c.tokens_per_s)
-            for o in cands
-        )
-
-    return sorted((c for c in cands if not dominated(c)), key=lambda c: (c.memory_bytes, c.index))
+__all__ = [
+    "BREAKDOWN", "DEFAULT_HEADROOM", "MEMORY_METRIC", "Candidate", "Recommendation", "candidates", "dominant_part",
+    "explain", "pareto_front", "point_label", "recommend",
+]
 
 
 def _fastest(cands: Sequence[Candidate]) -> Candidate | None:
@@ -220,14 +105,14 @@ def recommend(
     run: Run, *, budget_bytes: int, headroom_bytes: int, seq_len: int | None = None
 ) -> Recommendation:
     """The fastest ok point whose peak reserved memory plus the headroom fits under the budget."""
-    if seq_len is not None and not any(_seq(r) == seq_len for r in run.points):
-        have = sorted({_seq(r) for r in run.points}, key=str)
+    if seq_len is not None and not any(seq_len_of(r) == seq_len for r in run.points):
+        have = sorted({seq_len_of(r) for r in run.points}, key=str)
         raise ConfigError(f"--seq-len: the run has no point with seq_len {seq_len} (it has {have})")
     cands = candidates(run, seq_len=seq_len)
     limit = budget_bytes - headroom_bytes
     best = _fastest([c for c in cands if c.memory_bytes <= limit])
     runners_up, no_fit = _per_layout(cands, limit=limit, best=best)
-    scope = [r for r in run.points if seq_len is None or _seq(r) == seq_len]
+    scope = [r for r in run.points if seq_len is None or seq_len_of(r) == seq_len]
     not_ok = Counter(r.status for r in scope if not r.ok)
     rec = Recommendation(
         run_name=run.title, budget_bytes=budget_bytes, headroom_bytes=headroom_bytes, seq_len=seq_len,

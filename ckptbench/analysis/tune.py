@@ -14,119 +14,25 @@ survive three prunes, each recorded with its reason:
 3. **it cannot beat the best**: even running its hardware FLOPs at ``RATE_SLACK`` times the best
    FLOP rate measured in its speed class, its tokens/s would not exceed the best fitting point's.
 
-Every measurement is an ordinary point record; ``observe`` reads it.
+Every measurement is an ordinary point record; ``observe`` reads it. ``predicted_fit`` and the margin live
+in analysis/tune_fit.py, the prunes in analysis/tune_prune.py, ``Candidate`` and ``Measured`` in
+analysis/tune_candidate.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptbench.analysis.tune_space import layout_family, savers, semantic_changes, speed_class
-from ckptbench.config.grid import Point, setup_label
-from ckptbench.estimate.record import Estimate
+from ckptbench.analysis.tune_candidate import Candidate, Measured, needed, peak
+from ckptbench.analysis.tune_fit import Fit, Margin, predicted_fit
+from ckptbench.analysis.tune_prune import RATE_SLACK, pruned
+from ckptbench.analysis.tune_space import layout_family, semantic_changes, speed_class
+from ckptbench.config.grid import Point
 from ckptbench.results.record import PointRecord
 from ckptbench.units import fmt_bytes
 
-# A candidate may run faster per FLOP than anything measured so far (a larger batch fills the device
-# better): its bound allows 10% more than the best rate of its speed class before it is ruled out.
-RATE_SLACK = 1.10
-
-
-@dataclass(frozen=True)
-class Margin:
-    """Peak reserved over peak allocated, as learned from the points measured so far."""
-
-    ratio: float
-    source: str
-
-    @classmethod
-    def learn(cls, records: Sequence[PointRecord]) -> Margin:
-        ratios = [
-            r.peak_reserved_bytes / r.peak_allocated_bytes
-            for r in records
-            if r.ok and r.peak_reserved_bytes and r.peak_allocated_bytes
-        ]
-        if not ratios:
-            return cls(1.0, "no point measured yet, so no margin")
-        return cls(max(1.0, max(ratios)), f"x{max(ratios):.4f}, the largest measured reserved/allocated of "
-                   f"{len(ratios)} point(s)")
-
-
-@dataclass(frozen=True)
-class Fit:
-    """A prediction judged against the limit: fits (True/False, None when there is no prediction)."""
-
-    fits: bool | None
-    judged_bytes: int | None
-    basis: str
-
-
-def predicted_fit(estimate: Estimate, *, limit_bytes: int, margin: Margin) -> Fit:
-    """Whether a point is predicted to fit under ``limit_bytes`` of peak reserved memory plus the CUDA context.
-
-    On CUDA the estimator replays the caching allocator on the card (``estimate.reserved``): its predicted
-    peak reserved plus the card's context is judged, as a measured point is (``observe``), and a predicted
-    out-of-memory does not fit. Without a replay (CPU; a point the replay cannot assemble) the predicted
-    peak *allocated* times the margin learned from the measured points stands in.
-    """
-    reserved = estimate.reserved
-    stand_in = f" ({estimate.note})" if estimate.note and estimate.note.startswith("stand-in") else ""
-    if reserved is not None and reserved.oom is not None:
-        oom = reserved.oom
-        where = oom.get("where") or oom.get("segment") or "setup"
-        return Fit(False, None, f"predicted to run out of memory in {oom.get('phase')} ({where}) on the "
-                   f"{reserved.gpu}{stand_in}")
-    if reserved is not None and reserved.peak_reserved_bytes is not None:
-        judged = reserved.peak_reserved_bytes + reserved.context_bytes
-        basis = (f"predicted peak reserved {fmt_bytes(reserved.peak_reserved_bytes)} + "
-                 f"{fmt_bytes(reserved.context_bytes)} CUDA context ({reserved.gpu}){stand_in}")
-    elif estimate.peak_bytes is not None:
-        judged = int(estimate.peak_bytes * margin.ratio)
-        basis = f"predicted peak allocated {fmt_bytes(estimate.peak_bytes)} x margin {margin.ratio:.4f}{stand_in}"
-    else:
-        return Fit(None, None, f"no prediction ({estimate.note or 'not estimated'})")
-    verdict = "fits" if judged <= limit_bytes else "does not fit"
-    return Fit(judged <= limit_bytes, judged, f"{basis} {verdict} the {fmt_bytes(limit_bytes)} limit")
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A point of the space with what the search needs to order and prune it."""
-
-    point: Point
-    hardware_flops: int
-    estimate: Estimate
-
-    @property
-    def order(self) -> tuple[Any, ...]:
-        p = self.point
-        return (-p.tokens, p.compile, self.hardware_flops, len(savers(p)), p.key_id)
-
-    @property
-    def label(self) -> str:
-        p = self.point
-        extras = setup_label(p.key)
-        return f"{p.layout} b={p.batch_size}" + (f" {extras}" if extras else "")
-
-
-@dataclass
-class Measured:
-    """A measured candidate: its record's numbers."""
-
-    candidate: Candidate
-    record: PointRecord
-    fits: bool
-
-    @property
-    def tokens_per_s(self) -> float:
-        return float(self.record.tokens_per_s or 0.0)
-
-    @property
-    def flop_rate(self) -> float:
-        median = self.record.median_step_time_s
-        return self.candidate.hardware_flops / median if median else 0.0
+__all__ = ["RATE_SLACK", "Candidate", "Fit", "Margin", "Measured", "TunePlanner", "predicted_fit"]
 
 
 @dataclass
@@ -170,7 +76,7 @@ class TunePlanner:
     def observe(self, point: Point, record: PointRecord) -> None:
         """Take in the measured record of the point ``next`` returned (or a resumed run's)."""
         c = self._by_key[point.key_id]
-        fits = record.ok and not record.loss_mismatch and _needed(record) <= self.limit_bytes
+        fits = record.ok and not record.loss_mismatch and needed(record) <= self.limit_bytes
         self.measured.append(Measured(c, record, fits))
         self.margin = Margin.learn([m.record for m in self.measured])
         self.decisions[-1].update(_measured_fields(record, fits, self.limit_bytes))
@@ -196,71 +102,16 @@ class TunePlanner:
             return f"--time-budget {self.time_budget_s / 60:g} min spent"
         return None
 
-    # -- prunes ---------------------------------------------------------------------------------
+    # -- prunes (analysis/tune_prune.py) ---------------------------------------------------------
     def _pruned(self, c: Candidate, fit: Fit) -> str | None:
-        if fit.fits is False:
-            return f"predicted not to fit: {fit.basis}"
-        failed = self._failed_below(c)
-        if failed is not None:
-            return (
-                f"predicted not to fit: predicted peak allocated {fmt_bytes(c.estimate.peak_bytes or 0)}, no less "
-                f"than {failed.candidate.label}'s, which did not fit when measured ({_outcome(failed.record)})"
-            )
-        winner = self._cheaper_winner(c)
-        if winner is not None:
-            return (
-                f"a cheaper setup already fits at the same tokens per step: {winner.candidate.label} "
-                f"({winner.tokens_per_s:,.0f} tokens/s) with no more recomputation or memory savers"
-            )
-        bound = self._bound(c)
-        best = self.best
-        if bound is not None and best is not None and bound <= best.tokens_per_s:
-            return (
-                f"cannot beat {best.candidate.label} ({best.tokens_per_s:,.0f} tokens/s): at most "
-                f"{bound:,.0f} tokens/s even at {RATE_SLACK:g}x the best FLOP rate measured in its class"
-            )
-        return None
-
-    def _failed_below(self, c: Candidate) -> Measured | None:
-        """A measured point that did not fit (out of memory, or over the limit) although predicted to need
-        no more than this candidate: the allocator's overhead above the prediction is at least as large here."""
-        mine = c.estimate.peak_bytes
-        if mine is None:
-            return None
-        for m in self.measured:
-            theirs = m.candidate.estimate.peak_bytes
-            over = m.record.status == "oom" or (m.record.ok and _needed(m.record) > self.limit_bytes)
-            if over and theirs is not None and theirs <= mine:
-                return m
-        return None
-
-    def _cheaper_winner(self, c: Candidate) -> Measured | None:
-        for m in self.measured:
-            o = m.candidate
-            if (
-                m.fits
-                and o.point.tokens == c.point.tokens
-                and speed_class(o.point) == speed_class(c.point)
-                and o.hardware_flops <= c.hardware_flops
-                and savers(o.point) <= savers(c.point)
-                and o.point.micro_batches <= c.point.micro_batches
-            ):
-                return m
-        return None
-
-    def _bound(self, c: Candidate) -> float | None:
-        mine = speed_class(c.point)
-        rates = [m.flop_rate for m in self.measured if m.record.ok and speed_class(m.candidate.point) == mine]
-        if not rates or not c.hardware_flops:
-            return None
-        return c.point.tokens * max(rates) * RATE_SLACK / c.hardware_flops
+        return pruned(c, fit, measured=self.measured, limit_bytes=self.limit_bytes, best=self.best)
 
     # -- the answer ---------------------------------------------------------------------------
     @property
     def best(self) -> Measured | None:
         """The fastest measured point that fits (ties: less memory, then measured earlier)."""
         fitting = [m for m in self.measured if m.fits]
-        return min(fitting, key=lambda m: (-m.tokens_per_s, _peak(m.record)), default=None)
+        return min(fitting, key=lambda m: (-m.tokens_per_s, peak(m.record)), default=None)
 
     def family_best(self) -> dict[str, Measured]:
         """The fastest fitting point of every layout family, fastest family first."""
@@ -295,30 +146,16 @@ class TunePlanner:
         }
 
 
-def _peak(record: PointRecord) -> int:
-    return int(record.peak_reserved_bytes or record.peak_allocated_bytes or 0)
-
-
-def _needed(record: PointRecord) -> int:
-    """What must fit the limit: peak reserved plus the memory the process held outside the allocator (the
-    CUDA context, measured with the point; none on CPU), as ``recommend`` and the searches count it."""
-    return _peak(record) + int(record.context_bytes or 0)
-
-
-def _outcome(record: PointRecord) -> str:
-    return "out of memory" if record.status == "oom" else f"{fmt_bytes(_peak(record))} peak reserved"
-
-
 def _measured_fields(record: PointRecord, fits: bool, limit: int) -> dict[str, Any]:
     out: dict[str, Any] = {"action": "measured", "status": record.status, "fits": fits}
     if record.ok:
-        out.update(tokens_per_s=record.tokens_per_s, peak_reserved_bytes=_peak(record))
+        out.update(tokens_per_s=record.tokens_per_s, peak_reserved_bytes=peak(record))
         if record.loss_mismatch:
             out["note"] = "loss differs from the plain step's: not a candidate"
         elif not fits:
             ctx = record.context_bytes
             context = f" (peak reserved + {fmt_bytes(ctx)} CUDA context)" if ctx else ""
-            out["note"] = f"measured {fmt_bytes(_needed(record))}{context} > the {fmt_bytes(limit)} limit"
+            out["note"] = f"measured {fmt_bytes(needed(record))}{context} > the {fmt_bytes(limit)} limit"
     else:
         out["note"] = record.reason
     return out
@@ -329,7 +166,7 @@ def _summary(m: Measured) -> dict[str, Any]:
         "key": m.candidate.point.key,
         "label": m.candidate.label,
         "tokens_per_s": m.tokens_per_s,
-        "peak_reserved_bytes": _peak(m.record),
+        "peak_reserved_bytes": peak(m.record),
         "peak_allocated_bytes": m.record.peak_allocated_bytes,
         "layers_checkpointed": m.record.layers_checkpointed,
     }

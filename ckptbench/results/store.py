@@ -1,4 +1,7 @@
-"""On-disk schema of a run (run.json + points.jsonl), append/load, and the DataFrame view."""
+"""On-disk schema of a run (run.json + points.jsonl), append/load, and the DataFrame view.
+
+The run directory's lock lives in results/lock.py, the repair of a cut-off points.jsonl in results/repair.py.
+"""
 
 from __future__ import annotations
 
@@ -13,18 +16,19 @@ from typing import Any
 from pydantic import ValidationError
 
 from ckptbench.errors import ResultsError
+from ckptbench.results.lock import LOCK_FILE, lock_run_dir, writer_alive
 from ckptbench.results.meta import checked_meta
 from ckptbench.results.record import PointRecord
+from ckptbench.results.repair import repair_points_file
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
+__all__ = [
+    "LOCK_FILE", "POINTS_FILE", "RUN_FILE", "SCHEMA_VERSION", "Run", "RunWriter", "create_run_dir", "latest_per_key",
+    "load_run", "repair_points_file", "resolve_run_path", "write_json_atomic", "write_text_atomic",
+]
 
 SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
 POINTS_FILE = "points.jsonl"
-LOCK_FILE = ".lock"
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -72,65 +76,6 @@ def create_run_dir(base: Path, name: str, stamp: str) -> Path:
     raise ResultsError(f"{base}: could not create a new run directory for {name!r}")
 
 
-def _lock_run_dir(run_dir: Path) -> int | None:
-    """Hold an exclusive lock on the run directory for this process's lifetime (released on any exit)."""
-    if fcntl is None:  # not POSIX: no locking; create_run_dir's exclusive mkdir still separates new runs
-        return None
-    fd = os.open(run_dir / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise ResultsError(f"{run_dir}: in use by another ckptbench process (nothing was changed)") from None
-    return fd
-
-
-def repair_points_file(path: Path) -> bool:
-    """Make points.jsonl safe to append to; True if it was changed.
-
-    A last record cut off mid-write (not JSON) is cut away, whatever follows it (a newline, blank
-    lines): appended records must never follow it, or the damage would sit in the middle of the file
-    for good. A complete last record that lacks only its newline keeps its data and gets the newline.
-    """
-    if not path.exists():
-        return False
-    data = path.read_bytes()
-    body = data.rstrip()
-    if not body:
-        return False
-    start = body.rfind(b"\n") + 1
-    try:
-        json.loads(body[start:])
-    except ValueError:  # a half-written line (UnicodeDecodeError is a ValueError too)
-        with open(path, "r+b") as fh:
-            fh.truncate(start)
-        return True
-    if data.endswith(b"\n"):
-        return False
-    with open(path, "ab") as fh:
-        fh.write(b"\n")
-    return True
-
-
-def _writer_alive(run_dir: Path) -> bool | None:
-    """Whether a process holds the run's lock (a sweep writing it); None where that cannot be told."""
-    if fcntl is None:
-        return None
-    try:
-        fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY)
-    except FileNotFoundError:  # every writer creates the lock file before run.json: none is alive
-        return False
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)  # closing releases the shared lock, if it was taken
-    return False
-
-
 class RunWriter:
     """Appends one JSON line per finished point, flushed and synced as it finishes.
 
@@ -140,7 +85,7 @@ class RunWriter:
 
     def __init__(self, run_dir: Path, meta: dict[str, Any]) -> None:
         self.run_dir = run_dir
-        self._lock = _lock_run_dir(run_dir)
+        self._lock = lock_run_dir(run_dir)
         try:
             if (run_dir / RUN_FILE).exists():  # checked under the lock: no race with another --out
                 raise ResultsError(f"{run_dir}: already holds a run; choose another --out (nothing changed)")
@@ -158,7 +103,7 @@ class RunWriter:
         """
         writer = cls.__new__(cls)
         writer.run_dir, writer.meta = run_dir, {}
-        writer._lock = _lock_run_dir(run_dir)
+        writer._lock = lock_run_dir(run_dir)
         try:
             repair_points_file(run_dir / POINTS_FILE)
         except BaseException:
@@ -274,7 +219,7 @@ def load_run(ref: str | Path, *, results_root: Path = Path("results")) -> Run:
     run.meta, notes = checked_meta(meta, source=str(path / RUN_FILE))
     for note in notes:
         _skip(run, note)
-    if run.meta.get("status") == "running" and _writer_alive(path) is False:
+    if run.meta.get("status") == "running" and writer_alive(path) is False:
         run.meta["status"] = "interrupted"  # in memory only: a reader never writes the run
         _skip(run, f"{path}: run.json says 'running' but no ckptbench process holds the run: it was "
                    f"interrupted (killed?); finish it with: ckptbench sweep CONFIG --resume {path}")
