@@ -49,15 +49,31 @@ def test_sharded_points_run_as_ranks_and_merge_their_peaks_and_times(sharded_run
         assert all(r.host for r in ranks) and rec.host == ranks[0].host
 
 
+def _gloo_race_bytes(cfg: Any, parallel: str) -> int:
+    """What a measured FSDP2 rank on gloo may hold beyond the prediction, by timing alone: gloo's worker
+    thread can still reference the root group's reduce-scatter input (the unsharded fp32 gradients of
+    the embedding, the final norm and the LM head) when the peak is taken. The fake process group
+    completes every collective at once, so the estimate never holds it; seen in 3 of 4 runs as 263,164
+    or 263,168 bytes more on ('fsdp2:2', 'none'). 1 KiB covers the scalars and rounding around it."""
+    if not parallel.startswith("fsdp2"):
+        return 0
+    vocab, hidden = 256, 128  # the tiny preset
+    return (2 * vocab * hidden + hidden) * 4 + 1024
+
+
 def test_per_rank_peaks_equal_the_fake_process_group_estimate(sharded_run: Any) -> None:
-    """As for single-process points: the CPU estimate counts what each rank's tracker counts, to the byte."""
+    """As for single-process points: the CPU estimate counts what each rank's tracker counts, to the byte
+    (unsharded and DDP points); an FSDP2 rank either equals it or holds, in addition, no more than the
+    reduce-scatter input gloo's thread may still reference (_gloo_race_bytes)."""
     cfg, records = sharded_run
     for (parallel, layout), rec in records.items():
         point = Point.from_key(rec.key)
-        assert rec.predicted_peak_allocated_bytes == rec.peak_allocated_bytes, (parallel, layout)
+        extra = (rec.peak_allocated_bytes or 0) - (rec.predicted_peak_allocated_bytes or 0)
+        assert extra == 0 or 0 < extra <= _gloo_race_bytes(cfg, parallel), (parallel, layout, extra)
         for rank in rec.ranks or []:
             (est,) = estimate_points(cfg, [point], target="cpu", rank=rank.rank)
-            assert est.peak_bytes == rank.peak_allocated_bytes, (parallel, layout, rank.rank)
+            extra = (rank.peak_allocated_bytes or 0) - (est.peak_bytes or 0)
+            assert extra == 0 or 0 < extra <= _gloo_race_bytes(cfg, parallel), (parallel, layout, rank.rank, extra)
 
 
 def test_sharding_changes_memory_and_not_the_losses(sharded_run: Any) -> None:
