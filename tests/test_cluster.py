@@ -276,3 +276,15 @@ def test_slurm_without_slurm_is_one_line_before_anything_is_written(
         "or use --executor local"
     ]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_plain_sweep_needs_no_submitit() -> None:
+    """Only a fanned-out sweep imports submitit: a GPU machine without it still runs every other command."""
+    code = (
+        "import sys; sys.modules['submitit'] = None\n"  # 'import submitit' now raises ImportError
+        "import ckptbench.bench.sweep, ckptbench.bench.tune, ckptbench.cli.main\n"
+        "from ckptbench.bench.executors import LocalPool\n"
+        "try:\n    LocalPool(folder=__import__('pathlib').Path('.'), gpus=[])\nexcept ImportError:\n    print('lazy')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "lazy", out.stderr

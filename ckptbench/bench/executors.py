@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import submitit
-
 from ckptbench.config.cluster import SlurmSpec
 
 JobFunction = Callable[..., dict[str, Any]]
@@ -68,6 +66,8 @@ class LocalPool:
     _free: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        import submitit  # only a fanned-out sweep needs it: a plain sweep runs where it is not installed
+
         self.executor = submitit.LocalExecutor(folder=self.folder)
         self._free = list(self.gpus) if self.gpus else list(range(self.cpu_slots))
         self._total = len(self._free)
@@ -127,13 +127,17 @@ class SlurmPool:
     folder: Path
     spec: SlurmSpec
     name: str
-    # submitit.SlurmExecutor on a cluster; tests pass submitit's LocalExecutor or DebugExecutor.
-    make_executor: Callable[[Path], Any] = submitit.SlurmExecutor
+    # None: submitit.SlurmExecutor (a cluster); tests pass submitit's LocalExecutor or DebugExecutor.
+    make_executor: Callable[[Path], Any] | None = None
     kind: str = "slurm"
     poll_s: float = 5.0  # a finished job's result file is looked for this often (sacct: see fanout)
     _in_flight: int = 0
 
     def __post_init__(self) -> None:
+        if self.make_executor is None:
+            import submitit  # only a fanned-out sweep needs it
+
+            self.make_executor = submitit.SlurmExecutor
         self.executor = self.make_executor(self.folder)
         self.parameters = slurm_parameters(self.spec, name=self.name)
         self.executor.update_parameters(**self.parameters)

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import submitit
 import torch
 
 from ckptbench.bench.environment import collect as collect_environment
@@ -199,7 +198,7 @@ def attach_pool(runner: FanoutRunner, run_dir: Path, *, make_executor: Callable[
     cluster = runner.cluster
     folder = run_dir / "jobs"
     if cluster.executor == "slurm":
-        runner.pool = SlurmPool(folder, cluster.slurm, runner.cfg.name, make_executor or submitit.SlurmExecutor)
+        runner.pool = SlurmPool(folder, cluster.slurm, runner.cfg.name, make_executor)
         return
     gpus = cluster.local.gpus
     if gpus is None and runner.device.type == "cuda":
