@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Iterable
 from typing import Any, Protocol
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ckptbench.estimate.live_storage import (
+    CountingMode,
     LiveStorageCounter,
     creates_storage,
     storage_tensors,
-    watching_resizes,
 )
 
 
@@ -85,7 +83,7 @@ class CudaProbe:
         return max(0, total - free - torch.cuda.memory_reserved(self.device))
 
 
-class LiveTensorTracker(TorchDispatchMode):
+class LiveTensorTracker(CountingMode):
     """Counts the bytes of live tensor storages created by every dispatched op (and registered ones).
 
     The counting is ``LiveStorageCounter``'s (each storage once, views share it, uncounted when
@@ -100,20 +98,6 @@ class LiveTensorTracker(TorchDispatchMode):
         self.peak = 0
         self.num_ooms = 0
         self.storages: LiveStorageCounter[None] = LiveStorageCounter(on_resize=self._resized)
-        self._watching: list[contextlib.AbstractContextManager[None]] = []
-
-    def __enter__(self) -> LiveTensorTracker:
-        watch = watching_resizes(self.storages)  # FSDP2 frees and refills parameters by resizing storages
-        watch.__enter__()
-        self._watching.append(watch)
-        super().__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            super().__exit__(*exc)
-        finally:
-            self._watching.pop().__exit__(None, None, None)
 
     def _resized(self, _key: int, change: int, _meta: None, _nbytes: int) -> None:
         if change > 0 and self.cap_bytes is not None and self.live > self.cap_bytes:

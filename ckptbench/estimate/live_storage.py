@@ -18,10 +18,10 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import torch
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 Meta = TypeVar("Meta")
 
@@ -188,3 +188,27 @@ def watching_resizes(counter: LiveStorageCounter[Any]) -> Iterator[None]:
         _WATCHERS.remove(counter)
         if not _WATCHERS:
             torch.UntypedStorage.resize_ = _RESIZE  # type: ignore[method-assign]
+
+
+class CountingMode(TorchDispatchMode):
+    """A dispatch mode that counts with a LiveStorageCounter (``storages``, set by the subclass): while it
+    is on, in-place storage resizes (FSDP2 freeing and refilling parameters) are counted too."""
+
+    storages: LiveStorageCounter[Any]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._watching: list[contextlib.AbstractContextManager[None]] = []
+
+    def __enter__(self) -> Self:
+        watch = watching_resizes(self.storages)
+        watch.__enter__()
+        self._watching.append(watch)
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._watching.pop().__exit__(None, None, None)

@@ -20,22 +20,20 @@ a CPU-target estimate counts as the CPU tracker measures. On top of that it
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ckptbench.estimate.device_model import KernelModel
 from ckptbench.estimate.events import EventLog
 from ckptbench.estimate.live_storage import (
+    CountingMode,
     LiveStorageCounter,
     creates_storage,
     storage_key,
     storage_tensors,
-    watching_resizes,
 )
 from ckptbench.estimate.record import CATEGORIES
 from ckptbench.estimate.step_vectors import (
@@ -57,7 +55,7 @@ _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _UNSCALE = torch.ops.aten._amp_foreach_non_finite_check_and_unscale_.default
 
 
-class StepTracker(TorchDispatchMode):
+class StepTracker(CountingMode):
     """Counts live storage bytes per category and records per-segment start/peak/end vectors.
 
     Which storages are live, and their bytes as the target allocator rounds them, is the
@@ -87,7 +85,6 @@ class StepTracker(TorchDispatchMode):
         self.storages: LiveStorageCounter[tuple[int, int, int]] = LiveStorageCounter(
             round_bytes=kernels.block_bytes, on_release=self._released, on_resize=self._resized
         )
-        self._watching: list[contextlib.AbstractContextManager[None]] = []
         self._shared: dict[int, str] = {}
         self._inputs: dict[int, int] = {}
         self._deferred: list[tuple[int, int, str, int]] = []  # (bytes, category, kind, event id)
@@ -204,19 +201,6 @@ class StepTracker(TorchDispatchMode):
         eid = self.events.alloc(nbytes, self.segment_number) if nbytes else -1
         self._touch()
         return category, seg, eid
-
-    def __enter__(self) -> StepTracker:
-        watch = watching_resizes(self.storages)
-        watch.__enter__()
-        self._watching.append(watch)
-        super().__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            super().__exit__(*exc)
-        finally:
-            self._watching.pop().__exit__(None, None, None)
 
     def _touch(self, extra: int = 0) -> None:
         live = self.live + extra
