@@ -34,25 +34,14 @@ POINTS_FILE = "points.jsonl"
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON through a temporary file and a rename, so readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes it private; results are meant to be shared
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, sort_keys=True, indent=2)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, json.dumps(data, sort_keys=True, indent=2) + "\n")
 
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write text through a temporary file and a rename."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        os.fchmod(fd, 0o644)
+        os.fchmod(fd, 0o644)  # mkstemp makes it private; results are meant to be shared
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
