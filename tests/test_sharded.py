@@ -18,6 +18,7 @@ from ckptbench.errors import ConfigError
 from ckptbench.estimate.api import Estimator, estimate_points
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import load_run
+from ckptbench.train.model import llama_config
 from tests.conftest import tiny_config
 
 TWO_LAYERS = {"preset": "tiny", "overrides": {"num_hidden_layers": 2}}
@@ -57,8 +58,8 @@ def _gloo_race_bytes(cfg: Any, parallel: str) -> int:
     or 263,168 bytes more on ('fsdp2:2', 'none'). 1 KiB covers the scalars and rounding around it."""
     if not parallel.startswith("fsdp2"):
         return 0
-    vocab, hidden = 256, 128  # the tiny preset
-    return (2 * vocab * hidden + hidden) * 4 + 1024
+    llama = llama_config(cfg.model)
+    return (2 * llama.vocab_size * llama.hidden_size + llama.hidden_size) * 4 + 1024
 
 
 def test_per_rank_peaks_equal_the_fake_process_group_estimate(sharded_run: Any) -> None:

@@ -150,9 +150,9 @@ def _sweep(
             )
         if isinstance(runner, FanoutRunner):
             attach_pool(runner, writer.run_dir)
-        if cluster.executor != "slurm":  # Slurm's jobs run on other hosts: this one's load says nothing of them
-            notes = [*notes, *environment_notes(environment)]
-        notes = list(notes)  # this invocation's own list (the loaded run's warnings stay as they are)
+        # A new list (the loaded run's warnings stay as they are); Slurm's jobs run on other hosts: this one's
+        # load says nothing of them.
+        notes = [*notes, *(environment_notes(environment) if cluster.executor != "slurm" else [])]
         clock.mark("environment")
         todo = [p for p in points if p.key_id not in done]
         searches: list[Search] = [*make_searches(cfg)] if plan.searches is None else plan.searches

@@ -159,6 +159,12 @@ ConfigArg = Annotated[
 RunArg = Annotated[str, typer.Argument(metavar="RUN", help="A run directory, or a run name under --results.")]
 FormatOpt = Annotated[Format, typer.Option("--format", help="table (default), markdown, csv or json.")]
 ResultsOpt = Annotated[Path, typer.Option("--results", metavar="DIR", help="Where run names are looked up.")]
+# A new run's folders, as text: typer turns '' into '.', and '' must be refused (path_option).
+OutDirOpt = Annotated[
+    str | None,
+    typer.Option("--out", metavar="RUN_DIR", help="Run directory (default results/<name>-<timestamp>)."),
+]
+ResultsRootOpt = Annotated[str, typer.Option("--results", metavar="DIR", help="Folder for new run directories.")]
 BudgetOpt = Annotated[
     str | None,
     typer.Option("--budget", metavar="SIZE",

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ckptbench.cli.common import ConfigArg, err, fail, finite, out, path_option, warn
+from ckptbench.cli.common import ConfigArg, OutDirOpt, ResultsRootOpt, err, fail, finite, out, path_option, warn
 from ckptbench.cli.progress import SweepProgress
 from ckptbench.errors import CkptbenchError, ResultsError, RunFailure
 
@@ -106,13 +106,8 @@ def _hook_notes() -> None:
 
 def sweep(
     config: ConfigArg,
-    out_dir: Annotated[
-        str | None,  # not Path: typer turns '' into '.', and '' must be refused (cli/common.py path_option)
-        typer.Option("--out", metavar="RUN_DIR", help="Run directory (default results/<name>-<timestamp>)."),
-    ] = None,
-    results_root: Annotated[
-        str, typer.Option("--results", metavar="DIR", help="Folder for new run directories.")
-    ] = "results",
+    out_dir: OutDirOpt = None,
+    results_root: ResultsRootOpt = "results",
     resume: Annotated[
         str | None,
         typer.Option("--resume", help="Finish an interrupted or failed run in RUN_DIR (same config).",

@@ -8,7 +8,18 @@ from typing import Annotated, Any
 import typer
 
 from ckptbench.analysis.recommend import DEFAULT_HEADROOM
-from ckptbench.cli.common import BudgetOpt, ConfigArg, HeadroomOpt, SeqLenOpt, err, fail, finite, out
+from ckptbench.cli.common import (
+    BudgetOpt,
+    ConfigArg,
+    HeadroomOpt,
+    OutDirOpt,
+    ResultsRootOpt,
+    SeqLenOpt,
+    err,
+    fail,
+    finite,
+    out,
+)
 from ckptbench.cli.progress import EstimateProgressBar, SweepProgress
 from ckptbench.cli.sweep import _interrupted, _Interrupts, _paths, _write_summaries
 from ckptbench.errors import CkptbenchError, ConfigError
@@ -39,13 +50,8 @@ def tune(
     max_points: MaxPointsOpt = None,
     time_budget: TimeBudgetOpt = None,
     allow: AllowOpt = None,
-    out_dir: Annotated[
-        str | None,  # not Path: typer turns '' into '.', and '' must be refused (cli/common.py path_option)
-        typer.Option("--out", metavar="RUN_DIR", help="Run directory (default results/<name>-<time>)."),
-    ] = None,
-    results_root: Annotated[
-        str, typer.Option("--results", metavar="DIR", help="Folder for new run directories.")
-    ] = "results",
+    out_dir: OutDirOpt = None,
+    results_root: ResultsRootOpt = "results",
     resume: Annotated[
         str | None, typer.Option("--resume", help="Continue the search of RUN_DIR (same config).", metavar="RUN_DIR")
     ] = None,
