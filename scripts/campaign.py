@@ -4,7 +4,7 @@
     python3 scripts/campaign.py stage STAGE.sh          the same for the configs a stage script names
     python3 scripts/campaign.py dry CONFIG OUT_DIR      write the CPU (DRY=1) form of CONFIG, print its path
 
-Estimates are calibrated on the committed runs named by CALIBRATION_RUNS (ckptbench/bench/gpu_time.py).
+Estimates are calibrated on the committed runs named by CALIBRATION_RUNS (scripts/campaign_lib/gpu_time.py).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from ckptbench.bench.gpu_time import SweepTime, calibrate, estimate_sweep  # noqa: E402
 from ckptbench.config.load import load_config, parse_config  # noqa: E402
-from ckptbench.config.shrink import dry_config  # noqa: E402
 from ckptbench.results.store import load_run  # noqa: E402
+from scripts.campaign_lib.gpu_time import SweepTime, calibrate, estimate_sweep  # noqa: E402
+from scripts.campaign_lib.shrink import dry_config  # noqa: E402
 
 CALIBRATION_RUNS = ("results/h200-gpu-check-2/check", "results/h200-gpu-check-1/axes")
 CONFIG_IN_STAGE = re.compile(r"configs/[\w/.-]+\.yaml")

@@ -59,7 +59,7 @@ MINI: dict[str, Any] = tiny_data(
 @pytest.fixture(scope="session")
 def mini_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(config file, pristine run directory) of MINI, measured once per session; copy it before changing it."""
-    from ckptbench.bench.sweep import run_sweep
+    from ckptbench.sweep.sweep import run_sweep
 
     root = tmp_path_factory.mktemp("mini")
     config = root / "mini.yaml"
@@ -101,8 +101,8 @@ def quiet_host(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     so statuses and stderr are the same on every machine, unless a test is marked host_warnings."""
     if "host_warnings" in request.keywords:
         return
-    monkeypatch.setattr("ckptbench.bench.environment.busy_warning", lambda load, cpus: None)
-    monkeypatch.setattr("ckptbench.bench.environment.spread_warning", lambda step_times_s: None)
+    monkeypatch.setattr("ckptbench.measure.environment.busy_warning", lambda load, cpus: None)
+    monkeypatch.setattr("ckptbench.measure.environment.spread_warning", lambda step_times_s: None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ckptbench.analysis.claims import Answers, answer_claims
-from ckptbench.analysis.verdicts import Budget
+from ckptbench.answers.claims import Answers, answer_claims
+from ckptbench.answers.verdicts import Budget
 from ckptbench.config.grid import AXIS_DEFAULTS
 from ckptbench.config.layouts import parse_layout
 from ckptbench.results.record import PointRecord

@@ -1,6 +1,6 @@
 """Allocator traces recorded on a GPU, replayed through ckptbench's allocator model: identical to the byte.
 
-The GPU side converts ``torch.cuda.memory._snapshot()`` to compact JSON (bench/alloc_trace.py); the
+The GPU side converts ``torch.cuda.memory._snapshot()`` to compact JSON (processes/alloc_trace.py); the
 synthetic test below checks that conversion on a trace in the snapshot's documented shape, made by the
 replay itself, so the format and the replay of a recorded sequence are tested without a GPU.
 """
@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from ckptbench.bench.alloc_trace import convert_snapshot, trace_file_name
 from ckptbench.config.alloc_conf import parse_alloc_conf
 from ckptbench.estimate.allocator import CachingAllocator, DeviceLimit
 from ckptbench.estimate.allocator_pool import Block
 from ckptbench.estimate.recorded import load_trace, replay_recorded
+from ckptbench.processes.alloc_trace import convert_snapshot, trace_file_name
 
 MIB, GIB = 2**20, 2**30
 TRACES = Path(__file__).parent / "fixtures" / "allocator_traces"

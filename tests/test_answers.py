@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ckptbench.analysis.claims import answer_claims
-from ckptbench.analysis.verdicts import Budget
+from ckptbench.answers.claims import answer_claims
+from ckptbench.answers.verdicts import Budget
 from ckptbench.cli import app
 from ckptbench.render.answers import README_BEGIN, README_END, answers_markdown, readme_block, verdict_table
 from ckptbench.results.store import load_run

@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 import torch
 
-from ckptbench.bench.device import make_probe, resolve_device
-from ckptbench.bench.probes import LiveTensorTracker
-from ckptbench.bench.runner import Progress, Runner
 from ckptbench.config.axes import SweepAxes
 from ckptbench.config.layouts import parse_layout
 from ckptbench.config.load import parse_config
 from ckptbench.errors import ConfigError
+from ckptbench.measure.device import make_probe, resolve_device
+from ckptbench.measure.probes import LiveTensorTracker
+from ckptbench.measure.runner import Progress, Runner
 from ckptbench.train.checkpointing import applied
 from ckptbench.train.model import build_model
 from ckptbench.train.offload import HostOffload

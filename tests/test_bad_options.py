@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ckptbench.bench import sweep as bench_sweep
 from ckptbench.cli import app
+from ckptbench.sweep import sweep as bench_sweep
 from tests.conftest import MINI
 
 # (id, arguments after the command name; the text the one line must hold)

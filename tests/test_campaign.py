@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from ckptbench.bench.gpu_time import calibrate, estimate_sweep
 from ckptbench.config.load import load_config, parse_config
-from ckptbench.config.shrink import dry_config, scale_layout
 from ckptbench.results.store import load_run
+from scripts.campaign_lib.gpu_time import calibrate, estimate_sweep
+from scripts.campaign_lib.shrink import dry_config, scale_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ROOT / "scripts" / "gpu_stages"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckptbench.analysis import verdicts
-from ckptbench.analysis.verdicts import STAGE_BATCH_MAX, STAGE_CLAIMS, STAGE_SEQ, STAGE_TUNE, Answer, Verdict
+from ckptbench.answers import verdicts
+from ckptbench.answers.verdicts import STAGE_BATCH_MAX, STAGE_CLAIMS, STAGE_SEQ, STAGE_TUNE, Answer, Verdict
 from tests.handbuilt import answers, base_points, pt, run_of
 
 H, F, W, OPEN = Verdict.HOLDS, Verdict.FAILS, Verdict.ONLY_WHEN, Verdict.OPEN

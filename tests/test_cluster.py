@@ -19,16 +19,16 @@ import submitit
 import yaml
 from typer.testing import CliRunner
 
-from ckptbench.bench.executors import Request, SlurmPool, cancel
-from ckptbench.bench.fanout import attach_pool, fanout_runner
-from ckptbench.bench.loss_check import LossReferences
-from ckptbench.bench.runner import Progress
-from ckptbench.bench.schedule import prerequisites, ready
-from ckptbench.bench.sweep import run_sweep
 from ckptbench.cli import app
 from ckptbench.config.cluster import ClusterSpec, SlurmSpec
 from ckptbench.config.load import load_config
+from ckptbench.measure.loss_check import LossReferences
+from ckptbench.measure.runner import Progress
+from ckptbench.processes.executors import Request, SlurmPool, cancel
+from ckptbench.processes.fanout import attach_pool, fanout_runner
+from ckptbench.processes.schedule import prerequisites, ready
 from ckptbench.results.store import load_run
+from ckptbench.sweep.sweep import run_sweep
 from tests.conftest import tiny_config, tiny_data
 
 ROOT = Path(__file__).parents[1]
@@ -282,8 +282,8 @@ def test_a_plain_sweep_needs_no_submitit() -> None:
     """Only a fanned-out sweep imports submitit: a GPU machine without it still runs every other command."""
     code = (
         "import sys; sys.modules['submitit'] = None\n"  # 'import submitit' now raises ImportError
-        "import ckptbench.bench.sweep, ckptbench.bench.tune, ckptbench.cli.main\n"
-        "from ckptbench.bench.executors import LocalPool\n"
+        "import ckptbench.sweep.sweep, ckptbench.search.tune, ckptbench.cli.main\n"
+        "from ckptbench.processes.executors import LocalPool\n"
         "try:\n    LocalPool(folder=__import__('pathlib').Path('.'), gpus=[])\nexcept ImportError:\n    print('lazy')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)

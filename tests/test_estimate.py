@@ -14,8 +14,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from ckptbench.bench.device import make_probe, resolve_device
-from ckptbench.bench.runner import Progress, Runner
 from ckptbench.cli import app
 from ckptbench.config.grid import Point, key_id
 from ckptbench.config.load import load_config, parse_config
@@ -24,6 +22,8 @@ from ckptbench.estimate.api import Estimate, Estimator, estimate_config, estimat
 from ckptbench.estimate.device_model import CudaKernels
 from ckptbench.estimate.predict import predict_points
 from ckptbench.estimate.record import CATEGORIES
+from ckptbench.measure.device import make_probe, resolve_device
+from ckptbench.measure.runner import Progress, Runner
 from ckptbench.results.inputs import load_input
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import RunWriter, load_run

@@ -53,8 +53,8 @@ def test_cuda_offload_and_selective() -> None:
         if event.record is not None:
             recs[(event.point.layout, event.point.offload)] = event.record
 
-    from ckptbench.bench.device import make_probe, resolve_device
-    from ckptbench.bench.runner import Runner
+    from ckptbench.measure.device import make_probe, resolve_device
+    from ckptbench.measure.runner import Runner
 
     device = resolve_device(cfg)
     Runner(cfg, device, make_probe(cfg, device)).run(cfg.points_list(), collect)

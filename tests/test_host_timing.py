@@ -15,17 +15,17 @@ from typing import Any
 import pytest
 import torch
 
-import ckptbench.bench.checked as checked_module
-import ckptbench.bench.runner as runner_module
-from ckptbench.bench import predictions
-from ckptbench.bench.environment import spread_warning
-from ckptbench.bench.predictions import BackgroundPredictions
-from ckptbench.bench.sweep import run_sweep
+import ckptbench.measure.checked as checked_module
+import ckptbench.measure.runner as runner_module
 from ckptbench.estimate.api import estimate_points
 from ckptbench.estimate.predict import iter_predictions, predict_points
+from ckptbench.measure.environment import spread_warning
 from ckptbench.render.summary import summary_rows
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run, load_run
+from ckptbench.sweep import predictions
+from ckptbench.sweep.predictions import BackgroundPredictions
+from ckptbench.sweep.sweep import run_sweep
 from ckptbench.train.step import Trainer
 from tests.conftest import tiny_config
 
@@ -96,8 +96,8 @@ def test_one_loss_recomputation_serves_every_layout_of_a_cell(tmp_path: Path, mo
 
 @pytest.mark.host_warnings
 def test_a_busy_machine_is_warned_about_and_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("ckptbench.bench.environment.load_average", lambda: 99.0)
-    monkeypatch.setattr("ckptbench.bench.environment.spread_warning", lambda step_times_s: None)
+    monkeypatch.setattr("ckptbench.measure.environment.load_average", lambda: 99.0)
+    monkeypatch.setattr("ckptbench.measure.environment.spread_warning", lambda step_times_s: None)
     outcome = run_sweep(tiny_config(sweep=AXES), out=tmp_path / "r", predict=False)
     cpus = runner_module.available_cpus()
     busy = f"busy: load average 99.0 above the {cpus} CPUs available; step times may be inflated"
@@ -105,7 +105,7 @@ def test_a_busy_machine_is_warned_about_and_recorded(tmp_path: Path, monkeypatch
     assert [r.load_average_1m for r in outcome.records] == [99.0, 99.0]
     assert outcome.warnings == [f"the machine was {busy} (at the start; each point records its own)"]
     assert [row["status"] for row in summary_rows(load_run(tmp_path / "r"))] == ["ok (busy)", "ok (busy)"]
-    monkeypatch.setattr("ckptbench.bench.environment.load_average", lambda: 0.5)
+    monkeypatch.setattr("ckptbench.measure.environment.load_average", lambda: 0.5)
     quiet = run_sweep(tiny_config(sweep=AXES), out=tmp_path / "q", predict=False)
     assert [r.warnings for r in quiet.records] == [[], []]
 
@@ -115,9 +115,9 @@ def test_points_in_their_own_processes_are_judged_where_those_ran(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--isolate (and sharded points, fanned-out jobs): the process that started the point's processes
-    judges the host as they end (bench/launch.py), not the point's own process."""
-    monkeypatch.setattr("ckptbench.bench.environment.load_average", lambda: 99.0)
-    monkeypatch.setattr("ckptbench.bench.environment.spread_warning", lambda step_times_s: None)
+    judges the host as they end (processes/launch.py), not the point's own process."""
+    monkeypatch.setattr("ckptbench.measure.environment.load_average", lambda: 99.0)
+    monkeypatch.setattr("ckptbench.measure.environment.spread_warning", lambda step_times_s: None)
     outcome = run_sweep(tiny_config(sweep=AXES), out=tmp_path / "r", predict=False, isolate=True)
     assert [r.load_average_1m for r in outcome.records] == [99.0, 99.0]
     assert all(r.isolated and [w[:26] for w in r.warnings] == ["busy: load average 99.0 ab"] for r in outcome.records)
@@ -125,7 +125,7 @@ def test_points_in_their_own_processes_are_judged_where_those_ran(
 
 @pytest.mark.host_warnings
 def test_unsteady_steps_are_warned_about(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("ckptbench.bench.environment.busy_warning", lambda load, cpus: None)
+    monkeypatch.setattr("ckptbench.measure.environment.busy_warning", lambda load, cpus: None)
     step, count = Trainer.step, [0]
 
     def hiccup(self: Trainer, ids: torch.Tensor) -> torch.Tensor:
@@ -236,7 +236,7 @@ def test_predictions_that_do_not_come_cost_at_most_the_wait_budget(monkeypatch: 
 
 def test_the_process_start_is_when_the_interpreter_started() -> None:
     code = (
-        "import time; time.sleep(1.0); from ckptbench.bench.timing import process_start_monotonic; "
+        "import time; time.sleep(1.0); from ckptbench.sweep.timing import process_start_monotonic; "
         "print(time.monotonic() - process_start_monotonic())"
     )
     age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from ckptbench.bench.sweep import run_sweep
 from ckptbench.config.grid import key_id
 from ckptbench.results.store import load_run
+from ckptbench.sweep.sweep import run_sweep
 from tests.conftest import tiny_config
 
 REPO = Path(__file__).resolve().parent.parent

@@ -7,9 +7,9 @@ import gc
 import pytest
 import torch
 
-from ckptbench.bench.probes import LiveTensorTracker
 from ckptbench.estimate.device_model import CudaKernels
 from ckptbench.estimate.live_storage import LiveStorageCounter
+from ckptbench.measure.probes import LiveTensorTracker
 
 
 def _counter() -> tuple[LiveStorageCounter[str], list[tuple[int, str]]]:

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-import ckptbench.bench.checked as checked_module
-from ckptbench.bench.loss_check import RTOL_BY_PRECISION, compare, loss_rtol
-from ckptbench.bench.sweep import run_sweep
+import ckptbench.measure.checked as checked_module
 from ckptbench.config.grid import key_id
 from ckptbench.errors import ConfigError
+from ckptbench.measure.loss_check import RTOL_BY_PRECISION, compare, loss_rtol
 from ckptbench.render.summary import summary_rows
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run, load_run
+from ckptbench.sweep.sweep import run_sweep
 from ckptbench.train.step import Trainer
 from tests.conftest import tiny_config
 

@@ -218,7 +218,7 @@ def test_points_record_where_they_were_measured() -> None:
 
 
 def test_a_child_record_keeps_the_parents_predictions_and_is_marked_fresh() -> None:
-    from ckptbench.bench.launch import child_fields as merge_child_record
+    from ckptbench.processes.launch import child_fields as merge_child_record
 
     base = {"key": {"layout": "all"}, "predicted_peak_reserved_bytes": 5, "predicted_oom": None,
             "predicted_peak_allocated_bytes": 4, "process": "in-process", "allocator_conf": "expandable_segments:True"}
@@ -234,8 +234,8 @@ def test_a_child_record_keeps_the_parents_predictions_and_is_marked_fresh() -> N
 
 def test_background_predictions_carry_the_reserved_prediction_for_the_sweeps_card() -> None:
     """On CUDA a sweep's predictions come from a process that sees no GPU: the card travels with the request."""
-    from ckptbench.bench.predictions import BackgroundPredictions
     from ckptbench.estimate.predict import predict_records
+    from ckptbench.sweep.predictions import BackgroundPredictions
 
     cfg = tiny_config(device="cuda", sweep={"layout": ["none", "all"], "batch_size": [2], "seq_len": [64]})
     points, a100 = cfg.points_list(), gpu_model("a100-40gb")

@@ -14,16 +14,14 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from ckptbench.bench import faults
-from ckptbench.bench.device import is_fatal_device_error, make_probe, resolve_device
-from ckptbench.bench.resume import check_resumable, done_records, first_difference
-from ckptbench.bench.runner import Runner
-from ckptbench.bench.sweep import run_sweep
 from ckptbench.cli import app
 from ckptbench.cli.sweep import _Interrupts
 from ckptbench.config.grid import AXIS_DEFAULTS, key_id
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError, ResultsError
+from ckptbench.measure import faults
+from ckptbench.measure.device import is_fatal_device_error, make_probe, resolve_device
+from ckptbench.measure.runner import Runner
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import (
     POINTS_FILE,
@@ -35,6 +33,8 @@ from ckptbench.results.store import (
     load_run,
     write_json_atomic,
 )
+from ckptbench.sweep.resume import check_resumable, done_records, first_difference
+from ckptbench.sweep.sweep import run_sweep
 from tests.conftest import tiny_config
 
 AXES = {"layout": ["none", "all", "every:2"], "batch_size": [1], "seq_len": [64], "precision": ["fp32"]}

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 import torch
 
-from ckptbench.bench.device import make_probe, resolve_device
-from ckptbench.bench.runner import Progress, Runner
 from ckptbench.config.schema import SweepConfig
+from ckptbench.measure.device import make_probe, resolve_device
+from ckptbench.measure.runner import Progress, Runner
 from tests.conftest import tiny_config
 
 LAYOUTS = ["none", "all", "first:4", "last:4", "all@attn", "all@mlp"]

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from ckptbench.bench.search import BatchMaxSearch, LayoutFitSearch
-from ckptbench.bench.sweep import run_sweep
 from ckptbench.config.grid import Point
 from ckptbench.results.record import PointRecord
+from ckptbench.search.searches import BatchMaxSearch, LayoutFitSearch
+from ckptbench.sweep.sweep import run_sweep
 from tests.conftest import tiny_config
 
 TEMPLATE = Point(precision="fp32", lora="none", layout="none", seq_len=64, batch_size=1, model="m", optimizer="sgd")
@@ -157,7 +157,7 @@ def test_layout_fit_starts_from_the_predicted_layer_count(predicted_k: int, true
 
 
 def test_a_probe_fits_only_with_the_memory_outside_the_allocator_counted() -> None:
-    from ckptbench.bench.search import fits
+    from ckptbench.search.searches import fits
 
     key = TEMPLATE.key
     assert fits(PointRecord.model_validate({"key": key, "status": "ok", "peak_reserved_bytes": 90}), 100)

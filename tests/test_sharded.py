@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from ckptbench.bench.loss_check import loss_rtol
-from ckptbench.bench.ranks import merge_ranks
-from ckptbench.bench.sweep import run_sweep
 from ckptbench.config.grid import Point
 from ckptbench.config.load import load_config
 from ckptbench.errors import ConfigError
 from ckptbench.estimate.api import Estimator, estimate_points
+from ckptbench.measure.loss_check import loss_rtol
+from ckptbench.processes.ranks import merge_ranks
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import load_run
+from ckptbench.sweep.sweep import run_sweep
 from ckptbench.train.model import llama_config
 from tests.conftest import tiny_config
 

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 
-from ckptbench.bench.device import make_probe, resolve_device
-from ckptbench.bench.runner import Progress, Runner
 from ckptbench.config.grid import Point
 from ckptbench.estimate.api import estimate_points
+from ckptbench.measure.device import make_probe, resolve_device
+from ckptbench.measure.runner import Progress, Runner
 from ckptbench.train.losses import chunked_cross_entropy, loss_head
 from ckptbench.train.model import build_model
 from ckptbench.train.optimizers import OptimizerInBackward, build_optimizer, make_optimizer

@@ -14,7 +14,6 @@ from typer.testing import CliRunner
 from ckptbench.analysis.recommend import recommend
 from ckptbench.analysis.tune import Candidate, Margin, TunePlanner, predicted_fit
 from ckptbench.analysis.tune_space import layout_family, parse_allow, tune_space
-from ckptbench.bench.tune import estimate_candidates
 from ckptbench.cli import app
 from ckptbench.config.grid import Point
 from ckptbench.config.load import load_config
@@ -22,6 +21,7 @@ from ckptbench.errors import ConfigError
 from ckptbench.estimate.record import Estimate, Reserved
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import load_run
+from ckptbench.search.tune import estimate_candidates
 from tests.conftest import tiny_config
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tune"

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ckptbench.bench import faults
 from ckptbench.cli import app
 from ckptbench.cli.sweep import _Interrupts
+from ckptbench.measure import faults
 from ckptbench.results.store import POINTS_FILE, RUN_FILE
 from tests.conftest import MINI, copy_run, quiet_load
 

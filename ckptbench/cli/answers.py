@@ -49,8 +49,8 @@ def answers_cmd(
 
 
 def _answers(runs: list[str], *, budget: str, headroom: str) -> Any:
-    from ckptbench.analysis.claims import answer_claims
-    from ckptbench.analysis.verdicts import Budget
+    from ckptbench.answers.claims import answer_claims
+    from ckptbench.answers.verdicts import Budget
     from ckptbench.results.store import load_run
     from ckptbench.units import parse_headroom, parse_size
 

@@ -14,7 +14,7 @@ from ckptbench.estimate.record import EstimateProgress
 from ckptbench.units import fmt_bytes
 
 if TYPE_CHECKING:  # the runner imports torch; the CLI stays fast to start
-    from ckptbench.bench.events import Progress as PointEvent
+    from ckptbench.measure.progress import Progress as PointEvent
 
 
 class SweepProgress:

@@ -96,7 +96,7 @@ def _paths(out_dir: str | None, results_root: str, resume: str | None) -> tuple[
 
 def _hook_notes() -> None:
     """Say so when a test-only fault hook is set: active (the switch is on) or ignored."""
-    from ckptbench.bench import faults
+    from ckptbench.measure import faults
 
     for name, spec in faults.active().items():
         warn(f"test hook {name}={spec} is active ({faults.ENABLE_VAR}=1): points it selects fail on purpose")
@@ -147,9 +147,9 @@ def sweep(
         rich_help_panel=_CLUSTER)] = None,
 ) -> None:
     """Run a sweep: real training steps for every point of CONFIG; writes run.json and points.jsonl."""
-    from ckptbench.bench.timing import process_start_monotonic
     from ckptbench.config.cluster import with_overrides
     from ckptbench.config.load import load_config
+    from ckptbench.sweep.timing import process_start_monotonic
 
     started = process_start_monotonic()  # run.json counts the command from the process's start
     with _Interrupts() as interrupts:
@@ -162,11 +162,11 @@ def sweep(
                 sbatch=sbatch,
             )
             _hook_notes()
-            from ckptbench.bench.predictions import start_background
+            from ckptbench.sweep.predictions import start_background
 
             # Started before torch is imported here: the estimator's imports overlap the sweep's start-up.
             predictor = start_background(cfg, predict=predict)
-            from ckptbench.bench.sweep import run_sweep
+            from ckptbench.sweep.sweep import run_sweep
 
             with SweepProgress(len(cfg.points_list())) as progress:
                 outcome = run_sweep(
@@ -197,8 +197,8 @@ def sweep(
 
 def _finish(run_dir: Path, clock: Any) -> None:
     """The command's last act: its whole wall time into run.json, and where it went on stderr."""
-    from ckptbench.bench.timing import record_command_end
     from ckptbench.render.summary import timing_line
+    from ckptbench.sweep.timing import record_command_end
 
     entry = record_command_end(run_dir, clock)
     if entry is not None:

@@ -34,7 +34,7 @@ def trace_allocator(
 
         if cfg.device == "cpu" or not torch.cuda.is_available():
             raise EnvironmentError_("trace-allocator records the CUDA caching allocator: it needs a CUDA GPU")
-        from ckptbench.bench.alloc_trace import trace_points
+        from ckptbench.processes.alloc_trace import trace_points
 
         records = trace_points(cfg, folder, gpu_name=torch.cuda.get_device_name())
     except CkptbenchError as exc:

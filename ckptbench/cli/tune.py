@@ -65,7 +65,7 @@ def tune(
             out_path, results, resume_dir = _paths(out_dir, results_root, resume)
             cfg = load_config(config)
             options = _options(budget, headroom, seq_len, max_points, time_budget, allow, fmt)
-            from ckptbench.bench.tune import run_tune
+            from ckptbench.sweep.tuning import run_tune
 
             with EstimateProgressBar(err) as estimating, SweepProgress(0) as progress:
                 outcome = run_tune(cfg, options, out=out_path, results_root=results, resume=resume_dir,
@@ -83,7 +83,7 @@ def tune(
 def _options(budget: str | None, headroom: str, seq_len: int | None, max_points: int | None,
              time_budget: float | None, allow: str | None, fmt: str) -> Any:
     from ckptbench.analysis.tune_space import parse_allow
-    from ckptbench.bench.tune import TuneOptions
+    from ckptbench.search.tune import TuneOptions
     from ckptbench.units import parse_headroom, parse_size
 
     if fmt not in ("table", "json"):

@@ -51,7 +51,7 @@ class SweepConfig(_Strict):
     peak_tflops: float | None = Field(default=None, gt=0)
     # Largest allowed relative difference between a point's losses and its reference (the 'none'
     # layout's, or the first step's loss recomputed without checkpointing); null derives it from the
-    # precision (bench/loss_check.py: fp32 1e-5, bf16 2**-8, fp16 2**-10).
+    # precision (measure/loss_check.py: fp32 1e-5, bf16 2**-8, fp16 2**-10).
     loss_rtol: float | None = Field(default=None, gt=0)
     # After a point runs out of memory, skip larger batch sizes of the same layout/seq/precision.
     skip_after_oom: bool = True

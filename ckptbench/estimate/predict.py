@@ -1,6 +1,6 @@
 """A sweep's predictions: the fields each point's record keeps of its estimate, made before the point runs.
 
-Estimates in execution order, each as soon as its traces have run (bench/predictions.py streams them from
+Estimates in execution order, each as soon as its traces have run (sweep/predictions.py streams them from
 a background process on CUDA). Pure estimation: no printing, no measured data.
 """
 
@@ -46,7 +46,7 @@ def iter_predictions(
 
     The traces are those estimate_points runs (every point's layer classes are registered before the
     first trace), in the points' order, so a sweep measuring the points in that order gets the first
-    predictions first (bench/predictions.py makes them in a background process). On CUDA the allocator
+    predictions first (sweep/predictions.py makes them in a background process). On CUDA the allocator
     is replayed on ``gpu`` (default: the H200).
     """
     est = Estimator(cfg, target=target, gpu=card(gpu) if target == "cuda" else None)

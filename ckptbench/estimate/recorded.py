@@ -5,14 +5,14 @@ returns them under ``device_traces`` (one list per device) as dicts with ``actio
 ``size``, ``stream`` (torch/cuda/memory.py, ``_snapshot``'s TraceEntry: 'alloc' carries the size the
 caller asked for, 'segment_alloc'/'segment_free' the segment's; 'segment_map'/'segment_unmap' with
 expandable segments; 'oom' the rounded request, its ``addr`` the free device memory). The GPU side
-(bench/alloc_trace.py) keeps only what a replay needs, in this format (gzip-compressed JSON)::
+(processes/alloc_trace.py) keeps only what a replay needs, in this format (gzip-compressed JSON)::
 
     {"format": "ckptbench-allocator-trace", "version": 1, "meta": {...},
      "actions": ["alloc", "free_completed", ...],   # the code of each action is its index
      "events": [[code, addr, size, stream], ...]}
 
 An ``empty_cache`` action marks a ``torch.cuda.empty_cache()`` call (the allocator logs the segments it
-frees, not the call: bench/alloc_trace.py places the marker from the call's time).
+frees, not the call: processes/alloc_trace.py places the marker from the call's time).
 ``replay_recorded`` feeds the recorded requests (alloc, free_completed) to estimate/allocator.py with
 the recorded segment addresses (so that ties between equal cached blocks break the same way) and
 returns what it did next to what the GPU did: every segment allocation and free, the peak reserved
@@ -57,7 +57,7 @@ class RecordedTrace:
 
 
 def load_trace(path: str | Path) -> RecordedTrace:
-    """Read a trace written by bench/alloc_trace.py (.json or .json.gz); ValueError for another format."""
+    """Read a trace written by processes/alloc_trace.py (.json or .json.gz); ValueError for another format."""
     p = Path(path)
     raw = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
     data = json.loads(raw)

@@ -1,6 +1,6 @@
 """A measured point as the caching allocator sees it: setup, warm-up steps, the measured window. No torch.
 
-The process a sweep runs a point in (bench/runner.py, bench/window.py), fresh or after
+The process a sweep runs a point in (measure/runner.py, measure/window.py), fresh or after
 ``empty_cache`` (which leaves the same segments: the model and the library workspaces):
 
 1. ``train.model.warm_device_libraries``: the cuBLAS workspaces of the main thread and of

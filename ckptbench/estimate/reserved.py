@@ -57,7 +57,7 @@ def process_model(cfg: SweepConfig, point: Point, optim: StepTrace, gpu: GpuMode
 
 
 def device_limit(cfg: SweepConfig, gpu: GpuModel) -> DeviceLimit:
-    """The limits of a point's process: a sweep always sets the memory fraction (bench/probes.py
+    """The limits of a point's process: a sweep always sets the memory fraction (measure/probes.py
     CudaProbe: the cap over the card, or 1.0), which also switches garbage collection on."""
     fraction = 1.0 if cfg.memory_cap_gib is None else min(1.0, cfg.memory_cap_gib * 2**30 / gpu.total_bytes)
     return DeviceLimit(gpu.total_bytes, fraction, gpu.context_bytes)

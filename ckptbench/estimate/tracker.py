@@ -3,7 +3,7 @@
 ``StepTracker`` is a ``TorchDispatchMode`` stacked on top of ``FakeTensorMode``. It counts
 every storage once when an op creates it and uncounts it when the storage dies, through the
 same ``LiveStorageCounter`` (estimate/live_storage.py) as the CPU ``LiveTensorTracker``
-(bench/probes.py), so the running total is the memory a caching-free allocator would hold and
+(measure/probes.py), so the running total is the memory a caching-free allocator would hold and
 a CPU-target estimate counts as the CPU tracker measures. On top of that it
 
 - tags each storage with a category (parameters, gradients, optimizer state, activations,

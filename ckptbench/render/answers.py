@@ -9,10 +9,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptbench.analysis.claims import Answers
-from ckptbench.analysis.claims_ranges import CardRow, saving_per_layer
-from ckptbench.analysis.evidence import Cite
-from ckptbench.analysis.verdicts import Answer, Verdict
+from ckptbench.answers.claims import Answers
+from ckptbench.answers.evidence import Cite
+from ckptbench.answers.ranges import CardRow, saving_per_layer
+from ckptbench.answers.verdicts import Answer, Verdict
 from ckptbench.errors import ResultsError
 from ckptbench.render.answers_text import TITLES, intro, transfer_section
 from ckptbench.render.layer_plots import plot_layers

@@ -3,7 +3,7 @@ here: every number comes from the runs or from the datasheet table in train/flop
 
 from __future__ import annotations
 
-from ckptbench.analysis.claims import Answers
+from ckptbench.answers.claims import Answers
 from ckptbench.units import fmt_bytes
 
 TITLES = (

@@ -85,7 +85,7 @@ def _reserved_prediction(rec: PointRecord, size: SizeUnit) -> tuple[str, str]:
 
 def status_text(rec: PointRecord) -> str:
     """'ok', 'ok (leak)', 'oom (tried 1.95 GiB)', 'error: <reason>' (the full message stays in points.jsonl);
-    timing warnings (a busy machine, unsteady steps: bench/environment.py) are added to an ok point's."""
+    timing warnings (a busy machine, unsteady steps: measure/environment.py) are added to an ok point's."""
     text = _status_text(rec)
     if rec.ok and rec.warnings:
         kinds = ", ".join(rec.warning_kinds)
@@ -216,7 +216,7 @@ def search_table(run: Run) -> FitTable:
 
 
 def timing_line(entry: dict[str, Any]) -> str:
-    """Where one sweep command's wall time went (run.json timing, bench/timing.py), in one line."""
+    """Where one sweep command's wall time went (run.json timing, sweep/timing.py), in one line."""
     parts = [
         ("start-up", "startup_s"), ("environment", "environment_s"), ("predictions", "predictions_s"),
         ("waiting for predictions", "predictions_wait_s"), ("steps", "steps_s"),

@@ -16,7 +16,7 @@ class _Open(BaseModel):
 
 
 class SearchAnswer(_Open):
-    """What a search found (bench/search.py): a batch size, or a number of checkpointed layers."""
+    """What a search found (search/searches.py): a batch size, or a number of checkpointed layers."""
 
     batch_size: _Count | None = None
     first_failing_batch_size: _Count | None = None

@@ -52,7 +52,7 @@ class PointMemory(_Open):
 class LossCheck(_Open):
     """Whether the point's losses matched a reference (checkpointing must not change the loss)."""
 
-    reference: str | None = None  # 'none' (the cell's unchecked layout) or 'recomputed' (bench/loss_check.py)
+    reference: str | None = None  # 'none' (the cell's unchecked layout) or 'recomputed' (measure/loss_check.py)
     reference_point: str | None = None  # the reference's key id, or how it was recomputed
     reference_losses: list[float] = Field(default_factory=list)
     steps: Count | None = None  # how many steps were compared
@@ -62,7 +62,7 @@ class LossCheck(_Open):
 
 
 class RankRecord(_Open):
-    """What one rank of a sharded point measured, and where it ran (bench/ranks.py merges them)."""
+    """What one rank of a sharded point measured, and where it ran (processes/ranks.py merges them)."""
 
     rank: Annotated[int, Field(ge=0)]
     status: Status
@@ -110,11 +110,11 @@ class PointRecord(_Open):
     loss_implementation: str | None = None  # the loss head used when it is not transformers' default
     model_build_s: Seconds | None = None
     wall_s: Seconds | None = None
-    # Where the point's wall time went besides its steps (bench/runner.py): weights reset, loss
+    # Where the point's wall time went besides its steps (measure/runner.py): weights reset, loss
     # recomputation, cleanup (garbage collection, cached memory returned), in seconds.
     overhead_parts_s: dict[str, Seconds] = Field(default_factory=dict)
     load_average_1m: Annotated[float, Field(ge=0)] | None = None  # the host's load when the point ended
-    # Why the point's step times may mislead, as "kind: details" (kinds: busy, spread; bench/environment.py).
+    # Why the point's step times may mislead, as "kind: details" (kinds: busy, spread; measure/environment.py).
     warnings: list[str] = Field(default_factory=list)
     probe: str | None = None
     search: bool = False  # measured as a probe of a search (batch_size: max, layout: fit)

@@ -1,7 +1,7 @@
 """Sharding wrappers for the ``parallel`` axis: DistributedDataParallel, or FSDP2's ``fully_shard`` per
 decoder layer and on the root, set up on one rank of a process group.
 
-The process group is ``env://``: the launcher (bench/launch.py, or torchrun) sets ``RANK``,
+The process group is ``env://``: the launcher (processes/launch.py, or torchrun) sets ``RANK``,
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``; NCCL on GPUs, gloo on CPU. The
 estimator runs the same wrappers on fake tensors over PyTorch's fake process group.
 

@@ -6,7 +6,7 @@
 # numbers of results/h200-gpu-check-2 (none 62.07 GiB, all 50.67 GiB at batch 2): DDP should add its
 # gradient buckets (about the size of the bf16 gradients, 12.55 GiB), FSDP2 one layer's gathered
 # parameters at a time. Multi-GPU figures stay estimates (`ckptbench estimate --parallel fsdp2:8`).
-# With DRY=1 the config's CPU form runs each sharded point as 2 gloo ranks (config/shrink.py).
+# With DRY=1 the config's CPU form runs each sharded point as 2 gloo ranks (scripts/campaign_lib/shrink.py).
 # gpu-seconds: 120
 # Run by scripts/gpu_check.sh with CK, PY, R and DRY set (see there).
 set -euo pipefail

@@ -1,0 +1,121 @@
+"""The fourteen claims about checkpointing LLaMA-7B on an 80 GB card, each answered from measured runs (pure).
+
+``answer_claims(runs, budget)`` returns one :class:`~ckptbench.answers.verdicts.Answer` per claim, in
+order. Every number comes from a point of the given runs (cited with its key and run) or is labelled
+an estimate; a claim that needs a run not committed yet says which stage of the GPU campaign
+(``scripts/gpu_check.sh``) will measure it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckptbench.analysis.layer_series import CellSeries, layer_series
+from ckptbench.analysis.memory_split import MemorySplit, memory_splits
+from ckptbench.answers.cost import claim_12, claim_13, claim_14
+from ckptbench.answers.evidence import Evidence, Scope
+from ckptbench.answers.layers import claim_1, claim_2, claim_3, claim_4, claim_7
+from ckptbench.answers.ranges import CardRow, card_rows, claim_5, claim_6
+from ckptbench.answers.setup import claim_8, claim_9, claim_10, claim_11
+from ckptbench.answers.verdicts import Answer, Budget, Context, Pending
+from ckptbench.config.grid import AXIS_DEFAULTS
+from ckptbench.errors import ResultsError
+from ckptbench.results.store import Run, latest_per_key
+from ckptbench.train.flops import PEAK_TFLOPS
+
+TARGET_CARD = "A100"  # the card the claims are about (80 GB); its dense bf16 peak is in train/flops.py
+
+CLAIMS: tuple[Callable[[Context], Answer], ...] = (
+    claim_1, claim_2, claim_3, claim_4, claim_5, claim_6, claim_7,
+    claim_8, claim_9, claim_10, claim_11, claim_12, claim_13, claim_14,
+)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """What the measuring GPU and the target card are, for what carries over (speed: ratios only)."""
+
+    gpu_name: str
+    gpu_total_memory_bytes: int | None
+    gpu_peak_tflops: float | None  # as recorded with the points
+    target: str
+    target_peak_tflops: float
+
+    @property
+    def speed_ratio(self) -> float | None:
+        """How many times the measuring GPU's dense bf16 peak is the target's (datasheets, not measured)."""
+        return self.gpu_peak_tflops / self.target_peak_tflops if self.gpu_peak_tflops else None
+
+
+def transfer_of(runs: Sequence[Run]) -> Transfer:
+    env = runs[0].environment
+    peaks = [r.peak_tflops for run in runs for r in run.points if r.peak_tflops]
+    return Transfer(str(env.get("gpu_name") or env.get("device_type") or "?"), env.get("gpu_total_memory_bytes"),
+                    peaks[0] if peaks else None, TARGET_CARD, PEAK_TFLOPS[TARGET_CARD])
+
+
+@dataclass(frozen=True)
+class Answers:
+    """Every claim's answer, the bottom line for the card, and the inputs they came from."""
+
+    runs: tuple[Run, ...]
+    budget: Budget
+    scope: Scope
+    answers: tuple[Answer, ...]
+    card: tuple[CardRow, ...]
+    series: dict[int, CellSeries]
+    splits: tuple[MemorySplit, ...]
+    transfer: Transfer
+
+    @property
+    def pending(self) -> dict[str, list[tuple[int, Pending]]]:
+        """Stage -> the (claim number, pending run) that wait for it, by stage name."""
+        out: dict[str, list[tuple[int, Pending]]] = {}
+        for a in self.answers:
+            for p in a.pending:
+                out.setdefault(p.stage, []).append((a.number, p))
+        for row in self.card:
+            for p in row.pending:
+                out.setdefault(p.stage, []).append((0, p))
+        return dict(sorted(out.items()))
+
+
+def merged_run(runs: Sequence[Run]) -> Run:
+    """One run holding every point of the given runs, the first run's record per key (for the series)."""
+    seen: dict[str, object] = {}
+    points = []
+    for run in runs:
+        for rec in run.points:
+            if rec.key_id not in seen:
+                seen[rec.key_id] = rec
+                points.append(rec)
+    return Run(path=Path("(merged)"), meta=runs[0].meta, points=latest_per_key(points))
+
+
+def _scope_series(runs: Sequence[Run], scope: Scope) -> dict[int, CellSeries]:
+    """The plain-training cells of the scope (model, sequence length, precision), by batch size."""
+    out: dict[int, CellSeries] = {}
+    for cell in layer_series(merged_run(runs)):
+        key = cell.key
+        plain = all(key.get(k, v) == v for k, v in AXIS_DEFAULTS.items())
+        if plain and (key.get("model"), key.get("seq_len"), key.get("precision")) == (
+            scope.model, scope.seq_len, scope.precision
+        ):
+            out.setdefault(int(str(key.get("batch_size"))), cell)
+    return dict(sorted(out.items()))
+
+
+def answer_claims(runs: Sequence[Run], *, budget: Budget, scope: Scope | None = None) -> Answers:
+    """Answer every claim from the runs (given in order of preference: the first run holding a key is cited)."""
+    if not runs:
+        raise ResultsError("answers: give at least one run directory")
+    scope = scope or Scope()
+    series = _scope_series(runs, scope)
+    ctx = Context(Evidence(runs, scope=scope), budget, series)
+    answers = tuple(claim(ctx) for claim in CLAIMS)
+    assert [a.number for a in answers] == list(range(1, len(CLAIMS) + 1)), "claims out of order"
+    labels = {c.label for c in series.values()}
+    splits = tuple(s for s in memory_splits(merged_run(runs)) if s.cell in labels)
+    return Answers(tuple(runs), budget, scope, answers, tuple(card_rows(ctx)), series, splits, transfer_of(runs))

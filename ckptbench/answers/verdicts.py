@@ -1,0 +1,149 @@
+"""The typed answer to one claim: its parts, each with a verdict, the numbers and the points they rest on (pure).
+
+A claim often bundles several statements ("saves more; expect 2x slower") or several forms ("8-bit
+Adam; LoRA; mixed precision"). Each is a :class:`Part` with its own verdict; the claim's verdict
+combines the parts that were measured. A part that needs a run not committed yet is ``OPEN`` and
+names the GPU-campaign stage (``scripts/gpu_stages/``) that will measure it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from ckptbench.analysis.layer_series import CellSeries
+from ckptbench.answers.evidence import Cite, Evidence
+from ckptbench.units import fmt_bytes
+
+# Stages of the GPU campaign (scripts/gpu_check.sh) that the open parts wait for.
+STAGE_BATCH_MAX = "20-searches-batch-max"
+STAGE_LAYOUT_FIT = "21-searches-layout-fit"
+STAGE_CLAIMS = "22-claims-80g"
+STAGE_SEQ = "23-searches-seq-80g"
+STAGE_TUNE = "30 (tune and its technique axes, issue 13)"
+STAGE_ESTIMATOR = "50-estimator-13b-amp"
+
+
+class Verdict(str, Enum):
+    HOLDS = "holds"
+    FAILS = "does not hold"
+    ONLY_WHEN = "holds only when"
+    OPEN = "not settled yet"
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A run that is not committed yet and what it would settle."""
+
+    stage: str
+    what: str
+
+
+@dataclass(frozen=True)
+class Part:
+    """One statement of a claim, judged on its own."""
+
+    label: str
+    verdict: Verdict
+    text: str  # the finding, with its numbers
+    short: str = ""  # the deciding number in a few words, for the verdict table
+    cites: tuple[Cite, ...] = ()
+    pending: tuple[Pending, ...] = ()
+    condition: str = ""  # for ONLY_WHEN: when it holds
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A claim, its parts and what they add up to."""
+
+    number: int
+    claim: str
+    parts: tuple[Part, ...]
+    estimates: tuple[str, ...] = ()  # derived numbers, each labelled as an estimate in its text
+    notes: tuple[str, ...] = field(default_factory=tuple)  # context that is not a measurement
+
+    @property
+    def summary(self) -> str:
+        """The parts' deciding numbers in one line."""
+        return "; ".join(p.short for p in self.parts if p.short)
+
+    @property
+    def verdict(self) -> Verdict:
+        measured = [p.verdict for p in self.parts if p.verdict is not Verdict.OPEN]
+        if not measured:
+            return Verdict.OPEN
+        if all(v is Verdict.HOLDS for v in measured):
+            return Verdict.HOLDS
+        if all(v is Verdict.FAILS for v in measured):
+            return Verdict.FAILS
+        return Verdict.ONLY_WHEN
+
+    @property
+    def condition(self) -> str:
+        """When an ONLY_WHEN claim holds: the conditions of its parts that hold (or hold only when)."""
+        if self.verdict is not Verdict.ONLY_WHEN:
+            return ""
+        good = [p.condition or p.label for p in self.parts if p.verdict in (Verdict.HOLDS, Verdict.ONLY_WHEN)]
+        return "; ".join(good)
+
+    @property
+    def partly_open(self) -> bool:
+        return any(p.verdict is Verdict.OPEN for p in self.parts)
+
+    @property
+    def cites(self) -> tuple[Cite, ...]:
+        seen: dict[tuple[str, str], Cite] = {}
+        for part in self.parts:
+            for c in part.cites:
+                seen.setdefault((c.run, c.record.key_id), c)
+        return tuple(seen.values())
+
+    @property
+    def pending(self) -> tuple[Pending, ...]:
+        return tuple(p for part in self.parts for p in part.pending)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The card the claims are about: a budget on peak reserved memory, less a headroom."""
+
+    budget_bytes: int
+    headroom_bytes: int
+
+    @property
+    def limit_bytes(self) -> int:
+        return self.budget_bytes - self.headroom_bytes
+
+    def describe(self) -> str:
+        return (f"{fmt_bytes(self.budget_bytes)} budget, {fmt_bytes(self.headroom_bytes)} headroom: "
+                f"peak reserved at most {fmt_bytes(self.limit_bytes)}")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every claim function reads: the points, the budget, the per-layer series by batch size."""
+
+    ev: Evidence
+    budget: Budget
+    series: dict[int, CellSeries]  # plain-training cells of the scope, by batch size
+
+    @property
+    def limit(self) -> int:
+        return self.budget.limit_bytes
+
+
+def gib(n: float) -> str:
+    return fmt_bytes(n)
+
+
+def pct(x: float) -> str:
+    return f"{x:.1%}"
+
+
+def times(x: float) -> str:
+    return f"{x:.2f}x"
+
+
+def tok(c: Cite) -> str:
+    return f"{c.tps:,.0f} tok/s"
+

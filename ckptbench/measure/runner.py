@@ -1,0 +1,288 @@
+"""Execute points: build/reuse the model, warm up, measure, handle OOM and leaks, report progress."""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from ckptbench.config.grid import Point, key_without
+from ckptbench.config.layouts import LayoutPlan, parse_layout
+from ckptbench.config.schema import SweepConfig
+from ckptbench.errors import RunFailure
+from ckptbench.measure import faults
+from ckptbench.measure.base_record import base_record
+from ckptbench.measure.checked import measure_checked
+from ckptbench.measure.device import is_fatal_device_error
+from ckptbench.measure.environment import available_cpus, host_state, intra_op_threads, placement
+from ckptbench.measure.fresh import FreshProcesses
+from ckptbench.measure.loss_check import LossReferences
+from ckptbench.measure.model_slot import ModelSlot
+from ckptbench.measure.probes import Probe, leak_check
+from ckptbench.measure.progress import PROBES_GUESS, PointStart, Progress, ProgressCounter
+from ckptbench.results.record import PointRecord
+from ckptbench.train.flops import peak_tflops_for, step_flops
+from ckptbench.train.model import llama_config, model_shape
+from ckptbench.train.parallel import RankInfo
+from ckptbench.train.unavailable import TechniqueUnavailable
+
+
+class Search(Protocol):
+    """What the runner drives: propose a point, be told its record, say what was found."""
+
+    @property
+    def kind(self) -> str: ...
+    def next_point(self, budget_bytes: int | None = None) -> Point | None: ...
+    def observe(self, point: Point, record: PointRecord, budget_bytes: int | None) -> bool: ...
+    def outcome(self) -> dict[str, Any]: ...
+    def fresh(self, point: Point) -> bool: ...  # whether to measure a probe in a new process (on CUDA)
+
+
+class Predictions(Protocol):
+    """What the runner asks as each point starts: the point's predicted record fields, or None."""
+
+    def get(self, key_id: str, /) -> dict[str, Any] | None: ...
+
+
+@dataclass
+class Runner(FreshProcesses):
+    """Runs a list of points on one device, one model at a time, and yields a record per point.
+
+    Points measured in fresh processes (their own, or a sharded point's ranks) go through measure/fresh.py.
+    """
+
+    cfg: SweepConfig
+    device: torch.device
+    probe: Probe
+    gpu_name: str | None = None
+    rank: RankInfo | None = None  # set in a rank of a sharded point: it measures that point itself
+    point_timeout_s: float | None = None  # for points measured in fresh processes (--isolate, sharded)
+    own_process: bool = False  # this process was started for one point: never start another
+    _slot: ModelSlot = field(default_factory=ModelSlot)
+    _losses: LossReferences = field(default_factory=LossReferences)
+    _oom_at: dict[tuple[Any, ...], int] = field(default_factory=dict)
+    _done: dict[str, PointRecord] = field(default_factory=dict)
+    _broken: bool = False  # a fatal device error happened: no more CUDA calls
+    _points_run: int = 0  # points measured in this process so far
+    # Estimates made before each point runs, by key_id: the fields its record keeps (predicted peak allocated,
+    # reserved, the predicted OOM); asked for as each point starts (sweep/predictions.py may make them in the
+    # background; ``get`` waits for one that is still being made).
+    predictions: Predictions = field(default_factory=dict[str, "dict[str, Any] | None"])
+    # Predicts a search probe just before it runs (probes are not known up front); None: no prediction.
+    predict: Callable[[Point], dict[str, Any] | None] | None = None
+    _probe_predictions: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    _history: list[dict[str, Any]] = field(default_factory=list)  # ok/oom records, for points run elsewhere
+
+    def __post_init__(self) -> None:
+        self.llama = llama_config(self.cfg.model)
+        self.shape = model_shape(self.llama)
+        self.placement = placement(self.device)
+        self.peak_tflops = self.cfg.peak_tflops or peak_tflops_for(self.gpu_name)
+        self.cpus = available_cpus()
+
+    def run(
+        self,
+        points: list[Point],
+        on_record: Callable[[Progress], None],
+        searches: Sequence[Search] = (),
+    ) -> list[dict[str, Any]]:
+        """Measure every point in order, then run the searches; report each start and finish.
+
+        Returns the searches' outcomes. A search probe that equals an already measured point reuses
+        that point's record instead of measuring it twice. A failed point is recorded and the sweep
+        goes on, except after a fatal device error (the CUDA context is unusable): that point is
+        recorded, then RunFailure stops the sweep.
+        """
+        counter = ProgressCounter(total=len(points) + PROBES_GUESS * len(searches))
+        try:
+            with intra_op_threads(self.device.type, self.cfg.cpu_threads):
+                for point in points:
+                    self._report(point, counter, on_record, search=False)
+                budget = int(self.cfg.budget_gib * 2**30) if self.cfg.budget_gib else None
+                outcomes = []
+                for search in searches:
+                    while (probe := search.next_point(budget)) is not None:
+                        record = self._done.get(probe.key_id) or self._probe(
+                            probe, counter, on_record, fresh=search.fresh(probe)
+                        )
+                        search.observe(probe, record, budget)
+                    outcomes.append(search.outcome())
+                return outcomes
+        finally:
+            self.close()
+
+    def _report(
+        self, point: Point, counter: ProgressCounter, on_record: Callable[[Progress], None], *, search: bool,
+        fresh: bool = False,
+    ) -> PointRecord:
+        i = counter.next()
+        on_record(Progress(i, counter.total, point))
+        record = self.run_point(point, allow_skip=not search, search=search, fresh=fresh)
+        self._done[point.key_id] = record
+        on_record(Progress(i, counter.total, point, record))
+        if record.fatal:
+            raise RunFailure(
+                f"{point.key_id}: {record.reason}; stopped the sweep because the GPU is unusable "
+                "after such an error (--isolate runs each point in its own process and goes on)"
+            )
+        return record
+
+    def _probe(
+        self, probe: Point, counter: ProgressCounter, on_record: Callable[[Progress], None], *, fresh: bool = False
+    ) -> PointRecord:
+        """Measure a search probe, predicted just before it runs (in a fresh process at a search's boundary)."""
+        self.predict_probe(probe)
+        return self._report(probe, counter, on_record, search=True, fresh=fresh)
+
+    def predict_probe(self, probe: Point) -> None:
+        """Predict a search probe as it is about to run (probes are not known up front)."""
+        if self.predict is not None and probe.key_id not in self._probe_predictions:
+            self._probe_predictions[probe.key_id] = self.predict(probe)
+
+    def _predicted(self, point: Point) -> dict[str, Any] | None:
+        if point.key_id in self._probe_predictions:
+            return self._probe_predictions[point.key_id]
+        return self.predictions.get(point.key_id)
+
+    def close(self) -> None:
+        """Free the model and return cached device memory."""
+        self._slot = ModelSlot()
+        # Collected while the long-lived objects are still frozen (see _model): the model, built after
+        # the freeze, and what the points made are freed, the ~370k import-time objects are not scanned
+        # (~1 ms instead of ~300 ms, several seconds on a busy machine). Then they are collectable again.
+        gc.collect()
+        gc.unfreeze()
+        if not self._broken:  # after a fatal CUDA error, empty_cache would raise it again
+            self.probe.release()
+
+    def remember(self, point: Point, record: PointRecord) -> None:
+        """Let a finished point (or one recorded by an earlier, resumed run) inform later points."""
+        self._done[point.key_id] = record
+        if record.status == "oom":
+            where = key_without(point, "batch_size")
+            self._oom_at[where] = min(point.batch_size, self._oom_at.get(where, point.batch_size))
+        self._losses.remember(point, record)
+        if record.status in ("ok", "oom"):
+            self._history.append(record.to_json())  # sent to child processes: loss references and OOM skips
+
+    def run_point(
+        self, point: Point, *, allow_skip: bool = True, search: bool = False, fresh: bool = False
+    ) -> PointRecord:
+        """Measure one point (or skip it after a smaller batch ran out of memory): its record.
+
+        ``fresh`` (a search's boundary) and a point with its own allocator settings run in a new process.
+        """
+        start = self.start_point(point, allow_skip=allow_skip, search=search)
+        if start.skipped is not None:
+            return start.skipped
+        started = time.perf_counter()
+        own_settings = point.allocator != "default" and point.parallel == "none"
+        if self.device.type == "cuda" and not self.own_process and self.rank is None and (fresh or own_settings):
+            fields = self._measure_fresh(point, start.base)
+        else:
+            fields = self._measure_safely(point, start.plan, start.base)
+        fields["wall_s"] = time.perf_counter() - started
+        if not fields.get("isolated"):  # measured here; processes/launch.py judged the host of one measured apart
+            fields.update(host_state(fields.get("step_times_s") or [], cpus=self.cpus))
+        return self.finish_point(point, fields)
+
+    def start_point(self, point: Point, *, allow_skip: bool = True, search: bool = False) -> PointStart:
+        """A point's plan and base record, or its skipped record when a smaller batch ran out of memory."""
+        plan = parse_layout(point.layout, self.shape.num_layers)
+        flops = step_flops(
+            self.shape, plan, tokens=point.tokens, seq_len=point.seq_len, frozen_base=point.lora != "none",
+            recompute_lm_head=point.loss == "chunked",
+        )
+        base = base_record(
+            point, plan, flops=flops, peak_tflops=self.peak_tflops, predicted=self._predicted(point),
+            probe_kind=self.probe.kind, points_before=self._points_run, placement=self.placement,
+        )
+        if search:
+            base["search"] = True
+        skip_from = self._oom_at.get(key_without(point, "batch_size"))
+        if allow_skip and self.cfg.skip_after_oom and skip_from is not None and point.batch_size > skip_from:
+            reason = f"batch {skip_from} already ran out of memory"
+            skipped = PointRecord.model_validate({**base, "status": "skipped", "reason": reason})
+            return PointStart(plan, base, skipped)
+        return PointStart(plan, base)
+
+    def finish_point(self, point: Point, fields: dict[str, Any]) -> PointRecord:
+        """The validated record of a measured point, remembered for the points after it."""
+        record = PointRecord.model_validate(fields)
+        self.remember(point, record)
+        return record
+
+    def _model(self, point: Point) -> Any:
+        """The model for a point's precision, LoRA and parallel setting, built only when those change."""
+        if not self._slot.holds(point):
+            if self._slot.model is not None:
+                self.close()  # free the old model before building the next
+            # Everything alive now (imported modules, functions, classes: ~370k objects with
+            # transformers 5) lives until the sweep ends; frozen, the collection after every point
+            # (_cleanup) scans only what the model and the points create: ~1 ms instead of ~290 ms.
+            # The model is built after the freeze, so it stays collectable; close() unfreezes.
+            gc.freeze()
+            self._slot.build(point, cfg=self.cfg, device=self.device, probe=self.probe)
+        return self._slot.model
+
+    def _measure_safely(self, point: Point, plan: LayoutPlan, base: dict[str, Any]) -> dict[str, Any]:
+        if point.parallel != "none" and self.rank is None:
+            return self._sharded(point, base)
+        record = dict(base)
+        failure: tuple[str, str] | None = None
+        baseline: int | None = None
+        try:
+            model = self._model(point)
+            record["model_build_s"] = self._slot.take_build_s()
+            self.probe.release()  # as in a fresh process: only the model's (and libraries') segments stay
+            self._points_run += 1
+            baseline = self.probe.allocated()
+            faults.fire(point.key, model=model, probe=self.probe, device=self.device)
+            record.update(self._measure(model, point, plan))
+        except torch.OutOfMemoryError as exc:
+            failure = ("oom", _first_line(exc))
+        except (TechniqueUnavailable, ModuleNotFoundError) as exc:
+            failure = ("skipped", _first_line(exc))
+        except Exception as exc:  # one point's failure is a result; the sweep goes on where that is safe
+            failure = ("error", f"{exc.__class__.__name__}: {_first_line(exc)}")
+            self._broken = is_fatal_device_error(exc)
+        # Outside the except block: the traceback (and the tensors its frames hold) is gone now.
+        if failure is not None:
+            record["status"], record["reason"] = failure
+        if self._broken:
+            record["fatal"] = True
+            return record  # no cleanup: any further CUDA call would fail the same way
+        t0 = time.perf_counter()
+        self._cleanup()
+        parts = {**record.get("overhead_parts_s", {}), "cleanup": time.perf_counter() - t0}
+        record["overhead_parts_s"] = parts
+        record["memory"] = {**record.get("memory", {}), **leak_check(self.probe, baseline)}
+        if record["memory"].get("leaked"):
+            self.close()  # drops the model: the next point gets a fresh one, not the leak
+            record["model_rebuilt"] = True
+        return record
+
+    def _cleanup(self) -> None:
+        if self._slot.model is not None:
+            self._slot.model.zero_grad(set_to_none=True)
+        # Needed for correct numbers: tensors held by reference cycles (autograd graphs, an exception's
+        # frames) are freed only by a collection, and the leak check and the next point's baseline must
+        # not see them. Cheap since _model froze the long-lived objects.
+        gc.collect()
+        # Needed: a fresh process has no cached segments, and peak *reserved* of the next point would
+        # otherwise include what this point left in the allocator's cache (DESIGN.md).
+        self.probe.release()
+
+    def _measure(self, model: Any, point: Point, plan: LayoutPlan) -> dict[str, Any]:
+        return measure_checked(
+            model, point, plan, losses=self._losses, sharded=self._slot.sharded, cfg=self.cfg, probe=self.probe,
+            device=self.device, init_std=self.llama.initializer_range, vocab_size=self.llama.vocab_size,
+        )
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else exc.__class__.__name__

@@ -1,0 +1,231 @@
+"""One point's measured window: reset, apply the plan and techniques, warm up, then measure."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from ckptbench.config.grid import Point
+from ckptbench.config.layouts import LayoutPlan
+from ckptbench.config.schema import SweepConfig
+from ckptbench.estimate.live_storage import storage_tensors
+from ckptbench.measure.loss_check import RecomputedLoss
+from ckptbench.measure.probes import Probe, TrackerProbe, tensor_bytes
+from ckptbench.train.checkpointing import applied
+from ckptbench.train.losses import loss_head
+from ckptbench.train.model import attention, reset_weights
+from ckptbench.train.offload import HostOffload
+from ckptbench.train.optimizers import build_optimizer
+from ckptbench.train.parallel import Sharded
+from ckptbench.train.step import Trainer, forward_loss, make_batch
+
+
+def measure_point(
+    model: Any,
+    point: Point,
+    plan: LayoutPlan,
+    *,
+    cfg: SweepConfig,
+    probe: Probe,
+    device: torch.device,
+    init_std: float,
+    vocab_size: int,
+    reset: bool = True,
+    sharded: Sharded | None = None,
+) -> dict[str, Any]:
+    """Reset the weights, apply the point's plan and techniques, warm up, measure; a record's fields.
+
+    ``reset=False`` when the weights are already the seed's initial ones (recompute_first_loss has just
+    reset them and left them untouched): resetting twice costs time and changes nothing. A sharded
+    model (``sharded``: DDP or FSDP2, one point per process) is never reset: it was built with the
+    seed's weights just before it was sharded, and FSDP2's DTensor parameters would draw other random
+    numbers than the unsharded model does.
+    """
+    why = unsupported(point)
+    if why is not None:
+        return {"status": "skipped", "reason": why}
+    distributed = sharded is not None and sharded.spec.distributed
+    reset = reset and not distributed
+    t0 = time.perf_counter()
+    if reset:
+        reset_weights(model, seed=cfg.seed, std=init_std)
+        probe.sync()  # the first warm-up step would wait for it anyway: count it here, where it is spent
+    reset_s = time.perf_counter() - t0
+    params = [p for p in model.parameters() if p.requires_grad]
+    batch = make_batch(
+        seed=cfg.seed,
+        batch_size=point.batch_size,
+        seq_len=point.seq_len,
+        vocab_size=vocab_size,
+        device=device,
+    )
+    probe.adopt([batch])
+    host = HostOffload(pin_memory=device.type == "cuda") if point.offload != "none" else None
+    ckpt_offload = host if point.offload == "ckpt_inputs" else None
+    with (
+        applied(model, plan, offload_inputs=ckpt_offload),
+        attention(model, point.attn_implementation),
+        loss_head(model, point.loss) as loss_impl,
+        tracking(probe),
+    ):
+        optimizer = build_optimizer(point, params, lr=cfg.lr, zero_grad_to_none=cfg.zero_grad_to_none)
+        trainer = Trainer(
+            model,
+            optimizer,
+            point.precision,
+            device.type,
+            micro_batches=point.micro_batches,
+            zero_grad_to_none=cfg.zero_grad_to_none,
+            forward=torch.compile(model) if point.compile else sharded.forward if sharded else None,
+            offload=host.active if host is not None and point.offload == "all" else None,
+            grad_sync=sharded.grad_sync if distributed and sharded else None,
+            use_autocast=sharded.autocast if sharded else True,
+        )
+        try:
+            result = _window(trainer, batch, probe=probe, cfg=cfg)
+        finally:
+            if hasattr(optimizer, "remove_hooks"):  # optimizer_in_backward: the model outlives the point
+                optimizer.remove_hooks()
+        result["memory"].update(_static_memory(model, optimizer, in_backward=point.optimizer_in_backward))
+        del trainer, optimizer
+    if reset:
+        result["overhead_parts_s"] = {"weights_reset": reset_s}
+    if host is not None:
+        result["host_offload_peak_bytes"] = host.peak_bytes
+    if loss_impl is not None:
+        result["loss_implementation"] = loss_impl
+    if point.compile:
+        result["compile_s"] = result["warmup_times_s"][0]  # the first warm-up step compiles
+        torch._dynamo.reset()
+    return result
+
+
+def unsupported(point: Point) -> str | None:
+    """Why a combination of techniques cannot be measured (None when it can)."""
+    if point.compile and point.offload != "none":
+        return "torch.compile with activation offloading is not supported"
+    if point.optimizer_in_backward and point.precision == "amp_fp16":
+        # The loss scaler must unscale and check every gradient before any parameter is stepped.
+        return "optimizer_in_backward with amp_fp16: the gradient scaler needs the whole step"
+    return None
+
+
+def recompute_first_loss(
+    model: Any,
+    point: Point,
+    *,
+    cfg: SweepConfig,
+    probe: Probe,
+    device: torch.device,
+    init_std: float,
+    vocab_size: int,
+    reset: bool = True,
+) -> RecomputedLoss:
+    """The first step's loss without checkpointing, by forward passes alone: the loss check's reference
+    when the cell's 'none' layout did not run (or is the point itself).
+
+    The first step's loss depends only on the initial weights (reset exactly as measure_point resets
+    them) and the batch (deterministic), so this reference exists even where 'none' cannot train.
+    Runs before the point's window and outside the CPU tracker, and the cache is emptied after it,
+    so the point's memory is what it would be without it.
+    """
+    if reset:  # False for a sharded model: fresh, with the seed's weights (see measure_point)
+        reset_weights(model, seed=cfg.seed, std=init_std)
+    batch = make_batch(seed=cfg.seed, batch_size=point.batch_size, seq_len=point.seq_len, vocab_size=vocab_size,
+                       device=device)
+    rows = point.batch_size
+    with attention(model, point.attn_implementation):
+        while True:
+            try:
+                loss = forward_loss(model, batch, precision=point.precision, rows=rows)
+                break
+            except torch.OutOfMemoryError:
+                # Nothing is kept for backward, so the whole batch needs less than any training step of
+                # it; halving is a safety net (fragmentation). One sequence not fitting means the
+                # point cannot train either: it is recorded as out of memory.
+                if rows == 1:
+                    raise
+            probe.release()  # outside the except block: the failed pass's tensors are freed by now
+            rows = (rows + 1) // 2
+    del batch
+    probe.release()
+    return RecomputedLoss(loss=loss, rows=rows, batch_size=point.batch_size)
+
+
+def _window(trainer: Trainer, batch: torch.Tensor, *, probe: Probe, cfg: SweepConfig) -> dict[str, Any]:
+    """Warm-up, then the measured steps with peak statistics reset right before them."""
+    warm_times, warm_losses = _steps(trainer, batch, cfg.warmup_steps, probe=probe)
+    start_alloc = probe.allocated()
+    probe.reset_peak()
+    before = probe.counters()
+    times, losses = _steps(trainer, batch, cfg.measured_steps, probe=probe)
+    after = probe.counters()
+    context = probe.outside_allocator()
+    return {
+        "status": "ok",
+        "warmup_times_s": warm_times,
+        "warmup_losses": warm_losses,
+        "step_times_s": times,
+        "losses": losses,
+        "peak_allocated_bytes": probe.peak_allocated(),
+        "peak_reserved_bytes": probe.peak_reserved(),
+        "num_alloc_retries": after["num_alloc_retries"] - before["num_alloc_retries"],
+        "num_ooms": after["num_ooms"] - before["num_ooms"],
+        "memory": {"window_start_allocated_bytes": start_alloc},
+        **({"context_bytes": context} if context is not None else {}),
+    }
+
+
+def _steps(trainer: Trainer, batch: torch.Tensor, n: int, *, probe: Probe) -> tuple[list[float], list[float]]:
+    """n steps, each timed between two device synchronizations; their times and losses."""
+    times: list[float] = []
+    losses: list[torch.Tensor] = []
+    for _ in range(n):
+        probe.sync()  # every clock read is preceded by a device synchronize
+        t0 = probe.now()
+        losses.append(trainer.step(batch))
+        probe.sync()
+        times.append(probe.now() - t0)
+    return times, [float(x) for x in losses]
+
+
+class tracking:
+    """Activate the CPU tracker for the block (a no-op on CUDA)."""
+
+    def __init__(self, probe: Probe) -> None:
+        self.tracker = probe.tracker if isinstance(probe, TrackerProbe) else None
+
+    def __enter__(self) -> None:
+        if self.tracker is not None:
+            self.tracker.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.tracker is not None:
+            self.tracker.__exit__(*exc)
+
+
+def _static_memory(model: Any, optimizer: torch.optim.Optimizer, *, in_backward: bool) -> dict[str, int]:
+    """Parameters, gradients (one per trainable parameter, same dtype) and optimizer state, in bytes.
+
+    With the optimizer in backward no gradient outlives its own step: none is static (0 bytes).
+    Optimizer state in host memory (torchao's CPU offload keeps it in per-parameter CPU optimizers,
+    not in ``state``) is not device memory and is not counted.
+    """
+    params = list(model.parameters())
+    state = getattr(optimizer, "state", {}) if not _offloaded(optimizer) else {}
+    tensors = [t for s in state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    # A sharded parameter's gradient is sharded like it: count this rank's part (a DTensor's local shard).
+    local = [t for p in params if p.requires_grad for t in storage_tensors(p)]
+    grads = 0 if in_backward else sum(t.numel() * t.element_size() for t in local)
+    return {
+        "params_bytes": tensor_bytes(params),
+        "grads_bytes": grads,
+        "optimizer_state_bytes": tensor_bytes(tensors),
+    }
+
+
+def _offloaded(optimizer: Any) -> bool:
+    """torchao's CPUOffloadOptimizer: its state lives in host memory."""
+    return type(optimizer).__name__ == "CPUOffloadOptimizer"

@@ -1,0 +1,233 @@
+"""``sweep --executor local|slurm``: every point as its own submitit job; this process writes the records.
+
+The runner keeps everything a sweep in one process keeps (skips after an out-of-memory point, loss
+references, search state, the record of every finished point) and decides, as points finish, which
+points may start (processes/schedule.py). Each job runs ``bench.job.run_point_job`` on its node, which
+starts the point's processes exactly as ``--isolate`` does and returns the record; the record is
+appended here as soon as it arrives. Ctrl-C cancels the jobs in flight; finished points stay.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ckptbench.config.cluster import ClusterSpec
+from ckptbench.config.grid import Point
+from ckptbench.config.schema import SweepConfig, check_cpu_compatible
+from ckptbench.errors import CkptbenchError, ConfigError
+from ckptbench.measure.environment import collect as collect_environment
+from ckptbench.measure.probes import ElsewhereProbe
+from ckptbench.measure.progress import PROBES_GUESS, Progress, ProgressCounter
+from ckptbench.measure.runner import Runner, Search
+from ckptbench.processes.executors import LocalPool, Pool, Request, SlurmPool, Submitted, cancel
+from ckptbench.processes.job import run_point_job
+from ckptbench.processes.launch import child_fields
+from ckptbench.processes.schedule import prerequisites, ready
+from ckptbench.results.record import PointRecord
+
+_FORCE_CHECK_S = 60.0
+_TAIL_CHARS = 4000
+
+
+@dataclass
+class _Flight:
+    """A point whose job runs: the job, the point, its base record and its progress index."""
+
+    sub: Submitted
+    point: Point
+    base: dict[str, Any]
+    index: int
+
+
+@dataclass
+class FanoutRunner(Runner):
+    """A Runner whose points run as submitit jobs, as many at once as the pool allows."""
+
+    pool: Pool | None = None
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    _flights: dict[str, _Flight] = field(default_factory=dict)
+    _forced: float = 0.0  # when Slurm's accounting was last asked (see _collect)
+
+    def run(
+        self, points: list[Point], on_record: Callable[[Progress], None], searches: Sequence[Search] = ()
+    ) -> list[dict[str, Any]]:
+        """Run the grid (independent points in parallel, see processes/schedule.py), then the searches."""
+        self._on_record = on_record
+        self._counter = ProgressCounter(total=len(points) + PROBES_GUESS * len(searches))
+        try:
+            self._grid(points)
+            return self._searches(searches)
+        except BaseException:
+            cancel([f.sub for f in self._flights.values()])
+            raise
+        finally:
+            self.close()
+
+    def _grid(self, points: list[Point]) -> None:
+        done = [Point.from_key(r.key) for r in self._done.values()]
+        waits = prerequisites(points, done, skip_after_oom=self.cfg.skip_after_oom,
+                              reference_cells=self._losses.reference_cells)
+        by_id = {p.key_id: p for p in points}
+        started: set[str] = set()
+        while len(started) < len(points) or self._flights:
+            finished = {k for k in started if k not in self._flights}
+            todo = [by_id[k] for k in ready(waits, finished, started)]
+            now = self._start(todo, search=False)
+            if not now and not self._flights and len(started) < len(points):
+                raise RuntimeError("fan-out: no point can start and none is running (a cycle in the waits)")
+            started.update(p.key_id for p in now)
+            self._collect()
+
+    def _searches(self, searches: Sequence[Search]) -> list[dict[str, Any]]:
+        """Each search one probe at a time (a probe follows from the answers before it), in parallel."""
+        budget = int(self.cfg.budget_gib * 2**30) if self.cfg.budget_gib else None
+        probing: dict[int, Point] = {}
+        finished: set[int] = set()
+        while len(finished) < len(searches):
+            for i, search in enumerate(searches):
+                while i not in probing and i not in finished:
+                    probe = search.next_point(budget)
+                    if probe is None:
+                        finished.add(i)
+                    elif probe.key_id in self._done:  # measured already (a grid point): reuse it
+                        search.observe(probe, self._done[probe.key_id], budget)
+                    elif probe.key_id in self._flights:
+                        break  # another search's probe, running now
+                    else:
+                        self.predict_probe(probe)
+                        if not self._start([probe], search=True):
+                            break  # no free slot now
+                        probing[i] = probe
+            for i, probe in list(probing.items()):
+                if probe.key_id in self._done:
+                    searches[i].observe(probe, self._done[probe.key_id], budget)
+                    del probing[i]
+            if len(finished) < len(searches):
+                self._collect()
+        return [s.outcome() for s in searches]
+
+    def _start(self, points: list[Point], *, search: bool) -> list[Point]:
+        """Start the points the pool has room for, in order; those started (or recorded at once)."""
+        assert self.pool is not None
+        started: list[Point] = []
+        batch: list[Request] = []
+        flights: list[tuple[Point, dict[str, Any], int]] = []
+        for point in points:
+            start = self.start_point(point, allow_skip=not search, search=search)
+            why = self.pool.never_fits(point.world_size)
+            runs = start.skipped is None and why is None
+            if runs and not self.pool.can_start(point.world_size, [r.world_size for r in batch]):
+                break
+            index = self._counter.next()
+            self._on_record(Progress(index, self._counter.total, point))
+            started.append(point)
+            if start.skipped is not None or why is not None:
+                record = start.skipped or self.finish_point(point, {**start.base, "status": "skipped", "reason": why})
+                self._record(point, index, record)
+                continue
+            batch.append(Request(self._request(point), point.world_size))
+            flights.append((point, start.base, index))
+        for sub, (point, base, index) in zip(self.pool.submit(run_point_job, batch, self.point_timeout_s),
+                                             flights, strict=True):
+            self._flights[point.key_id] = _Flight(sub, point, base, index)
+        return started
+
+    def _collect(self) -> None:
+        """Wait a moment, then record every point whose job has ended."""
+        assert self.pool is not None
+        time.sleep(self.pool.poll_s)
+        # A job that wrote its result is seen at once; one that died without a result only through
+        # Slurm's accounting, which submitit asks every 10 minutes unless forced: force it each minute.
+        force = time.monotonic() - self._forced > _FORCE_CHECK_S
+        if force:
+            self._forced = time.monotonic()
+        for key, flight in list(self._flights.items()):
+            if not flight.sub.job.done(force_check=force):
+                continue
+            force = False  # one forced query refreshes every job's state
+            del self._flights[key]
+            self.pool.release(flight.sub)
+            fields = child_fields(flight.base, _job_result(flight.sub.job, local=self.pool.kind == "local"))
+            fields.update(executor=self.pool.kind, job_id=fields.get("job_id") or str(flight.sub.job.job_id))
+            self._record(flight.point, flight.index, self.finish_point(flight.point, fields))
+
+    def _record(self, point: Point, index: int, record: PointRecord) -> None:
+        self._done[point.key_id] = record
+        self._on_record(Progress(index, self._counter.total, point, record))
+
+
+def fanout_runner(
+    cfg: SweepConfig, cluster: ClusterSpec, *, timeout_s: float | None
+) -> tuple[FanoutRunner, dict[str, Any]]:
+    """The runner of a fanned-out sweep and the environment to store (nothing is started yet).
+
+    This process measures nothing: the jobs choose their device (a Slurm login node has no GPU), so
+    the device type is the one the jobs will use and each record says where its point ran.
+    """
+    device_type = _planned_device(cfg, cluster.executor)
+    if device_type == "cpu":
+        try:
+            check_cpu_compatible(cfg)
+        except ValueError as exc:
+            raise ConfigError(f"{exc} (the jobs run on the CPU)") from None
+    probe = ElsewhereProbe("cuda" if device_type == "cuda" else "cpu-tracker")
+    environment = {**collect_environment(device_type, cpu_threads=cfg.cpu_threads), "probe": probe.kind,
+                   "executor": cluster.executor}
+    try:  # the runner builds the LlamaConfig: it checks the override values before anything is submitted
+        runner = FanoutRunner(cfg, torch.device(device_type), probe, environment.get("gpu_name"),
+                              point_timeout_s=timeout_s)
+    except CkptbenchError:
+        raise
+    except Exception as exc:
+        text = " ".join(str(exc).split()) or exc.__class__.__name__
+        raise ConfigError(f"model.overrides: transformers' LlamaConfig rejects them: {text[:200]}") from None
+    runner.cluster = cluster
+    return runner, environment
+
+
+def attach_pool(runner: FanoutRunner, run_dir: Path, *, make_executor: Callable[[Path], Any] | None = None) -> None:
+    """Create the executor, with its job files (pickles, logs) under RUN_DIR/jobs. ``make_executor``
+    replaces submitit's SlurmExecutor (tests run the Slurm path on submitit's local or debug executor)."""
+    cluster = runner.cluster
+    folder = run_dir / "jobs"
+    if cluster.executor == "slurm":
+        runner.pool = SlurmPool(folder, cluster.slurm, runner.cfg.name, make_executor)
+        return
+    gpus = cluster.local.gpus
+    if gpus is None and runner.device.type == "cuda":
+        gpus = list(range(torch.cuda.device_count()))
+    runner.pool = LocalPool(folder, gpus or [], cpu_slots=cluster.local.jobs, timeout_min=cluster.local.timeout_min)
+
+
+def _planned_device(cfg: SweepConfig, executor: str) -> str:
+    if cfg.device != "auto":
+        return cfg.device
+    if executor == "slurm":
+        return "cuda"  # every job asks Slurm for its GPU(s)
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _job_result(job: Any, *, local: bool) -> dict[str, Any]:
+    """What the job returned, or why it returned nothing (it died, was killed or cancelled)."""
+    try:
+        if local and not job.paths.result_pickle.exists():
+            # A local job's process has ended without a result: no shared file system to wait for
+            # (submitit's result() would wait 15 s for the file first).
+            raise RuntimeError(f"job {job.job_id} ended without a result (state {job.state})")
+        result: dict[str, Any] = job.result()
+        return result
+    except Exception as exc:  # submitit: UncompletedJobError (no result), FailedJobError (it raised)
+        first = next((line for line in str(exc).splitlines() if line.strip()), exc.__class__.__name__)
+        try:
+            tail = (job.stderr() or "")[-_TAIL_CHARS:]
+        except Exception:
+            tail = ""
+        last = " | ".join(line.strip() for line in tail.splitlines()[-3:] if line.strip())
+        reason = f"the job ended without a record ({first.strip()[:200]})"
+        return {"reason": f"{reason}; stderr: {last[-300:]}" if last else reason, "stderr_tail": tail}

@@ -1,0 +1,57 @@
+"""The function a fanned-out sweep submits through submitit: one point, run on the job's node.
+
+Kept free of torch at import: the job only starts the point's processes (processes/launch.py), which
+import torch themselves, and returns what they wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ckptbench.measure import faults
+from ckptbench.processes.launch import run_child
+
+
+def run_point_job(request: dict[str, Any], timeout_s: float | None, watch_pid: int | None = None) -> dict[str, Any]:
+    """Run one point in fresh processes on this node (its GPUs are the job's); its record, or why
+    it has none ({'reason', 'stderr_tail'}); either way with the submitit job id.
+
+    ``watch_pid`` (local jobs: the sweep's process): when that process is gone (killed without a chance
+    to cancel its jobs), this job ends, and with it the point's processes.
+    """
+    faults.fire_job(request["key"])
+    if watch_pid is not None:
+        _end_with(watch_pid)
+    job_id = _job_id()
+    with tempfile.TemporaryDirectory(prefix="ckptbench-job-") as tmp:
+        # The point's processes end themselves when this job's process is gone (processes/isolate.py).
+        result = run_child({**request, "parent_pid": os.getpid()}, workdir=Path(tmp), timeout_s=timeout_s)
+    return {**(result or {}), "job_id": job_id}
+
+
+def _job_id() -> str | None:
+    try:
+        import submitit
+
+        return str(submitit.JobEnvironment().job_id)
+    except RuntimeError:  # not inside a submitit job (submitit's debug executor runs jobs in-process)
+        return None
+
+
+def _end_with(pid: int) -> None:
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(pid, 0)  # signal 0: only asks whether the process exists
+            except ProcessLookupError:
+                os._exit(3)  # the point's processes follow: they watch this one
+            except PermissionError:
+                pass  # it exists (owned by someone else: not ours to judge)
+
+    threading.Thread(target=watch, daemon=True, name="ckptbench-sweep-watch").start()

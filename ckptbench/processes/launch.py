@@ -1,0 +1,217 @@
+"""Start one point's process(es) and collect what they wrote: the launcher behind ``--isolate``,
+sharded points and fanned-out jobs.
+
+A point runs in ``python -m ckptbench.processes.point_process REQUEST.json`` (see processes/isolate.py for
+what the child does). The launcher writes the request, starts the process in its own session (a
+terminal's Ctrl-C reaches the sweep only, which then ends the child), waits for it, enforces the
+start and ``--point-timeout`` deadlines, and turns a process that dies, hangs or exits without a
+record into a failure description with the tail of its stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import ckptbench
+from ckptbench.config.alloc_conf import axis_to_conf
+from ckptbench.config.parallel import parse_parallel
+from ckptbench.measure.environment import available_cpus, host_state
+from ckptbench.processes.ranks import merge_ranks
+from ckptbench.results.store import write_json_atomic
+
+# Allowance for a point process to start (imports, CUDA context) before --point-timeout applies.
+START_TIMEOUT_S = 300.0
+STDERR_TAIL_CHARS = 4000
+# After one rank of a sharded point exits, how long the others may take to finish before they are killed.
+RANKS_GRACE_S = 60.0
+_POLL_S = 0.1
+
+
+def measure_in_process(
+    request: dict[str, Any], base: dict[str, Any], *, timeout_s: float | None
+) -> dict[str, Any]:
+    """Run a point's request in a fresh process: the fields of its record (an error record if it failed)."""
+    with tempfile.TemporaryDirectory(prefix="ckptbench-point-") as tmp:
+        child = run_child(request, workdir=Path(tmp), timeout_s=timeout_s)
+    return child_fields(base, child)
+
+
+# What only the sweep's process knows of a point: the predictions made before the run, whether a search
+# proposed it. A child's record carries them over from the base record.
+PARENT_FIELDS = ("predicted_peak_allocated_bytes", "predicted_peak_reserved_bytes", "predicted_oom", "search")
+ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def child_fields(base: dict[str, Any], child: dict[str, Any] | None) -> dict[str, Any]:
+    """A point's record fields from what its process returned (its record, or a failure on top of
+    ``base``), with this process's predictions, marked as measured in a fresh process."""
+    if child is None or "key" not in child:
+        record = {**base, **(child or {}), "status": "error"}
+    else:
+        record = {**child, **{k: base[k] for k in PARENT_FIELDS if base.get(k) is not None}}
+    record.pop("fatal", None)  # the next point gets a fresh process and CUDA context
+    record.update(process="fresh", points_before=0, allocator_conf=base.get("allocator_conf", ""), isolated=True)
+    return record
+
+
+def run_child(request: dict[str, Any], *, workdir: Path, timeout_s: float | None) -> dict[str, Any] | None:
+    """Run one point in a child process, or in one process per rank for a sharded point: its record
+    (ranks merged), or {'reason', 'stderr_tail'} when it failed.
+
+    The point's ``allocator`` setting configures the caching allocator in its processes: torch reads it
+    once, when CUDA starts, so it can only be set for a new process (torch 2.9+ reads PYTORCH_ALLOC_CONF
+    first, older ones PYTORCH_CUDA_ALLOC_CONF: both are set).
+    """
+    ranks = _ranks(request)
+    request_path = workdir / "request.json"
+    files = {"result": str(workdir / "result.json"), "ready": str(workdir / "ready")}
+    write_json_atomic(request_path, {**request, **files})
+    env = dict(os.environ)
+    alloc_conf = axis_to_conf(str(request["key"].get("allocator", "default")))
+    if alloc_conf:
+        env.update(dict.fromkeys(ALLOC_CONF_VARS, alloc_conf))
+    package_root = str(Path(ckptbench.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    command = [sys.executable, "-m", "ckptbench.processes.point_process", str(request_path)]
+    port = _free_port() if ranks != [None] else 0
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for rank in ranks:
+            procs.append(_start(command, {**env, **_rank_env(rank, len(ranks), port)}, workdir, rank))
+        problem = _wait(procs, ready=workdir / "ready", timeout_s=timeout_s)
+    finally:
+        for proc in procs:
+            _kill(proc)
+    results = [_collect(workdir, rank, proc, problem) for rank, proc in zip(ranks, procs, strict=False)]
+    if ranks == [None]:
+        return _judge_host(results[0])
+    return _judge_host(merge_ranks(results)) if results else {"reason": "no rank process could be started"}
+
+
+def _judge_host(record: dict[str, Any]) -> dict[str, Any]:
+    """The host's load and warnings as the point ends, judged here, where its processes ran: the ranks'
+    own judgments are replaced (the spread warning belongs to the point's merged step times)."""
+    if "key" not in record:
+        return record
+    for name in ("warnings", "load_average_1m"):
+        record.pop(name, None)
+    return {**record, **host_state(record.get("step_times_s") or [], cpus=available_cpus())}
+
+
+def result_path(base: str | Path, rank: int | None) -> Path:
+    """Where a point process writes its record: ``result.json``, or ``result.rank<R>.json`` for a rank."""
+    path = Path(base)
+    return path if rank is None else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
+def _ranks(request: dict[str, Any]) -> list[int | None]:
+    """[None] for a single-device point; the ranks 0..N-1 of a sharded one (even a world of one)."""
+    spec = parse_parallel(str(request["key"].get("parallel", "none")))
+    return list(range(spec.world_size)) if spec.distributed else [None]
+
+
+def _rank_env(rank: int | None, world: int, port: int) -> dict[str, str]:
+    """torchrun's environment for the env:// rendezvous (one node: local rank = rank)."""
+    if rank is None:
+        return {}
+    return {
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+        "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+    }
+
+
+def _free_port() -> int:
+    """A TCP port nobody listens on now (rank 0 opens the rendezvous store on it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _start(command: list[str], env: dict[str, str], workdir: Path, rank: int | None) -> subprocess.Popen[bytes]:
+    with open(_stderr_path(workdir, rank), "wb") as err:
+        # A new session: a terminal's Ctrl-C reaches the parent only, which then ends the child.
+        return subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env, start_new_session=True
+        )
+
+
+def _stderr_path(workdir: Path, rank: int | None) -> Path:
+    return workdir / ("stderr.txt" if rank is None else f"stderr.rank{rank}.txt")
+
+
+def _collect(workdir: Path, rank: int | None, proc: subprocess.Popen[bytes], problem: str | None) -> dict[str, Any]:
+    """A process's record, or why it has none (with the tail of its stderr)."""
+    path = result_path(workdir / "result.json", rank)
+    if path.exists():  # written atomically: complete whenever it exists
+        record: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        return record
+    tail = _tail(_stderr_path(workdir, rank))
+    what = problem or _exit_text(proc.returncode)
+    last = " | ".join(line.strip() for line in tail.splitlines()[-3:] if line.strip())
+    reason = f"{what}; stderr: {last[-300:]}" if last else f"{what}; no stderr output"
+    return {"reason": reason, "stderr_tail": tail, "exit_code": proc.returncode}
+
+
+def _wait(procs: list[subprocess.Popen[bytes]], *, ready: Path, timeout_s: float | None) -> str | None:
+    """Wait for the point's processes; a text saying why they were stopped, or None when all exited.
+
+    Once one rank has exited, the others get RANKS_GRACE_S to follow: a rank that died leaves the
+    rest waiting in a collective, as torchrun would not wait for them either.
+    """
+    start_deadline = time.monotonic() + START_TIMEOUT_S
+    deadline: float | None = None
+    first_exit: float | None = None
+    while True:
+        time.sleep(_POLL_S)
+        codes = [proc.poll() for proc in procs]
+        if all(code is not None for code in codes):
+            return None
+        now = time.monotonic()
+        if first_exit is None and any(code is not None for code in codes):
+            first_exit = now
+        if first_exit is not None and now > first_exit + RANKS_GRACE_S:
+            return f"another rank exited and this one was stopped {RANKS_GRACE_S:g} s later"
+        if deadline is None and ready.exists():
+            deadline = now + timeout_s if timeout_s is not None else float("inf")
+        if deadline is None and now > start_deadline:
+            return f"the point process did not start within {START_TIMEOUT_S:g} s and was killed"
+        if deadline is not None and now > deadline:
+            return f"timed out after {timeout_s:g} s (--point-timeout) and was killed"
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: also ends anything it started
+    proc.wait()
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"the point process was killed by {name}"
+    if code == 0:
+        return "the point process exited without writing a result"
+    return f"the point process exited with code {code}"
+
+
+def _tail(path: Path) -> str:
+    try:
+        data = path.read_bytes()[-STDERR_TAIL_CHARS:]
+    except OSError:
+        return ""
+    return data.decode("utf-8", errors="replace").strip()

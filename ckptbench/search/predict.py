@@ -1,0 +1,63 @@
+"""Predictions for the searches' probes: the fields a record keeps, and whether a point is predicted to fit.
+
+Probes are not known up front, so each is estimated just before it runs, by one Estimator for the
+whole sweep (points of one shape share its short-model trace). On a GPU the searches (search/searches.py)
+also ask, before they measure anything, whether candidates are predicted to fit, so that GPU time goes
+to the boundary. "Fits" is judged as a measured point is (search/searches.py ``fits``): with
+``budget_gib``, the predicted peak reserved memory plus the memory outside the allocator within the
+budget; without it, no predicted out-of-memory error (under the config's memory cap, if any).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from ckptbench.config.grid import Point
+from ckptbench.config.schema import SweepConfig
+from ckptbench.estimate.api import Estimator
+from ckptbench.estimate.gpus import GpuModel
+from ckptbench.estimate.record import Estimate
+from ckptbench.units import GIB
+
+
+class SearchPredictor:
+    """``record(point)``: the estimates a probe's record keeps; ``predict(point)`` (calling it): True/False when
+    the point is predicted to fit or not, None when it cannot be estimated. ``gpu`` None: the CPU target."""
+
+    def __init__(self, cfg: SweepConfig, gpu: GpuModel | None) -> None:
+        self.cfg = cfg
+        self.estimator = Estimator(cfg, target="cuda" if gpu is not None else "cpu", gpu=gpu)
+        self.budget = int(cfg.budget_gib * GIB) if cfg.budget_gib else None
+        self._estimates: dict[str, Estimate | None] = {}
+
+    def _estimate(self, point: Point) -> Estimate | None:
+        if point.key_id not in self._estimates:
+            try:
+                for _, job in self.estimator.jobs([point]):
+                    job()
+                self._estimates[point.key_id] = self.estimator.estimate(point, budget_bytes=self.budget)
+            except Exception as exc:  # as for the grid: a failing estimate must not cost a measured probe
+                warnings.warn(f"no prediction for {point.key_id}: {exc.__class__.__name__}: {exc}", stacklevel=2)
+                self._estimates[point.key_id] = None
+        return self._estimates[point.key_id]
+
+    def record(self, point: Point) -> dict[str, Any] | None:
+        """The predicted fields of a probe's record (estimates, made before it runs)."""
+        est = self._estimate(point)
+        if est is None:
+            return None
+        r = est.reserved
+        return {
+            "predicted_peak_allocated_bytes": est.peak_bytes,
+            "predicted_peak_reserved_bytes": r.peak_reserved_bytes if r is not None else est.peak_bytes,
+            "predicted_oom": r.oom if r is not None else None,
+        }
+
+    def __call__(self, point: Point) -> bool | None:
+        est = self._estimate(point)
+        if est is None or est.peak_bytes is None or est.reserved is None:
+            return None
+        if self.budget is None:
+            return est.reserved.oom is None
+        return est.fits

@@ -1,0 +1,267 @@
+"""Measured searches instead of a fixed grid: the largest batch that fits, the fewest layers to checkpoint.
+
+Each search proposes one point at a time and is told whether it fitted; the runner measures every
+proposal as an ordinary point (recorded, OOM included), so the answer rests on measurements only.
+Given a ``predict`` function (whether a point is predicted to fit: search/predict.py), a search
+starts where the estimate puts the boundary and measures only around it (its two sides first), in a
+fresh process each: the GPU time goes to the boundary. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ckptbench.config.grid import Point, setup_label
+from ckptbench.config.schema import SweepConfig
+from ckptbench.results.record import PointRecord
+
+Predict = Callable[[Point], "bool | None"]  # whether a point is predicted to fit (None: no prediction)
+
+
+def fits(record: PointRecord, budget_bytes: int | None) -> bool:
+    """A point fits when it ran and its peak reserved memory plus the memory the process held outside the
+    allocator (the CUDA context, measured with the point) is within the budget (if any)."""
+    if not record.ok:
+        return False
+    return budget_bytes is None or _peak(record) + (record.context_bytes or 0) <= budget_bytes
+
+
+def _peak(record: PointRecord) -> int:
+    return record.peak_reserved_bytes or record.peak_allocated_bytes or 0
+
+
+_SHORT = {"layout": "{}", "batch_size": "b={}", "seq_len": "s={}", "precision": "{}"}
+
+
+def group_label(point: Point, axis: str) -> str:
+    """The point's key without the searched axis, short: main axes, then the others that differ from defaults."""
+    key = point.key
+    parts = [fmt.format(key[k]) for k, fmt in _SHORT.items() if k != axis]
+    extras = setup_label({k: v for k, v in key.items() if k != axis})
+    return " ".join([*parts, extras] if extras else parts)
+
+
+@dataclass
+class BatchMaxSearch:
+    """Grow the batch by doubling until it no longer fits, then bisect to the boundary."""
+
+    template: Point
+    limit: int = 1024
+    largest_fit: int | None = None
+    smallest_fail: int | None = None
+    probes: list[int] = field(default_factory=list)
+    predict: Predict | None = None
+    predicted: int | None = None  # the largest batch predicted to fit (0: none), once asked
+    _plan: list[int] = field(default_factory=list)
+
+    kind = "batch_max"
+
+    def _predict_boundary(self) -> None:
+        """Double, then bisect, on predictions alone: the largest batch predicted to fit."""
+        assert self.predict is not None
+        fit, fail, batch = 0, None, 1
+        while fail is None and batch <= self.limit:
+            ok = self.predict(replace(self.template, batch_size=batch))
+            if ok is None:
+                return
+            fit, fail, batch = (batch, None, batch * 2) if ok else (fit, batch, batch)
+        while fail is not None and fail - fit > 1:
+            mid = (fit + fail) // 2
+            ok = self.predict(replace(self.template, batch_size=mid))
+            if ok is None:
+                return
+            fit, fail = (mid, fail) if ok else (fit, mid)
+        self.predicted = fit
+        self._plan = [b for b in (fit, fit + 1) if 1 <= b <= self.limit]
+
+    def _informative(self, batch: int) -> bool:
+        return (self.largest_fit is None or batch > self.largest_fit) and (
+            self.smallest_fail is None or batch < self.smallest_fail
+        )
+
+    def fresh(self, point: Point) -> bool:
+        """Whether a probe is a boundary point to measure in a fresh process (the predicted boundary's sides)."""
+        return self.predicted is not None and abs(point.batch_size - self.predicted - 0.5) < 2
+
+    def next_point(self, budget_bytes: int | None = None) -> Point | None:
+        if self.predict is not None and self.predicted is None and not self.probes:
+            self._predict_boundary()
+        while self._plan:
+            batch = self._plan.pop(0)
+            if self._informative(batch):
+                return replace(self.template, batch_size=batch)
+        if self.smallest_fail is None:
+            batch = 1 if self.largest_fit is None else self.largest_fit * 2
+            if batch > self.limit:
+                return None
+        elif self.largest_fit is None:
+            if self.smallest_fail <= 1:
+                return None
+            batch = self.smallest_fail // 2  # only reached when batch 1 was not the first probe
+        else:
+            if self.smallest_fail - self.largest_fit <= 1:
+                return None
+            batch = (self.largest_fit + self.smallest_fail) // 2
+        return replace(self.template, batch_size=batch)
+
+    def observe(self, point: Point, record: PointRecord, budget_bytes: int | None) -> bool:
+        ok = fits(record, budget_bytes)
+        self.probes.append(point.batch_size)
+        if ok:
+            self.largest_fit = max(self.largest_fit or 0, point.batch_size)
+        else:
+            self.smallest_fail = min(self.smallest_fail or point.batch_size, point.batch_size)
+            if point.batch_size == self.predicted and point.batch_size > 1:
+                self._plan.insert(0, point.batch_size - 1)  # the prediction was one too high: try one less
+        return ok
+
+    def outcome(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "group": group_label(self.template, "batch_size"),
+            "key": {k: v for k, v in self.template.key.items() if k != "batch_size"},
+            "answer": {"batch_size": self.largest_fit, "first_failing_batch_size": self.smallest_fail},
+            "predicted": None if self.predict is None else {"batch_size": self.predicted},
+            "probes": self.probes,
+        }
+
+
+@dataclass
+class LayoutFitSearch:
+    """The fewest checkpointed layers (first:k) that fit, found from measured per-layer savings.
+
+    Measures 'none' and 'all'; the difference of their peaks over the layer count is the measured
+    activation cost of one layer, which proposes k; first:k is measured to confirm, then k moves by
+    bisection between the largest k known not to fit and the smallest known to fit. The first layers
+    are chosen because checkpointing early layers lowers the peak most: unchecked late layers are
+    freed first in the backward pass. With predictions, the fewest layers predicted to fit (k) and one
+    fewer are measured first, in fresh processes; bisection follows only if the prediction was wrong.
+    """
+
+    template: Point
+    num_layers: int
+    peaks: dict[int, int] = field(default_factory=dict)  # k -> peak reserved (or allocated) bytes
+    fit_k: int | None = None
+    fail_k: int | None = None
+    probes: list[str] = field(default_factory=list)
+    predict: Predict | None = None
+    predicted: int | None = None  # the fewest first layers predicted to fit (num_layers + 1: none fits)
+    _plan: list[int] = field(default_factory=list)
+
+    kind = "layout_fit"
+
+    def _layout(self, k: int) -> str:
+        return "none" if k == 0 else "all" if k == self.num_layers else f"first:{k}"
+
+    def _ask(self, k: int) -> bool | None:
+        assert self.predict is not None
+        return self.predict(replace(self.template, layout=self._layout(k)))
+
+    def _predict_boundary(self) -> None:
+        """Bisect on predictions alone: the fewest first layers to checkpoint that are predicted to fit."""
+        top, bottom = self._ask(self.num_layers), self._ask(0)
+        if top is None or bottom is None:
+            return
+        if not top or bottom:
+            self.predicted = 0 if bottom else self.num_layers + 1
+            self._plan = [0] if bottom else [self.num_layers]
+            return
+        lo, hi = 0, self.num_layers  # lo predicted not to fit, hi predicted to fit
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            ok = self._ask(mid)
+            if ok is None:
+                return
+            lo, hi = (lo, mid) if ok else (mid, hi)
+        self.predicted, self._plan = hi, [hi, hi - 1]
+
+    def fresh(self, point: Point) -> bool:
+        """Whether a probe is a boundary point to measure in a fresh process (the predicted boundary's sides)."""
+        return self.predicted is not None and abs(self._k_of(point.layout) - self.predicted + 0.5) < 2
+
+    def _informative(self, k: int) -> bool:
+        return (self.fail_k is None or k > self.fail_k) and (self.fit_k is None or k < self.fit_k)
+
+    def _propose(self, budget_bytes: int | None) -> int | None:
+        if self.predict is not None and self.predicted is None and not self.probes:
+            self._predict_boundary()
+        while self._plan:
+            k = self._plan.pop(0)
+            if self._informative(k):
+                return k
+        lo, hi = self.fail_k, self.fit_k
+        if lo is None and hi is None:
+            return 0
+        if lo is None:  # nothing failed yet: measure 'none' unless it is the answer
+            return 0 if hi and 0 not in self.peaks else None
+        if hi is None:
+            return self.num_layers if self.num_layers not in self.peaks else None
+        if hi - lo <= 1:
+            return None
+        guess = self._guess(budget_bytes)
+        return guess if guess is not None and lo < guess < hi else (lo + hi) // 2
+
+    def _guess(self, budget_bytes: int | None) -> int | None:
+        if budget_bytes is None or 0 not in self.peaks or self.num_layers not in self.peaks:
+            return None
+        per_layer = (self.peaks[0] - self.peaks[self.num_layers]) / self.num_layers
+        if per_layer <= 0:
+            return None
+        return math.ceil((self.peaks[0] - budget_bytes) / per_layer)
+
+    def next_point(self, budget_bytes: int | None = None) -> Point | None:
+        k = self._propose(budget_bytes)
+        return None if k is None else replace(self.template, layout=self._layout(k))
+
+    def observe(self, point: Point, record: PointRecord, budget_bytes: int | None) -> bool:
+        k = self._k_of(point.layout)
+        ok = fits(record, budget_bytes)
+        self.probes.append(point.layout)
+        if record.ok:
+            self.peaks[k] = _peak(record)
+        if ok:
+            self.fit_k = k if self.fit_k is None else min(self.fit_k, k)
+        else:
+            self.fail_k = k if self.fail_k is None else max(self.fail_k, k)
+            if k == self.predicted and k < self.num_layers:
+                self._plan.insert(0, k + 1)  # the prediction was one too low: try one more
+        return ok
+
+    def _k_of(self, layout: str) -> int:
+        if layout == "none":
+            return 0
+        if layout == "all":
+            return self.num_layers
+        return int(layout.split(":", 1)[1])
+
+    def outcome(self) -> dict[str, Any]:
+        k = self.fit_k
+        return {
+            "kind": self.kind,
+            "group": group_label(self.template, "layout"),
+            "key": {kk: v for kk, v in self.template.key.items() if kk != "layout"},
+            "answer": {
+                "layout": None if k is None else self._layout(k),
+                "num_checkpointed": k,
+                "layers": None if k is None else list(range(k)),
+            },
+            "predicted": None if self.predict is None else {"num_checkpointed": self.predicted},
+            "probes": self.probes,
+        }
+
+
+ConfigSearch = BatchMaxSearch | LayoutFitSearch  # the searches a config can ask for
+
+
+def make_searches(cfg: SweepConfig, predict: Predict | None = None) -> list[ConfigSearch]:
+    """The searches a config asks for (batch_size: max or layout: fit), one per searched cell."""
+    out: list[ConfigSearch] = []
+    for kind, template in cfg.search_templates():
+        if kind == "batch_max":
+            out.append(BatchMaxSearch(template, limit=cfg.search_max_batch, predict=predict))
+        else:
+            out.append(LayoutFitSearch(template, num_layers=cfg.model.num_layers, predict=predict))
+    return out

@@ -1,0 +1,107 @@
+"""The run directory of a sweep: where it may go (checked before anything runs), created new or reopened
+for ``--resume`` (checked against the config and machine, locked), and the writer that holds it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import warnings
+from pathlib import Path
+from typing import Any
+
+from ckptbench.config.schema import SweepConfig
+from ckptbench.errors import ResultsError
+from ckptbench.results.paths import check_writable_dir
+from ckptbench.results.record import PointRecord
+from ckptbench.results.store import RUN_FILE, Run, RunWriter, create_run_dir, load_run, resolve_run_path
+from ckptbench.sweep.resume import check_resumable, done_records
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def check_paths(*, out: Path | None, resume: Path | None, results_root: Path) -> Path | None:
+    """Check where the run will be written, before anything runs; the resolved ``--resume`` directory."""
+    if resume is None:
+        where, option = (out, "--out") if out is not None else (results_root, "--results")
+        check_writable_dir(where, option=option)
+        if out is not None and (out / RUN_FILE).exists():
+            raise ResultsError(f"{out}: already holds a run; choose another --out (nothing was overwritten)")
+        return None
+    try:
+        resolved = resolve_run_path(resume, results_root=results_root)
+    except ResultsError as exc:
+        raise ResultsError(f"--resume {exc}") from None
+    check_writable_dir(resolved, option="--resume")
+    return resolved
+
+
+def start_run(
+    cfg: SweepConfig, *, out: Path | None, resume: Path | None, results_root: Path,
+    environment: dict[str, Any], options: dict[str, Any], num_points: int, meta: dict[str, Any] | None = None,
+) -> tuple[RunWriter, dict[str, PointRecord], list[str]]:
+    """The writer of a new or reopened run, the points it already holds and the notes of loading it."""
+    if resume is not None:
+        writer, run = _open_run(cfg, resume=resume, environment=environment, options=options)
+        return writer, done_records(run), run.warnings
+    fields = {"num_points": num_points, "options": options, **(meta or {})}
+    return _new_run(cfg, out=out, results_root=results_root, environment=environment, meta=fields), {}, []
+
+
+def _prepare_dir(cfg: SweepConfig, out: Path | None, results_root: Path) -> Path:
+    try:
+        if out is None:
+            stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+            return create_run_dir(results_root, cfg.name, stamp)
+        if (out / RUN_FILE).exists():
+            raise ResultsError(f"{out}: already holds a run; choose another --out (nothing was overwritten)")
+        if out.exists() and not out.is_dir():
+            raise ResultsError(f"{out}: exists and is not a directory")
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # checked up front (check_paths); this is a race with another process or a full disk
+        where = out if out is not None else results_root
+        raise ResultsError(f"{where}: cannot create the run directory ({exc.strerror or exc})") from None
+    return out
+
+
+def _open_run(
+    cfg: SweepConfig, *, resume: Path, environment: dict[str, Any], options: dict[str, Any]
+) -> tuple[RunWriter, Run]:
+    """Lock an existing run, re-read it under the lock, check it still matches, and mark it running."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a truncated last line is reported through Run.warnings
+        check_resumable(cfg, load_run(resume), environment)  # before the lock: change nothing if refused
+        writer = RunWriter.reopen(resume)
+        try:
+            run = load_run(resume)
+            check_resumable(cfg, run, environment)
+        except BaseException:
+            writer.close()
+            raise
+    history = [*run.meta.get("resumes", []), {"at": _now(), "git_sha": environment["git_sha"], **options}]
+    writer.meta = run.meta
+    writer.set_status("running", resumes=history)
+    return writer, run
+
+
+def _new_run(
+    cfg: SweepConfig,
+    *,
+    out: Path | None,
+    results_root: Path,
+    environment: dict[str, Any],
+    meta: dict[str, Any],
+) -> RunWriter:
+    return RunWriter(
+        _prepare_dir(cfg, out, results_root),
+        {
+            "ckptbench_version": environment["ckptbench_version"],
+            "git_sha": environment["git_sha"],
+            "created_at": _now(),
+            "name": cfg.name,
+            "status": "running",
+            "environment": environment,
+            "config": cfg.model_dump(mode="json"),
+            **meta,
+        },
+    )

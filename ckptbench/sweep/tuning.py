@@ -1,0 +1,60 @@
+"""A tune run: every candidate of the space estimated, then a sweep of the run directory driven by tune's search."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckptbench.analysis.tune import TunePlanner
+from ckptbench.analysis.tune_space import TuneSpace, tune_space
+from ckptbench.config.schema import SweepConfig
+from ckptbench.estimate.predict import predicted_fields
+from ckptbench.estimate.record import EstimateProgress
+from ckptbench.measure.device import current_gpu_model, resolve_device
+from ckptbench.measure.progress import Progress
+from ckptbench.search.tune import TuneOptions, TuneSearch, estimate_candidates
+from ckptbench.sweep.sweep import SweepOutcome, SweepPlan, run_sweep
+
+
+@dataclass
+class TuneOutcome:
+    """The sweep outcome of the search's run directory and the search's own answer."""
+
+    sweep: SweepOutcome
+    search: dict[str, Any]
+    space: TuneSpace
+    notes: list[str] = field(default_factory=list)
+
+
+def run_tune(
+    cfg: SweepConfig,
+    options: TuneOptions,
+    *,
+    out: Path | None = None,
+    results_root: Path = Path("results"),
+    resume: Path | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    on_estimate: Callable[[EstimateProgress], None] | None = None,
+) -> TuneOutcome:
+    """Search the space of ``cfg`` for the fastest point under the options' limit; measure as it goes."""
+    device = resolve_device(cfg)
+    space = tune_space(cfg, device_type=device.type, seq_len=options.seq_len, allow=options.allow)
+    # On a GPU the estimator replays the caching allocator on this card: the fit check judges the predicted
+    # peak reserved plus this card's CUDA context (analysis/tune_fit.py: predicted_fit).
+    gpu = current_gpu_model(device) if device.type == "cuda" else None
+    candidates, notes = estimate_candidates(cfg, space, limit_bytes=options.limit_bytes,
+                                            target="cuda" if device.type == "cuda" else "cpu",
+                                            on_estimate=on_estimate, gpu=gpu)
+    planner = TunePlanner(candidates, limit_bytes=options.limit_bytes, max_points=options.max_points,
+                          time_budget_s=options.time_budget_s)
+    search = TuneSearch(planner)
+    predictions: dict[str, dict[str, Any] | None] = {c.point.key_id: predicted_fields(c.estimate) for c in candidates}
+    plan = SweepPlan(points=[], searches=[search], predictions=predictions, meta={"tune": options.to_json()})
+    sweep = run_sweep(cfg, out=out, results_root=results_root, on_progress=on_progress, resume=resume, plan=plan)
+    result = search.outcome()
+    result["space"] = {"candidates": len(candidates), "notes": notes, "layouts": list(space.layouts),
+                       "batch_sizes": list(space.batch_sizes), "techniques": {k: list(v) for k, v in
+                                                                               space.techniques.items()}}
+    return TuneOutcome(sweep, result, space, notes)
