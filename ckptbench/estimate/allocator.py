@@ -23,25 +23,217 @@ estimator's ordered stream of allocations and frees, or on one recorded on a GPU
 - ``alloc_block``: a new segment fails past ``fraction x total`` (set_per_process_memory_fraction)
   or past what the device has left (cudaMalloc; the CUDA context and other processes' memory are
   outside the allocator);
-- expandable segments (``expandable_segments:True``) live in estimate/allocator_expandable.py; giving
-  cached segments back in estimate/allocator_release.py; limits, counters and OOM in estimate/allocator_stats.py.
+- expandable segments (``expandable_segments:True``, Note [Expandable Segments],
+  ``find_expandable_block``, ``map_block``, ``try_allocate_expandable_block``, ``unmap_block``,
+  ``release_expandable_segment``): one segment per stream and pool reserves address space for
+  1 1/8 of the card and maps physical pages (2 MiB in the small pool, ``large_segment_size`` =
+  20 MiB in the large pool) as the blocks grow into it; reserved memory is the mapped pages. A
+  request takes the lowest-addressed free-or-unmapped run that is long enough, mapping what is
+  missing; blocks split whenever 512 bytes remain; only ``release_cached_blocks`` (a failed
+  allocation's retry, or empty_cache) unmaps whole free pages.
+
+The bookkeeping mirrors the C++ data structures: a ``Block`` is a piece of an
+``AllocatorSegment`` (one cudaMalloc, or the mapped pages of an expandable segment), linked to its
+neighbours in address order (``prev``/``next``) so that freed neighbours merge; free blocks wait in
+a ``BlockPool`` ordered by (stream, size, address) (``BlockComparatorSize``), one pool for small
+blocks (<= 1 MiB) and one for large ones; unmapped pages of expandable segments are ordered by
+(stream, address) (``BlockComparatorAddress``). Streams are kept apart by one sorted list per stream,
+which is what the stream-first comparator gives.
 """
 
 from __future__ import annotations
 
-from ckptbench.config.alloc_conf import KLARGE_BUFFER, AllocatorSettings
-from ckptbench.estimate.allocator_expandable import ExpandableSegments
-from ckptbench.estimate.allocator_pool import Block, BlockPool, Segment
-from ckptbench.estimate.allocator_release import CacheRelease
-from ckptbench.estimate.allocator_stats import AllocatorOOM, DeviceLimit, Stats
+import bisect
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from ckptbench.config.alloc_conf import AllocatorSettings
 
 MIN_BLOCK = 512  # kMinBlockSize
 SMALL_SIZE = 2**20  # kSmallSize: the largest request of the small pool
-SMALL_BUFFER = 2 * 2**20  # kSmallBuffer: a small-pool segment
+SMALL_BUFFER = 2 * 2**20  # kSmallBuffer: a small-pool segment, and an expandable small-pool page
 MIN_LARGE_ALLOC = 10 * 2**20  # kMinLargeAlloc: requests below it get a large_segment_size segment
 ROUND_LARGE = 2 * 2**20  # kRoundLarge: larger requests round up to this
 
 
+# -- limits, counters, out of memory ---------------------------------------------------------------
+class AllocatorOOM(Exception):
+    """The replayed allocator cannot serve a request (torch raises torch.OutOfMemoryError there)."""
+
+    def __init__(self, size: int, *, allocated: int, reserved: int) -> None:
+        super().__init__(f"cannot allocate {size} bytes ({allocated} allocated, {reserved} reserved)")
+        self.size, self.allocated, self.reserved = size, allocated, reserved
+
+
+@dataclass(frozen=True)
+class DeviceLimit:
+    """What the allocator may reserve: the card, the per-process fraction, memory outside the allocator."""
+
+    total_bytes: int  # cudaMemGetInfo's total (torch.cuda.get_device_properties().total_memory)
+    fraction: float | None = None  # set_per_process_memory_fraction; None: never set
+    outside_bytes: int = 0  # CUDA context, other processes: cudaMalloc fails before the allocator's cap
+
+    @property
+    def allowed_bytes(self) -> int | None:
+        """allowed_memory_maximum = fraction x total, when a fraction is set."""
+        return None if self.fraction is None else int(self.fraction * self.total_bytes)
+
+
+@dataclass
+class Stats:
+    """The allocator's counters, as torch.cuda.memory_stats names them."""
+
+    allocated: int = 0
+    reserved: int = 0
+    peak_allocated: int = 0
+    peak_reserved: int = 0
+    num_alloc_retries: int = 0
+    num_ooms: int = 0
+    num_device_alloc: int = 0
+    num_device_free: int = 0
+    # (action, address, bytes) of every segment alloc/free (or expandable map/unmap), when recorded
+    segment_events: list[tuple[str, int, int]] = field(default_factory=list)
+
+    def reset_peak(self) -> None:
+        self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
+
+
+# -- segments, blocks, pools -----------------------------------------------------------------------
+class AllocatorSegment:
+    """One cudaMalloc (``expandable`` False) or one expandable segment's reserved address space."""
+
+    __slots__ = ("addr", "expandable", "page", "size", "small", "stream")
+
+    def __init__(self, addr: int, size: int, stream: int, *, small: bool, expandable: bool, page: int) -> None:
+        self.addr, self.size, self.stream, self.small = addr, size, stream, small
+        self.expandable, self.page = expandable, page
+
+
+class Block:
+    """A piece of a segment: allocated, free (cached) or, in an expandable segment, unmapped."""
+
+    __slots__ = ("addr", "allocated", "gc_base", "key", "mapped", "next", "prev", "requested", "segment", "size")
+
+    def __init__(self, addr: int, size: int, segment: AllocatorSegment, *, mapped: bool = True) -> None:
+        self.addr, self.size, self.segment, self.mapped = addr, size, segment, mapped
+        self.allocated = False
+        self.prev: Block | None = None
+        self.next: Block | None = None
+        self.gc_base = 0  # the pool's get_free_block count when the block was cached (garbage collection)
+        self.requested = 0  # bytes asked for (before rounding)
+        self.key = -1  # the allocation it serves
+
+    @property
+    def stream(self) -> int:
+        return self.segment.stream
+
+    @property
+    def small(self) -> bool:
+        return self.segment.small
+
+    @property
+    def expandable(self) -> bool:
+        return self.segment.expandable
+
+    def is_split(self) -> bool:
+        return self.prev is not None or self.next is not None
+
+    def allocatable(self) -> bool:
+        """Free or unmapped: find_expandable_block may grow into it."""
+        return not self.allocated
+
+    def grown_size(self) -> int:
+        """expandable_size: a free block plus the unmapped pages right after it (what it can grow to)."""
+        nxt = self.next
+        return self.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
+
+    def splice(self, before: Block | None, after: Block | None) -> None:
+        """Block::splice: link this block between two neighbours."""
+        if before is not None:
+            before.next = self
+        self.prev = before
+        if after is not None:
+            after.prev = self
+        self.next = after
+
+
+class SortedBlocks:
+    """Blocks of one stream, ordered by a key: (size, address) for free blocks, address for unmapped ones."""
+
+    __slots__ = ("blocks", "by_address", "keys")
+
+    def __init__(self, *, by_address: bool = False) -> None:
+        self.keys: list[tuple[int, int]] = []
+        self.blocks: dict[tuple[int, int], Block] = {}
+        self.by_address = by_address
+
+    def _key(self, block: Block) -> tuple[int, int]:
+        return (block.addr, 0) if self.by_address else (block.size, block.addr)
+
+    def add(self, block: Block) -> None:
+        key = self._key(block)
+        bisect.insort(self.keys, key)
+        self.blocks[key] = block
+
+    def remove(self, block: Block) -> None:
+        key = self._key(block)
+        del self.blocks[key]
+        del self.keys[bisect.bisect_left(self.keys, key)]
+
+    def __contains__(self, block: Block) -> bool:
+        return self.blocks.get(self._key(block)) is block
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def at(self, index: int) -> Block:
+        return self.blocks[self.keys[index]]
+
+    def lower_bound(self, size: int) -> int:
+        """Index of the smallest block of at least ``size`` bytes (len(self) when none)."""
+        return bisect.bisect_left(self.keys, (size, -1))
+
+    def __iter__(self) -> Iterator[Block]:
+        return iter([self.blocks[k] for k in self.keys])
+
+
+class BlockPool:
+    """Cached free blocks of one kind (small or large) per stream, plus unmapped expandable pages."""
+
+    def __init__(self, *, small: bool) -> None:
+        self.small = small
+        self.free: dict[int, SortedBlocks] = {}
+        self.unmapped: dict[int, SortedBlocks] = {}
+        # get_free_blocks_call_count: counts searches while garbage collection is on; a cached
+        # block's age is this count minus the count when it was cached (Block::gc_count).
+        self.searches = 0
+
+    def stream_free(self, stream: int) -> SortedBlocks:
+        found = self.free.get(stream)
+        if found is None:
+            found = self.free[stream] = SortedBlocks()
+        return found
+
+    def stream_unmapped(self, stream: int) -> SortedBlocks:
+        found = self.unmapped.get(stream)
+        if found is None:
+            found = self.unmapped[stream] = SortedBlocks(by_address=True)
+        return found
+
+    def cache(self, block: Block) -> None:
+        """insert_into_blocks: cache a free block and start its garbage-collection age."""
+        block.gc_base = self.searches
+        self.stream_free(block.stream).add(block)
+
+    def uncache(self, block: Block) -> None:
+        (self.stream_free(block.stream) if block.mapped else self.stream_unmapped(block.stream)).remove(block)
+
+    def all_free(self) -> list[Block]:
+        """Every cached block in (stream, size, address) order, as the pool's std::set iterates."""
+        return [b for stream in sorted(self.free) for b in self.free[stream]]
+
+
+# -- the allocator ---------------------------------------------------------------------------------
 def round_power2_division(size: int, divisions: int) -> int:
     """roundup_power2_next_division: the next of ``divisions`` equal steps between two powers of two."""
     if size & (size - 1) == 0:
@@ -69,8 +261,6 @@ class CachingAllocator:
         # blocks go to the lower address, as in BlockComparatorSize), else a rising bump pointer.
         self._addresses = list(reversed(addresses or []))
         self._next_addr = 1 << 40
-        self.expandable = ExpandableSegments(self)
-        self.release = CacheRelease(self)
         self.gc_on = settings.garbage_collection_threshold > 0 and limit.fraction is not None
         self._divisions = any(settings.roundup_power2_divisions)
 
@@ -109,9 +299,9 @@ class CachingAllocator:
     def _new_block(self, pool: BlockPool, size: int, alloc_size: int, stream: int) -> Block | None:
         """malloc's slow path: collect garbage, then a new segment, then free cached ones and retry."""
         if self.gc_on:
-            self.release.garbage_collect()
+            self._garbage_collect()
         block = self._alloc_block(pool, size, alloc_size, stream, retry=False)
-        if block is None and self.release.available(pool, size, stream):
+        if block is None and self._release_available(pool, size, stream):
             block = self._alloc_block(pool, size, alloc_size, stream, retry=False)
         if block is None and self.release_cached():  # free every unsplit cached segment: a counted retry
             block = self._alloc_block(pool, size, alloc_size, stream, retry=True)
@@ -147,10 +337,10 @@ class CachingAllocator:
         self.stats.allocated -= block.size
         pool = self.pools[block.small]
         for other in (block.prev, block.next):
-            self.merge(pool, block, other)
+            self._merge(pool, block, other)
         pool.cache(block)
 
-    def merge(self, pool: BlockPool, dst: Block, src: Block | None) -> None:
+    def _merge(self, pool: BlockPool, dst: Block, src: Block | None) -> None:
         """try_merge_blocks: absorb a free neighbour with the same mapping state."""
         if src is None or src.allocated or src.mapped != dst.mapped:
             return
@@ -177,9 +367,7 @@ class CachingAllocator:
         if index >= len(free):
             return None
         if free.at(index).expandable:
-            index = self.expandable.best_fit(free, index)
-            if index is None:
-                return None
+            index = self._expandable_best_fit(free, index)
         block = free.at(index)
         max_split = self.settings.max_split_size
         if max_split is not None:
@@ -198,29 +386,26 @@ class CachingAllocator:
         if allowed is not None and self.stats.reserved + alloc_size > allowed:
             return None
         if self.settings.expandable_segments:
-            return self.expandable.allocate(pool, size, stream)
-        if not self.device_has(alloc_size):
+            return self._allocate_expandable(pool, size, stream)
+        if not self._device_has(alloc_size):
             return None
-        segment = Segment(self.address(alloc_size), alloc_size, stream, small=pool.small, expandable=False, page=0)
-        self.reserve(alloc_size, "segment_alloc", segment.addr)
+        segment = AllocatorSegment(self._address(alloc_size), alloc_size, stream, small=pool.small,
+                                   expandable=False, page=0)
+        self._reserve(alloc_size, "segment_alloc", segment.addr)
         return Block(segment.addr, alloc_size, segment)
 
-    @property
-    def total_bytes(self) -> int:
-        return self.limit.total_bytes
-
-    def device_has(self, nbytes: int) -> bool:
+    def _device_has(self, nbytes: int) -> bool:
         """Whether cudaMalloc (or cuMemCreate) of ``nbytes`` succeeds: the device's free memory."""
         return self.stats.reserved + nbytes <= self.limit.total_bytes - self.limit.outside_bytes
 
-    def address(self, nbytes: int) -> int:
+    def _address(self, nbytes: int) -> int:
         if self._addresses:
             return self._addresses.pop()
         addr = self._next_addr
         self._next_addr += -(-nbytes // ROUND_LARGE) * ROUND_LARGE
         return addr
 
-    def reserve(self, nbytes: int, action: str, addr: int) -> None:
+    def _reserve(self, nbytes: int, action: str, addr: int) -> None:
         stats = self.stats
         stats.reserved += nbytes
         stats.num_device_alloc += 1
@@ -229,17 +414,166 @@ class CachingAllocator:
         if self.record_segments:
             stats.segment_events.append((action, addr, nbytes))
 
-    def unreserve(self, nbytes: int, action: str, addr: int) -> None:
+    def _unreserve(self, nbytes: int, action: str, addr: int) -> None:
         self.stats.reserved -= nbytes
         self.stats.num_device_free += 1
         if self.record_segments:
             self.stats.segment_events.append((action, addr, nbytes))
 
-    # -- giving memory back (estimate/allocator_release.py) ---------------------------------------
+    # -- expandable segments ---------------------------------------------------------------------
+    def _expandable_best_fit(self, free: SortedBlocks, index: int) -> int:
+        """get_free_block's look-ahead: prefer a larger block that can grow less (ties to the first)."""
+        while index + 1 < len(free) and free.at(index).expandable:
+            if free.at(index + 1).grown_size() < free.at(index).grown_size():
+                index += 1
+            else:
+                break
+        return index
+
+    def _allocate_expandable(self, pool: BlockPool, size: int, stream: int) -> Block | None:
+        """try_allocate_expandable_block: a mapped block of at least ``size`` bytes, or None."""
+        candidate = self._find_expandable(pool, size, stream)
+        if not candidate.mapped and not self._map(pool, candidate, min(candidate.size, size)):
+            return None
+        while candidate.size < size:
+            grow = candidate.next
+            assert grow is not None and not grow.mapped
+            if not self._map(pool, grow, min(size - candidate.size, grow.size)):
+                return None
+            candidate = grow  # map_block merged the free candidate into it
+        pool.stream_free(stream).remove(candidate)
+        return candidate
+
+    def _find_expandable(self, pool: BlockPool, size: int, stream: int) -> Block:
+        """find_expandable_block: the lowest address with ``size`` free-or-unmapped bytes, or a new segment."""
+        for block in pool.stream_unmapped(stream):
+            start = block
+            if block.prev is not None and block.prev.allocatable():
+                start = block.prev  # a free block right before the unmapped pages grows into them
+            run = 0
+            walk_: Block | None = start
+            while run < size and walk_ is not None and walk_.allocatable():
+                run += walk_.size
+                walk_ = walk_.next
+            if run >= size:
+                return start
+        page = SMALL_BUFFER if pool.small else self.settings.large_segment_size
+        total = self.limit.total_bytes
+        pages = -(-(total + total // 8) // page)  # address space for 1 1/8 of the card
+        segment = AllocatorSegment(self._address(pages * page), pages * page, stream,
+                                   small=pool.small, expandable=True, page=page)
+        block = Block(segment.addr, segment.size, segment, mapped=False)
+        pool.stream_unmapped(stream).add(block)
+        return block
+
+    def _map(self, pool: BlockPool, block: Block, size: int) -> bool:
+        """map_block: back the first ``size`` bytes of an unmapped block with whole pages."""
+        page = block.segment.page
+        mapped = min(-(-size // page) * page, block.size)
+        if not self._device_has(mapped):
+            return False  # cuMemCreate ran out of memory: the pages created so far are released
+        pool.stream_unmapped(block.stream).remove(block)
+        block.mapped = True
+        if mapped < block.size:
+            rest = Block(block.addr + mapped, block.size - mapped, block.segment, mapped=False)
+            rest.prev, rest.next = block, block.next
+            if block.next is not None:
+                block.next.prev = rest
+            block.next, block.size = rest, mapped
+            pool.stream_unmapped(block.stream).add(rest)
+        for other in (block.prev, block.next):
+            self._merge(pool, block, other)
+        pool.cache(block)
+        self._reserve(mapped, "segment_map", block.addr)
+        return True
+
+    def _unmap(self, pool: BlockPool, block: Block) -> None:
+        """unmap_block (+ release_expandable_segment): give back the whole free pages of a cached block."""
+        base, page = block.segment.addr, block.segment.page
+        begin = base + -(-(block.addr - base) // page) * page
+        end = base + ((block.addr + block.size - base) // page) * page
+        if begin >= end:
+            return
+        pool.stream_free(block.stream).remove(block)
+        if begin > block.addr:
+            before = Block(block.addr, begin - block.addr, block.segment)
+            before.splice(block.prev, block)
+            pool.cache(before)
+        if block.addr + block.size > end:
+            after = Block(end, block.addr + block.size - end, block.segment)
+            after.splice(block, block.next)
+            pool.cache(after)
+        block.addr, block.size, block.mapped = begin, end - begin, False
+        for other in (block.prev, block.next):
+            self._merge(pool, block, other)
+        pool.stream_unmapped(block.stream).add(block)
+        self._unreserve(end - begin, "segment_unmap", begin)
+        if block.prev is None and block.next is None:
+            pool.stream_unmapped(block.stream).remove(block)  # release_expandable_segment
+
+    # -- giving cached memory back ---------------------------------------------------------------
+    def _release_block(self, pool: BlockPool, block: Block) -> None:
+        """release_block: cudaFree a cached block that is a whole segment."""
+        assert not block.is_split() and not block.expandable
+        pool.stream_free(block.stream).remove(block)
+        self._unreserve(block.size, "segment_free", block.addr)
+
+    def _release_available(self, pool: BlockPool, size: int, stream: int) -> bool:
+        """release_available_cached_blocks: free oversize cached segments, just enough for the request."""
+        max_split = self.settings.max_split_size
+        free = pool.free.get(stream)
+        if max_split is None or not free:
+            return False
+        key = max(size, max_split)
+        index = free.lower_bound(key)
+        if index < len(free) and not free.at(index).expandable:
+            self._release_block(pool, free.at(index))
+            return True
+        released = 0
+        for block in reversed([free.at(i) for i in range(index)]):  # the largest first
+            if released >= key or block.size < max_split:
+                break
+            if not block.expandable:
+                released += block.size
+                self._release_block(pool, block)
+        return released >= key
+
     def release_cached(self) -> bool:
         """release_cached_blocks (also empty_cache): free every cached block that is a whole segment."""
-        return self.release.cached()
+        for small in (False, True):  # release_blocks(large_blocks), then release_blocks(small_blocks)
+            pool = self.pools[small]
+            grown = []
+            for block in pool.all_free():
+                if block.expandable:
+                    grown.append(block)
+                elif not block.is_split():
+                    self._release_block(pool, block)
+            for block in grown:
+                self._unmap(pool, block)
+        return True
 
+    def _garbage_collect(self) -> None:
+        """garbage_collect_cached_blocks: free the oldest unsplit cached large segments above the threshold."""
+        allowed = self.limit.allowed_bytes or 0
+        threshold = int(self.settings.garbage_collection_threshold * allowed)
+        if self.stats.reserved <= threshold:
+            return
+        target, reclaimed = self.stats.reserved - threshold, 0
+        pool = self.pools[False]
+        whole = [b for b in pool.all_free() if not b.is_split()]
+        total_age, count = sum(pool.searches - b.gc_base for b in whole), len(whole)
+        freed_any = True
+        while reclaimed < target and freed_any and count > 0:
+            age_threshold = total_age / count
+            freed_any = False
+            for block in pool.all_free():
+                age = pool.searches - block.gc_base
+                if not block.is_split() and not block.expandable and age >= age_threshold:
+                    freed_any, reclaimed = True, reclaimed + block.size
+                    total_age, count = total_age - age, count - 1
+                    self._release_block(pool, block)
+
+    # -- state -----------------------------------------------------------------------------------
     def reset_peak(self) -> None:
         """torch.cuda.reset_peak_memory_stats."""
         self.stats.reset_peak()
@@ -251,6 +585,3 @@ class CachingAllocator:
         blocks = [(s, b.addr, b.size) for s in sorted(pool.free) for b in pool.free[s]]
         blocks += [(s, b.addr, -b.size) for s in sorted(pool.unmapped) for b in pool.unmapped[s]]
         return self.stats.reserved, tuple(blocks)
-
-
-__all__ = ["KLARGE_BUFFER", "AllocatorOOM", "CachingAllocator", "DeviceLimit", "Stats", "round_power2_division"]

@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench.config.alloc_conf import parse_alloc_conf
-from ckptbench.estimate.allocator import CachingAllocator, DeviceLimit
-from ckptbench.estimate.allocator_pool import Block
+from ckptbench.estimate.allocator import Block, CachingAllocator, DeviceLimit
 
 FORMAT = "ckptbench-allocator-trace"
 VERSION = 1

@@ -23,8 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ckptbench.config.alloc_conf import AllocatorSettings
-from ckptbench.estimate.allocator import AllocatorOOM, CachingAllocator, DeviceLimit
-from ckptbench.estimate.allocator_pool import Block
+from ckptbench.estimate.allocator import AllocatorOOM, Block, CachingAllocator, DeviceLimit
 from ckptbench.estimate.events import ALLOC
 from ckptbench.estimate.step_events import StepEvents
 
