@@ -17,9 +17,10 @@ from ckptbench.config.load import parse_config
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
 from ckptbench.estimate.assembly import layer_classes, plans_for, short_model_classes
-from ckptbench.estimate.event_assembly import StepEvents, assemble_step, segment_events, traced_step
+from ckptbench.estimate.event_assembly import assemble_step
 from ckptbench.estimate.events import ALLOC
 from ckptbench.estimate.gpus import DEFAULT_CUBLAS_WORKSPACE, GPUS, HOPPER_CUBLAS_WORKSPACE, gpu_model
+from ckptbench.estimate.step_events import StepEvents, segment_events, traced_step
 from ckptbench.estimate.trace import trace_step
 from tests.conftest import tiny_config
 

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ckptbench.config.layouts import LayoutPlan, parse_layout
-from ckptbench.estimate.step_vectors import Segment, Vector, add
+from ckptbench.estimate.step_vectors import StepSegment, Vector, add
 from ckptbench.estimate.trace import StepTrace
 
 # Ordered so that classes holding fewer shared tensors come first (see the module docstring).
@@ -67,7 +67,7 @@ class Step:
     delta: Vector
 
     @classmethod
-    def of(cls, seg: Segment) -> Step:
+    def of(cls, seg: StepSegment) -> Step:
         return cls(seg.rise, seg.delta)
 
     def shifted(self, other: Step, scale: int = 1) -> Step:

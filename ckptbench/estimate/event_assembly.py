@@ -28,12 +28,9 @@ from collections.abc import Sequence
 from ckptbench.estimate.events import ALLOC
 from ckptbench.estimate.step_events import (
     AssemblyError,
-    FullEvent,
     StepEvents,
     make_label,
     parse_label,
-    segment_events,
-    traced_step,
 )
 from ckptbench.estimate.trace import StepTrace
 
@@ -246,8 +243,3 @@ def assemble_step(
     template = ShortTemplate(trace, classes, max(1, min(micro_batches, 2)))
     return EventAssembler(template, full, micro_batches).run(optimizer_step)
 
-
-__all__ = [
-    "GLOBAL_ORDER", "AssemblyError", "EventAssembler", "FullEvent", "ShortTemplate", "StepEvents", "assemble_step",
-    "make_label", "parse_label", "segment_events", "traced_step",
-]

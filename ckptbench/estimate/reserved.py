@@ -15,9 +15,10 @@ from ckptbench.config.alloc_conf import AllocatorSettings, axis_to_conf, parse_a
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig
 from ckptbench.estimate.allocator import DeviceLimit
-from ckptbench.estimate.event_assembly import StepEvents, assemble_step, segment_events, traced_step
+from ckptbench.estimate.event_assembly import assemble_step
 from ckptbench.estimate.gpus import CUBLASLT_WORKSPACE, GpuModel
 from ckptbench.estimate.replay import ProcessModel, ReplayResult, replay_point
+from ckptbench.estimate.step_events import StepEvents, segment_events, traced_step
 from ckptbench.estimate.trace import StepTrace
 
 TOKEN_BYTES = 8  # the batch: int64 token ids (train.step.make_batch)

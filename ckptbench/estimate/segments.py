@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from ckptbench.estimate.tracker import ACTIVATIONS, GRADS, LOGITS_LOSS, TRANSIENT, StepTracker
+from ckptbench.estimate.step_vectors import ACTIVATIONS, GRADS, LOGITS_LOSS, TRANSIENT
+from ckptbench.estimate.tracker import StepTracker
 from ckptbench.train.model import decoder_layers
 
 

@@ -1,4 +1,4 @@
-"""Per-category byte vectors of a traced step and the ``Segment`` (start, peak, end vectors) they describe.
+"""Per-category byte vectors of a traced step and the ``StepSegment`` (start, peak, end vectors) they describe.
 
 No torch: estimate/tracker.py fills them while a step runs; estimate/assembly.py adds them up for a
 model with more layers.
@@ -16,7 +16,7 @@ Vector = tuple[int, ...]
 
 
 @dataclass(frozen=True)
-class Segment:
+class StepSegment:
     """One stretch of the step: byte vectors (one entry per category) at its start, its peak and its end."""
 
     label: str

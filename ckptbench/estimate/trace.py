@@ -43,17 +43,17 @@ from ckptbench.estimate.events import Event
 from ckptbench.estimate.fake_patches import EmulatedHostOffload, eager_transformers, swappable_fake_parameters
 from ckptbench.estimate.segments import SegmentMarks
 from ckptbench.estimate.sharded import complete_fake_buckets, fake_process_group
-from ckptbench.estimate.tracker import (
+from ckptbench.estimate.step_vectors import (
     GRADS,
     LOGITS_LOSS,
     OPTIMIZER_STATE,
     OTHER,
     PARAMS,
     TRANSIENT,
-    Segment,
-    StepTracker,
+    StepSegment,
     Vector,
 )
+from ckptbench.estimate.tracker import StepTracker
 from ckptbench.train.checkpointing import applied
 from ckptbench.train.losses import loss_head
 from ckptbench.train.model import apply_lora, attention, build_model, decoder_layers
@@ -69,7 +69,7 @@ _CPU = torch.device("cpu")
 class StepTrace:
     """The segments of one traced training step (see the module docstring for their labels)."""
 
-    segments: tuple[Segment, ...]
+    segments: tuple[StepSegment, ...]
     static: Vector  # live bytes of the model, its optimizer state (and kept gradients) and workspaces
     releases: tuple[tuple[str, Vector, str], ...] = ()  # deferred frees (StepTracker.share)
     crossings: tuple[tuple[tuple[str, str], Vector], ...] = ()  # StepTracker.crossings
@@ -82,7 +82,7 @@ class StepTrace:
     build: tuple[int, ...] = ()  # bytes of each parameter and buffer, in the order a build allocates them
     host: frozenset[int] = frozenset()  # event ids of tensors that live in host memory on the target
 
-    def get(self, label: str) -> Segment:
+    def get(self, label: str) -> StepSegment:
         for seg in self.segments:
             if seg.label == label:
                 return seg

@@ -38,13 +38,9 @@ from ckptbench.estimate.live_storage import (
 from ckptbench.estimate.record import CATEGORIES
 from ckptbench.estimate.step_vectors import (
     ACTIVATIONS,
-    GRADS,
-    LOGITS_LOSS,
-    OPTIMIZER_STATE,
     OTHER,
-    PARAMS,
     TRANSIENT,
-    Segment,
+    StepSegment,
     Vector,
     add,
     is_layer,
@@ -68,7 +64,7 @@ class StepTracker(CountingMode):
         self.kernels = kernels
         self.tag = OTHER
         self.by_cat = [0] * len(CATEGORIES)
-        self.segments: list[Segment] = []
+        self.segments: list[StepSegment] = []
         # Frees moved out of segments: (segment they happened in, bytes, kind); see ``share``.
         self.releases: list[tuple[str, Vector, str]] = []
         self.release_events: list[tuple[str, str, int]] = []  # the same frees: (segment, kind, event id)
@@ -214,7 +210,7 @@ class StepTracker(CountingMode):
     def mark(self, label: str) -> None:
         """Close the open segment (if any), apply deferred frees, and open one called ``label``."""
         if self._label is not None:
-            self.segments.append(Segment(self._label, self._start, self._peak_vec, tuple(self.by_cat)))
+            self.segments.append(StepSegment(self._label, self._start, self._peak_vec, tuple(self.by_cat)))
             for nbytes, category, kind, eid in self._deferred:
                 self.by_cat[category] -= nbytes
                 self.releases.append((self._label, only(category, nbytes), kind))
@@ -259,6 +255,3 @@ class StepTracker(CountingMode):
             self._touch()
         return out
 
-
-__all__ = ["ACTIVATIONS", "GRADS", "LOGITS_LOSS", "OPTIMIZER_STATE", "OTHER", "PARAMS", "TRANSIENT", "KernelModel",
-           "Segment", "StepTracker", "Vector", "add", "is_layer"]
