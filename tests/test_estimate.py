@@ -20,7 +20,7 @@ from ckptbench.config.load import load_config, parse_config
 from ckptbench.config.schema import SweepConfig
 from ckptbench.estimate.api import Estimate, Estimator, estimate_config, estimate_points
 from ckptbench.estimate.device_model import CudaKernels
-from ckptbench.estimate.predict import predict_points
+from ckptbench.estimate.predict import iter_predictions
 from ckptbench.estimate.record import CATEGORIES
 from ckptbench.measure.device import make_probe, resolve_device
 from ckptbench.measure.runner import Progress, Runner
@@ -316,9 +316,9 @@ def test_forgotten_host_copies_stay_uncounted_through_in_place_ops() -> None:
         assert tracker.live == 0
 
 
-def test_predict_points_maps_key_ids_to_bytes() -> None:
+def test_predictions_map_key_ids_to_bytes() -> None:
     cfg = tiny_config(device="cuda", sweep={"layout": ["none", "all"], "batch_size": [2], "seq_len": [128]})
-    predictions = predict_points(cfg, cfg.points_list())
+    predictions = {k: f["predicted_peak_allocated_bytes"] for k, f in iter_predictions(cfg, cfg.points_list())}
     assert set(predictions) == {p.key_id for p in cfg.points_list()}
     by_layout = {p.layout: predictions[p.key_id] for p in cfg.points_list()}
     assert by_layout["all"] < by_layout["none"]

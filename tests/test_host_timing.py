@@ -18,7 +18,7 @@ import torch
 import ckptbench.measure.checked as checked_module
 import ckptbench.measure.runner as runner_module
 from ckptbench.estimate.api import estimate_points
-from ckptbench.estimate.predict import iter_predictions, predict_points
+from ckptbench.estimate.predict import iter_predictions
 from ckptbench.measure.environment import spread_warning
 from ckptbench.render.summary import summary_rows
 from ckptbench.results.record import PointRecord
@@ -184,7 +184,8 @@ def test_background_predictions_are_recorded_like_in_process_ones(
     monkeypatch.setattr(BackgroundPredictions, "start", classmethod(lambda cls: started.append(start()) or started[-1]))
     cfg = tiny_config(sweep={**AXES, "batch_size": [1, 2]})
     outcome = run_sweep(cfg, out=tmp_path / "r", predict_in_background=True)
-    expected = predict_points(cfg, cfg.points_list(), target="cpu")
+    predicted = iter_predictions(cfg, cfg.points_list(), target="cpu")
+    expected = {key: fields["predicted_peak_allocated_bytes"] for key, fields in predicted}
     assert {r.key_id: r.predicted_peak_allocated_bytes for r in outcome.records} == expected
     assert all(v for v in expected.values()) and outcome.warnings == []
     entry = load_run(tmp_path / "r").meta["timing"]["invocations"][0]

@@ -16,12 +16,6 @@ from ckptbench.estimate.gpus import GpuModel
 from ckptbench.estimate.record import Estimate
 
 
-def predict_points(cfg: SweepConfig, points: Sequence[Point], *, target: Target = "cuda") -> dict[str, int | None]:
-    """Predicted peak allocated bytes by ``Point.key_id``."""
-    predicted = iter_predictions(cfg, points, target=target)
-    return {key: fields["predicted_peak_allocated_bytes"] for key, fields in predicted}
-
-
 def predict_records(
     cfg: SweepConfig, points: Sequence[Point], *, target: Target = "cuda", gpu: GpuModel | str | None = None
 ) -> dict[str, dict[str, Any]]:

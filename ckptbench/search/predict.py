@@ -17,6 +17,7 @@ from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig
 from ckptbench.estimate.api import Estimator
 from ckptbench.estimate.gpus import GpuModel
+from ckptbench.estimate.predict import predicted_fields
 from ckptbench.estimate.record import Estimate
 from ckptbench.units import GIB
 
@@ -45,14 +46,7 @@ class SearchPredictor:
     def record(self, point: Point) -> dict[str, Any] | None:
         """The predicted fields of a probe's record (estimates, made before it runs)."""
         est = self._estimate(point)
-        if est is None:
-            return None
-        r = est.reserved
-        return {
-            "predicted_peak_allocated_bytes": est.peak_bytes,
-            "predicted_peak_reserved_bytes": r.peak_reserved_bytes if r is not None else est.peak_bytes,
-            "predicted_oom": r.oom if r is not None else None,
-        }
+        return None if est is None else predicted_fields(est)
 
     def __call__(self, point: Point) -> bool | None:
         est = self._estimate(point)
