@@ -1,16 +1,23 @@
-"""Predict the peak allocated memory of every point of a sweep without running it (pure: no printing).
+"""Predict the memory of every point of a sweep without running it (pure: no printing).
 
-A prediction is the live-bytes trace of ckptbench's own training step (same model builder,
-checkpoint wrapping, precision handling and optimizer) run on fake tensors
+Each point's ``Estimate`` (estimate/record.py) holds the peak allocated bytes and their breakdown by
+category (parameters, gradients, optimizer state, activations, ...), the static part, where in the
+step the peak falls and, on a CUDA target, the peak reserved memory or the out-of-memory error that
+the replayed caching allocator predicts on a card (``Reserved``), judged against a budget.
+
+The peak allocated memory is the live-bytes trace of ckptbench's own training step (same model
+builder, checkpoint wrapping, precision handling and optimizer) run on fake tensors
 (estimate/trace.py), seen through a kernel model of the target device: ``cuda`` models the
 CUDA kernels and caching allocator (what ``torch.cuda.max_memory_allocated`` reports), ``cpu``
 what ckptbench's live-tensor tracker measures on CPU (estimate/device_model.py says what differs).
+The peak reserved memory replays the step's ordered allocations and frees through the caching
+allocator of the card (estimate/gpus.py), as a fresh process runs the point (estimate/reserved.py).
 
 ``method="fast"`` (default) traces one short model per (precision, seq_len, batch_size) and
-re-assembles every layout from per-layer costs (estimate/assembly.py); ``method="full"``
-traces the whole model for every point. The peak is that of a sweep's measured window: the
-steady-state step (optimizer state present, gradients freed by the previous step), plus what
-each measured step keeps alive for the next (the detached loss the runner records).
+re-assembles every layout from per-layer costs (estimate/assembly.py, estimate/event_assembly.py);
+``method="full"`` traces the whole model for every point. The peak is that of a sweep's measured
+window: the steady-state step (optimizer state present, gradients freed by the previous step), plus
+what each measured step keeps alive for the next (the detached loss the runner records).
 """
 
 from __future__ import annotations
