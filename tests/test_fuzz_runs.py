@@ -112,7 +112,7 @@ def valid_lines(run: Path) -> list[bytes]:
     found = []
     for line in (run / POINTS_FILE).read_bytes().split(b"\n"):
         try:
-            PointRecord.model_validate(json.loads(line))
+            PointRecord.read(json.loads(line))
         except (ValueError, ValidationError):
             continue
         found.append(line)
