@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from ckptbench.cli import app
+from ckptbench.cli.main import app
 from ckptbench.errors import ResultsError
 from ckptbench.estimate import api as estimate_api
 from ckptbench.results.record import PointRecord

@@ -16,15 +16,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from ckptbench.errors import ResultsError
-from ckptbench.results.lock import LOCK_FILE, lock_run_dir, writer_alive
+from ckptbench.results.lock import lock_run_dir, writer_alive
 from ckptbench.results.meta import checked_meta
 from ckptbench.results.record import PointRecord
 from ckptbench.results.repair import repair_points_file
-
-__all__ = [
-    "LOCK_FILE", "POINTS_FILE", "RUN_FILE", "SCHEMA_VERSION", "Run", "RunWriter", "create_run_dir", "latest_per_key",
-    "load_run", "repair_points_file", "resolve_run_path", "write_json_atomic", "write_text_atomic",
-]
 
 SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
