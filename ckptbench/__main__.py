@@ -1,3 +1,3 @@
-from ckptbench.cli import main
+from ckptbench.cli.main import main
 
 main()

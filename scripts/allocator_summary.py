@@ -51,7 +51,7 @@ def _fresh(root: Path) -> dict[str, PointRecord]:
         for line in path.read_text().splitlines():
             data = json.loads(line)
             if "key" in data:
-                rec = PointRecord.model_validate({k: v for k, v in data.items() if k != "trace_file"})
+                rec = PointRecord.read({k: v for k, v in data.items() if k != "trace_file"})
                 out[rec.key_id] = rec
     return out
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from ckptbench.answers.claims import answer_claims
 from ckptbench.answers.verdicts import Budget
-from ckptbench.cli import app
+from ckptbench.cli.main import app
 from ckptbench.render.answers import README_BEGIN, README_END, answers_markdown, readme_block, verdict_table
 from ckptbench.results.store import load_run
 from ckptbench.units import parse_headroom, parse_size

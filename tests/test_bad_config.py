@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from ckptbench.cli import app
+from ckptbench.cli.main import app
 from ckptbench.config import schema
 from ckptbench.config.load import parse_config
 from ckptbench.errors import ConfigError

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from ckptbench.cli import app
+from ckptbench.cli.main import app
 from ckptbench.config.load import loads_config, parse_config
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError

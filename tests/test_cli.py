@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from ckptbench.cli import app
+from ckptbench.cli.main import app
 from ckptbench.render.summary import summary_table
 from ckptbench.results.frame import to_frame
 from ckptbench.results.store import load_run

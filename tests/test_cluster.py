@@ -19,7 +19,7 @@ import submitit
 import yaml
 from typer.testing import CliRunner
 
-from ckptbench.cli import app
+from ckptbench.cli.main import app
 from ckptbench.config.cluster import ClusterSpec, SlurmSpec
 from ckptbench.config.load import load_config
 from ckptbench.measure.loss_check import LossReferences

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from ckptbench.analysis.compare import Gates, compare_refs, compare_runs, point_labels
 from ckptbench.analysis.marks import NOISE, Thresholds, compare_point, memory_mark
-from ckptbench.cli import app
+from ckptbench.cli.main import app
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ckptbench.cli import app
-from ckptbench.results.store import POINTS_FILE, RUN_FILE, repair_points_file
+from ckptbench.cli.main import app
+from ckptbench.results.repair import repair_points_file
+from ckptbench.results.store import POINTS_FILE, RUN_FILE
 from tests.conftest import copy_run, quiet_load
 
 Record = dict[str, Any]

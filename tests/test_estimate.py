@@ -14,7 +14,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from ckptbench.cli import app
+from ckptbench.cli.main import app
 from ckptbench.config.grid import Point, key_id
 from ckptbench.config.load import load_config, parse_config
 from ckptbench.config.schema import SweepConfig

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ckptbench.cli import app
+from ckptbench.cli.main import app
 
 README = Path(__file__).parents[1] / "README.md"
 runner = CliRunner()

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from ckptbench.analysis.layer_series import family_of, layer_series, slope
 from ckptbench.analysis.memory_split import memory_splits
-from ckptbench.cli import app
+from ckptbench.cli.main import app
 from ckptbench.render.layer_report import layer_section
 from tests.handbuilt import GIB, base_points, pt, run_of
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ckptbench.config.layouts import parse_layout
-from ckptbench.config.schema import ModelSpec
+from ckptbench.config.model import ModelSpec
 from ckptbench.train.checkpointing import applied
 from ckptbench.train.model import build_model
 from ckptbench.train.optimizers import make_optimizer
@@ -113,7 +113,7 @@ def test_lora_wrapping_leaves_no_future_warning() -> None:
     """peft reads transformers' deprecated `is_gradient_checkpointing`; its FutureWarning must not reach stderr."""
     import warnings
 
-    from ckptbench.config.schema import LoraSpec
+    from ckptbench.config.model import LoraSpec
     from ckptbench.train.model import apply_lora
 
     with warnings.catch_warnings(record=True) as caught:

@@ -12,7 +12,7 @@ from matplotlib.text import Annotation
 from typer.testing import CliRunner
 
 from ckptbench.analysis.recommend import recommend
-from ckptbench.cli import app
+from ckptbench.cli.main import app
 from ckptbench.config.grid import Point
 from ckptbench.estimate.record import CATEGORIES, Estimate
 from ckptbench.render import breakdown_plot, plots

@@ -12,7 +12,7 @@ import pytest
 from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
-from ckptbench.cli import app
+from ckptbench.cli.main import app
 from ckptbench.config.grid import AXIS_DEFAULTS
 from ckptbench.render import breakdown_plot, plots
 from ckptbench.results.store import load_run

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ckptbench.cli import app
+from ckptbench.cli.main import app
 from ckptbench.config.layouts import parse_layout
 from ckptbench.config.load import parse_config
 from ckptbench.config.schema import SweepConfig

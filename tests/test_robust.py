@@ -14,7 +14,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from ckptbench.cli import app
+from ckptbench.cli.main import app
 from ckptbench.cli.sweep import _Interrupts
 from ckptbench.config.grid import AXIS_DEFAULTS, key_id
 from ckptbench.config.schema import SweepConfig

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from ckptbench.analysis.recommend import recommend
 from ckptbench.analysis.tune import Candidate, Margin, TunePlanner, predicted_fit
 from ckptbench.analysis.tune_space import layout_family, parse_allow, tune_space
-from ckptbench.cli import app
+from ckptbench.cli.main import app
 from ckptbench.config.grid import Point
 from ckptbench.config.load import load_config
 from ckptbench.errors import ConfigError

@@ -21,7 +21,7 @@ from ckptbench.analysis.verdict import (
     mann_whitney_can_fire,
     time_verdict,
 )
-from ckptbench.cli import app
+from ckptbench.cli.main import app
 
 RUNS = Path(__file__).parent / "fixtures" / "runs"
 NONE_B1 = "none b=1 s=64 fp32"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ckptbench.cli import app
+from ckptbench.cli.main import app
 from ckptbench.cli.sweep import _Interrupts
 from ckptbench.measure import faults
 from ckptbench.results.store import POINTS_FILE, RUN_FILE

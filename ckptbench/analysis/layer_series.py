@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptbench.config.grid import key_id, setup_label
-from ckptbench.config.schema import ModelSpec
+from ckptbench.config.model import ModelSpec
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 

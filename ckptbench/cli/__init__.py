@@ -3,7 +3,3 @@
 Owns the consoles, the one error handler (CkptbenchError -> exit code), the Format enum and the
 progress bars. Must not compute anything: every number comes from the core packages.
 """
-
-from ckptbench.cli.main import app, main
-
-__all__ = ["app", "main"]

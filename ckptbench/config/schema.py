@@ -11,11 +11,9 @@ from ckptbench.config.axes import MAX_BATCH, DeviceName, OptimizerName, PointSpe
 from ckptbench.config.cluster import ClusterSpec
 from ckptbench.config.grid import Point, expand, search_templates
 from ckptbench.config.layouts import LayoutPlan, parse_layout
-from ckptbench.config.model import MAX_LAYERS, LoraSpec, ModelSpec, check_model_shape
+from ckptbench.config.model import LoraSpec, ModelSpec, check_model_shape
 from ckptbench.config.parallel import sharding_conflict
 from ckptbench.errors import LayoutError
-
-__all__ = ["MAX_LAYERS", "LoraSpec", "ModelSpec", "SweepConfig", "check_cpu_compatible"]
 
 MAX_SEED = 2**32 - 1
 MAX_NAME_CHARS = 100

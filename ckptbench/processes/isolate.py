@@ -82,7 +82,7 @@ def child_main(request_path: str) -> int:
     gpu_name = placement(device)["gpu_name"] or request.get("gpu_name")
     runner = Runner(cfg, device, make_probe(cfg, device), gpu_name=gpu_name, rank=rank, own_process=True)
     for done in request["done"]:
-        record = PointRecord.model_validate(done)
+        record = PointRecord.read(done)  # an earlier run's records (--resume) come from disk
         runner.remember(Point.from_key(record.key), record)
     point = Point.from_key(request["key"])  # a grid point or a search probe
     Path(request["ready"]).touch()  # from here on, --point-timeout applies

@@ -1,9 +1,12 @@
 """The point record: what one point of a sweep measured, typed and validated, with statistics derived on read.
 
 A record is raw data (per-step times and losses, peaks, the memory breakdown, status and why);
-statistics (median, spread, tokens/s, MFU) are properties computed from it, never stored. Fields
-that a newer ckptbench adds are kept as they are (``extra="allow"``), so a record survives a round
-trip through an older reader.
+statistics (median, spread, tokens/s, MFU) are properties computed from it, never stored.
+
+Strict when ckptbench builds a record: a field it does not declare (a misspelling) is an error, as
+with ``extra="forbid"``. Lenient when it reads one back from disk (:meth:`PointRecord.read`): fields
+written by another version are kept as they are (:meth:`PointRecord.unknown_fields` names them), so a
+record survives a round trip through a reader that does not know them.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from __future__ import annotations
 import statistics
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import InitErrorDetails
 
 from ckptbench.config.grid import AXIS_DEFAULTS, key_id
 
@@ -24,12 +28,38 @@ Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Scalar = str | bool | int | float
 
 
-class _Open(BaseModel):
-    # Unknown fields stay (written by a newer ckptbench); known ones are checked.
+# The validation context of a read (PointRecord.read): unknown fields are kept instead of refused.
+_READING = {"ckptbench_read": True}
+
+
+class _Record(BaseModel):
+    # "allow" stores the unknown fields of a read (and dumps them back); the validator below refuses
+    # them everywhere else, with pydantic's own extra_forbidden error at each one's location.
     model_config = ConfigDict(extra="allow", frozen=True)
 
+    @model_validator(mode="after")
+    def _declared_fields_only(self, info: ValidationInfo) -> _Record:
+        if self.model_extra and info.context != _READING:
+            raise ValidationError.from_exception_data(
+                type(self).__name__,
+                [InitErrorDetails(type="extra_forbidden", loc=(name,), input=value)
+                 for name, value in self.model_extra.items()],
+            )
+        return self
 
-class PointMemory(_Open):
+    def unknown_fields(self) -> list[str]:
+        """The fields kept from a read that this ckptbench does not declare, dotted inside nested
+        records ('memory.x', 'ranks.x'), sorted."""
+        names = set(self.model_extra or {})
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            for part in value if isinstance(value, list) else [value]:
+                if isinstance(part, _Record):
+                    names.update(f"{name}.{inner}" for inner in part.unknown_fields())
+        return sorted(names)
+
+
+class PointMemory(_Record):
     """The static part of the peak (parameters, gradients, optimizer state) and the leak check."""
 
     params_bytes: Bytes | None = None
@@ -49,7 +79,7 @@ class PointMemory(_Open):
         return None if all(p is None for p in parts) else sum(p or 0 for p in parts)
 
 
-class LossCheck(_Open):
+class LossCheck(_Record):
     """Whether the point's losses matched a reference (checkpointing must not change the loss)."""
 
     reference: str | None = None  # 'none' (the cell's unchecked layout) or 'recomputed' (measure/loss_check.py)
@@ -61,7 +91,7 @@ class LossCheck(_Open):
     match: bool | None = None
 
 
-class RankRecord(_Open):
+class RankRecord(_Record):
     """What one rank of a sharded point measured, and where it ran (processes/ranks.py merges them)."""
 
     rank: Annotated[int, Field(ge=0)]
@@ -77,7 +107,7 @@ class RankRecord(_Open):
     wall_s: Seconds | None = None
 
 
-class PointRecord(_Open):
+class PointRecord(_Record):
     """One finished point: its key, status, raw measurements and where they came from."""
 
     key: dict[str, Scalar] = Field(min_length=1)
@@ -140,6 +170,16 @@ class PointRecord(_Open):
     # A fanned-out point (sweep --executor): the submitit executor and the job that ran it.
     executor: str | None = None
     job_id: str | None = None
+    # A point whose process (or job) ended without a record (processes/launch.py, fanout.py): the end of
+    # its stderr and its exit status (negative: the signal that ended it).
+    stderr_tail: str | None = None
+    exit_code: int | None = None
+
+    @classmethod
+    def read(cls, data: Any) -> PointRecord:
+        """A record read back from disk: the declared fields checked as when writing, unknown ones
+        (written by another version of ckptbench) kept as they are."""
+        return cls.model_validate(data, context=_READING)
 
     @field_validator("key")
     @classmethod

@@ -16,15 +16,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from ckptbench.errors import ResultsError
-from ckptbench.results.lock import LOCK_FILE, lock_run_dir, writer_alive
+from ckptbench.results.lock import lock_run_dir, writer_alive
 from ckptbench.results.meta import checked_meta
 from ckptbench.results.record import PointRecord
 from ckptbench.results.repair import repair_points_file
-
-__all__ = [
-    "LOCK_FILE", "POINTS_FILE", "RUN_FILE", "SCHEMA_VERSION", "Run", "RunWriter", "create_run_dir", "latest_per_key",
-    "load_run", "repair_points_file", "resolve_run_path", "write_json_atomic", "write_text_atomic",
-]
 
 SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
@@ -224,6 +219,8 @@ def latest_per_key(records: list[PointRecord]) -> list[PointRecord]:
 
 
 def _read_points(run: Run) -> None:
+    """Append the record of every valid line: a damaged line costs only itself (a note each); fields the
+    record does not declare (another version wrote them) are kept, and named in one note for the file."""
     pfile = run.path / POINTS_FILE
     if not pfile.exists():
         return
@@ -232,6 +229,7 @@ def _read_points(run: Run) -> None:
     except OSError as exc:
         raise ResultsError(f"{pfile}: unreadable ({exc.__class__.__name__})") from None
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    unknown: set[str] = set()
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -244,9 +242,15 @@ def _read_points(run: Run) -> None:
                 _skip(run, f"{pfile}: ignored line {i + 1} (not JSON)")
             continue
         try:
-            run.points.append(PointRecord.model_validate(data))
+            record = PointRecord.read(data)
         except ValidationError as exc:
             _skip(run, f"{pfile}: ignored line {i + 1} (not a valid point record: {_first_problem(exc)})")
+            continue
+        run.points.append(record)
+        unknown.update(record.unknown_fields())
+    if unknown:
+        _skip(run, f"{pfile}: kept fields this ckptbench does not know as they are (another version wrote "
+                   f"them): {', '.join(sorted(unknown))}")
 
 
 def _skip(run: Run, message: str) -> None:

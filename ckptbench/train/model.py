@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from ckptbench.config.schema import LoraSpec, ModelSpec
+from ckptbench.config.model import LoraSpec, ModelSpec
 from ckptbench.errors import ConfigError
 from ckptbench.train.flops import ModelShape
 

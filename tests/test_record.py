@@ -1,0 +1,100 @@
+"""The point record is strict when ckptbench writes one and lenient when it reads one back from disk."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from ckptbench.config.grid import AXIS_DEFAULTS
+from ckptbench.results.record import PointRecord
+from ckptbench.results.store import POINTS_FILE, load_run
+
+REPO = Path(__file__).resolve().parent.parent
+# The H200 runs committed under results/, written by earlier versions of ckptbench.
+COMMITTED_RUNS = sorted(p.parent for p in (REPO / "results").glob(f"*/*/{POINTS_FILE}"))
+KEY = {"model": "tiny", "layout": "all", "batch_size": 2, "seq_len": 64, "precision": "fp32"}
+
+
+def _errors(data: dict[str, Any]) -> list[tuple[tuple[Any, ...], str]]:
+    with pytest.raises(ValidationError) as caught:
+        PointRecord.model_validate(data)
+    return [(tuple(e["loc"]), e["type"]) for e in caught.value.errors()]
+
+
+def test_a_misspelled_field_is_an_error_when_writing() -> None:
+    assert _errors({"key": KEY, "status": "ok", "peak_alocated_bytes": 123}) == [
+        (("peak_alocated_bytes",), "extra_forbidden")
+    ]
+    with pytest.raises(ValidationError, match="peak_alocated_bytes"):
+        PointRecord(key=KEY, status="ok", peak_alocated_bytes=123)  # type: ignore[call-arg]
+
+
+def test_a_misspelled_field_of_a_nested_record_is_an_error_where_it_is() -> None:
+    assert _errors({"key": KEY, "status": "ok", "memory": {"leakd": True}}) == [
+        (("memory", "leakd"), "extra_forbidden")
+    ]
+    assert _errors({"key": KEY, "status": "ok", "loss_check": {"mach": False}}) == [
+        (("loss_check", "mach"), "extra_forbidden")
+    ]
+    ranks = [{"rank": 0, "status": "ok"}, {"rank": 1, "status": "ok", "hots": "n1"}]
+    assert _errors({"key": KEY, "status": "ok", "ranks": ranks}) == [(("ranks", 1, "hots"), "extra_forbidden")]
+
+
+def test_reading_keeps_unknown_fields_and_names_them() -> None:
+    data = {"key": KEY, "status": "ok", "peak_allocated_bytes": 7, "new_field": [1, 2],
+            "memory": {"params_bytes": 3, "new_part": 4}, "ranks": [{"rank": 0, "status": "ok", "new_rank": "x"}]}
+    rec = PointRecord.read(data)
+    assert rec.peak_allocated_bytes == 7 and rec.memory.params_bytes == 3
+    assert rec.unknown_fields() == ["memory.new_part", "new_field", "ranks.new_rank"]
+    assert rec.to_json() == {**data, "key": {**AXIS_DEFAULTS, **KEY}}  # written back as they were read
+
+
+def test_reading_still_checks_the_declared_fields() -> None:
+    with pytest.raises(ValidationError, match="peak_allocated_bytes"):
+        PointRecord.read({"key": KEY, "status": "ok", "peak_allocated_bytes": -1, "new_field": 1})
+
+
+@pytest.mark.parametrize("run_dir", COMMITTED_RUNS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_a_committed_h200_run_loads_unchanged(run_dir: Path) -> None:
+    lines = [json.loads(line) for line in (run_dir / POINTS_FILE).read_text(encoding="utf-8").splitlines()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no load note at all: nothing unknown, nothing skipped
+        run = load_run(run_dir)
+    assert not run.warnings
+    assert [p.unknown_fields() for p in run.points] == [[] for _ in run.points]
+    by_key = {json.dumps(p.key, sort_keys=True): p for p in run.points}
+    assert len(by_key) == len(run.points) == len(lines)
+    for line in lines:
+        # The one change a load makes: an axis added after the run was written takes its default.
+        written = {**line, "key": {**AXIS_DEFAULTS, **line["key"]}}
+        rec = by_key[json.dumps(written["key"], sort_keys=True)]
+        assert json.dumps(rec.to_json(), sort_keys=True) == json.dumps(written, sort_keys=True)
+
+
+def test_there_are_committed_runs_to_check() -> None:
+    assert len(COMMITTED_RUNS) >= 3
+
+
+def test_unknown_fields_of_a_newer_run_are_kept_and_named_once(tmp_path: Path) -> None:
+    run_dir = tmp_path / "newer"
+    shutil.copytree(COMMITTED_RUNS[0], run_dir, ignore=shutil.ignore_patterns("report", "*.md", "*.csv"))
+    lines = (run_dir / POINTS_FILE).read_text(encoding="utf-8").splitlines()
+    newer = [{**json.loads(line), "gpu_clock_mhz": 1980 + i} for i, line in enumerate(lines)]
+    newer[0]["memory"] = {**newer[0]["memory"], "cuda_graph_bytes": 0}
+    (run_dir / POINTS_FILE).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in newer), encoding="utf-8")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = load_run(run_dir)
+    expected = f"{run_dir / POINTS_FILE}: kept fields this ckptbench does not know as they are (another version " \
+               "wrote them): gpu_clock_mhz, memory.cuda_graph_bytes"
+    assert run.warnings == [expected]
+    assert [str(w.message) for w in caught] == [expected]
+    assert len(run.points) == len(lines)
+    assert [p.model_extra["gpu_clock_mhz"] for p in run.points] == [1980 + i for i in range(len(lines))]
+    assert run.points[0].to_json()["memory"]["cuda_graph_bytes"] == 0
