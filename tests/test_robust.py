@@ -15,7 +15,7 @@ import torch
 from typer.testing import CliRunner
 
 from ckptbench.cli.main import app
-from ckptbench.cli.sweep import _Interrupts
+from ckptbench.cli.runs import Interrupts
 from ckptbench.config.grid import AXIS_DEFAULTS, key_id
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError, ResultsError
@@ -295,7 +295,7 @@ def test_resume_runs_only_missing_and_failed_points(tmp_path: Path, monkeypatch:
 
 
 def test_signals_raise_keyboard_interrupt_once_then_are_ignored() -> None:
-    with _Interrupts() as interrupts:
+    with Interrupts() as interrupts:
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)  # the handler runs here at the latest

@@ -12,7 +12,8 @@ import pytest
 from rich.console import Console, RenderableType
 from typer.testing import CliRunner
 
-from ckptbench.cli import app, common
+from ckptbench.cli import common
+from ckptbench.cli.main import app
 from ckptbench.config.grid import Point
 from ckptbench.estimate.record import Estimate
 from ckptbench.render.estimate import estimate_table

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ckptbench.cli.main import app
-from ckptbench.cli.sweep import _Interrupts
+from ckptbench.cli.runs import Interrupts
 from ckptbench.measure import faults
 from ckptbench.results.store import POINTS_FILE, RUN_FILE
 from tests.conftest import MINI, copy_run, quiet_load
@@ -132,7 +132,7 @@ def test_an_interrupt_dropped_inside_a_finalizer_is_delivered_again(capfd: pytes
         for _ in range(100):
             time.sleep(0.01)  # the handler raises here, where Python can only drop the exception
 
-    with _Interrupts() as interrupts:
+    with Interrupts() as interrupts:
         thing = Thing()
         weakref.finalize(thing, finalizer)
         with pytest.raises(KeyboardInterrupt):
@@ -143,7 +143,7 @@ def test_an_interrupt_dropped_inside_a_finalizer_is_delivered_again(capfd: pytes
 
 
 def test_a_signal_after_the_final_status_is_only_noted() -> None:
-    with _Interrupts() as interrupts:
+    with Interrupts() as interrupts:
         interrupts.finishing = True
         try:
             os.kill(os.getpid(), signal.SIGINT)

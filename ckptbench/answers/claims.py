@@ -14,11 +14,22 @@ from pathlib import Path
 
 from ckptbench.analysis.layer_series import CellSeries, layer_series
 from ckptbench.analysis.memory_split import MemorySplit, memory_splits
-from ckptbench.answers.cost import claim_12, claim_13, claim_14
+from ckptbench.answers.cost import precision_optimizers_lora, twice_as_slow, zero2_on_one_gpu
 from ckptbench.answers.evidence import Evidence, Scope
-from ckptbench.answers.layers import claim_1, claim_2, claim_3, claim_4, claim_7
-from ckptbench.answers.ranges import CardRow, card_rows, claim_5, claim_6
-from ckptbench.answers.setup import claim_8, claim_9, claim_10, claim_11
+from ckptbench.answers.layers import (
+    attention_and_mlp_apart,
+    every_fourth_layer,
+    every_layer_or_nothing,
+    every_second_or_second_half,
+    first_half_only,
+)
+from ckptbench.answers.ranges import CardRow, card_rows, last_few_layers, middle_layers
+from ckptbench.answers.setup import (
+    activation_offloading,
+    gradient_accumulation,
+    larger_batch_instead,
+    static_memory_dominates,
+)
 from ckptbench.answers.verdicts import Answer, Budget, Context, Pending
 from ckptbench.config.grid import AXIS_DEFAULTS
 from ckptbench.errors import ResultsError
@@ -27,9 +38,22 @@ from ckptbench.train.flops import PEAK_TFLOPS
 
 TARGET_CARD = "A100"  # the card the claims are about (80 GB); its dense bf16 peak is in train/flops.py
 
+# In the order of their numbers (each Answer carries its number; answer_claims checks the order).
 CLAIMS: tuple[Callable[[Context], Answer], ...] = (
-    claim_1, claim_2, claim_3, claim_4, claim_5, claim_6, claim_7,
-    claim_8, claim_9, claim_10, claim_11, claim_12, claim_13, claim_14,
+    every_layer_or_nothing,  # 1
+    every_fourth_layer,  # 2
+    every_second_or_second_half,  # 3
+    first_half_only,  # 4
+    middle_layers,  # 5
+    last_few_layers,  # 6
+    attention_and_mlp_apart,  # 7
+    activation_offloading,  # 8
+    static_memory_dominates,  # 9
+    larger_batch_instead,  # 10
+    gradient_accumulation,  # 11
+    precision_optimizers_lora,  # 12
+    twice_as_slow,  # 13
+    zero2_on_one_gpu,  # 14
 )
 
 

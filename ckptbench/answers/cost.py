@@ -42,8 +42,8 @@ def _saving(ctx: Context, label: str, p: Cite | None, *, pending: Pending, note:
     return Part(label, verdict, text, f"{label}: -{gib(saved)}" if saved >= 0 else f"{label}: +{gib(-saved)}", (p, ref))
 
 
-def claim_12(ctx: Context) -> Answer:
-    """Use bf16/fp16 mixed precision; use 8-bit Adam (saves several GB); use LoRA."""
+def precision_optimizers_lora(ctx: Context) -> Answer:
+    """Claim 12: Use bf16/fp16 mixed precision; use 8-bit Adam (saves several GB); use LoRA."""
     ev = ctx.ev
     amp = ev.find("all", 2, precision="amp_bf16") or ev.find("none", 2, precision="amp_bf16")
     parts = [_mixed(ctx, amp)]
@@ -78,8 +78,8 @@ def _mixed(ctx: Context, amp: Cite | None) -> Part:
                 tuple(c for c in (amp, pure) if c))
 
 
-def claim_13(ctx: Context) -> Answer:
-    """'Twice as slow is normal' for checkpointing."""
+def twice_as_slow(ctx: Context) -> Answer:
+    """Claim 13: 'Twice as slow is normal' for checkpointing."""
     parts = []
     for b in sorted(ctx.series):
         none = ctx.ev.ok("none", b)
@@ -112,8 +112,8 @@ def _flops_text(full: Cite) -> str:
     return f" Recomputing every layer's forward adds {pct(extra)} to the FLOPs of a step (recorded per point)."
 
 
-def claim_14(ctx: Context) -> Answer:
-    """DeepSpeed ZeRO-2 brings memory to the 40s of GB with less slowdown than checkpointing."""
+def zero2_on_one_gpu(ctx: Context) -> Answer:
+    """Claim 14: DeepSpeed ZeRO-2 brings memory to the 40s of GB with less slowdown than checkpointing."""
     model = ctx.ev.scope.model
     found = ctx.ev.select(lambda k: k.get("optimizer_offload", "none") == "cpu" and k.get("model") == model)
     none, full = ctx.ev.ok("none", 2), ctx.ev.ok("all", 2)
@@ -129,15 +129,15 @@ def claim_14(ctx: Context) -> Answer:
         part = Part("optimizer state on the CPU", Verdict.OPEN, "The single-GPU equivalent (optimizer state "
                     "offloaded to the CPU) is not measured yet.", "optimizer offload: not measured",
                     pending=(Pending(STAGE_TUNE, "optimizer_offload: cpu at batch 2 and 8"),))
-        return Answer(14, _CLAIM_14, (part,), estimates, (ZERO2_NOTE,))
+        return Answer(14, _ZERO2_CLAIM, (part,), estimates, (ZERO2_NOTE,))
     slow, ckpt = p.step_s / none.step_s, (full.step_s / none.step_s if full else None)
     holds = p.ok and p.mem < FORTIES_GB and (ckpt is None or slow < ckpt)
     text = (f"{p.short}: {p.gb()} ({p.gib()}), {times(slow)} the step time of none"
             + (f"; all (checkpointing) {times(ckpt)}." if ckpt else "."))
     part = Part("optimizer state on the CPU", Verdict.HOLDS if holds else Verdict.FAILS, text,
                 f"{p.gb()}, {times(slow)}", tuple(c for c in (p, none, full) if c))
-    return Answer(14, _CLAIM_14, (part,), estimates, (ZERO2_NOTE,))
+    return Answer(14, _ZERO2_CLAIM, (part,), estimates, (ZERO2_NOTE,))
 
 
-_CLAIM_14 = ("DeepSpeed ZeRO-2 brings memory to the 40s of GB with less slowdown than checkpointing "
-             "(on one GPU: what ZeRO-2 can shard there, and the single-GPU equivalent).")
+_ZERO2_CLAIM = ("DeepSpeed ZeRO-2 brings memory to the 40s of GB with less slowdown than checkpointing "
+                "(on one GPU: what ZeRO-2 can shard there, and the single-GPU equivalent).")

@@ -36,14 +36,14 @@ def _layout(c: Cite) -> str:
     return str(c.key["layout"])
 
 
-def claim_1(ctx: Context) -> Answer:
-    """Checkpoint every layer; anything less is why memory does not drop."""
-    parts = [p for b in sorted(ctx.series) if (p := _claim_1_at(ctx, b)) is not None]
+def every_layer_or_nothing(ctx: Context) -> Answer:
+    """Claim 1: Checkpoint every layer; anything less is why memory does not drop."""
+    parts = [p for b in sorted(ctx.series) if (p := _every_layer_or_nothing_at(ctx, b)) is not None]
     return Answer(1, "Checkpoint every layer (gradient_checkpointing_enable()); anything less is why memory "
                   "does not drop.", tuple(parts))
 
 
-def _claim_1_at(ctx: Context, b: int) -> Part | None:
+def _every_layer_or_nothing_at(ctx: Context, b: int) -> Part | None:
     full, none, some = ctx.ev.ok("all", b), ctx.ev.find("none", b), partials(ctx, b)
     if full is None or not some or none is None:
         return None
@@ -67,8 +67,8 @@ def _claim_1_at(ctx: Context, b: int) -> Part | None:
                 (none, full, *some), pend)
 
 
-def claim_2(ctx: Context) -> Answer:
-    """Checkpoint every 4th layer; checkpointing all is slower for nothing."""
+def every_fourth_layer(ctx: Context) -> Answer:
+    """Claim 2: Checkpoint every 4th layer; checkpointing all is slower for nothing."""
     parts = []
     for b in sorted(ctx.series):
         e4, full, none = ctx.ev.find("every:4", b), ctx.ev.ok("all", b), ctx.ev.find("none", b)
@@ -91,8 +91,8 @@ def claim_2(ctx: Context) -> Answer:
     return Answer(2, "Checkpoint every 4th layer; checkpointing all is slower for nothing.", tuple(parts))
 
 
-def claim_3(ctx: Context) -> Answer:
-    """Checkpoint every 2nd layer, or only the second half; all 'reclaims memory badly'."""
+def every_second_or_second_half(ctx: Context) -> Answer:
+    """Claim 3: Checkpoint every 2nd layer, or only the second half; all 'reclaims memory badly'."""
     parts = []
     for b in sorted(ctx.series):
         full = ctx.ev.ok("all", b)
@@ -111,13 +111,13 @@ def claim_3(ctx: Context) -> Answer:
                   "\"reclaims memory badly\".", tuple(parts))
 
 
-def claim_4(ctx: Context) -> Answer:
-    """Checkpoint only layers 1-16 (first:16) and leave the last 16: memory drops a lot."""
-    parts = [p for b in sorted(ctx.series) if (p := _claim_4_at(ctx, b)) is not None]
+def first_half_only(ctx: Context) -> Answer:
+    """Claim 4: Checkpoint only layers 1-16 (first:16) and leave the last 16: memory drops a lot."""
+    parts = [p for b in sorted(ctx.series) if (p := _first_half_only_at(ctx, b)) is not None]
     return Answer(4, "Checkpoint only layers 1-16 and leave the last 16: memory drops a lot.", tuple(parts))
 
 
-def _claim_4_at(ctx: Context, b: int) -> Part | None:
+def _first_half_only_at(ctx: Context, b: int) -> Part | None:
     f16, none, full, l16 = (ctx.ev.find(x, b) for x in ("first:16", "none", "all", "last:16"))
     if f16 is None or not f16.ok or none is None:
         return None
@@ -136,8 +136,8 @@ def _claim_4_at(ctx: Context, b: int) -> Part | None:
     return Part(f"batch {b}", Verdict.HOLDS if share >= MOST_OF_SAVING else Verdict.FAILS, text + tail, short, cites)
 
 
-def claim_7(ctx: Context) -> Answer:
-    """Wrap attention and MLP separately (finer granularity) to save more; expect 2x slower."""
+def attention_and_mlp_apart(ctx: Context) -> Answer:
+    """Claim 7: Wrap attention and MLP separately (finer granularity) to save more; expect 2x slower."""
     parts = []
     for b in sorted(ctx.series):
         fine, full = ctx.ev.ok("all@attn+mlp", b), ctx.ev.ok("all", b)

@@ -34,8 +34,8 @@ SPEED_LOSS = 0.30  # "under 30% speed loss"
 BATCH_UP_TO = 6
 
 
-def claim_5(ctx: Context) -> Answer:
-    """Checkpoint only the middle layers (8-12): 70+ GB goes to 50+ GB at under 30% speed loss, batch up to 6."""
+def middle_layers(ctx: Context) -> Answer:
+    """Claim 5: Checkpoint only the middle layers (8-12): 70+ GB to 50+ GB at under 30% speed loss, batch up to 6."""
     none, mid = ctx.ev.ok("none", 2), ctx.ev.ok(MIDDLE, 2)
     stand = ctx.ev.ok(MIDDLE_STAND_IN, 2)
     pend = (Pending(STAGE_CLAIMS, f"{MIDDLE} at batch 2"),)
@@ -84,8 +84,8 @@ def _batch_up_to(ctx: Context) -> Part:
     return Part(f"batch {BATCH_UP_TO} fits", Verdict.OPEN, f"Not measured yet ({said}).", "", cites, pend)
 
 
-def claim_6(ctx: Context) -> Answer:
-    """Checkpoint only the last 4-6 layers: memory down to about 50 GB."""
+def last_few_layers(ctx: Context) -> Answer:
+    """Claim 6: Checkpoint only the last 4-6 layers: memory down to about 50 GB."""
     none, full = ctx.ev.ok("none", 2), ctx.ev.ok("all", 2)
     floor = ""
     if none is not None and none.record.memory.static_bytes is not None:

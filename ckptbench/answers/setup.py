@@ -57,8 +57,8 @@ def _helps(ctx: Context, p: Cite) -> tuple[Verdict, str, str]:
             f"{plain.short} ({tok(plain)}).", f"{p.short} beats {plain.short}")
 
 
-def claim_8(ctx: Context) -> Answer:
-    """Add activation offloading (alone or with 4-8 checkpointed layers)."""
+def activation_offloading(ctx: Context) -> Answer:
+    """Claim 8: Add activation offloading (alone or with 4-8 checkpointed layers)."""
     found = ctx.ev.select(lambda k: k.get("offload", "none") != "none" and _in_scope(ctx, k))
     parts = []
     for p in found:
@@ -78,11 +78,11 @@ def claim_8(ctx: Context) -> Answer:
     return Answer(8, "Add activation offloading (alone or with 4-8 checkpointed layers).", tuple(parts))
 
 
-def claim_9(ctx: Context) -> Answer:
-    """At batch 2 the activations are a small share: optimizer state and gradients dominate."""
+def static_memory_dominates(ctx: Context) -> Answer:
+    """Claim 9: At batch 2 the activations are a small share: optimizer state and gradients dominate."""
     none = ctx.ev.ok("none", 2)
     if none is None or none.record.memory.static_bytes is None:
-        return Answer(9, _CLAIM_9, (Part("batch 2", Verdict.OPEN, "none at batch 2 is not measured.", ""),))
+        return Answer(9, _STATIC_MEMORY_CLAIM, (Part("batch 2", Verdict.OPEN, "none at batch 2 is not measured.", ""),))
     m = none.record.memory
     static, peak = m.static_bytes or 0, none.alloc
     ckpt = [c for lay in ctx.ev.layouts(2) if lay != "none" and (c := ctx.ev.ok(lay, 2, run=none.run))]
@@ -101,16 +101,16 @@ def claim_9(ctx: Context) -> Answer:
                      f"({top.layout_from} -> {top.layout_to}): there activations dominate.")
     holds = static / peak >= STATIC_DOMINATES and saved / none.mem <= CANNOT_SAVE_MUCH
     short = f"static {pct(static / peak)} of the peak; checkpointing saves at most {gib(saved)}"
-    return Answer(9, _CLAIM_9, (Part("batch 2", Verdict.HOLDS if holds else Verdict.FAILS, text, short,
-                                     (none, *([best] if best else []))),))
+    part = Part("batch 2", Verdict.HOLDS if holds else Verdict.FAILS, text, short, (none, *([best] if best else [])))
+    return Answer(9, _STATIC_MEMORY_CLAIM, (part,))
 
 
-_CLAIM_9 = ("At batch 2 the activations are a small share: optimizer state and gradients dominate; checkpointing "
-            "cannot save much.")
+_STATIC_MEMORY_CLAIM = ("At batch 2 the activations are a small share: optimizer state and gradients dominate; "
+                        "checkpointing cannot save much.")
 
 
-def claim_10(ctx: Context) -> Answer:
-    """Raise the batch to 4 (or lower the sequence length to 1024/512 and raise the batch) instead."""
+def larger_batch_instead(ctx: Context) -> Answer:
+    """Claim 10: Raise the batch to 4 (or lower the sequence length to 1024/512 and raise the batch) instead."""
     parts = [_batch_4(ctx)]
     seq = ctx.ev.scope.seq_len
     ref_tokens = 2 * seq
@@ -143,8 +143,8 @@ def _batch_4(ctx: Context) -> Part:
     return Part("batch 4", Verdict.FAILS, f"none at batch 4 does not fit ({c4.gib()}).", f"b=4: {c4.gib()}", (c4,))
 
 
-def claim_11(ctx: Context) -> Answer:
-    """Use gradient accumulation (batch 1 x 8 steps) instead of a larger batch."""
+def gradient_accumulation(ctx: Context) -> Answer:
+    """Claim 11: Use gradient accumulation (batch 1 x 8 steps) instead of a larger batch."""
     found = ctx.ev.select(lambda k: int(k.get("micro_batches", 1)) > 1 and _in_scope(ctx, k))
     parts = []
     for p in found:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ckptbench.analysis.recommend import DEFAULT_HEADROOM
 from ckptbench.cli.common import HeadroomOpt, err, fail
 from ckptbench.errors import CkptbenchError, ResultsError
+
+if TYPE_CHECKING:  # imported when the claims are answered: the CLI stays fast to start
+    from ckptbench.answers.claims import Answers
 
 RunsArg = Annotated[list[str], typer.Argument(
     metavar="RUN...", help="Run directories, preferred first: the first run holding a point is the one cited.")]
@@ -48,7 +51,7 @@ def answers_cmd(
     typer.echo(done.markdown if out_file is None else verdict_table(answers, link=str(out_file)), nl=False)
 
 
-def _answers(runs: list[str], *, budget: str, headroom: str) -> Any:
+def _answers(runs: list[str], *, budget: str, headroom: str) -> Answers:
     from ckptbench.answers.claims import answer_claims
     from ckptbench.answers.verdicts import Budget
     from ckptbench.results.store import load_run

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 
 from ckptbench.cli.common import Format, FormatOpt, ResultsOpt, err, fail, finite, out, warn
 from ckptbench.errors import EXIT_BAD_INPUT, EXIT_REGRESSION, CkptbenchError
+
+if TYPE_CHECKING:  # imported when a comparison is made: the CLI stays fast to start
+    from ckptbench.analysis.compare import Comparison
 
 OnlyChangedOpt = Annotated[bool, typer.Option("--only-changed", help="Hide unchanged and within-noise rows.")]
 FailMemoryOpt = Annotated[
@@ -81,7 +84,7 @@ def compare(
         raise typer.Exit(EXIT_BAD_INPUT)
 
 
-def _print_comparison(comp: Any, fmt: Format, *, only_changed: bool) -> None:
+def _print_comparison(comp: Comparison, fmt: Format, *, only_changed: bool) -> None:
     """Tables and machine-readable output to stdout; warnings (table/csv) and gate failures to stderr."""
     from ckptbench.render.compare import RENDERERS, compare_table, warning_lines
 

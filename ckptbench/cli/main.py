@@ -13,7 +13,8 @@ from ckptbench.cli.common import Group, err, example, out
 from ckptbench.cli.compare import compare
 from ckptbench.cli.estimate import estimate
 from ckptbench.cli.recommend import recommend_cmd, report_cmd
-from ckptbench.cli.sweep import hold_late_signals_until_exit, layouts, sweep
+from ckptbench.cli.runs import hold_late_signals_until_exit
+from ckptbench.cli.sweep import layouts, sweep
 from ckptbench.cli.trace import trace_allocator
 from ckptbench.cli.tune import tune
 from ckptbench.errors import CkptbenchError

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ckptbench.analysis.recommend import DEFAULT_HEADROOM
 from ckptbench.cli.common import BudgetOpt, Format, HeadroomOpt, RunArg, SeqLenOpt, err, fail, out, path_option, warn
 from ckptbench.errors import CkptbenchError, ConfigError, ResultsError
+
+if TYPE_CHECKING:  # the estimator imports torch; the CLI stays fast to start
+    from ckptbench.analysis.recommend import Recommendation
+    from ckptbench.estimate.record import Estimate
+    from ckptbench.results.store import Run
 
 ReportOutOpt = Annotated[
     str | None,  # not Path: typer turns '' into '.', and '' must be refused (cli/common.py path_option)
@@ -55,7 +60,7 @@ def _format(text: str) -> Format:
     return Format(text)
 
 
-def _recommendation(run: Any, *, budget: str, headroom: str, seq_len: int | None) -> Any:
+def _recommendation(run: Run, *, budget: str, headroom: str, seq_len: int | None) -> Recommendation:
     from ckptbench.analysis.recommend import recommend
     from ckptbench.units import parse_headroom, parse_size
 
@@ -102,7 +107,7 @@ def report_cmd(
     out.print(str(files.markdown), markup=False)
 
 
-def _breakdown_estimates(run: Any) -> list[Any]:
+def _breakdown_estimates(run: Run) -> list[Estimate]:
     """ckptbench estimate of the points the breakdown plot shows (one per layout, at one shape), from the
     run's stored config; none when that cannot be made (the plot then shows what was measured)."""
     from ckptbench.cli.progress import EstimateProgressBar

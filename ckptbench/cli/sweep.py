@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import os
-import signal
-import sys
-import threading
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 
-from ckptbench.cli.common import ConfigArg, OutDirOpt, ResultsRootOpt, err, fail, finite, out, path_option, warn
+from ckptbench.cli.common import ConfigArg, OutDirOpt, ResultsRootOpt, err, fail, finite, out, warn
 from ckptbench.cli.progress import SweepProgress
+from ckptbench.cli.runs import Interrupts, finish, interrupted, run_paths, summarize_run
 from ckptbench.errors import CkptbenchError, ResultsError, RunFailure
+
+if TYPE_CHECKING:  # the sweep imports torch; the CLI stays fast to start
+    from ckptbench.results.store import Run
+    from ckptbench.sweep.sweep import SweepOutcome
 
 _CLUSTER = "Fan-out (docs/cluster.md)"
 
@@ -28,70 +27,6 @@ class Executor(str, Enum):
     none = "none"
     local = "local"
     slurm = "slurm"
-
-
-class _Interrupts:
-    """Ctrl-C and SIGTERM raise KeyboardInterrupt once; later ones are ignored while the run is marked.
-
-    Two windows need more than that:
-
-    - A signal handled while a finalizer runs (the garbage collector, a weakref callback) raises
-      KeyboardInterrupt where Python can only print and drop it ("Exception ignored in ..."), and later
-      signals would be ignored. The unraisable hook catches exactly that, re-arms and sends the signal
-      again a moment later, so that it lands in ordinary code.
-    - Once the run has its final status (``finishing``), a signal changes nothing on disk: it is noted
-      (``late``) and the summary is still written, so status, summary and exit code agree. In the real
-      command (``ckptbench sweep``, not a test's CliRunner) the signals are then ignored until the
-      process has exited: shutting the interpreter down takes a moment too, and Python would restore the
-      default handlers for it (a signal there was exit 130 for a complete run). SIGKILL still ends it.
-    """
-
-    keep_after_exit = False  # set by cli.main.main: the process ends right after the command
-
-    def __enter__(self) -> _Interrupts:
-        self.fired = self.finishing = self.late = False
-        self.signum: int = signal.SIGINT
-        self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
-        self.previous_hook = sys.unraisablehook
-        sys.unraisablehook = self._unraisable
-        return self
-
-    def _handle(self, signum: int, _frame: Any) -> None:
-        if self.finishing:
-            self.late = True
-        elif not self.fired:
-            self.fired, self.signum = True, signum
-            raise KeyboardInterrupt
-
-    def _unraisable(self, info: Any) -> None:
-        dropped = info.exc_type is not None and issubclass(info.exc_type, KeyboardInterrupt)
-        if not (dropped and self.fired and not self.finishing):
-            self.previous_hook(info)
-            return
-        # Not from here (we may still be inside the finalizer): from another thread, a moment later.
-        self.fired = False
-        again = threading.Timer(0.05, os.kill, (os.getpid(), self.signum))
-        again.daemon = True
-        again.start()
-
-    def __exit__(self, *exc: object) -> None:
-        sys.unraisablehook = self.previous_hook
-        for sig, handler in self.previous.items():
-            # SIG_IGN survives interpreter shutdown (Python resets only its own handlers to the default).
-            signal.signal(sig, signal.SIG_IGN if self.finishing and self.keep_after_exit else handler)
-
-
-def hold_late_signals_until_exit() -> None:
-    """For the real command line: after a sweep's final status, signals stay notes until the process ends."""
-    _Interrupts.keep_after_exit = True
-
-
-def _paths(out_dir: str | None, results_root: str, resume: str | None) -> tuple[Path | None, Path, Path | None]:
-    return (
-        path_option(out_dir, option="--out"),
-        path_option(results_root, option="--results") or Path("results"),
-        path_option(resume, option="--resume"),
-    )
 
 
 def _hook_notes() -> None:
@@ -152,9 +87,9 @@ def sweep(
     from ckptbench.sweep.timing import process_start_monotonic
 
     started = process_start_monotonic()  # run.json counts the command from the process's start
-    with _Interrupts() as interrupts:
+    with Interrupts() as interrupts:
         try:
-            out, results, resume_dir = _paths(out_dir, results_root, resume)
+            out, results, resume_dir = run_paths(out_dir, results_root, resume)
             cfg = load_config(config)  # before torch is imported: a bad config fails in a blink
             cluster = with_overrides(
                 cfg.cluster, executor=executor.value if executor else None, gpus=gpus, jobs=jobs,
@@ -178,15 +113,15 @@ def sweep(
         except CkptbenchError as exc:
             raise fail(exc) from None
         except KeyboardInterrupt as exc:
-            raise _interrupted(exc, config) from None
+            raise interrupted(exc, config) from None
         for note in outcome.warnings:
             warn(note)
         try:
-            run = _write_summaries(outcome.run_dir)
+            run = summarize_run(outcome.run_dir)
         except (CkptbenchError, OSError) as exc:  # the records are on disk; only the summary is missing
             raise fail(ResultsError(f"{outcome.run_dir}: cannot write the summary ({exc})")) from None
         _report(run, outcome, config)
-        _finish(outcome.run_dir, outcome.clock)
+        finish(outcome.run_dir, outcome.clock)
     if outcome.late_signal or interrupts.late:
         err.print("note: the interrupt came after the last point was recorded; the run is whole, nothing was lost",
                   soft_wrap=True)
@@ -195,22 +130,7 @@ def sweep(
         raise fail(RunFailure(f"{outcome.failure}; the records are in {outcome.run_dir} (retry: {again})"))
 
 
-def _finish(run_dir: Path, clock: Any) -> None:
-    """The command's last act: its whole wall time into run.json, and where it went on stderr."""
-    from ckptbench.render.summary import timing_line
-    from ckptbench.sweep.timing import record_command_end
-
-    entry = record_command_end(run_dir, clock)
-    if entry is not None:
-        err.print(timing_line(entry), markup=False, soft_wrap=True)
-    # The interpreter's teardown collects every object, more than once: with torch and transformers
-    # imported it took 5 s on a busy 2-core machine (load 14), 0.6 s with the objects frozen (they
-    # are skipped; modules are still cleared and atexit handlers run), so the process ends soon after
-    # the wall time it recorded.
-    gc.freeze()
-
-
-def _report(run: Any, outcome: Any, config: Path) -> None:
+def _report(run: Run, outcome: SweepOutcome, config: Path) -> None:
     """After a sweep: failures and resume notes on stderr, the summary table on stdout."""
     from ckptbench.render.summary import run_header, search_table, summary_table
 
@@ -230,40 +150,6 @@ def _report(run: Any, outcome: Any, config: Path) -> None:
     if run.meta.get("searches"):
         out.print(search_table(run))
     err.print(f"results: {escape(str(outcome.run_dir))}")
-
-
-def _interrupted(exc: KeyboardInterrupt, config: Path) -> typer.Exit:
-    """Say what is on disk after Ctrl-C/SIGTERM (and write the partial summaries); exit code 130."""
-    # A SweepInterrupted once the run directory exists: it says where and how far.
-    run_dir, finished, total = (getattr(exc, name, None) for name in ("run_dir", "finished", "total"))
-    if run_dir is None:
-        err.print("[yellow]interrupted:[/yellow] before the sweep started; no point was run, nothing was written")
-        return typer.Exit(130)
-    with contextlib.suppress(CkptbenchError, OSError):  # the points themselves are safe already
-        _write_summaries(run_dir)
-    with contextlib.suppress(Exception):  # the command's wall time is a nicety here
-        _finish(run_dir, getattr(exc, "clock", None))
-    err.print(
-        f"[yellow]interrupted:[/yellow] {finished} of {total} points are on disk in "
-        f"{escape(str(run_dir))}; finish with: ckptbench sweep {escape(str(config))} "
-        f"--resume {escape(str(run_dir))}",
-        soft_wrap=True,
-    )
-    return typer.Exit(130)
-
-
-def _write_summaries(run_dir: Path) -> Any:
-    """Write summary.csv/summary.md of what is on disk; returns the loaded run."""
-    import warnings
-
-    from ckptbench.render.summary import write_summaries
-    from ckptbench.results.store import load_run
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a truncated last line was already reported by the sweep
-        run = load_run(run_dir)
-    write_summaries(run)
-    return run
 
 
 def layouts(config: ConfigArg) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -21,8 +21,12 @@ from ckptbench.cli.common import (
     out,
 )
 from ckptbench.cli.progress import EstimateProgressBar, SweepProgress
-from ckptbench.cli.sweep import _interrupted, _Interrupts, _paths, _write_summaries
+from ckptbench.cli.runs import Interrupts, interrupted, run_paths, summarize_run
 from ckptbench.errors import CkptbenchError, ConfigError
+
+if TYPE_CHECKING:  # the search and the sweep import torch; the CLI stays fast to start
+    from ckptbench.results.store import Run
+    from ckptbench.search.tune import TuneOptions
 
 MaxPointsOpt = Annotated[
     int | None, typer.Option("--max-points", metavar="N", help="Measure at most this many points.")
@@ -60,9 +64,9 @@ def tune(
     """Search layouts x batch sizes x techniques for the fastest setup that fits --budget, by measurement."""
     from ckptbench.config.load import load_config
 
-    with _Interrupts() as interrupts:
+    with Interrupts() as interrupts:
         try:
-            out_path, results, resume_dir = _paths(out_dir, results_root, resume)
+            out_path, results, resume_dir = run_paths(out_dir, results_root, resume)
             cfg = load_config(config)
             options = _options(budget, headroom, seq_len, max_points, time_budget, allow, fmt)
             from ckptbench.sweep.tuning import run_tune
@@ -74,14 +78,14 @@ def tune(
         except CkptbenchError as exc:
             raise fail(exc) from None
         except KeyboardInterrupt as exc:
-            raise _interrupted(exc, config) from None
-        run = _write_summaries(outcome.sweep.run_dir)
+            raise interrupted(exc, config) from None
+        run = summarize_run(outcome.sweep.run_dir)
     _show(run, options, fmt)
     err.print(f"results: {outcome.sweep.run_dir}", markup=False)
 
 
 def _options(budget: str | None, headroom: str, seq_len: int | None, max_points: int | None,
-             time_budget: float | None, allow: str | None, fmt: str) -> Any:
+             time_budget: float | None, allow: str | None, fmt: str) -> TuneOptions:
     from ckptbench.analysis.tune_space import parse_allow
     from ckptbench.search.tune import TuneOptions
     from ckptbench.units import parse_headroom, parse_size
@@ -102,7 +106,7 @@ def _options(budget: str | None, headroom: str, seq_len: int | None, max_points:
     )
 
 
-def _show(run: Any, options: Any, fmt: str) -> None:
+def _show(run: Run, options: TuneOptions, fmt: str) -> None:
     from ckptbench.analysis.recommend import recommend
     from ckptbench.render.tune import rich_tune, tune_search
 

@@ -1,4 +1,4 @@
-"""One training step per precision mode, and optimizer construction."""
+"""One training step per precision mode (dtypes, autocast, the Trainer); optimizers are built in train/optimizers.py."""
 
 from __future__ import annotations
 
