@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ckptbench.config.axes import SweepAxes
+from ckptbench.config.grid import _ORDER, AXES, AXIS_DEFAULTS, KEY_AXES, Point
 from ckptbench.config.layouts import parse_layout
 from ckptbench.config.load import parse_config
 from ckptbench.errors import ConfigError
@@ -178,3 +179,27 @@ def test_torch_compile_trains_like_eager() -> None:
             losses[compiled] = [float(trainer.step(batch)) for _ in range(2)]
     torch._dynamo.reset()
     assert losses[True] == pytest.approx(losses[False], rel=1e-4)
+
+
+def test_the_axes_are_declared_once_and_point_follows_the_declaration() -> None:
+    """KEY_AXES names every field of Point with its type; a field's default is the axis's plain value; the key,
+    the plain values and the sweep's axes follow from it in the orders tables and records use."""
+    by_name = {a.name: a for a in KEY_AXES}
+    point_fields = dataclasses.fields(Point)
+    assert {f.name for f in point_fields} == set(by_name) and len(by_name) == len(KEY_AXES)
+    for f in point_fields:
+        assert f.type == by_name[f.name].kind.__name__, f.name
+        if f.default is not dataclasses.MISSING:
+            assert f.default == by_name[f.name].plain, f.name
+    point = Point("fp32", "none", "all", 32, 2, "tiny", "sgd")
+    assert list(point.key) == [
+        "model", "layout", "batch_size", "seq_len", "precision", "optimizer", "micro_batches", "offload", "lora",
+        "compile", "attn_implementation", "loss", "optimizer_in_backward", "optimizer_offload", "parallel",
+        "allocator",
+    ]
+    assert list(AXIS_DEFAULTS) == list(point.key)[5:]
+    assert AXIS_DEFAULTS["optimizer"] == "adamw_fused" and AXIS_DEFAULTS["lora"] == "none"
+    assert AXES == ("precision", "lora", "layout", "seq_len", "batch_size", "optimizer", "micro_batches", "offload",
+                    "compile", "attn_implementation", "loss", "optimizer_in_backward", "optimizer_offload",
+                    "parallel", "allocator")
+    assert sorted(_ORDER) == sorted(AXES)  # the execution order nests every swept axis once

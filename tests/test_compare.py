@@ -16,7 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from ckptbench.analysis.compare import Gates, compare_refs, compare_runs, point_labels
-from ckptbench.analysis.marks import NOISE, Thresholds, compare_point, memory_mark
+from ckptbench.analysis.marks import Thresholds, compare_point, memory_mark
+from ckptbench.analysis.verdict import NOISE
 from ckptbench.cli.main import app
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run

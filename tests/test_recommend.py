@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from ckptbench.analysis.recommend import Candidate, candidates, pareto_front, recommend
+from ckptbench.analysis.recommend import RecommendCandidate, candidates, pareto_front, recommend
 from ckptbench.config.grid import AXIS_DEFAULTS
 from ckptbench.errors import ConfigError
 from ckptbench.render.recommend import rich_recommendation
@@ -52,7 +52,7 @@ def run_of(points: list[dict[str, Any]]) -> Run:
     return Run(path=Path("hand-built"), meta={"schema_version": 1}, points=records)
 
 
-def labels(cands: list[Candidate]) -> list[str]:
+def labels(cands: list[RecommendCandidate]) -> list[str]:
     return [c.label for c in cands]
 
 
@@ -90,7 +90,7 @@ def test_pareto_front_matches_the_definition(pairs: list[tuple[int, int]]) -> No
     cands = candidates(run)
     front = pareto_front(cands)
 
-    def beats(o: Candidate, c: Candidate) -> bool:
+    def beats(o: RecommendCandidate, c: RecommendCandidate) -> bool:
         better_or_equal = o.memory_bytes <= c.memory_bytes and o.tokens_per_s >= c.tokens_per_s
         return better_or_equal and (o.memory_bytes < c.memory_bytes or o.tokens_per_s > c.tokens_per_s)
 

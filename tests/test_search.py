@@ -157,7 +157,8 @@ def test_layout_fit_starts_from_the_predicted_layer_count(predicted_k: int, true
 
 
 def test_a_probe_fits_only_with_the_memory_outside_the_allocator_counted() -> None:
-    from ckptbench.search.searches import fits
+    def fits(record: PointRecord, budget: int | None) -> bool:
+        return BatchMaxSearch(TEMPLATE).observe(TEMPLATE, record, budget)
 
     key = TEMPLATE.key
     assert fits(PointRecord.model_validate({"key": key, "status": "ok", "peak_reserved_bytes": 90}), 100)

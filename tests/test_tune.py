@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ckptbench.analysis.recommend import recommend
-from ckptbench.analysis.tune import Candidate, Margin, TunePlanner, predicted_fit
+from ckptbench.analysis.tune import Margin, TuneCandidate, TunePlanner, predicted_fit
 from ckptbench.analysis.tune_space import layout_family, parse_allow, tune_space
 from ckptbench.cli.main import app
 from ckptbench.config.grid import Point
@@ -114,7 +114,7 @@ def test_predicted_fit_counts_the_cards_context_and_a_predicted_out_of_memory() 
 def test_a_measured_point_fits_with_its_context_counted() -> None:
     """Measured: peak reserved plus the memory the process held outside the allocator, as recommend counts."""
     point = Point("bf16", "none", "all", 2048, 2, "llama-7b", "adamw_fused")
-    planner = TunePlanner([Candidate(point, 1, _estimate(point, 90))], limit_bytes=100)
+    planner = TunePlanner([TuneCandidate(point, 1, _estimate(point, 90))], limit_bytes=100)
     assert planner.next() == point
     fields = {"key": point.key, "status": "ok", "step_times_s": [1.0], "peak_allocated_bytes": 90,
               "peak_reserved_bytes": 96, "context_bytes": 8}
@@ -157,7 +157,7 @@ def test_a_point_that_ran_out_of_memory_rules_out_larger_predictions() -> None:
     points.append(Point("bf16", "none", "first:16", 2048, 8, "llama-7b", "adamw_fused"))
     peaks = {"first:4": 95, "first:8": 90, "first:16": 80}
     flops = {"first:4": 100, "first:8": 110, "first:16": 120}
-    candidates = [Candidate(p, flops[p.layout], _estimate(p, peaks[p.layout])) for p in points]
+    candidates = [TuneCandidate(p, flops[p.layout], _estimate(p, peaks[p.layout])) for p in points]
     planner = TunePlanner(candidates, limit_bytes=100)
     first = planner.next()
     assert first is not None and first.layout == "first:4"
@@ -174,7 +174,7 @@ def test_a_point_that_ran_out_of_memory_rules_out_larger_predictions() -> None:
 def test_a_failure_drops_candidates_predicted_no_smaller() -> None:
     points = [Point("bf16", "none", layout, 2048, 8, "llama-7b", "adamw_fused") for layout in ("first:4", "first:8")]
     peaks, flops = {"first:4": 90, "first:8": 95}, {"first:4": 100, "first:8": 110}
-    planner = TunePlanner([Candidate(p, flops[p.layout], _estimate(p, peaks[p.layout])) for p in points],
+    planner = TunePlanner([TuneCandidate(p, flops[p.layout], _estimate(p, peaks[p.layout])) for p in points],
                           limit_bytes=100)
     first = planner.next()
     assert first is not None and first.layout == "first:4"
@@ -191,7 +191,7 @@ def test_a_technique_that_cannot_run_here_skips_its_class_and_costs_no_point() -
     # Synthetic FLOPs that put the fused-loss candidate first at each batch size.
     flops = {("none", "fused_linear"): 1000, ("none", "default"): 1001, ("all", "fused_linear"): 1300,
              ("all", "default"): 1301}
-    candidates = [Candidate(p, flops[p.layout, p.loss], _estimate(p, None)) for p in points]
+    candidates = [TuneCandidate(p, flops[p.layout, p.loss], _estimate(p, None)) for p in points]
     planner = TunePlanner(candidates, limit_bytes=100, max_points=2)
     first = planner.next()
     assert first is not None and first.loss == "fused_linear" and first.batch_size == 4  # eager, fewest FLOPs

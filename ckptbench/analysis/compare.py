@@ -14,35 +14,25 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench.analysis.compare_notes import (
-    CONFIG_FIELDS,
-    ENV_FIELDS,
     environment_differences,
     gpu_notes,
     power_notes,
     run_notes,
 )
 from ckptbench.analysis.marks import (
-    BETTER,
     NEWLY_OOM,
     NO_LONGER_OOM,
-    NOT_COMPARABLE,
-    TOO_FEW,
     UNCHANGED,
-    WORSE,
     MetricChange,
     PointChange,
     Thresholds,
     compare_point,
     not_comparable,
 )
+from ckptbench.analysis.verdict import BETTER, NOT_COMPARABLE, TOO_FEW, WORSE
 from ckptbench.config.grid import key_id
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run, load_run
-
-__all__ = [
-    "CONFIG_FIELDS", "ENV_FIELDS", "Comparison", "Gates", "Thresholds", "compare_refs", "compare_runs",
-    "environment_differences", "gate_errors", "gate_failures", "point_labels", "summarize",
-]
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any
 
 from ckptbench.config.grid import key_id, setup_label
 from ckptbench.config.model import ModelSpec
+from ckptbench.results.fit import measured_peak_bytes
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 
@@ -28,11 +29,6 @@ Key = dict[str, Any]
 def family_of(layout: str) -> str:
     """'first:16' -> 'first', 'every:4+3' -> 'every', 'all@attn' -> 'all'."""
     return layout.split("@", 1)[0].split(":", 1)[0]
-
-
-def memory_bytes(rec: PointRecord) -> int | None:
-    """What must fit on the card: peak reserved (allocated where no reserved figure exists, as on CPU)."""
-    return rec.peak_reserved_bytes if rec.peak_reserved_bytes is not None else rec.peak_allocated_bytes
 
 
 def cell_key(key: Mapping[str, Any]) -> Key:
@@ -138,10 +134,11 @@ def _series_point(rec: PointRecord, num_layers: int) -> SeriesPoint | None:
     if not rec.ok or plan.get("granularity", "block") != "block":
         return None
     k = rec.num_checkpointed if rec.num_checkpointed is not None else len(plan.get("layers") or [])
-    alloc, mem, med, tps = rec.peak_allocated_bytes, memory_bytes(rec), rec.median_step_time_s, rec.tokens_per_s
-    if alloc is None or mem is None or med is None or tps is None or not 0 <= k <= num_layers:
+    alloc, med, tps = rec.peak_allocated_bytes, rec.median_step_time_s, rec.tokens_per_s
+    if alloc is None or med is None or tps is None or not 0 <= k <= num_layers:
         return None
-    return SeriesPoint(layout, k, rec.key_id, alloc, mem, med, float(rec.step_time_iqr_s or 0.0), tps)
+    iqr = float(rec.step_time_iqr_s or 0.0)
+    return SeriesPoint(layout, k, rec.key_id, alloc, measured_peak_bytes(rec), med, iqr, tps)
 
 
 def _interval(a: SeriesPoint, b: SeriesPoint) -> Interval:

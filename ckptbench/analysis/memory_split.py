@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ckptbench.analysis.layer_series import cell_key, cell_label, layer_series
+from ckptbench.results.fit import measured_peak_bytes
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 
@@ -54,7 +55,7 @@ def split_of(rec: PointRecord) -> MemorySplit | None:
     m = rec.memory
     if not rec.ok or rec.peak_allocated_bytes is None or m.static_bytes is None:
         return None
-    reserved = rec.peak_reserved_bytes if rec.peak_reserved_bytes is not None else rec.peak_allocated_bytes
+    reserved = measured_peak_bytes(rec)
     return MemorySplit(
         cell=cell_label(cell_key(rec.key)), layout=str(rec.key.get("layout")),
         batch_size=int(rec.key.get("batch_size", 0)), seq_len=int(rec.key.get("seq_len", 0)),

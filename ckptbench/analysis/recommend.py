@@ -8,7 +8,8 @@ memory the process holds outside the allocator is added (the CUDA context): meas
 (``context_bytes``) or, for runs that did not record it, the device model's figure for the run's GPU
 (estimate/gpus.py): a point fits a card when both fit.
 
-A run's points become ``Candidate``s in analysis/recommend_candidates.py; the Pareto front is analysis/pareto.py.
+Whether a point fits is results/fit.py's ``measured_fits``, as for every command. A run's ok points become
+``RecommendCandidate``s (``candidates``); ``pareto_front`` is the memory/throughput front among them.
 """
 
 from __future__ import annotations
@@ -18,27 +19,153 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptbench.analysis.pareto import pareto_front
-from ckptbench.analysis.recommend_candidates import BREAKDOWN, Candidate, candidates, point_label, seq_len_of
 from ckptbench.errors import ConfigError
+from ckptbench.estimate.gpus import gpu_for_name
+from ckptbench.results.fit import measured_fits, measured_needed_bytes
+from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 from ckptbench.units import GIB_UNIT, SizeUnit
 
 DEFAULT_HEADROOM = "5%"  # of the budget: room for fragmentation growth, the CUDA context, other processes
 MEMORY_METRIC = "peak_reserved_bytes"
+BREAKDOWN = (
+    ("params_bytes", "params"),
+    ("grads_bytes", "grads"),
+    ("optimizer_state_bytes", "optimizer state"),
+    ("activation_bytes", "activation"),
+)
 
-__all__ = [
-    "BREAKDOWN", "DEFAULT_HEADROOM", "MEMORY_METRIC", "Candidate", "Recommendation", "candidates", "dominant_part",
-    "explain", "pareto_front", "point_label", "recommend",
-]
+
+@dataclass(frozen=True)
+class RecommendCandidate:
+    """One ok point, reduced to what a recommendation needs."""
+
+    index: int  # position in points.jsonl (stable tie-break)
+    record: PointRecord = field(repr=False, compare=False)
+    key: dict[str, Any]
+    label: str
+    memory_bytes: int  # what must fit: peak reserved plus the context (results/fit.py)
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int | None
+    tokens_per_s: float
+    median_step_time_s: float
+    step_time_iqr_s: float
+    breakdown: dict[str, int]
+    layers_checkpointed: str | None
+    notes: tuple[str, ...] = ()
+    context_bytes: int = 0  # outside the allocator, included in memory_bytes
+    card_context_bytes: int = 0  # the run's card's context: counted for a record that did not measure its own
+
+    @property
+    def layout(self) -> str:
+        return str(self.key.get("layout"))
+
+    @property
+    def relative_spread(self) -> float:
+        """Inter-quartile range of the step time over its median."""
+        return self.step_time_iqr_s / self.median_step_time_s if self.median_step_time_s > 0 else 0.0
+
+    def fits(self, limit_bytes: int) -> bool:
+        """Whether the point fits under ``limit_bytes`` (results/fit.py: ``measured_fits``)."""
+        return measured_fits(self.record, limit_bytes, card_context_bytes=self.card_context_bytes)
+
+    def to_json(self, *, limit_bytes: int | None = None) -> dict[str, Any]:
+        out = {
+            "key": self.key,
+            "label": self.label,
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "tokens_per_s": self.tokens_per_s,
+            "median_step_time_s": self.median_step_time_s,
+            "step_time_iqr_s": self.step_time_iqr_s,
+            "memory": self.breakdown,
+            "layers_checkpointed": self.layers_checkpointed,
+            "notes": list(self.notes),
+            "context_bytes": self.context_bytes,
+        }
+        if limit_bytes is not None:
+            out["fits"] = self.fits(limit_bytes)
+        return out
 
 
-def _fastest(cands: Sequence[Candidate]) -> Candidate | None:
+def point_label(key: dict[str, Any], *, extra: Sequence[str] = ()) -> str:
+    """'every:4 b=4 s=2048', plus any other key axes named in ``extra`` (those that vary in the run)."""
+    parts = [str(key.get("layout")), f"b={key.get('batch_size')}", f"s={key.get('seq_len')}"]
+    parts += [f"{name}={key.get(name)}" for name in extra]
+    return " ".join(parts)
+
+
+def _varying_axes(keys: Sequence[dict[str, Any]]) -> list[str]:
+    names = sorted({n for k in keys for n in k} - {"layout", "batch_size", "seq_len"})
+    return [n for n in names if len({repr(k.get(n)) for k in keys}) > 1]
+
+
+def candidates(run: Run, *, seq_len: int | None = None) -> list[RecommendCandidate]:
+    """The run's ok points (optionally of one sequence length) with a throughput and a peak."""
+    scope = [(i, r) for i, r in enumerate(run.points) if r.ok and (seq_len is None or seq_len_of(r) == seq_len)]
+    extra = _varying_axes([r.key for _, r in scope])
+    card = gpu_for_name(run.meta.get("environment", {}).get("gpu_name"))
+    context = card.context_bytes if card is not None else 0
+    found = (_candidate(i, r, extra=extra, context=context) for i, r in scope)
+    return [c for c in found if c is not None]
+
+
+def seq_len_of(rec: PointRecord) -> Any:
+    return rec.key.get("seq_len")
+
+
+def _candidate(index: int, rec: PointRecord, *, extra: Sequence[str], context: int = 0) -> RecommendCandidate | None:
+    alloc, reserved = rec.peak_allocated_bytes, rec.peak_reserved_bytes
+    tokens_per_s, median = rec.tokens_per_s, rec.median_step_time_s
+    if tokens_per_s is None or median is None or alloc is None:
+        return None
+    breakdown = {name: int(getattr(rec.memory, name) or 0) for name, _ in BREAKDOWN[:3]}
+    breakdown["activation_bytes"] = int(rec.activation_bytes or 0)
+    notes = []
+    if rec.loss_mismatch:
+        notes.append("loss differs from its reference (loss_check)")
+    if rec.leaked:
+        notes.append("memory leaked after the point")
+    return RecommendCandidate(
+        index=index,
+        record=rec,
+        key=dict(rec.key),
+        label=point_label(rec.key, extra=extra),
+        memory_bytes=measured_needed_bytes(rec, card_context_bytes=context),
+        peak_allocated_bytes=int(alloc),
+        peak_reserved_bytes=None if reserved is None else int(reserved),
+        tokens_per_s=float(tokens_per_s),
+        median_step_time_s=float(median),
+        step_time_iqr_s=float(rec.step_time_iqr_s or 0.0),
+        breakdown=breakdown,
+        layers_checkpointed=rec.layers_checkpointed,
+        notes=tuple(notes),
+        context_bytes=rec.context_bytes or context,
+        card_context_bytes=context,
+    )
+
+
+def pareto_front(cands: Sequence[RecommendCandidate]) -> list[RecommendCandidate]:
+    """Points no other point beats on both axes (less or equal memory and more or equal tokens/s,
+    one of them strictly), by memory ascending. Exact duplicates both stay."""
+
+    def dominated(c: RecommendCandidate) -> bool:
+        return any(
+            o.memory_bytes <= c.memory_bytes
+            and o.tokens_per_s >= c.tokens_per_s
+            and (o.memory_bytes < c.memory_bytes or o.tokens_per_s > c.tokens_per_s)
+            for o in cands
+        )
+
+    return sorted((c for c in cands if not dominated(c)), key=lambda c: (c.memory_bytes, c.index))
+
+
+def _fastest(cands: Sequence[RecommendCandidate]) -> RecommendCandidate | None:
     # Highest tokens/s; ties go to less memory, then to the earlier point.
     return min(cands, key=lambda c: (-c.tokens_per_s, c.memory_bytes, c.index), default=None)
 
 
-def _smallest(cands: Sequence[Candidate]) -> Candidate | None:
+def _smallest(cands: Sequence[RecommendCandidate]) -> RecommendCandidate | None:
     return min(cands, key=lambda c: (c.memory_bytes, -c.tokens_per_s, c.index), default=None)
 
 
@@ -50,16 +177,16 @@ class Recommendation:
     budget_bytes: int
     headroom_bytes: int
     seq_len: int | None
-    best: Candidate | None
-    runners_up: list[Candidate]
-    no_fit_layouts: list[Candidate]  # the smallest point of each layout that has nothing under the limit
-    pareto: list[Candidate]
-    smallest: Candidate | None
-    fastest: Candidate | None
+    best: RecommendCandidate | None
+    runners_up: list[RecommendCandidate]
+    no_fit_layouts: list[RecommendCandidate]  # the smallest point of each layout that has nothing under the limit
+    pareto: list[RecommendCandidate]
+    smallest: RecommendCandidate | None
+    fastest: RecommendCandidate | None
     num_points: int
     why: str = ""
     # Runners-up whose speed gap to the best is inside the step-time spread.
-    within_noise: list[Candidate] = field(default_factory=list)
+    within_noise: list[RecommendCandidate] = field(default_factory=list)
     skipped_statuses: dict[str, int] = field(default_factory=dict)
     # The one unit of every size in the answer, its sentence and the report around it (units.py).
     size: SizeUnit = GIB_UNIT
@@ -69,7 +196,7 @@ class Recommendation:
         """The most peak reserved memory a point may have: the budget minus the headroom."""
         return self.budget_bytes - self.headroom_bytes
 
-    def room(self, c: Candidate) -> str:
+    def room(self, c: RecommendCandidate) -> str:
         """How far a point's peak reserved memory is under ('free') or over the limit (budget - headroom)."""
         gap = self.limit_bytes - c.memory_bytes
         return f"{self.size(gap)} free" if gap >= 0 else f"{self.size(-gap)} over"
@@ -77,7 +204,7 @@ class Recommendation:
     def to_json(self) -> dict[str, Any]:
         lim = self.limit_bytes
 
-        def dump(c: Candidate | None) -> dict[str, Any] | None:
+        def dump(c: RecommendCandidate | None) -> dict[str, Any] | None:
             return None if c is None else c.to_json(limit_bytes=lim)
 
         return {
@@ -110,7 +237,7 @@ def recommend(
         raise ConfigError(f"--seq-len: the run has no point with seq_len {seq_len} (it has {have})")
     cands = candidates(run, seq_len=seq_len)
     limit = budget_bytes - headroom_bytes
-    best = _fastest([c for c in cands if c.memory_bytes <= limit])
+    best = _fastest([c for c in cands if c.fits(limit)])
     runners_up, no_fit = _per_layout(cands, limit=limit, best=best)
     scope = [r for r in run.points if seq_len is None or seq_len_of(r) == seq_len]
     not_ok = Counter(r.status for r in scope if not r.ok)
@@ -126,20 +253,20 @@ def recommend(
     return rec
 
 
-def _within_noise(best: Candidate, other: Candidate) -> bool:
+def _within_noise(best: RecommendCandidate, other: RecommendCandidate) -> bool:
     """The speed gap is no larger than the step-time spread of either point."""
     gap = (best.tokens_per_s - other.tokens_per_s) / best.tokens_per_s
     return gap <= max(best.relative_spread, other.relative_spread)
 
 
 def _per_layout(
-    cands: Sequence[Candidate], *, limit: int, best: Candidate | None
-) -> tuple[list[Candidate], list[Candidate]]:
+    cands: Sequence[RecommendCandidate], *, limit: int, best: RecommendCandidate | None
+) -> tuple[list[RecommendCandidate], list[RecommendCandidate]]:
     """The fastest fitting point of every other layout, and the smallest point of layouts where none fits."""
     runners_up, no_fit = [], []
     for layout in dict.fromkeys(c.layout for c in cands):
         mine = [c for c in cands if c.layout == layout]
-        top = _fastest([c for c in mine if c.memory_bytes <= limit])
+        top = _fastest([c for c in mine if c.fits(limit)])
         if top is None:
             no_fit.append(_smallest(mine))
         elif best is not None and layout != best.layout:
@@ -148,13 +275,13 @@ def _per_layout(
     return runners_up, [c for c in no_fit if c is not None]
 
 
-def dominant_part(c: Candidate) -> tuple[str, float]:
+def dominant_part(c: RecommendCandidate) -> tuple[str, float]:
     """The largest part of the winner's peak allocated memory and its share of it."""
     name, value = max(((label, c.breakdown[f]) for f, label in BREAKDOWN), key=lambda t: t[1])
     return name, value / c.peak_allocated_bytes if c.peak_allocated_bytes else 0.0
 
 
-def _what(c: Candidate, size: SizeUnit) -> str:
+def _what(c: RecommendCandidate, size: SizeUnit) -> str:
     """What a candidate's memory figure is made of."""
     return f"peak reserved + {size(c.context_bytes)} context" if c.context_bytes else "peak reserved"
 

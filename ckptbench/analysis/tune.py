@@ -6,7 +6,7 @@ taken in order of tokens per step (most first), then hardware FLOPs (least recom
 how many memory-saving techniques they use (fewest first). Before a candidate is measured it must
 survive three prunes, each recorded with its reason:
 
-1. **prediction**: ``predicted_fit`` (the one place an estimate is judged against the budget) says
+1. **prediction**: ``predicted_fit`` (results/fit.py's rule for a prediction, with its reason) says
    it does not fit: never measured;
 2. **a cheaper setup already wins**: a measured point that fits has the same tokens per step and
    speed class, no more hardware FLOPs and a subset of its memory savers: this candidate only adds
@@ -14,32 +14,140 @@ survive three prunes, each recorded with its reason:
 3. **it cannot beat the best**: even running its hardware FLOPs at ``RATE_SLACK`` times the best
    FLOP rate measured in its speed class, its tokens/s would not exceed the best fitting point's.
 
-Every measurement is an ordinary point record; ``observe`` reads it. ``predicted_fit`` and the margin live
-in analysis/tune_fit.py, the prunes in analysis/tune_prune.py, ``Candidate`` and ``Measured`` in
-analysis/tune_candidate.py.
+Every measurement is an ordinary point record; ``observe`` reads it. A measured point fits as every
+command judges it (results/fit.py: ``measured_fits``); tune also requires its loss to match the plain
+step's. The space searched is analysis/tune_space.py.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptbench.analysis.tune_candidate import Candidate, Measured, needed, peak
-from ckptbench.analysis.tune_fit import Fit, Margin, predicted_fit
-from ckptbench.analysis.tune_prune import RATE_SLACK, pruned
-from ckptbench.analysis.tune_space import layout_family, semantic_changes, speed_class
-from ckptbench.config.grid import Point
+from ckptbench.analysis.tune_space import layout_family, savers, semantic_changes, speed_class
+from ckptbench.config.grid import Point, setup_label
+from ckptbench.estimate.record import Estimate
+from ckptbench.results.fit import (
+    measured_fits,
+    measured_needed_bytes,
+    measured_peak_bytes,
+    predicted_fits,
+    predicted_needed_bytes,
+)
 from ckptbench.results.record import PointRecord
 from ckptbench.units import fmt_bytes
 
-__all__ = ["RATE_SLACK", "Candidate", "Fit", "Margin", "Measured", "TunePlanner", "predicted_fit"]
+# A candidate may run faster per FLOP than anything measured so far (a larger batch fills the device
+# better): its bound allows 10% more than the best rate of its speed class before it is ruled out.
+RATE_SLACK = 1.10
+
+
+@dataclass(frozen=True)
+class TuneCandidate:
+    """A point of the space with what the search needs to order and prune it."""
+
+    point: Point
+    hardware_flops: int
+    estimate: Estimate
+
+    @property
+    def order(self) -> tuple[Any, ...]:
+        p = self.point
+        return (-p.tokens, p.compile, self.hardware_flops, len(savers(p)), p.key_id)
+
+    @property
+    def label(self) -> str:
+        p = self.point
+        extras = setup_label(p.key)
+        return f"{p.layout} b={p.batch_size}" + (f" {extras}" if extras else "")
+
+
+@dataclass
+class Measured:
+    """A measured candidate: its record's numbers."""
+
+    candidate: TuneCandidate
+    record: PointRecord
+    fits: bool
+
+    @property
+    def tokens_per_s(self) -> float:
+        return float(self.record.tokens_per_s or 0.0)
+
+    @property
+    def flop_rate(self) -> float:
+        median = self.record.median_step_time_s
+        return self.candidate.hardware_flops / median if median else 0.0
+
+
+@dataclass(frozen=True)
+class Margin:
+    """Peak reserved over peak allocated, as learned from the points measured so far."""
+
+    ratio: float
+    source: str
+
+    @classmethod
+    def learn(cls, records: Sequence[PointRecord]) -> Margin:
+        ratios = [
+            r.peak_reserved_bytes / r.peak_allocated_bytes
+            for r in records
+            if r.ok and r.peak_reserved_bytes and r.peak_allocated_bytes
+        ]
+        if not ratios:
+            return cls(1.0, "no point measured yet, so no margin")
+        return cls(max(1.0, max(ratios)), f"x{max(ratios):.4f}, the largest measured reserved/allocated of "
+                   f"{len(ratios)} point(s)")
+
+
+@dataclass(frozen=True)
+class PredictedFit:
+    """A prediction judged against the limit: fits (True/False, None when there is no prediction)."""
+
+    fits: bool | None
+    judged_bytes: int | None
+    basis: str
+
+
+def predicted_fit(estimate: Estimate, *, limit_bytes: int, margin: Margin) -> PredictedFit:
+    """Whether a point is predicted to fit under ``limit_bytes`` of peak reserved memory plus the CUDA context.
+
+    On CUDA the estimator replays the caching allocator on the card (``estimate.reserved``): its predicted
+    peak reserved plus the card's context is judged, as a measured point is (``observe``), and a predicted
+    out-of-memory does not fit. Without a replay (CPU; a point the replay cannot assemble) the predicted
+    peak *allocated* times the margin learned from the measured points stands in.
+    """
+    reserved = estimate.reserved
+    stand_in = f" ({estimate.note})" if estimate.note and estimate.note.startswith("stand-in") else ""
+    if reserved is not None and reserved.oom is not None:
+        oom = reserved.oom
+        where = oom.get("where") or oom.get("segment") or "setup"
+        return PredictedFit(False, None, f"predicted to run out of memory in {oom.get('phase')} ({where}) on the "
+                            f"{reserved.gpu}{stand_in}")
+    judged = predicted_needed_bytes(
+        peak_reserved_bytes=None if reserved is None else reserved.peak_reserved_bytes,
+        context_bytes=0 if reserved is None else reserved.context_bytes,
+        peak_allocated_bytes=estimate.peak_bytes,
+        margin=margin.ratio,
+    )
+    fits = predicted_fits(judged, limit_bytes, oom=False)
+    if judged is None or fits is None:
+        return PredictedFit(None, None, f"no prediction ({estimate.note or 'not estimated'})")
+    if reserved is not None and reserved.peak_reserved_bytes is not None:
+        basis = (f"predicted peak reserved {fmt_bytes(reserved.peak_reserved_bytes)} + "
+                 f"{fmt_bytes(reserved.context_bytes)} CUDA context ({reserved.gpu}){stand_in}")
+    else:
+        basis = f"predicted peak allocated {fmt_bytes(estimate.peak_bytes or 0)} x margin {margin.ratio:.4f}{stand_in}"
+    verdict = "fits" if fits else "does not fit"
+    return PredictedFit(fits, judged, f"{basis} {verdict} the {fmt_bytes(limit_bytes)} limit")
 
 
 @dataclass
 class TunePlanner:
     """The search's state: candidates left, what was measured, and every decision with its reason."""
 
-    candidates: list[Candidate]
+    candidates: list[TuneCandidate]
     limit_bytes: int
     max_points: int | None = None
     time_budget_s: float | None = None
@@ -65,7 +173,7 @@ class TunePlanner:
                 return None
             c = self.candidates.pop(0)
             fit = predicted_fit(c.estimate, limit_bytes=self.limit_bytes, margin=self.margin)
-            why = self._pruned(c, fit)
+            why = _pruned(c, fit, measured=self.measured, limit_bytes=self.limit_bytes, best=self.best)
             if why is not None:
                 self._decide(c, "dropped", why, fit=fit)
                 continue
@@ -76,14 +184,15 @@ class TunePlanner:
     def observe(self, point: Point, record: PointRecord) -> None:
         """Take in the measured record of the point ``next`` returned (or a resumed run's)."""
         c = self._by_key[point.key_id]
-        fits = record.ok and not record.loss_mismatch and needed(record) <= self.limit_bytes
+        # A point whose loss differs from the plain step's trains something else: it is no answer.
+        fits = not record.loss_mismatch and measured_fits(record, self.limit_bytes)
         self.measured.append(Measured(c, record, fits))
         self.margin = Margin.learn([m.record for m in self.measured])
         self.decisions[-1].update(_measured_fields(record, fits, self.limit_bytes))
         if record.status == "skipped":
             self._drop_class(c, record.reason or "skipped")
 
-    def _drop_class(self, skipped: Candidate, reason: str) -> None:
+    def _drop_class(self, skipped: TuneCandidate, reason: str) -> None:
         """A technique that cannot run here (not installed, needs CUDA) skips its whole speed class."""
         mine = speed_class(skipped.point)
         for c in [c for c in self.candidates if speed_class(c.point) == mine]:
@@ -102,16 +211,12 @@ class TunePlanner:
             return f"--time-budget {self.time_budget_s / 60:g} min spent"
         return None
 
-    # -- prunes (analysis/tune_prune.py) ---------------------------------------------------------
-    def _pruned(self, c: Candidate, fit: Fit) -> str | None:
-        return pruned(c, fit, measured=self.measured, limit_bytes=self.limit_bytes, best=self.best)
-
     # -- the answer ---------------------------------------------------------------------------
     @property
     def best(self) -> Measured | None:
         """The fastest measured point that fits (ties: less memory, then measured earlier)."""
         fitting = [m for m in self.measured if m.fits]
-        return min(fitting, key=lambda m: (-m.tokens_per_s, peak(m.record)), default=None)
+        return min(fitting, key=lambda m: (-m.tokens_per_s, measured_peak_bytes(m.record)), default=None)
 
     def family_best(self) -> dict[str, Measured]:
         """The fastest fitting point of every layout family, fastest family first."""
@@ -120,7 +225,7 @@ class TunePlanner:
             out.setdefault(layout_family(m.candidate.point.layout), m)
         return out
 
-    def _decide(self, c: Candidate, action: str, why: str, *, fit: Fit | None = None) -> None:
+    def _decide(self, c: TuneCandidate, action: str, why: str, *, fit: PredictedFit | None = None) -> None:
         entry: dict[str, Any] = {"key": c.point.key, "label": c.label, "action": action, "why": why}
         if fit is not None and fit.judged_bytes is not None:
             entry["judged_peak_bytes"] = fit.judged_bytes
@@ -149,13 +254,13 @@ class TunePlanner:
 def _measured_fields(record: PointRecord, fits: bool, limit: int) -> dict[str, Any]:
     out: dict[str, Any] = {"action": "measured", "status": record.status, "fits": fits}
     if record.ok:
-        out.update(tokens_per_s=record.tokens_per_s, peak_reserved_bytes=peak(record))
+        out.update(tokens_per_s=record.tokens_per_s, peak_reserved_bytes=measured_peak_bytes(record))
         if record.loss_mismatch:
             out["note"] = "loss differs from the plain step's: not a candidate"
         elif not fits:
             ctx = record.context_bytes
             context = f" (peak reserved + {fmt_bytes(ctx)} CUDA context)" if ctx else ""
-            out["note"] = f"measured {fmt_bytes(needed(record))}{context} > the {fmt_bytes(limit)} limit"
+            out["note"] = f"measured {fmt_bytes(measured_needed_bytes(record))}{context} > the {fmt_bytes(limit)} limit"
     else:
         out["note"] = record.reason
     return out
@@ -166,7 +271,7 @@ def _summary(m: Measured) -> dict[str, Any]:
         "key": m.candidate.point.key,
         "label": m.candidate.label,
         "tokens_per_s": m.tokens_per_s,
-        "peak_reserved_bytes": peak(m.record),
+        "peak_reserved_bytes": measured_peak_bytes(m.record),
         "peak_allocated_bytes": m.record.peak_allocated_bytes,
         "layers_checkpointed": m.record.layers_checkpointed,
     }
@@ -182,3 +287,77 @@ def _reason_kind(decision: dict[str, Any]) -> str:
         if why.startswith(prefix):
             return kind
     return "dropped"
+
+
+# -- prunes: why a candidate is dropped before it is measured (each rule returns its reason, or None) ---
+
+
+def _pruned(
+    c: TuneCandidate, fit: PredictedFit, *, measured: Sequence[Measured], limit_bytes: int, best: Measured | None
+) -> str | None:
+    """Why ``c`` is not measured (the first prune that drops it), or None when it must be measured."""
+    if fit.fits is False:
+        return f"predicted not to fit: {fit.basis}"
+    failed = _failed_below(c, measured=measured, limit_bytes=limit_bytes)
+    if failed is not None:
+        return (
+            f"predicted not to fit: predicted peak allocated {fmt_bytes(c.estimate.peak_bytes or 0)}, no less "
+            f"than {failed.candidate.label}'s, which did not fit when measured ({_outcome(failed.record)})"
+        )
+    winner = _cheaper_winner(c, measured=measured)
+    if winner is not None:
+        return (
+            f"a cheaper setup already fits at the same tokens per step: {winner.candidate.label} "
+            f"({winner.tokens_per_s:,.0f} tokens/s) with no more recomputation or memory savers"
+        )
+    bound = _rate_bound(c, measured=measured)
+    if bound is not None and best is not None and bound <= best.tokens_per_s:
+        return (
+            f"cannot beat {best.candidate.label} ({best.tokens_per_s:,.0f} tokens/s): at most "
+            f"{bound:,.0f} tokens/s even at {RATE_SLACK:g}x the best FLOP rate measured in its class"
+        )
+    return None
+
+
+def _failed_below(c: TuneCandidate, *, measured: Sequence[Measured], limit_bytes: int) -> Measured | None:
+    """A measured point that did not fit (out of memory, or over the limit) although predicted to need
+    no more than this candidate: the allocator's overhead above the prediction is at least as large here."""
+    mine = c.estimate.peak_bytes
+    if mine is None:
+        return None
+    for m in measured:
+        theirs = m.candidate.estimate.peak_bytes
+        over = m.record.status == "oom" or (m.record.ok and not measured_fits(m.record, limit_bytes))
+        if over and theirs is not None and theirs <= mine:
+            return m
+    return None
+
+
+def _cheaper_winner(c: TuneCandidate, *, measured: Sequence[Measured]) -> Measured | None:
+    """A measured point that fits with the same tokens per step and speed class, no more hardware FLOPs,
+    a subset of the memory savers and no more micro-batches."""
+    for m in measured:
+        o = m.candidate
+        if (
+            m.fits
+            and o.point.tokens == c.point.tokens
+            and speed_class(o.point) == speed_class(c.point)
+            and o.hardware_flops <= c.hardware_flops
+            and savers(o.point) <= savers(c.point)
+            and o.point.micro_batches <= c.point.micro_batches
+        ):
+            return m
+    return None
+
+
+def _rate_bound(c: TuneCandidate, *, measured: Sequence[Measured]) -> float | None:
+    """The most tokens/s ``c`` could reach: its FLOPs at ``RATE_SLACK`` times its class's best measured rate."""
+    mine = speed_class(c.point)
+    rates = [m.flop_rate for m in measured if m.record.ok and speed_class(m.candidate.point) == mine]
+    if not rates or not c.hardware_flops:
+        return None
+    return c.point.tokens * max(rates) * RATE_SLACK / c.hardware_flops
+
+
+def _outcome(record: PointRecord) -> str:
+    return "out of memory" if record.status == "oom" else f"{fmt_bytes(measured_peak_bytes(record))} peak reserved"

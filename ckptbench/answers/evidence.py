@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ckptbench.analysis.layer_series import memory_bytes
 from ckptbench.config.grid import AXIS_DEFAULTS, setup_label
+from ckptbench.results.fit import measured_fits, measured_needed_bytes
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 from ckptbench.units import fmt_bytes
@@ -66,8 +66,9 @@ class Cite:
 
     @property
     def mem(self) -> int:
-        """Peak reserved bytes (what must fit); 0 for a point that did not run."""
-        return memory_bytes(self.record) or 0 if self.ok else 0
+        """What must fit (results/fit.py: peak reserved plus the context measured with the point); 0 for a
+        point that did not run."""
+        return measured_needed_bytes(self.record) if self.ok else 0
 
     @property
     def alloc(self) -> int:
@@ -82,8 +83,8 @@ class Cite:
         return self.record.tokens_per_s or 0.0
 
     def fits(self, limit_bytes: int) -> bool:
-        """It ran and its peak reserved memory is within the limit."""
-        return self.ok and self.mem <= limit_bytes
+        """It ran and what it needs is within the limit (results/fit.py: ``measured_fits``)."""
+        return measured_fits(self.record, limit_bytes)
 
     def gib(self) -> str:
         return fmt_bytes(self.mem) if self.ok else self.record.status.upper()

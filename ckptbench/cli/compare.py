@@ -67,7 +67,8 @@ def compare(
     allow_mixed_gpus: AllowMixedOpt = False,
 ) -> None:
     """Compare RUN_B against the base RUN_A: memory, speed, OOMs, environment; gates for CI."""
-    from ckptbench.analysis.compare import Gates, Thresholds, compare_refs
+    from ckptbench.analysis.compare import Gates, compare_refs
+    from ckptbench.analysis.marks import Thresholds
 
     oom = fail_oom or fail_memory is not None or fail_time is not None
     gates = Gates(memory_pct=fail_memory, time_pct=fail_time, new_oom=oom)

@@ -9,20 +9,39 @@ from typing import Any
 
 from ckptbench.config.parallel import world_size
 
+
+@dataclass(frozen=True)
+class Axis:
+    """One axis of a point: its name, the type of its values, and (a technique axis) the value that means
+    plain training; ``plain`` None: an axis of the cell itself (model, layout, shape, precision)."""
+
+    name: str
+    kind: type
+    plain: Any = None
+
+
+# Every axis of a point, once, in the order of ``Point.key``; ``Point``'s fields are these (tests/test_axes.py
+# holds them to it), in the order a positional ``Point(...)`` takes them.
+KEY_AXES: tuple[Axis, ...] = (
+    Axis("model", str),
+    Axis("layout", str),
+    Axis("batch_size", int),
+    Axis("seq_len", int),
+    Axis("precision", str),
+    Axis("optimizer", str, "adamw_fused"),
+    Axis("micro_batches", int, 1),
+    Axis("offload", str, "none"),
+    Axis("lora", str, "none"),
+    Axis("compile", bool, False),
+    Axis("attn_implementation", str, "sdpa"),
+    Axis("loss", str, "default"),
+    Axis("optimizer_in_backward", bool, False),
+    Axis("optimizer_offload", str, "none"),
+    Axis("parallel", str, "none"),
+    Axis("allocator", str, "default"),
+)
 # Values of the technique axes that mean "plain training"; tables name only the axes that differ.
-AXIS_DEFAULTS: dict[str, Any] = {
-    "optimizer": "adamw_fused",
-    "micro_batches": 1,
-    "offload": "none",
-    "lora": "none",
-    "compile": False,
-    "attn_implementation": "sdpa",
-    "loss": "default",
-    "optimizer_in_backward": False,
-    "optimizer_offload": "none",
-    "parallel": "none",
-    "allocator": "default",
-}
+AXIS_DEFAULTS: dict[str, Any] = {a.name: a.plain for a in KEY_AXES if a.plain is not None}
 
 
 def setup_label(key: Mapping[str, Any]) -> str:
@@ -53,24 +72,7 @@ class Point:
 
     @property
     def key(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "layout": self.layout,
-            "batch_size": self.batch_size,
-            "seq_len": self.seq_len,
-            "precision": self.precision,
-            "optimizer": self.optimizer,
-            "micro_batches": self.micro_batches,
-            "offload": self.offload,
-            "lora": self.lora,
-            "compile": self.compile,
-            "attn_implementation": self.attn_implementation,
-            "loss": self.loss,
-            "optimizer_in_backward": self.optimizer_in_backward,
-            "optimizer_offload": self.optimizer_offload,
-            "parallel": self.parallel,
-            "allocator": self.allocator,
-        }
+        return {a.name: getattr(self, a.name) for a in KEY_AXES}
 
     @property
     def key_id(self) -> str:
@@ -93,13 +95,10 @@ class Point:
         return self.batch_size * self.seq_len * self.micro_batches * self.world_size
 
 
-_TYPES = {"str": str, "int": int, "bool": bool}
-
-
 def point_of(key: Mapping[str, Any]) -> Point | None:
     """The point a recorded key names, or None when it is not a point of this version: a field missing
     or extra (a key edited by hand, or written by a newer ckptbench with another axis), or a wrong type."""
-    kinds = {f.name: _TYPES[str(f.type)] for f in fields(Point)}
+    kinds = {a.name: a.kind for a in KEY_AXES}
     if set(key) != set(kinds) or any(type(key[name]) is not kind for name, kind in kinds.items()):
         return None
     return Point(**dict(key))
@@ -116,9 +115,8 @@ def key_without(point: Point, field_name: str) -> tuple[Any, ...]:
     return tuple(sorted((k, v) for k, v in point.key.items() if k != field_name))
 
 
-AXES = ("precision", "lora", "layout", "seq_len", "batch_size", "optimizer", "micro_batches", "offload",
-        "compile", "attn_implementation", "loss", "optimizer_in_backward", "optimizer_offload", "parallel",
-        "allocator")
+# The axes a config's sweep lists values for (every axis but the model), in ``Point``'s field order.
+AXES = tuple(f.name for f in fields(Point) if f.name != "model")
 # Execution order: precision and LoRA outermost (the model is rebuilt only when they change; the allocator's
 # settings need a process of their own), batch innermost; sharded points (each in its own processes) after
 # the single-device points of the same setup.

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptbench.config.grid import Point
+from ckptbench.results.fit import predicted_fits, predicted_needed_bytes
 from ckptbench.units import fmt_bytes
 
 # Categories of live bytes, in the order of the tracker's byte vectors.
@@ -84,20 +85,19 @@ class Estimate:
     @property
     def needed_bytes(self) -> int | None:
         """What must fit the budget: reserved plus context (a card), reserved (a cap), else allocated."""
-        if self.reserved is not None and self.reserved.peak_reserved_bytes is not None:
-            extra = 0 if self.budget_is_cap else self.reserved.context_bytes
-            return self.reserved.peak_reserved_bytes + extra
-        return self.peak_bytes
+        r = self.reserved
+        return predicted_needed_bytes(
+            peak_reserved_bytes=None if r is None else r.peak_reserved_bytes,
+            # A cap (memory_cap_gib) limits the allocator alone: the context is outside it.
+            context_bytes=0 if r is None or self.budget_is_cap else r.context_bytes,
+            peak_allocated_bytes=self.peak_bytes,
+        )
 
     @property
     def fits(self) -> bool | None:
         """Whether the point fits the budget (None without a budget or estimate)."""
-        if self.reserved is not None and self.reserved.oom is not None:
-            return False
-        needed = self.needed_bytes
-        if self.budget_bytes is None or needed is None:
-            return None
-        return needed <= self.budget_bytes
+        oom = self.reserved is not None and self.reserved.oom is not None
+        return predicted_fits(self.needed_bytes, self.budget_bytes, oom=oom)
 
     @property
     def dominant(self) -> str | None:

@@ -8,17 +8,8 @@ from typing import Any
 from rich.text import Text
 
 from ckptbench.analysis.compare import Comparison
-from ckptbench.analysis.marks import (
-    BETTER,
-    NEWLY_OOM,
-    NO_LONGER_OOM,
-    QUIET_MARKS,
-    TOO_FEW,
-    WORSE,
-    MetricChange,
-    PointChange,
-)
-from ckptbench.analysis.verdict import RANGES_DISJOINT
+from ckptbench.analysis.marks import NEWLY_OOM, NO_LONGER_OOM, QUIET_MARKS, MetricChange, PointChange
+from ckptbench.analysis.verdict import BETTER, RANGES_DISJOINT, TOO_FEW, WORSE
 from ckptbench.render.tables import Column, FitTable, csv_text, names, numeric_names
 from ckptbench.units import SizeUnit, fmt_percent
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Group
 from rich.text import Text
 
-from ckptbench.analysis.recommend import Candidate, Recommendation
+from ckptbench.analysis.recommend import Recommendation, RecommendCandidate
 from ckptbench.render.tables import Column, FitTable, markdown_of
 from ckptbench.units import SizeUnit
 
@@ -45,7 +45,7 @@ def heading(rec: Recommendation) -> str:
     )
 
 
-def _row(role: str, c: Candidate, rec: Recommendation) -> dict[str, str]:
+def _row(role: str, c: RecommendCandidate, rec: Recommendation) -> dict[str, str]:
     vs = f"{c.tokens_per_s / rec.best.tokens_per_s:.0%}" if rec.best is not None else "-"
     size = rec.size
     return {
@@ -76,7 +76,7 @@ def choice_rows(rec: Recommendation) -> list[dict[str, str]]:
 
 
 def pareto_rows(
-    front: list[Candidate], *, limit_bytes: int | None = None, size: SizeUnit | None = None
+    front: list[RecommendCandidate], *, limit_bytes: int | None = None, size: SizeUnit | None = None
 ) -> list[dict[str, str]]:
     """The Pareto front, by memory ascending; with a limit, whether each point fits under it."""
     size = size or SizeUnit.for_sizes(c.memory_bytes for c in front)
@@ -90,7 +90,7 @@ def pareto_rows(
             "tok/s": f"{c.tokens_per_s:,.0f}",
         }
         if limit_bytes is not None:
-            row["fits"] = "yes" if c.memory_bytes <= limit_bytes else "no"
+            row["fits"] = "yes" if c.fits(limit_bytes) else "no"
         rows.append(row)
     return rows
 
@@ -142,7 +142,7 @@ def markdown_recommendation(rec: Recommendation, *, level: int = 2) -> str:
 
 
 def markdown_pareto(
-    front: list[Candidate], *, limit_bytes: int | None = None, level: int = 2, size: SizeUnit | None = None
+    front: list[RecommendCandidate], *, limit_bytes: int | None = None, level: int = 2, size: SizeUnit | None = None
 ) -> str:
     """The Pareto front as a Markdown section."""
     head = (

@@ -11,7 +11,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from ckptbench.analysis.recommend import Candidate, Recommendation, candidates, pareto_front
+from ckptbench.analysis.recommend import Recommendation, RecommendCandidate, candidates, pareto_front
 from ckptbench.render.plot_labels import Label, place_labels
 from ckptbench.render.plot_style import PlotData, empty_note, save, suptitle
 from ckptbench.results.store import Run
@@ -54,15 +54,15 @@ def tradeoff_figure(run: Run, *, rec: Recommendation | None = None, size: SizeUn
     return fig
 
 
-def _marker_areas(data: PlotData, cands: Sequence[Candidate]) -> dict[Any, float]:
+def _marker_areas(data: PlotData, cands: Sequence[RecommendCandidate]) -> dict[Any, float]:
     """Larger markers for larger batches (in points^2), in the order of the run's batch sizes."""
     shown = [b for b in data.batches if any(c.key.get("batch_size") == b for c in cands)]
     return {b: 40.0 + 45.0 * i for i, b in enumerate(shown)}
 
 
 def _label_points(
-    fig: Figure, ax: Axes, data: PlotData, cands: Sequence[Candidate], front: Sequence[Candidate], *,
-    best: Candidate | None, area: dict[Any, float],
+    fig: Figure, ax: Axes, data: PlotData, cands: Sequence[RecommendCandidate], front: Sequence[RecommendCandidate], *,
+    best: RecommendCandidate | None, area: dict[Any, float],
 ) -> None:
     """Name points where there is room: the recommended one first, then the Pareto front, then the rest
     by speed; a label that would cover another label or a point is left out (the legend still names it)."""
@@ -80,7 +80,7 @@ def _label_points(
     place_labels(fig, ax, labels, lines=[_staircase(front, data.size)])
 
 
-def _staircase(front: Sequence[Candidate], size: SizeUnit) -> list[tuple[float, float]]:
+def _staircase(front: Sequence[RecommendCandidate], size: SizeUnit) -> list[tuple[float, float]]:
     """The vertices of the Pareto front as ax.step(where='post') draws it."""
     vertices: list[tuple[float, float]] = []
     for a, b in itertools.pairwise(front):
@@ -102,7 +102,7 @@ def _budget_marks(ax: Axes, rec: Recommendation, size: SizeUnit) -> None:
                    linewidth=2, zorder=4, label="best under budget")
 
 
-def _tradeoff_legend(ax: Axes, data: PlotData, cands: Sequence[Candidate], area: dict[Any, float]) -> None:
+def _tradeoff_legend(ax: Axes, data: PlotData, cands: Sequence[RecommendCandidate], area: dict[Any, float]) -> None:
     """One legend outside the axes: the lines, then each layout's colour and marker, then batch sizes."""
     handles, labels = ax.get_legend_handles_labels()
     blank = Line2D([], [], linestyle="")

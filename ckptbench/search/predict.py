@@ -3,7 +3,7 @@
 Probes are not known up front, so each is estimated just before it runs, by one Estimator for the
 whole sweep (points of one shape share its short-model trace). On a GPU the searches (search/searches.py)
 also ask, before they measure anything, whether candidates are predicted to fit, so that GPU time goes
-to the boundary. "Fits" is judged as a measured point is (search/searches.py ``fits``): with
+to the boundary. "Fits" is judged as a measured point is (results/fit.py ``measured_fits``): with
 ``budget_gib``, the predicted peak reserved memory plus the memory outside the allocator within the
 budget; without it, no predicted out-of-memory error (under the config's memory cap, if any).
 """

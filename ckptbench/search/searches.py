@@ -1,7 +1,8 @@
 """Measured searches instead of a fixed grid: the largest batch that fits, the fewest layers to checkpoint.
 
-Each search proposes one point at a time and is told whether it fitted; the runner measures every
-proposal as an ordinary point (recorded, OOM included), so the answer rests on measurements only.
+Each search proposes one point at a time and is told whether it fitted (results/fit.py: ``measured_fits``
+under the config's ``budget_gib``); the runner measures every proposal as an ordinary point (recorded,
+OOM included), so the answer rests on measurements only.
 Given a ``predict`` function (whether a point is predicted to fit: search/predict.py), a search
 starts where the estimate puts the boundary and measures only around it (its two sides first), in a
 fresh process each: the GPU time goes to the boundary. Pure: no torch.
@@ -16,22 +17,10 @@ from typing import Any
 
 from ckptbench.config.grid import Point, setup_label
 from ckptbench.config.schema import SweepConfig
+from ckptbench.results.fit import measured_fits, measured_peak_bytes
 from ckptbench.results.record import PointRecord
 
 Predict = Callable[[Point], "bool | None"]  # whether a point is predicted to fit (None: no prediction)
-
-
-def fits(record: PointRecord, budget_bytes: int | None) -> bool:
-    """A point fits when it ran and its peak reserved memory plus the memory the process held outside the
-    allocator (the CUDA context, measured with the point) is within the budget (if any)."""
-    if not record.ok:
-        return False
-    return budget_bytes is None or _peak(record) + (record.context_bytes or 0) <= budget_bytes
-
-
-def _peak(record: PointRecord) -> int:
-    return record.peak_reserved_bytes or record.peak_allocated_bytes or 0
-
 
 _SHORT = {"layout": "{}", "batch_size": "b={}", "seq_len": "s={}", "precision": "{}"}
 
@@ -108,7 +97,7 @@ class BatchMaxSearch:
         return replace(self.template, batch_size=batch)
 
     def observe(self, point: Point, record: PointRecord, budget_bytes: int | None) -> bool:
-        ok = fits(record, budget_bytes)
+        ok = measured_fits(record, budget_bytes)
         self.probes.append(point.batch_size)
         if ok:
             self.largest_fit = max(self.largest_fit or 0, point.batch_size)
@@ -218,10 +207,10 @@ class LayoutFitSearch:
 
     def observe(self, point: Point, record: PointRecord, budget_bytes: int | None) -> bool:
         k = self._k_of(point.layout)
-        ok = fits(record, budget_bytes)
+        ok = measured_fits(record, budget_bytes)
         self.probes.append(point.layout)
         if record.ok:
-            self.peaks[k] = _peak(record)
+            self.peaks[k] = measured_peak_bytes(record)
         if ok:
             self.fit_k = k if self.fit_k is None else min(self.fit_k, k)
         else:

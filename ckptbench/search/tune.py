@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ckptbench.analysis.tune import Candidate, Margin, TunePlanner, predicted_fit
+from ckptbench.analysis.tune import Margin, TuneCandidate, TunePlanner, predicted_fit
 from ckptbench.analysis.tune_space import TuneSpace
 from ckptbench.config.grid import Point
 from ckptbench.config.layouts import parse_layout
@@ -82,7 +82,7 @@ def estimate_candidates(
     target: str,
     on_estimate: Callable[[EstimateProgress], None] | None = None,
     gpu: GpuModel | None = None,
-) -> tuple[list[Candidate], list[str]]:
+) -> tuple[list[TuneCandidate], list[str]]:
     """Every point of the space with its estimate and hardware FLOPs, batch size by batch size; on CUDA
     with the allocator replayed on ``gpu`` (the predicted peak reserved; default the H200).
 
@@ -93,7 +93,7 @@ def estimate_candidates(
     cuda = target == "cuda"
     estimator = Estimator(cfg, target="cuda" if cuda else "cpu", gpu=card(gpu) if cuda else None)
     shape = model_shape(llama_config(cfg.model))
-    out: list[Candidate] = []
+    out: list[TuneCandidate] = []
     notes: list[str] = []
     for i, batch in enumerate(sorted(space.batch_sizes)):
         points = space.points(cfg.model.name, batch_sizes=[batch])
@@ -102,7 +102,7 @@ def estimate_candidates(
             if on_estimate is not None:
                 on_estimate(EstimateProgress(j, len(jobs), label))
             job()
-        found = [Candidate(p, _hardware_flops(shape, p), _estimate(estimator, p, cfg)) for p in points]
+        found = [TuneCandidate(p, _hardware_flops(shape, p), _estimate(estimator, p, cfg)) for p in points]
         out += found
         fits = [predicted_fit(c.estimate, limit_bytes=limit_bytes, margin=Margin(1.0, "")).fits for c in found]
         if found and all(f is False for f in fits) and i + 1 < len(space.batch_sizes):
