@@ -42,7 +42,7 @@ def run_tune(
     device = resolve_device(cfg)
     space = tune_space(cfg, device_type=device.type, seq_len=options.seq_len, allow=options.allow)
     # On a GPU the estimator replays the caching allocator on this card: the fit check judges the predicted
-    # peak reserved plus this card's CUDA context (analysis/tune_fit.py: predicted_fit).
+    # peak reserved plus this card's CUDA context (analysis/tune.py: predicted_fit).
     gpu = current_gpu_model(device) if device.type == "cuda" else None
     candidates, notes = estimate_candidates(cfg, space, limit_bytes=options.limit_bytes,
                                             target="cuda" if device.type == "cuda" else "cpu",
