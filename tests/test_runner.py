@@ -117,7 +117,7 @@ def test_bf16_and_amp_run_and_store_state_in_the_right_dtype() -> None:
 def test_cuda_requested_without_gpu_is_a_clear_error() -> None:
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    from ckptbench.errors import EnvironmentError_
+    from ckptbench.errors import MachineError
 
-    with pytest.raises(EnvironmentError_, match="ckptbench estimate"):
+    with pytest.raises(MachineError, match="ckptbench estimate"):
         resolve_device(tiny_config(device="cuda"))
