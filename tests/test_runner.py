@@ -9,7 +9,8 @@ import torch
 
 from ckptbench.config.schema import SweepConfig
 from ckptbench.measure.device import make_probe, resolve_device
-from ckptbench.measure.runner import Progress, Runner
+from ckptbench.measure.progress import Progress
+from ckptbench.measure.runner import Runner
 from tests.conftest import tiny_config
 
 LAYOUTS = ["none", "all", "first:4", "last:4", "all@attn", "all@mlp"]
