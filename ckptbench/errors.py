@@ -30,7 +30,7 @@ class ResultsError(CkptbenchError):
     exit_code = EXIT_BAD_INPUT
 
 
-class EnvironmentError_(CkptbenchError):
+class MachineError(CkptbenchError):
     """The machine cannot run what was asked (for example CUDA requested, none present)."""
 
     exit_code = EXIT_BAD_INPUT

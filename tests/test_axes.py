@@ -16,7 +16,8 @@ from ckptbench.config.load import parse_config
 from ckptbench.errors import ConfigError
 from ckptbench.measure.device import make_probe, resolve_device
 from ckptbench.measure.probes import LiveTensorTracker
-from ckptbench.measure.runner import Progress, Runner
+from ckptbench.measure.progress import Progress
+from ckptbench.measure.runner import Runner
 from ckptbench.train.checkpointing import applied
 from ckptbench.train.model import build_model
 from ckptbench.train.offload import HostOffload

@@ -62,7 +62,7 @@ def nothing_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     def started(*_: Any, **__: Any) -> Any:
         raise AssertionError("the sweep started (the runner was built) before its output path was checked")
 
-    monkeypatch.setattr(bench_sweep, "_make_runner", started)
+    monkeypatch.setattr(bench_sweep, "make_runner", started)
     return tmp_path
 
 

@@ -23,9 +23,9 @@ from ckptbench.cli.main import app
 from ckptbench.config.cluster import ClusterSpec, SlurmSpec
 from ckptbench.config.load import load_config
 from ckptbench.measure.loss_check import LossReferences
-from ckptbench.measure.runner import Progress
+from ckptbench.measure.progress import Progress
 from ckptbench.processes.executors import Request, SlurmPool, cancel
-from ckptbench.processes.fanout import attach_pool, fanout_runner
+from ckptbench.processes.fanout import attach_pool, make_fanout
 from ckptbench.processes.schedule import prerequisites, ready
 from ckptbench.results.store import load_run
 from ckptbench.sweep.sweep import run_sweep
@@ -119,7 +119,7 @@ def test_slurm_path_runs_on_submitits_debug_executor(tmp_path: Path) -> None:
     cfg = tiny_config(model=TWO_LAYERS, sweep={**SMALL, "layout": ["none", "all"]}, measured_steps=1)
     spec = ClusterSpec.model_validate({"executor": "slurm", "slurm": {"partition": "gpu", "array_parallelism": 2,
                                                                        "sbatch": {"qos": "high"}}})
-    runner, environment = fanout_runner(cfg, spec, timeout_s=None)
+    runner, environment = make_fanout(cfg, spec, timeout_s=None)
     attach_pool(runner, tmp_path, make_executor=submitit.DebugExecutor)
     runner.pool.poll_s = 0.05  # type: ignore[union-attr]  # the debug executor runs a job when asked if done
     records = []

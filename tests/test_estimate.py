@@ -23,7 +23,8 @@ from ckptbench.estimate.device_model import CudaKernels
 from ckptbench.estimate.predict import iter_predictions
 from ckptbench.estimate.record import CATEGORIES
 from ckptbench.measure.device import make_probe, resolve_device
-from ckptbench.measure.runner import Progress, Runner
+from ckptbench.measure.progress import Progress
+from ckptbench.measure.runner import Runner
 from ckptbench.results.inputs import load_input
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import RunWriter, load_run

@@ -15,11 +15,10 @@ from typing import Any
 import pytest
 import torch
 
-import ckptbench.measure.checked as checked_module
-import ckptbench.measure.runner as runner_module
+import ckptbench.measure.window as window_module
 from ckptbench.estimate.api import estimate_points
 from ckptbench.estimate.predict import iter_predictions
-from ckptbench.measure.environment import spread_warning
+from ckptbench.measure.environment import available_cpus, spread_warning
 from ckptbench.render.summary import summary_rows
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run, load_run
@@ -79,13 +78,13 @@ def test_long_lived_objects_are_frozen_while_points_run_and_released_after(
 
 def test_one_loss_recomputation_serves_every_layout_of_a_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
-    recompute = checked_module.recompute_first_loss
+    recompute = window_module.recompute_first_loss
 
     def counted(*args: Any, **kw: Any) -> Any:
         calls.append(args[1].key_id)
         return recompute(*args, **kw)
 
-    monkeypatch.setattr(checked_module, "recompute_first_loss", counted)
+    monkeypatch.setattr(window_module, "recompute_first_loss", counted)
     axes = {**AXES, "layout": ["all", "first:4", "last:4"]}  # no 'none': every layout needs the reference
     outcome = run_sweep(tiny_config(sweep=axes), out=tmp_path / "r", predict=False)
     assert len(calls) == 1
@@ -99,7 +98,7 @@ def test_a_busy_machine_is_warned_about_and_recorded(tmp_path: Path, monkeypatch
     monkeypatch.setattr("ckptbench.measure.environment.load_average", lambda: 99.0)
     monkeypatch.setattr("ckptbench.measure.environment.spread_warning", lambda step_times_s: None)
     outcome = run_sweep(tiny_config(sweep=AXES), out=tmp_path / "r", predict=False)
-    cpus = runner_module.available_cpus()
+    cpus = available_cpus()
     busy = f"busy: load average 99.0 above the {cpus} CPUs available; step times may be inflated"
     assert [r.warnings for r in outcome.records] == [[busy], [busy]]
     assert [r.load_average_1m for r in outcome.records] == [99.0, 99.0]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-import ckptbench.measure.checked as checked_module
+import ckptbench.measure.window as window_module
 from ckptbench.config.grid import key_id
 from ckptbench.errors import ConfigError
 from ckptbench.measure.loss_check import RTOL_BY_PRECISION, compare, loss_rtol
@@ -126,7 +126,7 @@ def test_isolated_points_get_their_reference_from_the_parent(tmp_path: Path) -> 
 
 def _perturb_checkpointed(monkeypatch: pytest.MonkeyPatch, factor: float) -> None:
     """Make every checkpointed layout's first loss wrong by ``factor`` (relative)."""
-    measure = checked_module.measure_point
+    measure = window_module.measure_point
 
     def wrong(model: Any, point: Any, plan: Any, **kw: Any) -> dict[str, Any]:
         result = measure(model, point, plan, **kw)
@@ -134,7 +134,7 @@ def _perturb_checkpointed(monkeypatch: pytest.MonkeyPatch, factor: float) -> Non
             result["warmup_losses"][0] *= 1 + factor
         return result
 
-    monkeypatch.setattr(checked_module, "measure_point", wrong)
+    monkeypatch.setattr(window_module, "measure_point", wrong)
 
 
 @pytest.mark.parametrize("layouts", [["none", "all"], ["all"]], ids=["against-none", "against-recomputed"])

@@ -9,7 +9,8 @@ import torch
 
 from ckptbench.config.schema import SweepConfig
 from ckptbench.measure.device import make_probe, resolve_device
-from ckptbench.measure.runner import Progress, Runner
+from ckptbench.measure.progress import Progress
+from ckptbench.measure.runner import Runner
 from tests.conftest import tiny_config
 
 LAYOUTS = ["none", "all", "first:4", "last:4", "all@attn", "all@mlp"]
@@ -117,7 +118,7 @@ def test_bf16_and_amp_run_and_store_state_in_the_right_dtype() -> None:
 def test_cuda_requested_without_gpu_is_a_clear_error() -> None:
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    from ckptbench.errors import EnvironmentError_
+    from ckptbench.errors import MachineError
 
-    with pytest.raises(EnvironmentError_, match="ckptbench estimate"):
+    with pytest.raises(MachineError, match="ckptbench estimate"):
         resolve_device(tiny_config(device="cuda"))

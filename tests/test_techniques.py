@@ -11,7 +11,8 @@ import torch
 from ckptbench.config.grid import Point
 from ckptbench.estimate.api import estimate_points
 from ckptbench.measure.device import make_probe, resolve_device
-from ckptbench.measure.runner import Progress, Runner
+from ckptbench.measure.progress import Progress
+from ckptbench.measure.runner import Runner
 from ckptbench.train.losses import chunked_cross_entropy, loss_head
 from ckptbench.train.model import build_model
 from ckptbench.train.optimizers import OptimizerInBackward, build_optimizer, make_optimizer

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from ckptbench.cli.common import ConfigArg, err, fail, out, path_option
-from ckptbench.errors import CkptbenchError, EnvironmentError_
+from ckptbench.errors import CkptbenchError, MachineError
 
 
 def trace_allocator(
@@ -33,7 +33,7 @@ def trace_allocator(
         import torch
 
         if cfg.device == "cpu" or not torch.cuda.is_available():
-            raise EnvironmentError_("trace-allocator records the CUDA caching allocator: it needs a CUDA GPU")
+            raise MachineError("trace-allocator records the CUDA caching allocator: it needs a CUDA GPU")
         from ckptbench.processes.alloc_trace import trace_points
 
         records = trace_points(cfg, folder, gpu_name=torch.cuda.get_device_name())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ckptbench.config.schema import SweepConfig
-from ckptbench.errors import EnvironmentError_
+from ckptbench.errors import MachineError
 from ckptbench.estimate.gpus import GpuModel, gpu_for_name
 from ckptbench.measure.probes import CudaProbe, Probe, TrackerProbe
 
@@ -29,7 +29,7 @@ def resolve_device(cfg: SweepConfig) -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     if cfg.device == "cuda":
-        raise EnvironmentError_(
+        raise MachineError(
             "device: cuda was requested but no CUDA GPU is visible; run `ckptbench estimate` "
             "for a prediction, or use a CPU config such as configs/tiny.yaml"
         )

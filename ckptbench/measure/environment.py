@@ -11,9 +11,12 @@ import statistics
 import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ckptbench
+
+if TYPE_CHECKING:  # torch is imported only where it is used: the CLI collects facts before it loads torch
+    import torch
 
 # A point's step times are unsteady when their inter-quartile range exceeds this share of the median.
 # Quiet CPU points (tiny model, one thread) spread 1-4%, GPU points under 1%; a busy 2-core machine
@@ -47,7 +50,7 @@ def _driver_version() -> str | None:
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
-def placement(device: Any) -> dict[str, Any]:
+def placement(device: torch.device) -> dict[str, Any]:
     """Where a point runs: the host, and on CUDA the GPU's model and its index on the host (the
     physical index: CUDA_VISIBLE_DEVICES, which pins a fanned-out job, is resolved)."""
     where: dict[str, Any] = {"host": socket.gethostname(), "gpu_name": None, "gpu_index": None}

@@ -22,7 +22,12 @@ import os
 import signal
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # torch only where a hook needs it: the CLI reads active() before torch is imported
+    import torch
+
+    from ckptbench.measure.probes import Probe
 
 LEAK_BYTES = 4 << 20
 ENABLE_VAR = "CKPTBENCH_ENABLE_TEST_HOOKS"
@@ -63,7 +68,7 @@ def _selected(name: str, key: dict[str, Any]) -> bool:
     return enabled() and matches(os.environ.get(f"CKPTBENCH_TEST_{name}"), key)
 
 
-def fire(key: dict[str, Any], *, model: Any, probe: Any, device: Any) -> None:
+def fire(key: dict[str, Any], *, model: Any, probe: Probe, device: torch.device) -> None:
     """Inject the fault the environment asks for into the point with this key (normally nothing)."""
     if _selected("CRASH", key):
         print("ckptbench test hook: killing the point's process (CKPTBENCH_TEST_CRASH)", file=sys.stderr)

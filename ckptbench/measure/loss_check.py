@@ -3,7 +3,7 @@
 The reference is the plain step of the same cell (layout 'none', default loss, optimizer after
 backward, ...: see ``LOSS_NEUTRAL_AXES``) when that point ran ok (every warm-up and measured step is
 compared), else the first step's loss recomputed without checkpointing by transformers' default loss
-(see ``bench.window.recompute_first_loss``), which exists whatever ran out of memory. The plain
+(see ``measure.window.recompute_first_loss``), which exists whatever ran out of memory. The plain
 step itself is checked against the recomputed loss. A sharded point (``parallel``: ddp, fsdp2) prefers
 the unsharded plain step of its cell: every rank trains on the same batch, so sharding must not
 change the losses either. Pure: no torch; the runner supplies the losses.

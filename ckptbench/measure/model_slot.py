@@ -11,7 +11,7 @@ import torch
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig
 from ckptbench.measure.probes import Probe
-from ckptbench.measure.window import tracking
+from ckptbench.measure.window import Tracking
 from ckptbench.train.model import apply_lora, build_model, warm_device_libraries
 from ckptbench.train.parallel import Sharded, device_mesh, shard
 from ckptbench.train.step import param_dtype
@@ -40,7 +40,7 @@ class ModelSlot:
         probe.adopt([*model.parameters(), *model.buffers()])
         # Under the CPU tracker: fully_shard's new shards and DDP's gradient buckets are counted.
         mesh = device_mesh(point.parallel, device)
-        with tracking(probe):
+        with Tracking(probe):
             self.sharded = shard(model, point.parallel, precision=point.precision, device=device, mesh=mesh)
         probe.sync()
         self.model, self.setup = model, (point.precision, point.lora, point.parallel)

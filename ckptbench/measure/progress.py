@@ -1,12 +1,10 @@
-"""What runners report as points start and finish, and what a point needs before it is measured."""
+"""What runners report as points start and finish."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ckptbench.config.grid import Point
-from ckptbench.config.layouts import LayoutPlan
 from ckptbench.results.record import PointRecord
 
 PROBES_GUESS = 6  # probes a search usually needs; the progress total grows if it needs more
@@ -33,12 +31,3 @@ class Progress:
     total: int
     point: Point
     record: PointRecord | None = None
-
-
-@dataclass(frozen=True)
-class PointStart:
-    """What a point needs before it is measured: its plan, its base record, or why it is skipped."""
-
-    plan: LayoutPlan
-    base: dict[str, Any]
-    skipped: PointRecord | None = None

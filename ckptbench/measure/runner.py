@@ -1,8 +1,13 @@
-"""Execute points: build/reuse the model, warm up, measure, handle OOM and leaks, report progress."""
+"""Execute points: build/reuse the model, warm up, measure, handle OOM and leaks, report progress.
+
+A point is measured in this process, or in the place the sweep gives the runner for points that must
+run apart (processes/launch.py: a fresh process, one per rank of a sharded point).
+"""
 
 from __future__ import annotations
 
 import gc
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -13,21 +18,18 @@ import torch
 from ckptbench.config.grid import Point, key_without
 from ckptbench.config.layouts import LayoutPlan, parse_layout
 from ckptbench.config.schema import SweepConfig
-from ckptbench.errors import RunFailure
+from ckptbench.errors import CkptbenchError, ConfigError, RunFailure
 from ckptbench.measure import faults
-from ckptbench.measure.base_record import base_record
-from ckptbench.measure.checked import measure_checked
 from ckptbench.measure.device import is_fatal_device_error
 from ckptbench.measure.environment import available_cpus, host_state, intra_op_threads, placement
-from ckptbench.measure.fresh import FreshProcesses
 from ckptbench.measure.loss_check import LossReferences
 from ckptbench.measure.model_slot import ModelSlot
 from ckptbench.measure.probes import Probe, leak_check
-from ckptbench.measure.progress import PROBES_GUESS, PointStart, Progress, ProgressCounter
+from ckptbench.measure.progress import PROBES_GUESS, Progress, ProgressCounter
+from ckptbench.measure.window import measure_checked
 from ckptbench.results.record import PointRecord
 from ckptbench.train.flops import peak_tflops_for, step_flops
 from ckptbench.train.model import llama_config, model_shape
-from ckptbench.train.parallel import RankInfo
 from ckptbench.train.unavailable import TechniqueUnavailable
 
 
@@ -48,24 +50,43 @@ class Predictions(Protocol):
     def get(self, key_id: str, /) -> dict[str, Any] | None: ...
 
 
+class Place(Protocol):
+    """Where a point runs apart from this process: a fresh process, or one per rank of a sharded point."""
+
+    def measure(self, point: Point, base: dict[str, Any], *, known: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """The fields of the point's record, from ``base`` on (an error record if it failed there); ``known``:
+        the ok and out-of-memory records of the points before it (loss references, OOM skips)."""
+        ...
+
+
+@dataclass(frozen=True)
+class PointStart:
+    """What a point needs before it is measured: its plan, its base record, or why it is skipped."""
+
+    plan: LayoutPlan
+    base: dict[str, Any]
+    skipped: PointRecord | None = None
+
+
 @dataclass
-class Runner(FreshProcesses):
+class Runner:
     """Runs a list of points on one device, one model at a time, and yields a record per point.
 
-    Points measured in fresh processes (their own, or a sharded point's ranks) go through measure/fresh.py.
+    ``place`` (given by the sweep): where the points that must not run in this process run. None in a
+    process started for one point, which measures it itself.
     """
 
     cfg: SweepConfig
     device: torch.device
     probe: Probe
     gpu_name: str | None = None
-    rank: RankInfo | None = None  # set in a rank of a sharded point: it measures that point itself
-    point_timeout_s: float | None = None  # for points measured in fresh processes (--isolate, sharded)
-    own_process: bool = False  # this process was started for one point: never start another
+    place: Place | None = None
+    isolate: bool = False  # every point runs in ``place`` (--isolate): this process never builds a model
+    losses: LossReferences = field(default_factory=LossReferences)  # each cell's loss reference, from points run
+    done: dict[str, PointRecord] = field(default_factory=dict)  # the record of every finished point, by key_id
+    history: list[dict[str, Any]] = field(default_factory=list)  # ok/oom records, for points run elsewhere
     _slot: ModelSlot = field(default_factory=ModelSlot)
-    _losses: LossReferences = field(default_factory=LossReferences)
     _oom_at: dict[tuple[Any, ...], int] = field(default_factory=dict)
-    _done: dict[str, PointRecord] = field(default_factory=dict)
     _broken: bool = False  # a fatal device error happened: no more CUDA calls
     _points_run: int = 0  # points measured in this process so far
     # Estimates made before each point runs, by key_id: the fields its record keeps (predicted peak allocated,
@@ -75,14 +96,24 @@ class Runner(FreshProcesses):
     # Predicts a search probe just before it runs (probes are not known up front); None: no prediction.
     predict: Callable[[Point], dict[str, Any] | None] | None = None
     _probe_predictions: dict[str, dict[str, Any] | None] = field(default_factory=dict)
-    _history: list[dict[str, Any]] = field(default_factory=list)  # ok/oom records, for points run elsewhere
 
     def __post_init__(self) -> None:
-        self.llama = llama_config(self.cfg.model)
-        self.shape = model_shape(self.llama)
+        try:  # checks the values of model.overrides before anything runs
+            self.llama = llama_config(self.cfg.model)
+            self.shape = model_shape(self.llama)
+        except CkptbenchError:
+            raise
+        except Exception as exc:  # LlamaConfig's own checks of model.overrides (types, head counts...)
+            text = " ".join(str(exc).split()) or exc.__class__.__name__
+            raise ConfigError(f"model.overrides: transformers' LlamaConfig rejects them: {text[:200]}") from None
         self.placement = placement(self.device)
         self.peak_tflops = self.cfg.peak_tflops or peak_tflops_for(self.gpu_name)
         self.cpus = available_cpus()
+
+    @property
+    def budget_bytes(self) -> int | None:
+        """The searches' memory budget (the config's ``budget_gib``), or None."""
+        return int(self.cfg.budget_gib * 2**30) if self.cfg.budget_gib else None
 
     def run(
         self,
@@ -102,11 +133,11 @@ class Runner(FreshProcesses):
             with intra_op_threads(self.device.type, self.cfg.cpu_threads):
                 for point in points:
                     self._report(point, counter, on_record, search=False)
-                budget = int(self.cfg.budget_gib * 2**30) if self.cfg.budget_gib else None
+                budget = self.budget_bytes
                 outcomes = []
                 for search in searches:
                     while (probe := search.next_point(budget)) is not None:
-                        record = self._done.get(probe.key_id) or self._probe(
+                        record = self.done.get(probe.key_id) or self._probe(
                             probe, counter, on_record, fresh=search.fresh(probe)
                         )
                         search.observe(probe, record, budget)
@@ -122,7 +153,7 @@ class Runner(FreshProcesses):
         i = counter.next()
         on_record(Progress(i, counter.total, point))
         record = self.run_point(point, allow_skip=not search, search=search, fresh=fresh)
-        self._done[point.key_id] = record
+        self.done[point.key_id] = record
         on_record(Progress(i, counter.total, point, record))
         if record.fatal:
             raise RunFailure(
@@ -161,13 +192,13 @@ class Runner(FreshProcesses):
 
     def remember(self, point: Point, record: PointRecord) -> None:
         """Let a finished point (or one recorded by an earlier, resumed run) inform later points."""
-        self._done[point.key_id] = record
+        self.done[point.key_id] = record
         if record.status == "oom":
             where = key_without(point, "batch_size")
             self._oom_at[where] = min(point.batch_size, self._oom_at.get(where, point.batch_size))
-        self._losses.remember(point, record)
+        self.losses.remember(point, record)
         if record.status in ("ok", "oom"):
-            self._history.append(record.to_json())  # sent to child processes: loss references and OOM skips
+            self.history.append(record.to_json())  # sent to child processes: loss references and OOM skips
 
     def run_point(
         self, point: Point, *, allow_skip: bool = True, search: bool = False, fresh: bool = False
@@ -180,27 +211,41 @@ class Runner(FreshProcesses):
         if start.skipped is not None:
             return start.skipped
         started = time.perf_counter()
-        own_settings = point.allocator != "default" and point.parallel == "none"
-        if self.device.type == "cuda" and not self.own_process and self.rank is None and (fresh or own_settings):
-            fields = self._measure_fresh(point, start.base)
+        if self.place is not None and self._runs_apart(point, fresh=fresh):
+            fields = self._measure_apart(self.place, point, start.base)
         else:
-            fields = self._measure_safely(point, start.plan, start.base)
+            fields = self._measure_here(point, start.plan, start.base)
         fields["wall_s"] = time.perf_counter() - started
         if not fields.get("isolated"):  # measured here; processes/launch.py judged the host of one measured apart
             fields.update(host_state(fields.get("step_times_s") or [], cpus=self.cpus))
         return self.finish_point(point, fields)
 
+    def _runs_apart(self, point: Point, *, fresh: bool) -> bool:
+        """Whether a point runs in the place apart: every point of an isolated sweep, a sharded point (one
+        process per rank), and on CUDA a search's boundary (what a new training run sees) and a point with its
+        own allocator settings (the allocator reads them once, when CUDA starts)."""
+        own_settings = point.allocator != "default" and point.parallel == "none"
+        return self.isolate or point.parallel != "none" or (self.device.type == "cuda" and (fresh or own_settings))
+
+    def _measure_apart(self, place: Place, point: Point, base: dict[str, Any]) -> dict[str, Any]:
+        """Measure a point in ``place``; a sharded point that needs more GPUs than are visible is skipped.
+
+        This process's model is freed first so that the point's processes have the card; this process's CUDA
+        context stays, so without a memory cap they have that much less (about 0.7 GiB on an H200).
+        """
+        if point.parallel != "none" and self.device.type == "cuda":
+            visible = torch.cuda.device_count()
+            if point.world_size > visible:
+                reason = f"{point.parallel} needs {point.world_size} GPUs; {visible} visible here"
+                return {**base, "status": "skipped", "reason": reason}
+        if not self.isolate:  # an isolated sweep's process holds no model and no cache
+            self.close()
+        return place.measure(point, base, known=self.history)
+
     def start_point(self, point: Point, *, allow_skip: bool = True, search: bool = False) -> PointStart:
         """A point's plan and base record, or its skipped record when a smaller batch ran out of memory."""
         plan = parse_layout(point.layout, self.shape.num_layers)
-        flops = step_flops(
-            self.shape, plan, tokens=point.tokens, seq_len=point.seq_len, frozen_base=point.lora != "none",
-            recompute_lm_head=point.loss == "chunked",
-        )
-        base = base_record(
-            point, plan, flops=flops, peak_tflops=self.peak_tflops, predicted=self._predicted(point),
-            probe_kind=self.probe.kind, points_before=self._points_run, placement=self.placement,
-        )
+        base = self._base_record(point, plan)
         if search:
             base["search"] = True
         skip_from = self._oom_at.get(key_without(point, "batch_size"))
@@ -209,6 +254,33 @@ class Runner(FreshProcesses):
             skipped = PointRecord.model_validate({**base, "status": "skipped", "reason": reason})
             return PointStart(plan, base, skipped)
         return PointStart(plan, base)
+
+    def _base_record(self, point: Point, plan: LayoutPlan) -> dict[str, Any]:
+        """The fields every record of ``point`` starts from: its plan, FLOPs, predictions, probe and placement."""
+        model_flops, hw_flops = step_flops(
+            self.shape, plan, tokens=point.tokens, seq_len=point.seq_len, frozen_base=point.lora != "none",
+            recompute_lm_head=point.loss == "chunked",
+        )
+        return {
+            "key": point.key,
+            "status": None,
+            "reason": None,
+            "plan": {"layers": list(plan.layers), "granularity": plan.granularity, "targets": list(plan.targets)},
+            "layers_checkpointed": plan.describe_layers(),
+            "num_checkpointed": len(plan.layers),
+            "tokens_per_step": point.tokens,
+            "model_flops_per_step": model_flops,
+            "hardware_flops_per_step": hw_flops,
+            # Of all the point's GPUs: FLOPs and tokens per step count every rank.
+            "peak_tflops": self.peak_tflops * point.world_size if self.peak_tflops else None,
+            # Estimates (ckptbench estimate), made before the point runs, kept next to the measurement.
+            **(self._predicted(point) or {}),
+            "probe": self.probe.kind,
+            "process": "in-process",
+            "points_before": self._points_run,
+            "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+            **self.placement,
+        }
 
     def finish_point(self, point: Point, fields: dict[str, Any]) -> PointRecord:
         """The validated record of a measured point, remembered for the points after it."""
@@ -229,9 +301,8 @@ class Runner(FreshProcesses):
             self._slot.build(point, cfg=self.cfg, device=self.device, probe=self.probe)
         return self._slot.model
 
-    def _measure_safely(self, point: Point, plan: LayoutPlan, base: dict[str, Any]) -> dict[str, Any]:
-        if point.parallel != "none" and self.rank is None:
-            return self._sharded(point, base)
+    def _measure_here(self, point: Point, plan: LayoutPlan, base: dict[str, Any]) -> dict[str, Any]:
+        """Measure a point in this process; a failure (out of memory, an error) is a record, not a crash."""
         record = dict(base)
         failure: tuple[str, str] | None = None
         baseline: int | None = None
@@ -274,12 +345,13 @@ class Runner(FreshProcesses):
         # not see them. Cheap since _model froze the long-lived objects.
         gc.collect()
         # Needed: a fresh process has no cached segments, and peak *reserved* of the next point would
-        # otherwise include what this point left in the allocator's cache (DESIGN.md).
+        # otherwise include what this point left in the allocator's cache (a point's memory is what a fresh
+        # training process would see).
         self.probe.release()
 
     def _measure(self, model: Any, point: Point, plan: LayoutPlan) -> dict[str, Any]:
         return measure_checked(
-            model, point, plan, losses=self._losses, sharded=self._slot.sharded, cfg=self.cfg, probe=self.probe,
+            model, point, plan, losses=self.losses, sharded=self._slot.sharded, cfg=self.cfg, probe=self.probe,
             device=self.device, init_std=self.llama.initializer_range, vocab_size=self.llama.vocab_size,
         )
 

@@ -1,7 +1,10 @@
-"""One point's measured window: reset, apply the plan and techniques, warm up, then measure."""
+"""One point's measured window with its loss check: the reference loss recomputed first when the point
+needs one (once per loss cell, see measure/loss_check.py), then the window (reset, apply the plan and
+techniques, warm up, measure), then the comparison."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -11,7 +14,7 @@ from ckptbench.config.grid import Point
 from ckptbench.config.layouts import LayoutPlan
 from ckptbench.config.schema import SweepConfig
 from ckptbench.estimate.live_storage import storage_tensors
-from ckptbench.measure.loss_check import RecomputedLoss
+from ckptbench.measure.loss_check import LossReferences, RecomputedLoss, loss_rtol
 from ckptbench.measure.probes import Probe, TrackerProbe, tensor_bytes
 from ckptbench.train.checkpointing import applied
 from ckptbench.train.losses import loss_head
@@ -20,6 +23,49 @@ from ckptbench.train.offload import HostOffload
 from ckptbench.train.optimizers import build_optimizer
 from ckptbench.train.parallel import Sharded
 from ckptbench.train.step import Trainer, forward_loss, make_batch
+
+
+def measure_checked(
+    model: Any,
+    point: Point,
+    plan: LayoutPlan,
+    *,
+    losses: LossReferences,
+    sharded: Sharded | None,
+    cfg: SweepConfig,
+    probe: Probe,
+    device: torch.device,
+    init_std: float,
+    vocab_size: int,
+) -> dict[str, Any]:
+    """Measure ``point`` on ``model`` (sharded as ``sharded`` says); a record's fields with its loss check."""
+    common: dict[str, Any] = {"cfg": cfg, "probe": probe, "device": device, "init_std": init_std,
+                              "vocab_size": vocab_size}
+    recomputed, parts, fresh = None, {}, False
+    if losses.needs_recomputed(point):  # before the window: the point's memory is not touched
+        # The first step's loss depends only on the cell (initial weights, batch, precision): one
+        # recomputation serves every layout of the cell (a 7B forward pass each time otherwise).
+        recomputed = losses.recomputed(point)
+        if recomputed is None:
+            t0 = time.perf_counter()
+            distributed = sharded is not None and sharded.spec.distributed
+            # A sharded model's first forward creates FSDP2's lasting all-gather buffers (freed and
+            # refilled by resizing later): the CPU tracker must see them made, as in any first step.
+            # It is not reset: fresh, with the seed's weights (see measure_point).
+            with Tracking(probe) if distributed else contextlib.nullcontext():
+                recomputed = recompute_first_loss(model, point, reset=not distributed, **common)
+            if sharded is not None:
+                sharded.reshard()  # fsdp2:N:noreshard keeps the forward's unsharded weights otherwise
+            losses.keep_recomputed(point, recomputed)
+            parts["loss_recompute"] = time.perf_counter() - t0
+            fresh = True  # it reset the weights, and forward passes without gradients leave them so
+    result = measure_point(model, point, plan, reset=not fresh, sharded=sharded, **common)
+    result["overhead_parts_s"] = {**parts, **result.get("overhead_parts_s", {})}
+    if result["status"] == "ok":
+        rtol = loss_rtol(point.precision, cfg.loss_rtol)
+        steps = result["warmup_losses"] + result["losses"]
+        result["loss_check"] = losses.check(point, steps, rtol=rtol, recomputed=recomputed)
+    return result
 
 
 def measure_point(
@@ -68,7 +114,7 @@ def measure_point(
         applied(model, plan, offload_inputs=ckpt_offload),
         attention(model, point.attn_implementation),
         loss_head(model, point.loss) as loss_impl,
-        tracking(probe),
+        Tracking(probe),
     ):
         optimizer = build_optimizer(point, params, lr=cfg.lr, zero_grad_to_none=cfg.zero_grad_to_none)
         trainer = Trainer(
@@ -191,7 +237,7 @@ def _steps(trainer: Trainer, batch: torch.Tensor, n: int, *, probe: Probe) -> tu
     return times, [float(x) for x in losses]
 
 
-class tracking:
+class Tracking:
     """Activate the CPU tracker for the block (a no-op on CUDA)."""
 
     def __init__(self, probe: Probe) -> None:

@@ -1,7 +1,7 @@
 """Record the CUDA caching allocator's own trace of a point, on the GPU, as compact JSON (never pickle).
 
 ``start_recording`` must run before the process allocates anything on the GPU, so that the trace holds
-every request from an empty allocator (a point's own process: processes/isolate.py ``child_main``);
+every request from an empty allocator (a point's own process: processes/point_process.py ``child_main``);
 ``write_trace`` takes ``torch.cuda.memory._snapshot()`` and keeps, per action, only what a replay needs
 (estimate/recorded.py describes the format and replays it).
 """
@@ -13,9 +13,12 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptbench.estimate.recorded import FORMAT, VERSION
+
+if TYPE_CHECKING:
+    from ckptbench.config.schema import SweepConfig
 
 ACTIONS = (
     "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
@@ -108,22 +111,19 @@ def trace_file_name(key: dict[str, Any]) -> str:
     return "".join(c if c.isalnum() or c in "-_.+" else "-" for c in name) + ".json.gz"
 
 
-def trace_points(cfg: Any, out_dir: Path, *, gpu_name: str | None = None) -> list[dict[str, Any]]:
+def trace_points(cfg: SweepConfig, out_dir: Path, *, gpu_name: str | None = None) -> list[dict[str, Any]]:
     """Run every point of ``cfg`` in its own process with the allocator's history on; one trace file each.
 
     Returns each point's record (as the child wrote it) with ``trace_file`` set.
     """
     import tempfile
 
-    from ckptbench.processes.launch import run_child
+    from ckptbench.processes.launch import point_request, run_child
 
     out: list[dict[str, Any]] = []
     for point in cfg.points_list():
         path = out_dir / trace_file_name(point.key)
-        request = {
-            "config": cfg.model_dump(mode="json"), "key": point.key, "gpu_name": gpu_name, "done": [],
-            "parent_pid": os.getpid(), "allocator_trace": str(path),
-        }
+        request = {**point_request(cfg, point, gpu_name=gpu_name, known=[]), "allocator_trace": str(path)}
         with tempfile.TemporaryDirectory(prefix="ckptbench-trace-") as tmp:
             record = run_child(request, workdir=Path(tmp), timeout_s=None)  # with the point's allocator settings
         out.append({**(record or {}), "trace_file": path.name if path.exists() else None})

@@ -6,7 +6,7 @@ each job is pinned to its own through ``visible_gpus`` (submitit then sets CUDA_
 without GPUs a number of CPU slots stands in. ``slurm`` (submitit's SlurmExecutor) submits the jobs
 that are ready together as one job array per GPU count, at most ``array_parallelism`` in flight.
 
-Either way a job is ``bench.fanout.run_point_job``: it runs the point in fresh processes
+Either way a job is ``processes.job.run_point_job``: it runs the point in fresh processes
 (processes/launch.py) on its node and returns the record; the sweep's process stays the only writer of
 ``points.jsonl``.
 """
@@ -18,9 +18,12 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ckptbench.config.cluster import SlurmSpec
+
+if TYPE_CHECKING:  # only a fanned-out sweep imports submitit: a plain sweep runs where it is not installed
+    import submitit
 
 JobFunction = Callable[..., dict[str, Any]]
 
@@ -29,7 +32,7 @@ JobFunction = Callable[..., dict[str, Any]]
 class Submitted:
     """A job in flight, and the GPUs (or CPU slots) it holds until it ends."""
 
-    job: Any  # submitit.Job[dict[str, Any]]
+    job: submitit.Job[dict[str, Any]]
     slots: tuple[int, ...] = ()
 
 
@@ -128,7 +131,7 @@ class SlurmPool:
     spec: SlurmSpec
     name: str
     # None: submitit.SlurmExecutor (a cluster); tests pass submitit's LocalExecutor or DebugExecutor.
-    make_executor: Callable[[Path], Any] | None = None
+    make_executor: Callable[[Path], submitit.Executor] | None = None
     kind: str = "slurm"
     poll_s: float = 5.0  # a finished job's result file is looked for this often (sacct: see fanout)
     _in_flight: int = 0

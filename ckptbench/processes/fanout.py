@@ -1,10 +1,11 @@
 """``sweep --executor local|slurm``: every point as its own submitit job; this process writes the records.
 
-The runner keeps everything a sweep in one process keeps (skips after an out-of-memory point, loss
-references, search state, the record of every finished point) and decides, as points finish, which
-points may start (processes/schedule.py). Each job runs ``bench.job.run_point_job`` on its node, which
-starts the point's processes exactly as ``--isolate`` does and returns the record; the record is
-appended here as soon as it arrives. Ctrl-C cancels the jobs in flight; finished points stay.
+The sweep's runner (measure/runner.py) keeps everything a sweep in one process keeps (skips after an
+out-of-memory point, loss references, predictions, the record of every finished point) and measures
+nothing; the fan-out drives it, deciding as points finish which points may start (processes/schedule.py).
+Each job runs ``processes.job.run_point_job`` on its node, which starts the point's processes exactly
+as ``--isolate`` does and returns the record; the record is appended here as soon as it arrives.
+Ctrl-C cancels the jobs in flight; finished points stay.
 """
 
 from __future__ import annotations
@@ -13,23 +14,26 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ckptbench.config.cluster import ClusterSpec
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig, check_cpu_compatible
-from ckptbench.errors import CkptbenchError, ConfigError
+from ckptbench.errors import ConfigError
 from ckptbench.measure.environment import collect as collect_environment
 from ckptbench.measure.probes import ElsewhereProbe
 from ckptbench.measure.progress import PROBES_GUESS, Progress, ProgressCounter
 from ckptbench.measure.runner import Runner, Search
 from ckptbench.processes.executors import LocalPool, Pool, Request, SlurmPool, Submitted, cancel
 from ckptbench.processes.job import run_point_job
-from ckptbench.processes.launch import child_fields
+from ckptbench.processes.launch import child_fields, point_request
 from ckptbench.processes.schedule import prerequisites, ready
 from ckptbench.results.record import PointRecord
+
+if TYPE_CHECKING:  # only a fanned-out sweep imports submitit
+    import submitit
 
 _FORCE_CHECK_S = 60.0
 _TAIL_CHARS = 4000
@@ -46,11 +50,13 @@ class _Flight:
 
 
 @dataclass
-class FanoutRunner(Runner):
-    """A Runner whose points run as submitit jobs, as many at once as the pool allows."""
+class Fanout:
+    """Runs a sweep's points as submitit jobs, as many at once as the pool allows, through the sweep's runner."""
 
-    pool: Pool | None = None
+    runner: Runner  # its bookkeeping decides each point's base record, skips and loss references
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    timeout_s: float | None = None  # --point-timeout, enforced in each job
+    pool: Pool | None = None  # attach_pool creates it once the run directory exists
     _flights: dict[str, _Flight] = field(default_factory=dict)
     _forced: float = 0.0  # when Slurm's accounting was last asked (see _collect)
 
@@ -67,12 +73,12 @@ class FanoutRunner(Runner):
             cancel([f.sub for f in self._flights.values()])
             raise
         finally:
-            self.close()
+            self.runner.close()
 
     def _grid(self, points: list[Point]) -> None:
-        done = [Point.from_key(r.key) for r in self._done.values()]
-        waits = prerequisites(points, done, skip_after_oom=self.cfg.skip_after_oom,
-                              reference_cells=self._losses.reference_cells)
+        done = [Point.from_key(r.key) for r in self.runner.done.values()]
+        waits = prerequisites(points, done, skip_after_oom=self.runner.cfg.skip_after_oom,
+                              reference_cells=self.runner.losses.reference_cells)
         by_id = {p.key_id: p for p in points}
         started: set[str] = set()
         while len(started) < len(points) or self._flights:
@@ -86,7 +92,8 @@ class FanoutRunner(Runner):
 
     def _searches(self, searches: Sequence[Search]) -> list[dict[str, Any]]:
         """Each search one probe at a time (a probe follows from the answers before it), in parallel."""
-        budget = int(self.cfg.budget_gib * 2**30) if self.cfg.budget_gib else None
+        budget = self.runner.budget_bytes
+        done = self.runner.done
         probing: dict[int, Point] = {}
         finished: set[int] = set()
         while len(finished) < len(searches):
@@ -95,18 +102,18 @@ class FanoutRunner(Runner):
                     probe = search.next_point(budget)
                     if probe is None:
                         finished.add(i)
-                    elif probe.key_id in self._done:  # measured already (a grid point): reuse it
-                        search.observe(probe, self._done[probe.key_id], budget)
+                    elif probe.key_id in done:  # measured already (a grid point): reuse it
+                        search.observe(probe, done[probe.key_id], budget)
                     elif probe.key_id in self._flights:
                         break  # another search's probe, running now
                     else:
-                        self.predict_probe(probe)
+                        self.runner.predict_probe(probe)
                         if not self._start([probe], search=True):
                             break  # no free slot now
                         probing[i] = probe
             for i, probe in list(probing.items()):
-                if probe.key_id in self._done:
-                    searches[i].observe(probe, self._done[probe.key_id], budget)
+                if probe.key_id in done:
+                    searches[i].observe(probe, done[probe.key_id], budget)
                     del probing[i]
             if len(finished) < len(searches):
                 self._collect()
@@ -119,7 +126,7 @@ class FanoutRunner(Runner):
         batch: list[Request] = []
         flights: list[tuple[Point, dict[str, Any], int]] = []
         for point in points:
-            start = self.start_point(point, allow_skip=not search, search=search)
+            start = self.runner.start_point(point, allow_skip=not search, search=search)
             why = self.pool.never_fits(point.world_size)
             runs = start.skipped is None and why is None
             if runs and not self.pool.can_start(point.world_size, [r.world_size for r in batch]):
@@ -128,12 +135,15 @@ class FanoutRunner(Runner):
             self._on_record(Progress(index, self._counter.total, point))
             started.append(point)
             if start.skipped is not None or why is not None:
-                record = start.skipped or self.finish_point(point, {**start.base, "status": "skipped", "reason": why})
+                record = start.skipped or self.runner.finish_point(
+                    point, {**start.base, "status": "skipped", "reason": why}
+                )
                 self._record(point, index, record)
                 continue
-            batch.append(Request(self._request(point), point.world_size))
+            request = point_request(self.runner.cfg, point, gpu_name=self.runner.gpu_name, known=self.runner.history)
+            batch.append(Request(request, point.world_size))
             flights.append((point, start.base, index))
-        for sub, (point, base, index) in zip(self.pool.submit(run_point_job, batch, self.point_timeout_s),
+        for sub, (point, base, index) in zip(self.pool.submit(run_point_job, batch, self.timeout_s),
                                              flights, strict=True):
             self._flights[point.key_id] = _Flight(sub, point, base, index)
         return started
@@ -155,17 +165,15 @@ class FanoutRunner(Runner):
             self.pool.release(flight.sub)
             fields = child_fields(flight.base, _job_result(flight.sub.job, local=self.pool.kind == "local"))
             fields.update(executor=self.pool.kind, job_id=fields.get("job_id") or str(flight.sub.job.job_id))
-            self._record(flight.point, flight.index, self.finish_point(flight.point, fields))
+            self._record(flight.point, flight.index, self.runner.finish_point(flight.point, fields))
 
     def _record(self, point: Point, index: int, record: PointRecord) -> None:
-        self._done[point.key_id] = record
+        self.runner.done[point.key_id] = record
         self._on_record(Progress(index, self._counter.total, point, record))
 
 
-def fanout_runner(
-    cfg: SweepConfig, cluster: ClusterSpec, *, timeout_s: float | None
-) -> tuple[FanoutRunner, dict[str, Any]]:
-    """The runner of a fanned-out sweep and the environment to store (nothing is started yet).
+def make_fanout(cfg: SweepConfig, cluster: ClusterSpec, *, timeout_s: float | None) -> tuple[Fanout, dict[str, Any]]:
+    """The fan-out of a sweep and the environment to store (nothing is started yet).
 
     This process measures nothing: the jobs choose their device (a Slurm login node has no GPU), so
     the device type is the one the jobs will use and each record says where its point ran.
@@ -179,30 +187,24 @@ def fanout_runner(
     probe = ElsewhereProbe("cuda" if device_type == "cuda" else "cpu-tracker")
     environment = {**collect_environment(device_type, cpu_threads=cfg.cpu_threads), "probe": probe.kind,
                    "executor": cluster.executor}
-    try:  # the runner builds the LlamaConfig: it checks the override values before anything is submitted
-        runner = FanoutRunner(cfg, torch.device(device_type), probe, environment.get("gpu_name"),
-                              point_timeout_s=timeout_s)
-    except CkptbenchError:
-        raise
-    except Exception as exc:
-        text = " ".join(str(exc).split()) or exc.__class__.__name__
-        raise ConfigError(f"model.overrides: transformers' LlamaConfig rejects them: {text[:200]}") from None
-    runner.cluster = cluster
-    return runner, environment
+    runner = Runner(cfg, torch.device(device_type), probe, environment.get("gpu_name"))
+    return Fanout(runner, cluster, timeout_s), environment
 
 
-def attach_pool(runner: FanoutRunner, run_dir: Path, *, make_executor: Callable[[Path], Any] | None = None) -> None:
+def attach_pool(
+    fanout: Fanout, run_dir: Path, *, make_executor: Callable[[Path], submitit.Executor] | None = None
+) -> None:
     """Create the executor, with its job files (pickles, logs) under RUN_DIR/jobs. ``make_executor``
     replaces submitit's SlurmExecutor (tests run the Slurm path on submitit's local or debug executor)."""
-    cluster = runner.cluster
+    cluster = fanout.cluster
     folder = run_dir / "jobs"
     if cluster.executor == "slurm":
-        runner.pool = SlurmPool(folder, cluster.slurm, runner.cfg.name, make_executor)
+        fanout.pool = SlurmPool(folder, cluster.slurm, fanout.runner.cfg.name, make_executor)
         return
     gpus = cluster.local.gpus
-    if gpus is None and runner.device.type == "cuda":
+    if gpus is None and fanout.runner.device.type == "cuda":
         gpus = list(range(torch.cuda.device_count()))
-    runner.pool = LocalPool(folder, gpus or [], cpu_slots=cluster.local.jobs, timeout_min=cluster.local.timeout_min)
+    fanout.pool = LocalPool(folder, gpus or [], cpu_slots=cluster.local.jobs, timeout_min=cluster.local.timeout_min)
 
 
 def _planned_device(cfg: SweepConfig, executor: str) -> str:
@@ -213,7 +215,7 @@ def _planned_device(cfg: SweepConfig, executor: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _job_result(job: Any, *, local: bool) -> dict[str, Any]:
+def _job_result(job: submitit.Job[dict[str, Any]], *, local: bool) -> dict[str, Any]:
     """What the job returned, or why it returned nothing (it died, was killed or cancelled)."""
     try:
         if local and not job.paths.result_pickle.exists():

@@ -29,7 +29,7 @@ def run_point_job(request: dict[str, Any], timeout_s: float | None, watch_pid: i
         _end_with(watch_pid)
     job_id = _job_id()
     with tempfile.TemporaryDirectory(prefix="ckptbench-job-") as tmp:
-        # The point's processes end themselves when this job's process is gone (processes/isolate.py).
+        # The point's processes end themselves when this job's process is gone (processes/point_process.py).
         result = run_child({**request, "parent_pid": os.getpid()}, workdir=Path(tmp), timeout_s=timeout_s)
     return {**(result or {}), "job_id": job_id}
 

@@ -1,7 +1,8 @@
-"""Start one point's process(es) and collect what they wrote: the launcher behind ``--isolate``,
-sharded points and fanned-out jobs.
+"""Start one point's process(es) and collect what they wrote: the runner's place for points measured
+apart (``--isolate``, sharded points, a search's boundary, a point with its own allocator settings) and
+what a fanned-out job runs.
 
-A point runs in ``python -m ckptbench.processes.point_process REQUEST.json`` (see processes/isolate.py for
+A point runs in ``python -m ckptbench.processes.point_process REQUEST.json`` (see that module for
 what the child does). The launcher writes the request, starts the process in its own session (a
 terminal's Ctrl-C reaches the sweep only, which then ends the child), waits for it, enforces the
 start and ``--point-timeout`` deadlines, and turns a process that dies, hangs or exits without a
@@ -19,12 +20,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ckptbench
 from ckptbench.config.alloc_conf import axis_to_conf
+from ckptbench.config.grid import Point
 from ckptbench.config.parallel import parse_parallel
+from ckptbench.config.schema import SweepConfig
 from ckptbench.measure.environment import available_cpus, host_state
 from ckptbench.processes.ranks import merge_ranks
 from ckptbench.results.store import write_json_atomic
@@ -37,13 +42,35 @@ RANKS_GRACE_S = 60.0
 _POLL_S = 0.1
 
 
-def measure_in_process(
-    request: dict[str, Any], base: dict[str, Any], *, timeout_s: float | None
+@dataclass(frozen=True)
+class FreshProcesses:
+    """The runner's place for points measured apart (measure/runner.py ``Place``): each point in a fresh
+    process on this machine, one per rank of a sharded point."""
+
+    cfg: SweepConfig
+    gpu_name: str | None = None
+    timeout_s: float | None = None  # --point-timeout: from when the point's process is ready
+
+    def measure(self, point: Point, base: dict[str, Any], *, known: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """Run a point in a fresh process: the fields of its record (an error record if it failed)."""
+        request = point_request(self.cfg, point, gpu_name=self.gpu_name, known=known)
+        with tempfile.TemporaryDirectory(prefix="ckptbench-point-") as tmp:
+            child = run_child(request, workdir=Path(tmp), timeout_s=self.timeout_s)
+        return child_fields(base, child)
+
+
+def point_request(
+    cfg: SweepConfig, point: Point, *, gpu_name: str | None, known: Sequence[dict[str, Any]]
 ) -> dict[str, Any]:
-    """Run a point's request in a fresh process: the fields of its record (an error record if it failed)."""
-    with tempfile.TemporaryDirectory(prefix="ckptbench-point-") as tmp:
-        child = run_child(request, workdir=Path(tmp), timeout_s=timeout_s)
-    return child_fields(base, child)
+    """What a point's own process needs: the config, the point, and the records it learns from (loss
+    references, OOMs) of the points before it."""
+    return {
+        "config": cfg.model_dump(mode="json"),
+        "key": point.key,
+        "gpu_name": gpu_name,
+        "done": list(known),
+        "parent_pid": os.getpid(),
+    }
 
 
 # What only the sweep's process knows of a point: the predictions made before the run, whether a search

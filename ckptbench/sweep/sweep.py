@@ -1,31 +1,36 @@
-"""A whole sweep: check the machine, create (or reopen) the run directory, run the points, record each."""
+"""A whole sweep: check its options and the machine, build the runner (with the place for points run
+apart, or the fan-out that drives it), create (or reopen) the run directory, run the points, record
+each, and write how the run ended ('complete', 'failed', 'interrupted') with signals held."""
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ckptbench.config.cluster import ClusterSpec
 from ckptbench.config.grid import Point
-from ckptbench.config.schema import SweepConfig
-from ckptbench.errors import RunFailure
+from ckptbench.config.schema import SweepConfig, check_cpu_compatible
+from ckptbench.errors import ConfigError, MachineError, RunFailure
 from ckptbench.estimate.gpus import GpuModel
-from ckptbench.measure.device import current_gpu_model
+from ckptbench.measure import faults
+from ckptbench.measure.device import current_gpu_model, make_probe, resolve_device
+from ckptbench.measure.environment import collect as collect_environment
 from ckptbench.measure.environment import environment_notes
 from ckptbench.measure.progress import Progress
 from ckptbench.measure.runner import Runner, Search
-from ckptbench.processes.fanout import FanoutRunner, attach_pool
+from ckptbench.processes.fanout import Fanout, attach_pool, make_fanout
+from ckptbench.processes.launch import FreshProcesses
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import RunWriter
 from ckptbench.search.searches import make_searches
 from ckptbench.sweep.predictions import BackgroundPredictions, choose_predictions
 from ckptbench.sweep.run_dir import check_paths, start_run
-from ckptbench.sweep.setup import check_options
-from ckptbench.sweep.setup import make_runner as _make_runner  # the name tests patch
-from ckptbench.sweep.status import finish_status, mark_status, no_success, signals_deferred
 from ckptbench.sweep.timing import SweepClock, timing_recorder
 
 Timing = Callable[[list[PointRecord], str], dict[str, Any]]
@@ -125,9 +130,9 @@ def _sweep(
     signal that arrives after the final status is written changes nothing: the outcome says it came late.
     """
     fanned = cluster.executor != "none"
-    check_options(out=out, resume=resume, isolate=isolate or fanned, timeout_s=point_timeout_s)
+    _check_options(out=out, resume=resume, isolate=isolate or fanned, timeout_s=point_timeout_s)
     resume = check_paths(out=out, resume=resume, results_root=results_root)
-    runner, environment = _make_runner(cfg, isolate=isolate, timeout_s=point_timeout_s, cluster=cluster)
+    runner, fanout, environment = make_runner(cfg, isolate=isolate, timeout_s=point_timeout_s, cluster=cluster)
     points = cfg.points_list() if plan.points is None else plan.points
     options: dict[str, Any] = {"isolate": isolate or fanned, "point_timeout_s": point_timeout_s}
     if fanned:
@@ -143,13 +148,13 @@ def _sweep(
     # A fanned-out sweep's jobs choose their device (a Slurm login node has no GPU): the default card's model.
     gpu = current_gpu_model(runner.device) if predict and runner.device.type == "cuda" and not fanned else None
     try:
-        with signals_deferred():  # a signal now arrives once the writer exists, inside this try
+        with _signals_deferred():  # a signal now arrives once the writer exists, inside this try
             writer, done, notes = start_run(
                 cfg, out=out, resume=resume, results_root=results_root, environment=environment,
                 options=options, num_points=len(points), meta=plan.meta,
             )
-        if isinstance(runner, FanoutRunner):
-            attach_pool(runner, writer.run_dir)
+        if fanout is not None:
+            attach_pool(fanout, writer.run_dir)
         # A new list (the loaded run's warnings stay as they are); Slurm's jobs run on other hosts: this one's
         # load says nothing of them.
         notes = [*notes, *(environment_notes(environment) if cluster.executor != "slurm" else [])]
@@ -170,21 +175,21 @@ def _sweep(
         clock.extra["predictions_mode"] = "off" if not predict else "background" if bg else "in-process"
         clock.mark("predictions")
         timing = timing_recorder(clock, writer, bg, earlier_points=len(done))
-        _run_points(runner, points, done, writer, on_progress, searches=searches, records=records, ended=ended,
-                    clock=clock, timing=timing)
+        _run_points(runner, points, done, writer, on_progress, fanout=fanout, searches=searches, records=records,
+                    ended=ended, clock=clock, timing=timing)
     except KeyboardInterrupt:
         if writer is None:  # before the run directory existed: nothing to mark
             raise
         if not ended:
             clock.mark("points_end")
             finished = len(done) + len(records)
-            mark_status(writer, "interrupted", finished, timing(records, "interrupted") if timing else None)
+            _mark_status(writer, "interrupted", finished, timing(records, "interrupted") if timing else None)
             raise SweepInterrupted(writer.run_dir, finished=finished, total=len(points), clock=clock) from None
         # after the last point and the final status: the run is what run.json says (the outcome below)
         return _outcome(writer, records, ended, done=done, notes=notes, clock=clock, late_signal=True)
     except BaseException:
         if writer is not None and not ended:
-            mark_status(writer, "failed", len(done) + len(records), timing(records, "failed") if timing else None)
+            _mark_status(writer, "failed", len(done) + len(records), timing(records, "failed") if timing else None)
         raise
     finally:
         if writer is not None:
@@ -193,6 +198,45 @@ def _sweep(
             bg.close()
     notes += bg.notes() if bg is not None else []
     return _outcome(writer, records, ended, done=done, notes=notes, clock=clock)
+
+
+def _check_options(*, out: Path | None, resume: Path | None, isolate: bool, timeout_s: float | None) -> None:
+    """Refuse options that cannot go together, before anything is started."""
+    if resume is not None and out is not None:
+        raise ConfigError("--resume continues RUN_DIR in place; it cannot be combined with --out")
+    if timeout_s is not None and not isolate:
+        raise ConfigError("--point-timeout needs --isolate (only a point's own process can be stopped)")
+    if timeout_s is not None and not timeout_s > 0:
+        raise ConfigError(f"--point-timeout must be a positive number of seconds, got {timeout_s:g}")
+
+
+def make_runner(
+    cfg: SweepConfig, *, isolate: bool, timeout_s: float | None, cluster: ClusterSpec | None = None
+) -> tuple[Runner, Fanout | None, dict[str, Any]]:
+    """Check that this machine can run ``cfg`` and build the runner (with the place for the points it runs
+    apart), the fan-out that drives it when the sweep fans out, and the environment; nothing is written yet."""
+    if cluster is not None and cluster.executor == "slurm" and shutil.which("sbatch") is None:
+        raise MachineError(
+            "--executor slurm: no Slurm here (sbatch is not on PATH); run the sweep from a Slurm login node, "
+            "or use --executor local"
+        )
+    if cluster is not None and cluster.executor != "none":
+        fanout, environment = make_fanout(cfg, cluster, timeout_s=timeout_s)
+        return fanout.runner, fanout, environment
+    device = resolve_device(cfg)
+    if device.type == "cpu":
+        try:
+            check_cpu_compatible(cfg)
+        except ValueError as exc:
+            raise ConfigError(f"{exc} (device {cfg.device!r} runs on the CPU here)") from None
+    environment = collect_environment(device.type, cpu_threads=cfg.cpu_threads)
+    probe = make_probe(cfg, device)
+    environment["probe"] = probe.kind
+    if faults.active():  # a run measured with fault hooks says so for good
+        environment["test_hooks"] = faults.active()
+    gpu_name = environment.get("gpu_name")
+    place = FreshProcesses(cfg, gpu_name, timeout_s=timeout_s)  # a timeout comes with --isolate (_check_options)
+    return Runner(cfg, device, probe, gpu_name, place=place, isolate=isolate), None, environment
 
 
 def _outcome(
@@ -222,18 +266,19 @@ def _run_points(
     writer: RunWriter,
     on_progress: Callable[[Progress], None] | None,
     *,
+    fanout: Fanout | None,
     searches: list[Search],
     records: list[PointRecord],
     ended: list[str],
     clock: SweepClock,
     timing: Timing,
 ) -> None:
-    """Run the points ``done`` lacks, appending each record (to the file and to ``records``); then write
-    the final status and put it in ``ended``."""
+    """Run the points ``done`` lacks (through ``fanout`` when the sweep fans out), appending each record (to
+    the file and to ``records``); then write the final status and put it in ``ended``."""
 
     def record(event: Progress) -> None:
         if event.record is not None:
-            with signals_deferred():
+            with _signals_deferred():
                 try:
                     writer.append(event.record)
                 except OSError as exc:
@@ -248,13 +293,63 @@ def _run_points(
     todo = [p for p in points if p.key_id not in done]
     clock.mark("points_start")
     try:
-        outcomes = runner.run(todo, record, searches)
+        outcomes = (fanout.run if fanout is not None else runner.run)(todo, record, searches)
     except RunFailure as exc:
-        mark_status(writer, "failed", len(done) + len(records), timing(records, "failed"))
+        _mark_status(writer, "failed", len(done) + len(records), timing(records, "failed"))
         raise RunFailure(f"{exc}; finished points are in {writer.run_dir} (finish with --resume)") from None
     clock.mark("points_end")
     held = [*done.values(), *records]
-    failure = no_success(held)
+    failure = _no_success(held)
     t = timing(records, "failed" if failure else "complete")
     # sweep_wall_s: the points' wall time over every invocation (timing.points_s), kept for older readers.
-    finish_status(writer, held, ended, failure, searches=outcomes, timing=t, sweep_wall_s=t["points_s"])
+    _finish_status(writer, held, ended, failure, searches=outcomes, timing=t, sweep_wall_s=t["points_s"])
+
+
+# ---------------------------------------------------------------- how the run ended
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold Ctrl-C/SIGTERM while a record is appended, so a line is never half-written by us."""
+    mask = getattr(signal, "pthread_sigmask", None)
+    if mask is None:
+        yield
+        return
+    old = mask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        mask(signal.SIG_SETMASK, old)
+
+
+def _mark_status(writer: RunWriter, status: str, finished: int, timing: dict[str, Any] | None) -> None:
+    extra = {} if timing is None else {"timing": timing, "sweep_wall_s": timing["points_s"]}
+    with contextlib.suppress(OSError):  # best effort: the points themselves are already on disk
+        writer.set_status(status, finished_points=finished, **extra)
+
+
+def _finish_status(
+    writer: RunWriter, held: list[PointRecord], ended: list[str], failure: str | None, **extra: Any
+) -> None:
+    """Write the final status: 'failed' when the run holds no successful point, else 'complete'."""
+    status = "failed" if failure else "complete"
+    writer.meta.pop("failure", None)  # a resumed run's earlier failure no longer holds
+    if failure:
+        extra["failure"] = failure
+    with _signals_deferred():  # the status and `ended` change together: a signal finds both or neither
+        writer.set_status(status, finished_points=len(held), **extra)
+        ended.append(status)
+
+
+def _no_success(records: list[PointRecord]) -> str | None:
+    """Why a run that holds no successful point is a failure ('12 error; the first: ...'), else None."""
+    if not records or any(r.ok for r in records):
+        return None
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    first = records[0]
+    why = " ".join((first.reason or "no reason recorded").split())
+    why = why if len(why) <= 160 else why[:157] + "..."
+    tally = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    return f"no point succeeded ({tally}); the first {first.status}: {why}"
