@@ -2,7 +2,7 @@
 
     from ckptbench import compare_runs, estimate, load_config, load_run, recommend, run_sweep
 
-Each function is a thin door to the core (config/, estimate/, sweep/, results/, analysis/): it prints
+Each function is a thin door to the core (config/, estimator/, sweep/, results/, analysis/): it prints
 nothing, and raises a :class:`~ckptbench.errors.CkptbenchError` subclass with a message a user can act
 on (``ConfigError`` for bad input, ``ResultsError`` for an unreadable run, ...). The CLI calls the core
 itself; nothing inside ckptbench imports this module (an import-linter contract).
@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from ckptbench.config.cluster import ClusterSpec
     from ckptbench.config.grid import Point
     from ckptbench.config.schema import SweepConfig
-    from ckptbench.estimate.gpus import GpuModel
-    from ckptbench.estimate.record import Estimate, EstimateProgress
+    from ckptbench.estimator.gpus import GpuModel
+    from ckptbench.estimator.record import Estimate, EstimateProgress
     from ckptbench.measure.progress import Progress
     from ckptbench.results.store import Run
     from ckptbench.sweep.sweep import SweepOutcome
@@ -111,7 +111,7 @@ def estimate(
     against is ``budget_gib``; for a whole config without it, the card's memory when ``gpu`` is given,
     else the config's ``memory_cap_gib``. ``full``: trace the whole model for every point (slow).
     """
-    from ckptbench.estimate.api import estimate_config, estimate_points, resolve_target
+    from ckptbench.estimator.api import estimate_config, estimate_points, resolve_target
     from ckptbench.units import parse_size
 
     cfg = load_config(config)

@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ckptbench.estimate.recorded import load_trace, replay_recorded
+from ckptbench.estimator.recorded import load_trace, replay_recorded
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import load_run
 from ckptbench.units import fmt_bytes

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from ckptbench.config.alloc_conf import AllocatorSettings, parse_alloc_conf
-from ckptbench.estimate.allocator import AllocatorOOM, CachingAllocator, DeviceLimit, round_power2_division
+from ckptbench.estimator.allocator import AllocatorOOM, CachingAllocator, DeviceLimit, round_power2_division
 
 KIB, MIB, GIB = 2**10, 2**20, 2**30
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from ckptbench.config.alloc_conf import parse_alloc_conf
-from ckptbench.estimate.allocator import Block, CachingAllocator, DeviceLimit
-from ckptbench.estimate.recorded import load_trace, replay_recorded
+from ckptbench.estimator.allocator import Block, CachingAllocator, DeviceLimit
+from ckptbench.estimator.recorded import load_trace, replay_recorded
 from ckptbench.processes.alloc_trace import convert_snapshot, trace_file_name
 
 MIB, GIB = 2**20, 2**30

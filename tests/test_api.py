@@ -108,3 +108,17 @@ def test_estimate_of_chosen_points_and_sweep_options(tmp_path: Path) -> None:
     assert SweepOptions().results_root == Path("results") and SweepOptions().out is None
     with pytest.raises(ConfigError, match="no such config file"):
         run_sweep(tmp_path / "missing.yaml", SweepOptions(out=tmp_path / "run"))
+
+
+def test_no_api_name_is_also_a_module_of_the_package() -> None:
+    """Importing a submodule sets the package's attribute of that name: a room named like an API function would
+    replace the function (``ckptbench.estimate`` was a room before it was the function)."""
+    import importlib.util
+
+    import ckptbench
+
+    clashes = [name for name in ckptbench.__all__ if importlib.util.find_spec(f"ckptbench.{name}") is not None]
+    assert clashes == []
+    importlib.import_module("ckptbench.estimator.api")
+    importlib.import_module("ckptbench.sweep.sweep")
+    assert all(callable(getattr(ckptbench, name)) for name in ckptbench.__all__ if name != "__version__")

@@ -18,10 +18,10 @@ from ckptbench.cli.main import app
 from ckptbench.config.grid import Point, key_id
 from ckptbench.config.load import load_config, parse_config
 from ckptbench.config.schema import SweepConfig
-from ckptbench.estimate.api import Estimate, Estimator, estimate_config, estimate_points
-from ckptbench.estimate.device_model import CudaKernels
-from ckptbench.estimate.predict import iter_predictions
-from ckptbench.estimate.record import CATEGORIES
+from ckptbench.estimator.api import Estimate, Estimator, estimate_config, estimate_points
+from ckptbench.estimator.device_model import CudaKernels
+from ckptbench.estimator.predict import iter_predictions
+from ckptbench.estimator.record import CATEGORIES
 from ckptbench.measure.device import make_probe, resolve_device
 from ckptbench.measure.progress import Progress
 from ckptbench.measure.runner import Runner
@@ -303,8 +303,8 @@ def test_every_committed_h200_point_is_pinned_or_skipped_for_a_reason() -> None:
 def test_forgotten_host_copies_stay_uncounted_through_in_place_ops() -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ckptbench.estimate.device_model import CpuKernels
-    from ckptbench.estimate.tracker import StepTracker
+    from ckptbench.estimator.device_model import CpuKernels
+    from ckptbench.estimator.tracker import StepTracker
 
     tracker = StepTracker(CpuKernels())
     with FakeTensorMode(), tracker:

@@ -16,8 +16,8 @@ from ckptbench.analysis.recommend import candidates, recommend
 from ckptbench.analysis.tune import Margin, TuneCandidate, TunePlanner, predicted_fit
 from ckptbench.answers.evidence import Cite
 from ckptbench.config.grid import Point
-from ckptbench.estimate.gpus import gpu_for_name
-from ckptbench.estimate.record import Estimate, Reserved
+from ckptbench.estimator.gpus import gpu_for_name
+from ckptbench.estimator.record import Estimate, Reserved
 from ckptbench.render.recommend import pareto_rows
 from ckptbench.render.tradeoff_plot import tradeoff_figure
 from ckptbench.results.fit import measured_fits, measured_needed_bytes

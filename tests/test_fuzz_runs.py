@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from ckptbench.cli.main import app
 from ckptbench.errors import ResultsError
-from ckptbench.estimate import api as estimate_api
+from ckptbench.estimator import api as estimate_api
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import POINTS_FILE, RUN_FILE, load_run
 from tests.conftest import copy_run

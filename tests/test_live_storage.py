@@ -7,8 +7,8 @@ import gc
 import pytest
 import torch
 
-from ckptbench.estimate.device_model import CudaKernels
-from ckptbench.estimate.live_storage import LiveStorageCounter
+from ckptbench.estimator.device_model import CudaKernels
+from ckptbench.estimator.live_storage import LiveStorageCounter
 from ckptbench.measure.probes import LiveTensorTracker
 
 

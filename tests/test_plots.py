@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from ckptbench.analysis.recommend import recommend
 from ckptbench.cli.main import app
 from ckptbench.config.grid import Point
-from ckptbench.estimate.record import CATEGORIES, Estimate
+from ckptbench.estimator.record import CATEGORIES, Estimate
 from ckptbench.render import breakdown_plot, plots
 from ckptbench.render.plot_style import PlotData, describe_run
 from ckptbench.render.tradeoff_plot import tradeoff_figure

@@ -260,7 +260,7 @@ def test_a_point_fits_a_card_only_with_the_cuda_context_counted() -> None:
     """`none` b=2 on the H200 reserved 63.22 GiB; with the card's measured context (0.74 GiB) it needs 63.96
     GiB, so it does not fit 63.5 GiB: the recommendation moves to the next fastest point."""
     from ckptbench.analysis.recommend import recommend
-    from ckptbench.estimate.gpus import gpu_model
+    from ckptbench.estimator.gpus import gpu_model
     from ckptbench.results.store import load_run
 
     run_dir = Path(__file__).parents[1] / "results" / "h200-gpu-check-2" / "check"

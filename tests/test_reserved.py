@@ -16,12 +16,12 @@ from ckptbench.config.layouts import parse_layout
 from ckptbench.config.load import parse_config
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
-from ckptbench.estimate.assembly import layer_classes, plans_for, short_model_classes
-from ckptbench.estimate.event_assembly import assemble_step
-from ckptbench.estimate.events import ALLOC
-from ckptbench.estimate.gpus import DEFAULT_CUBLAS_WORKSPACE, GPUS, HOPPER_CUBLAS_WORKSPACE, gpu_model
-from ckptbench.estimate.step_events import StepEvents, segment_events, traced_step
-from ckptbench.estimate.trace import trace_step
+from ckptbench.estimator.assembly import layer_classes, plans_for, short_model_classes
+from ckptbench.estimator.event_assembly import assemble_step
+from ckptbench.estimator.events import ALLOC
+from ckptbench.estimator.gpus import DEFAULT_CUBLAS_WORKSPACE, GPUS, HOPPER_CUBLAS_WORKSPACE, gpu_model
+from ckptbench.estimator.step_events import StepEvents, segment_events, traced_step
+from ckptbench.estimator.trace import trace_step
 from tests.conftest import tiny_config
 
 GIB, MIB = 2**30, 2**20
@@ -195,7 +195,7 @@ def test_the_allocator_axis_changes_the_replay_not_the_trace() -> None:
     predicted to take most of the fragmentation away (an estimate until scripts/gpu_stages/10-allocator.sh
     measures it)."""
     from ckptbench.config.load import load_config
-    from ckptbench.estimate.api import estimate_points
+    from ckptbench.estimator.api import estimate_points
 
     cfg = load_config(Path(__file__).parents[1] / "configs" / "allocator-axis.yaml")
     est = {e.point.allocator: e for e in estimate_points(cfg, cfg.points_list())}
@@ -235,7 +235,7 @@ def test_a_child_record_keeps_the_parents_predictions_and_is_marked_fresh() -> N
 
 def test_background_predictions_carry_the_reserved_prediction_for_the_sweeps_card() -> None:
     """On CUDA a sweep's predictions come from a process that sees no GPU: the card travels with the request."""
-    from ckptbench.estimate.predict import predict_records
+    from ckptbench.estimator.predict import predict_records
     from ckptbench.sweep.predictions import BackgroundPredictions
 
     cfg = tiny_config(device="cuda", sweep={"layout": ["none", "all"], "batch_size": [2], "seq_len": [64]})

@@ -12,7 +12,7 @@ import pytest
 from ckptbench.config.grid import Point
 from ckptbench.config.load import load_config
 from ckptbench.errors import ConfigError
-from ckptbench.estimate.api import Estimator, estimate_points
+from ckptbench.estimator.api import Estimator, estimate_points
 from ckptbench.measure.loss_check import loss_rtol
 from ckptbench.processes.ranks import merge_ranks
 from ckptbench.results.record import PointRecord

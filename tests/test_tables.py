@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from ckptbench.cli import common
 from ckptbench.cli.main import app
 from ckptbench.config.grid import Point
-from ckptbench.estimate.record import Estimate
+from ckptbench.estimator.record import Estimate
 from ckptbench.render.estimate import estimate_table
 from ckptbench.render.summary import summary_rows, summary_table
 from ckptbench.render.tables import Column, FitTable, fit_columns, wrap_text

@@ -18,7 +18,7 @@ from ckptbench.cli.main import app
 from ckptbench.config.grid import Point
 from ckptbench.config.load import load_config
 from ckptbench.errors import ConfigError
-from ckptbench.estimate.record import Estimate, Reserved
+from ckptbench.estimator.record import Estimate, Reserved
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import load_run
 from ckptbench.search.tune import estimate_candidates

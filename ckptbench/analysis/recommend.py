@@ -6,7 +6,7 @@ must fit on the card next to other processes; allocated underestimates it by the
 Records without a reserved figure fall back to peak allocated (on CPU the two are equal). To that the
 memory the process holds outside the allocator is added (the CUDA context): measured with the point
 (``context_bytes``) or, for runs that did not record it, the device model's figure for the run's GPU
-(estimate/gpus.py): a point fits a card when both fit.
+(estimator/gpus.py): a point fits a card when both fit.
 
 Whether a point fits is results/fit.py's ``measured_fits``, as for every command. A run's ok points become
 ``RecommendCandidate``s (``candidates``); ``pareto_front`` is the memory/throughput front among them.
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptbench.errors import ConfigError
-from ckptbench.estimate.gpus import gpu_for_name
+from ckptbench.estimator.gpus import gpu_for_name
 from ckptbench.results.fit import measured_fits, measured_needed_bytes
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run

@@ -27,7 +27,7 @@ from typing import Any
 
 from ckptbench.analysis.tune_space import layout_family, savers, semantic_changes, speed_class
 from ckptbench.config.grid import Point, setup_label
-from ckptbench.estimate.record import Estimate
+from ckptbench.estimator.record import Estimate
 from ckptbench.results.fit import (
     measured_fits,
     measured_needed_bytes,

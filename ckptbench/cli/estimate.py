@@ -52,8 +52,8 @@ def estimate(
     Given a run directory, estimate its points and show what the run measured next to them.
     """
     from ckptbench.config.load import with_parallel
-    from ckptbench.estimate.api import estimate_config
-    from ckptbench.estimate.gpus import gpu_for_name, gpu_model
+    from ckptbench.estimator.api import estimate_config
+    from ckptbench.estimator.gpus import gpu_for_name, gpu_model
     from ckptbench.render.estimate import RENDERERS, estimate_table
     from ckptbench.results.inputs import load_input, measured_gpu, measured_reserved
     from ckptbench.units import parse_size

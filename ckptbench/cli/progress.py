@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ckptbench.cli.common import err
 from ckptbench.config.grid import setup_label
-from ckptbench.estimate.record import EstimateProgress
+from ckptbench.estimator.record import EstimateProgress
 from ckptbench.units import fmt_bytes
 
 if TYPE_CHECKING:  # the runner imports torch; the CLI stays fast to start

@@ -13,7 +13,7 @@ from ckptbench.errors import CkptbenchError, ConfigError, ResultsError
 
 if TYPE_CHECKING:  # the estimator imports torch; the CLI stays fast to start
     from ckptbench.analysis.recommend import Recommendation
-    from ckptbench.estimate.record import Estimate
+    from ckptbench.estimator.record import Estimate
     from ckptbench.results.store import Run
 
 ReportOutOpt = Annotated[
@@ -113,7 +113,7 @@ def _breakdown_estimates(run: Run) -> list[Estimate]:
     from ckptbench.cli.progress import EstimateProgressBar
     from ckptbench.config.grid import point_of
     from ckptbench.config.load import parse_config
-    from ckptbench.estimate.api import estimate_points, resolve_target
+    from ckptbench.estimator.api import estimate_points, resolve_target
     from ckptbench.render.breakdown_plot import breakdown_points
     from ckptbench.results.store import RUN_FILE
 

@@ -6,7 +6,7 @@ import torch
 
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import MachineError
-from ckptbench.estimate.gpus import GpuModel, gpu_for_name
+from ckptbench.estimator.gpus import GpuModel, gpu_for_name
 from ckptbench.measure.probes import CudaProbe, Probe, TrackerProbe
 
 # Errors after which the CUDA context is unusable (every later CUDA call fails): stop the sweep.

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils._pytree import tree_leaves
 
-from ckptbench.estimate.live_storage import (
+from ckptbench.estimator.live_storage import (
     CountingMode,
     LiveStorageCounter,
     creates_storage,

@@ -13,7 +13,7 @@ import torch
 from ckptbench.config.grid import Point
 from ckptbench.config.layouts import LayoutPlan
 from ckptbench.config.schema import SweepConfig
-from ckptbench.estimate.live_storage import storage_tensors
+from ckptbench.estimator.live_storage import storage_tensors
 from ckptbench.measure.loss_check import LossReferences, RecomputedLoss, loss_rtol
 from ckptbench.measure.probes import Probe, TrackerProbe, tensor_bytes
 from ckptbench.train.checkpointing import applied

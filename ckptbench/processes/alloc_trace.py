@@ -3,7 +3,7 @@
 ``start_recording`` must run before the process allocates anything on the GPU, so that the trace holds
 every request from an empty allocator (a point's own process: processes/point_process.py ``child_main``);
 ``write_trace`` takes ``torch.cuda.memory._snapshot()`` and keeps, per action, only what a replay needs
-(estimate/recorded.py describes the format and replays it).
+(estimator/recorded.py describes the format and replays it).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ckptbench.estimate.recorded import FORMAT, VERSION
+from ckptbench.estimator.recorded import FORMAT, VERSION
 
 if TYPE_CHECKING:
     from ckptbench.config.schema import SweepConfig

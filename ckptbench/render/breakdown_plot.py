@@ -17,7 +17,7 @@ from typing import Any
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from ckptbench.estimate.record import CATEGORIES, PART_NAMES, Estimate
+from ckptbench.estimator.record import CATEGORIES, PART_NAMES, Estimate
 from ckptbench.render.plot_style import PlotData, empty_note, save, short_axis, suptitle
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run

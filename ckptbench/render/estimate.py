@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ckptbench.config.grid import AXIS_DEFAULTS, setup_label
-from ckptbench.estimate.record import PART_NAMES, Estimate
+from ckptbench.estimator.record import PART_NAMES, Estimate
 from ckptbench.render.tables import Column, FitTable, csv_text, markdown_of
 from ckptbench.results.inputs import Measured
 from ckptbench.units import SizeUnit, fmt_percent

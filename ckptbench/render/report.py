@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ckptbench.analysis.recommend import Recommendation, candidates, pareto_front
 from ckptbench.errors import ResultsError
-from ckptbench.estimate.record import Estimate
+from ckptbench.estimator.record import Estimate
 from ckptbench.render.breakdown_plot import plot_breakdown
 from ckptbench.render.layer_report import layer_section
 from ckptbench.render.plots import plot_peak_memory, plot_speed

@@ -120,7 +120,7 @@ class PointRecord(_Record):
     peak_allocated_bytes: Bytes | None = None
     peak_reserved_bytes: Bytes | None = None
     predicted_peak_allocated_bytes: Bytes | None = None  # an estimate made before the run
-    # Estimates made before the run: the caching allocator's replay (estimate/replay.py) on this GPU;
+    # Estimates made before the run: the caching allocator's replay (estimator/replay.py) on this GPU;
     # the predicted out-of-memory error (phase, segment, request_bytes) instead when it runs out.
     predicted_peak_reserved_bytes: Bytes | None = None
     predicted_oom: dict[str, Any] | None = None

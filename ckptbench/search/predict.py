@@ -15,10 +15,10 @@ from typing import Any
 
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig
-from ckptbench.estimate.api import Estimator
-from ckptbench.estimate.gpus import GpuModel
-from ckptbench.estimate.predict import predicted_fields
-from ckptbench.estimate.record import Estimate
+from ckptbench.estimator.api import Estimator
+from ckptbench.estimator.gpus import GpuModel
+from ckptbench.estimator.predict import predicted_fields
+from ckptbench.estimator.record import Estimate
 from ckptbench.units import GIB
 
 

@@ -19,9 +19,9 @@ from ckptbench.analysis.tune_space import TuneSpace
 from ckptbench.config.grid import Point
 from ckptbench.config.layouts import parse_layout
 from ckptbench.config.schema import SweepConfig
-from ckptbench.estimate.api import Estimator, card
-from ckptbench.estimate.gpus import GpuModel
-from ckptbench.estimate.record import Estimate, EstimateProgress
+from ckptbench.estimator.api import Estimator, card
+from ckptbench.estimator.gpus import GpuModel
+from ckptbench.estimator.record import Estimate, EstimateProgress
 from ckptbench.results.record import PointRecord
 from ckptbench.train.flops import ModelShape, step_flops
 from ckptbench.train.model import llama_config, model_shape

@@ -2,7 +2,7 @@
 
 Reads one JSON request line on stdin ({config, keys, target}) and writes one JSON line per point to
 stdout ({key_id, fields}: the predicted record fields) as soon as its traces have run, then
-{done, elapsed_s}; or {error}. The request's optional ``gpu`` is the sweep's card (estimate/gpus.py
+{done, elapsed_s}; or {error}. The request's optional ``gpu`` is the sweep's card (estimator/gpus.py
 GpuModel's fields): this process sees no GPU.
 The estimator is imported before the request is read, so the import overlaps the sweep's own start-up.
 stdin's end (the sweep closed it, or died) ends this process.
@@ -40,8 +40,8 @@ def main() -> int:
         os.nice(10)  # lower priority: the sweep's own process keeps the CPU it needs to drive the GPU
     from ckptbench.config.grid import Point
     from ckptbench.config.load import parse_config
-    from ckptbench.estimate.gpus import GpuModel
-    from ckptbench.estimate.predict import iter_predictions
+    from ckptbench.estimator.gpus import GpuModel
+    from ckptbench.estimator.predict import iter_predictions
 
     line = sys.stdin.readline()
     if not line:

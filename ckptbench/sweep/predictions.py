@@ -33,7 +33,7 @@ from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig
 
 if TYPE_CHECKING:
-    from ckptbench.estimate.gpus import GpuModel
+    from ckptbench.estimator.gpus import GpuModel
     from ckptbench.measure.runner import Predictions
 
 # The longest a sweep waits for predictions, all points together; the estimator is an aid, never a
@@ -46,7 +46,7 @@ def predict_in_process(
 ) -> tuple[dict[str, dict[str, Any]], str | None]:
     """Predictions of ``points`` made here and now, and why there are none (None when they were made)."""
     try:
-        from ckptbench.estimate.predict import predict_records
+        from ckptbench.estimator.predict import predict_records
 
         return predict_records(cfg, points, target="cuda" if target == "cuda" else "cpu", gpu=gpu), None
     except Exception as exc:  # the estimator is an aid; a failure in it must not cost a measured run

@@ -17,7 +17,7 @@ from ckptbench.config.cluster import ClusterSpec
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig, check_cpu_compatible
 from ckptbench.errors import ConfigError, MachineError, RunFailure
-from ckptbench.estimate.gpus import GpuModel
+from ckptbench.estimator.gpus import GpuModel
 from ckptbench.measure import faults
 from ckptbench.measure.device import current_gpu_model, make_probe, resolve_device
 from ckptbench.measure.environment import collect as collect_environment

@@ -10,8 +10,8 @@ from typing import Any
 from ckptbench.analysis.tune import TunePlanner
 from ckptbench.analysis.tune_space import TuneSpace, tune_space
 from ckptbench.config.schema import SweepConfig
-from ckptbench.estimate.predict import predicted_fields
-from ckptbench.estimate.record import EstimateProgress
+from ckptbench.estimator.predict import predicted_fields
+from ckptbench.estimator.record import EstimateProgress
 from ckptbench.measure.device import current_gpu_model, resolve_device
 from ckptbench.measure.progress import Progress
 from ckptbench.search.tune import TuneOptions, TuneSearch, estimate_candidates

@@ -1,11 +1,11 @@
 """The ordered allocations and frees of a traced step: what the caching allocator would be asked, and when.
 
-The byte model (estimate/tracker.py) keeps running totals; the allocator replay
-(estimate/allocator.py) needs the requests themselves, in execution order. ``EventLog`` records
+The byte model (estimator/tracker.py) keeps running totals; the allocator replay
+(estimator/allocator.py) needs the requests themselves, in execution order. ``EventLog`` records
 each one as ``(op, id, nbytes, segment)``: ``op`` is ALLOC or FREE, ``id`` names the allocation
 (a tensor storage, or a kernel's scratch buffer), ``nbytes`` is the size requested (the storage's
 bytes, before the allocator rounds it; 0 for a free), ``segment`` the number of the step segment it
-happened in (estimate/trace.py; -1 before the first). Zero-byte storages never reach the allocator
+happened in (estimator/trace.py; -1 before the first). Zero-byte storages never reach the allocator
 (``CUDACachingAllocator::allocate`` returns a null pointer for them) and are not recorded.
 """
 

@@ -1,20 +1,20 @@
 """Predict the memory of every point of a sweep without running it (pure: no printing).
 
-Each point's ``Estimate`` (estimate/record.py) holds the peak allocated bytes and their breakdown by
+Each point's ``Estimate`` (estimator/record.py) holds the peak allocated bytes and their breakdown by
 category (parameters, gradients, optimizer state, activations, ...), the static part, where in the
 step the peak falls and, on a CUDA target, the peak reserved memory or the out-of-memory error that
 the replayed caching allocator predicts on a card (``Reserved``), judged against a budget.
 
 The peak allocated memory is the live-bytes trace of ckptbench's own training step (same model
 builder, checkpoint wrapping, precision handling and optimizer) run on fake tensors
-(estimate/trace.py), seen through a kernel model of the target device: ``cuda`` models the
+(estimator/trace.py), seen through a kernel model of the target device: ``cuda`` models the
 CUDA kernels and caching allocator (what ``torch.cuda.max_memory_allocated`` reports), ``cpu``
-what ckptbench's live-tensor tracker measures on CPU (estimate/device_model.py says what differs).
+what ckptbench's live-tensor tracker measures on CPU (estimator/device_model.py says what differs).
 The peak reserved memory replays the step's ordered allocations and frees through the caching
-allocator of the card (estimate/gpus.py), as a fresh process runs the point (estimate/reserved.py).
+allocator of the card (estimator/gpus.py), as a fresh process runs the point (estimator/reserved.py).
 
 ``method="fast"`` (default) traces one short model per (precision, seq_len, batch_size) and
-re-assembles every layout from per-layer costs (estimate/assembly.py, estimate/event_assembly.py);
+re-assembles every layout from per-layer costs (estimator/assembly.py, estimator/event_assembly.py);
 ``method="full"`` traces the whole model for every point. The peak is that of a sweep's measured
 window: the steady-state step (optimizer state present, gradients freed by the previous step), plus
 what each measured step keeps alive for the next (the detached loss the runner records).
@@ -31,7 +31,7 @@ from ckptbench.config.grid import Point
 from ckptbench.config.layouts import parse_layout
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
-from ckptbench.estimate.assembly import (
+from ckptbench.estimator.assembly import (
     Peak,
     StepCosts,
     assemble,
@@ -40,12 +40,12 @@ from ckptbench.estimate.assembly import (
     plans_for,
     short_model_classes,
 )
-from ckptbench.estimate.gpus import DEFAULT_GPU, GpuModel, gpu_model
-from ckptbench.estimate.record import CATEGORIES, Estimate, EstimateProgress, Reserved
-from ckptbench.estimate.reserved import fast_steps, full_steps, predict_reserved
-from ckptbench.estimate.step_events import AssemblyError
-from ckptbench.estimate.step_vectors import GRADS, OPTIMIZER_STATE, PARAMS
-from ckptbench.estimate.trace import StepTrace, trace_optimizer, trace_step
+from ckptbench.estimator.gpus import DEFAULT_GPU, GpuModel, gpu_model
+from ckptbench.estimator.record import CATEGORIES, Estimate, EstimateProgress, Reserved
+from ckptbench.estimator.reserved import fast_steps, full_steps, predict_reserved
+from ckptbench.estimator.step_events import AssemblyError
+from ckptbench.estimator.step_vectors import GRADS, OPTIMIZER_STATE, PARAMS
+from ckptbench.estimator.trace import StepTrace, trace_optimizer, trace_step
 from ckptbench.train.unavailable import TechniqueUnavailable
 from ckptbench.units import GIB
 
@@ -169,7 +169,7 @@ class Estimator:
         )
 
     def _reserved(self, point: Point, trace_key: Any, notes: list[str]) -> Reserved | None:
-        """The allocator replay of the point on ``self.gpu`` (estimate/reserved.py), when there is one."""
+        """The allocator replay of the point on ``self.gpu`` (estimator/reserved.py), when there is one."""
         if self.gpu is None or self.target != "cuda":
             return None
         optim = self._optim[_optim_key(point)]

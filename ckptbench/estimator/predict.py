@@ -11,9 +11,9 @@ from typing import Any
 
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig
-from ckptbench.estimate.api import Estimator, Target, card
-from ckptbench.estimate.gpus import GpuModel
-from ckptbench.estimate.record import Estimate
+from ckptbench.estimator.api import Estimator, Target, card
+from ckptbench.estimator.gpus import GpuModel
+from ckptbench.estimator.record import Estimate
 
 
 def predict_records(

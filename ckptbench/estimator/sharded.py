@@ -5,7 +5,7 @@ of a world of any size. The fake group's collectives move no data and complete a
 FSDP2 and DDP allocate their buffers as on the real group: all-gather outputs and unsharded
 parameters, reduce-scatter inputs and outputs, DDP's gradient buckets. They are counted like any
 other storage (the trace runs ckptbench's own ``train.parallel.shard``), including FSDP2's frees
-and refills by storage resizing (estimate/live_storage.py).
+and refills by storage resizing (estimator/live_storage.py).
 """
 
 from __future__ import annotations

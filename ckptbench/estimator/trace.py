@@ -38,12 +38,12 @@ from ckptbench.config.grid import Point
 from ckptbench.config.layouts import LayoutPlan, parse_layout
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
-from ckptbench.estimate.device_model import kernel_model
-from ckptbench.estimate.events import Event
-from ckptbench.estimate.fake_patches import EmulatedHostOffload, eager_transformers, swappable_fake_parameters
-from ckptbench.estimate.segments import SegmentMarks
-from ckptbench.estimate.sharded import complete_fake_buckets, fake_process_group
-from ckptbench.estimate.step_vectors import (
+from ckptbench.estimator.device_model import kernel_model
+from ckptbench.estimator.events import Event
+from ckptbench.estimator.fake_patches import EmulatedHostOffload, eager_transformers, swappable_fake_parameters
+from ckptbench.estimator.segments import SegmentMarks
+from ckptbench.estimator.sharded import complete_fake_buckets, fake_process_group
+from ckptbench.estimator.step_vectors import (
     GRADS,
     LOGITS_LOSS,
     OPTIMIZER_STATE,
@@ -53,7 +53,7 @@ from ckptbench.estimate.step_vectors import (
     StepSegment,
     Vector,
 )
-from ckptbench.estimate.tracker import StepTracker
+from ckptbench.estimator.tracker import StepTracker
 from ckptbench.train.checkpointing import applied
 from ckptbench.train.losses import loss_head
 from ckptbench.train.model import apply_lora, attention, build_model, decoder_layers
@@ -74,7 +74,7 @@ class StepTrace:
     releases: tuple[tuple[str, Vector, str], ...] = ()  # deferred frees (StepTracker.share)
     crossings: tuple[tuple[tuple[str, str], Vector], ...] = ()  # StepTracker.crossings
     input_frees: tuple[tuple[int, tuple[str, Vector]], ...] = ()  # StepTracker.input_frees
-    events: tuple[Event, ...] = ()  # every allocation and free, in order (estimate/events.py)
+    events: tuple[Event, ...] = ()  # every allocation and free, in order (estimator/events.py)
     labels: tuple[str, ...] = ()  # segment labels, indexed by an event's segment number
     workspaces: frozenset[int] = frozenset()  # event ids of kernel scratch buffers
     release_events: tuple[tuple[str, str, int], ...] = ()  # StepTracker.release_events

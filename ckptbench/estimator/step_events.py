@@ -1,7 +1,7 @@
 """One training step's ordered requests (``StepEvents``), its segment labels, and a step copied from a full trace.
 
-estimate/event_assembly.py builds a full model's step from a short trace into a ``StepEvents``;
-``traced_step`` takes one straight from a trace of the whole model; estimate/replay.py replays either.
+estimator/event_assembly.py builds a full model's step from a short trace into a ``StepEvents``;
+``traced_step`` takes one straight from a trace of the whole model; estimator/replay.py replays either.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ckptbench.estimate.events import ALLOC
-from ckptbench.estimate.trace import StepTrace
+from ckptbench.estimator.events import ALLOC
+from ckptbench.estimator.trace import StepTrace
 
 FullEvent = tuple[int, int, int]  # (op, key, nbytes)
 

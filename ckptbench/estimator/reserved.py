@@ -1,9 +1,9 @@
 """Predicted peak reserved memory of a point: its traced requests replayed through the caching allocator.
 
-Glue between the traces the estimator already runs (estimate/api.py) and the replay
-(estimate/replay.py): the full model's step from the short trace (estimate/event_assembly.py) or
+Glue between the traces the estimator already runs (estimator/api.py) and the replay
+(estimator/replay.py): the full model's step from the short trace (estimator/event_assembly.py) or
 from a full trace, the optimizer's first step (which creates the state) and later ones from the
-whole-model optimizer trace, the process around them from the device model (estimate/gpus.py).
+whole-model optimizer trace, the process around them from the device model (estimator/gpus.py).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from ckptbench.config.alloc_conf import AllocatorSettings, axis_to_conf, parse_alloc_conf
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig
-from ckptbench.estimate.allocator import DeviceLimit
-from ckptbench.estimate.event_assembly import assemble_step
-from ckptbench.estimate.gpus import CUBLASLT_WORKSPACE, GpuModel
-from ckptbench.estimate.replay import ProcessModel, ReplayResult, replay_point
-from ckptbench.estimate.step_events import StepEvents, segment_events, traced_step
-from ckptbench.estimate.trace import StepTrace
+from ckptbench.estimator.allocator import DeviceLimit
+from ckptbench.estimator.event_assembly import assemble_step
+from ckptbench.estimator.gpus import CUBLASLT_WORKSPACE, GpuModel
+from ckptbench.estimator.replay import ProcessModel, ReplayResult, replay_point
+from ckptbench.estimator.step_events import StepEvents, segment_events, traced_step
+from ckptbench.estimator.trace import StepTrace
 
 TOKEN_BYTES = 8  # the batch: int64 token ids (train.step.make_batch)
 

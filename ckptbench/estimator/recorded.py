@@ -13,7 +13,7 @@ expandable segments; 'oom' the rounded request, its ``addr`` the free device mem
 
 An ``empty_cache`` action marks a ``torch.cuda.empty_cache()`` call (the allocator logs the segments it
 frees, not the call: processes/alloc_trace.py places the marker from the call's time).
-``replay_recorded`` feeds the recorded requests (alloc, free_completed) to estimate/allocator.py with
+``replay_recorded`` feeds the recorded requests (alloc, free_completed) to estimator/allocator.py with
 the recorded segment addresses (so that ties between equal cached blocks break the same way) and
 returns what it did next to what the GPU did: every segment allocation and free, the peak reserved
 memory, and each allocation's address.
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench.config.alloc_conf import parse_alloc_conf
-from ckptbench.estimate.allocator import Block, CachingAllocator, DeviceLimit
+from ckptbench.estimator.allocator import Block, CachingAllocator, DeviceLimit
 
 FORMAT = "ckptbench-allocator-trace"
 VERSION = 1

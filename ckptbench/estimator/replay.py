@@ -13,7 +13,7 @@ The process a sweep runs a point in (measure/runner.py, measure/window.py), fres
 
 The allocator state carries over from step to step, as on the GPU. The first request the
 allocator cannot serve is the predicted out-of-memory error: which step, which segment of the
-step (estimate/trace.py labels), how large a segment it tried to reserve.
+step (estimator/trace.py labels), how large a segment it tried to reserve.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ckptbench.config.alloc_conf import AllocatorSettings
-from ckptbench.estimate.allocator import AllocatorOOM, Block, CachingAllocator, DeviceLimit
-from ckptbench.estimate.events import ALLOC
-from ckptbench.estimate.step_events import StepEvents
+from ckptbench.estimator.allocator import AllocatorOOM, Block, CachingAllocator, DeviceLimit
+from ckptbench.estimator.events import ALLOC
+from ckptbench.estimator.step_events import StepEvents
 
 
 @dataclass(frozen=True)

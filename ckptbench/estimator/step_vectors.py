@@ -1,6 +1,6 @@
 """Per-category byte vectors of a traced step and the ``StepSegment`` (start, peak, end vectors) they describe.
 
-No torch: estimate/tracker.py fills them while a step runs; estimate/assembly.py adds them up for a
+No torch: estimator/tracker.py fills them while a step runs; estimator/assembly.py adds them up for a
 model with more layers.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ckptbench.estimate.record import CATEGORIES
+from ckptbench.estimator.record import CATEGORIES
 
 PARAMS, GRADS, OPTIMIZER_STATE, ACTIVATIONS, LOGITS_LOSS, TRANSIENT, OTHER = range(len(CATEGORIES))
 

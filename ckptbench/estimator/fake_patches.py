@@ -14,7 +14,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from transformers import masking_utils
 
-from ckptbench.estimate.tracker import StepTracker
+from ckptbench.estimator.tracker import StepTracker
 from ckptbench.train.offload import HostOffload
 
 

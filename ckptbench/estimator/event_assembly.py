@@ -1,6 +1,6 @@
 """A full model's ordered allocations and frees, rebuilt from a short model's trace (the replay's fast path).
 
-The byte model (estimate/assembly.py) re-assembles per-layer byte vectors; the allocator replay
+The byte model (estimator/assembly.py) re-assembles per-layer byte vectors; the allocator replay
 needs every request in execution order. Decoder layers of one checkpoint class issue the same
 requests, so each full-model segment copies the events of a *template*: the short model's segment of
 the same kind (global segments) or of a layer of the same class (layer 0 and the last layer take the
@@ -11,28 +11,28 @@ layer of their class). Each free is then pointed at the full model's allocation 
 - a *role*: the output of the layer below (a layer's input), or the gradient coming from above (the
   final norm's backward for the top layer): the output of the full model's neighbour;
 - a tensor every layer receives (rotary tables, position ids) or layer 0's input, whose free depends
-  on which layers hold it: placed as estimate/assembly.py places it (``_placement``), at the end of
+  on which layers hold it: placed as estimator/assembly.py places it (``_placement``), at the end of
   the segment where it is freed (the trace defers these frees to a segment's end for that reason);
 - a layer's allocation freed in a global segment (weight gradients at zero_grad, autocast's cast
   weights when the forward's autocast exits): one free per full layer of that template, in layer order.
 
 Micro-batches after the first copy the short model's second micro-batch. The optimizer step comes
-from a trace of the whole model's optimizer (estimate/trace.py, ``trace_optimizer``). The step's
-container (``StepEvents``), its labels and a fully traced step are estimate/step_events.py's.
+from a trace of the whole model's optimizer (estimator/trace.py, ``trace_optimizer``). The step's
+container (``StepEvents``), its labels and a fully traced step are estimator/step_events.py's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ckptbench.estimate.events import ALLOC
-from ckptbench.estimate.step_events import (
+from ckptbench.estimator.events import ALLOC
+from ckptbench.estimator.step_events import (
     AssemblyError,
     StepEvents,
     make_label,
     parse_label,
 )
-from ckptbench.estimate.trace import StepTrace
+from ckptbench.estimator.trace import StepTrace
 
 GLOBAL_ORDER = ("pre", "fwd", "head", "logits", "exit", "back", "bwd", "tail")
 
@@ -219,7 +219,7 @@ class EventAssembler:
         return [key for _, key in sorted(keys, reverse=True)]
 
     def _placement(self, where: str, what: str, kk: int) -> str:
-        """estimate/assembly.py's ``_placement`` and ``_releases_after``, for one free, in the full model."""
+        """estimator/assembly.py's ``_placement`` and ``_releases_after``, for one free, in the full model."""
         kind, layer, _ = parse_label(where)
         if what == "input0":
             if self.tmpl.holds_input(self.full[0]):

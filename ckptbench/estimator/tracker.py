@@ -2,7 +2,7 @@
 
 ``StepTracker`` is a ``TorchDispatchMode`` stacked on top of ``FakeTensorMode``. It counts
 every storage once when an op creates it and uncounts it when the storage dies, through the
-same ``LiveStorageCounter`` (estimate/live_storage.py) as the CPU ``LiveTensorTracker``
+same ``LiveStorageCounter`` (estimator/live_storage.py) as the CPU ``LiveTensorTracker``
 (measure/probes.py), so the running total is the memory a caching-free allocator would hold and
 a CPU-target estimate counts as the CPU tracker measures. On top of that it
 
@@ -10,11 +10,11 @@ a CPU-target estimate counts as the CPU tracker measures. On top of that it
   logits and loss, transient buffers, other), so the bytes at the peak can be explained;
 - cuts the step into segments (``mark``): one per decoder-layer forward and backward, plus the
   parts before and after the layers, each with its start, peak and end byte vectors, so that
-  ckptbench.estimate.api can re-assemble the step of a model with more layers;
-- asks a kernel model (estimate/device_model.py) how the target device's allocator rounds each
+  ckptbench.estimator.api can re-assemble the step of a model with more layers;
+- asks a kernel model (estimator/device_model.py) how the target device's allocator rounds each
   storage and which scratch buffers a kernel holds while it runs (these never surface as
   tensors, so they are added to the peak of the op that uses them);
-- logs every allocation and free in execution order (``events``, estimate/events.py), with the
+- logs every allocation and free in execution order (``events``, estimator/events.py), with the
   segment it happened in, for the caching-allocator replay.
 """
 
@@ -26,17 +26,17 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from ckptbench.estimate.device_model import KernelModel
-from ckptbench.estimate.events import EventLog
-from ckptbench.estimate.live_storage import (
+from ckptbench.estimator.device_model import KernelModel
+from ckptbench.estimator.events import EventLog
+from ckptbench.estimator.live_storage import (
     CountingMode,
     LiveStorageCounter,
     creates_storage,
     storage_key,
     storage_tensors,
 )
-from ckptbench.estimate.record import CATEGORIES
-from ckptbench.estimate.step_vectors import (
+from ckptbench.estimator.record import CATEGORIES
+from ckptbench.estimator.step_vectors import (
     ACTIVATIONS,
     OTHER,
     TRANSIENT,

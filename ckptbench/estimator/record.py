@@ -41,13 +41,13 @@ class EstimateProgress:
 
 @dataclass(frozen=True)
 class Reserved:
-    """The caching-allocator replay of a point (estimate/replay.py) on one card: all estimates."""
+    """The caching-allocator replay of a point (estimator/replay.py) on one card: all estimates."""
 
     peak_reserved_bytes: int | None  # None when the point runs out of memory
     peak_allocated_bytes: int | None  # as the replay counts it (blocks as split: can exceed the byte model)
     num_alloc_retries: int
     oom: dict[str, Any] | None  # phase, segment, request_bytes, allocated_bytes, reserved_bytes
-    gpu: str  # the card's key (estimate/gpus.py)
+    gpu: str  # the card's key (estimator/gpus.py)
     context_bytes: int  # memory the process holds outside the allocator on that card
     gpu_measured: bool  # whether the card's figures were measured (else they are estimates too)
 

@@ -4,7 +4,7 @@ Forward boundaries are module hooks; backward boundaries are tensor hooks on the
 between decoder layers, which fire when that tensor's gradient is complete (autograd runs every
 node of a layer before the previous layer's, and accumulates weight gradients first). The hooks
 only mark and tag; they hold no tensors, so they do not change what the step keeps alive.
-See estimate/trace.py for the segment labels.
+See estimator/trace.py for the segment labels.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from ckptbench.estimate.step_vectors import ACTIVATIONS, GRADS, LOGITS_LOSS, TRANSIENT
-from ckptbench.estimate.tracker import StepTracker
+from ckptbench.estimator.step_vectors import ACTIVATIONS, GRADS, LOGITS_LOSS, TRANSIENT
+from ckptbench.estimator.tracker import StepTracker
 from ckptbench.train.model import decoder_layers
 
 
