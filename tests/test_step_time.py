@@ -170,3 +170,58 @@ def test_features_count_the_recomputed_parts() -> None:
     tokens = 6 * 2048
     assert x["attn_recompute_pflop"] == pytest.approx(4 * tokens * (2 * 4 * 4096**2 + 4 * 4096 * 2048) / 1e15)
     assert x["mlp_recompute_pflop"] == pytest.approx(4 * tokens * 2 * 3 * 4096 * 11008 / 1e15)
+
+
+# -- estimate --times-from ------------------------------------------------------------------------
+
+_SEVEN_B = """\
+name: times
+model: {preset: llama-7b}
+device: cuda
+measured_steps: 3
+sweep: {layout: [none, every:3], batch_size: [2], seq_len: [2048], precision: [bf16]}
+points: [{layout: none, batch_size: 2, seq_len: 1024}]
+"""
+
+
+@pytest.fixture(scope="module")
+def seven_b(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("cfg") / "times.yaml"
+    path.write_text(_SEVEN_B)
+    return str(path)
+
+
+def _estimate(*args: str) -> str:
+    from typer.testing import CliRunner
+
+    from ckptbench.cli.main import app
+
+    runs = [a for r in H200_RUNS for a in ("--times-from", str(ROOT / r))]
+    result = CliRunner().invoke(app, ["estimate", *args, *runs], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_estimate_times_from_adds_the_four_fields(seven_b: str) -> None:
+    import json
+
+    records = {(r["key"]["layout"], r["key"]["seq_len"]): r for r in json.loads(_estimate(seven_b, "--format", "json"))}
+    every3 = records[("every:3", 2048)]
+    assert 0.43 < every3["predicted_step_time_s"] < 0.44  # between every:4 (0.426 s) and every:2 (0.451 s)
+    assert every3["predicted_tokens_per_s"] == pytest.approx(4096 / every3["predicted_step_time_s"])
+    assert every3["step_time_source"].startswith("fitted to 20 points of ")
+    assert every3["step_time_error_bound"] == pytest.approx(0.0388, abs=5e-5)
+    # no point of sequence length 1024 was measured: the fields are there, empty
+    short = records[("none", 1024)]
+    assert {k: short[k] for k in ("predicted_step_time_s", "step_time_source")} == {
+        "predicted_step_time_s": None, "step_time_source": None}
+
+
+def test_estimate_times_from_table_and_csv_label_the_time_fitted(seven_b: str) -> None:
+    table = _estimate(seven_b)
+    assert "step (fitted)" in table and "step-time model, not a measurement: fitted to 20 points" in table
+    row = next(line for line in table.splitlines() if "every:3" in line)
+    assert "ms ±3.9%" in row
+    header = _estimate(seven_b, "--format", "csv").splitlines()[0].split(",")
+    assert {"predicted_step_time_s", "predicted_tokens_per_s", "step_time_source", "step_time_error_bound"} <= set(
+        header)
