@@ -27,6 +27,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -256,7 +257,7 @@ class StepTimeModel:
                 where = (rec.gpu_name or run.environment.get("gpu_name"), cell_of(rec.key))
                 shapes.setdefault(where, shape)
                 points[rec.key_id] = point
-                times.setdefault(where, {}).setdefault(rec.key_id, []).append((median, str(run.path)))
+                times.setdefault(where, {}).setdefault(rec.key_id, []).append((median, _label(run)))
         cells = []
         for (gpu_name, _), by_key in times.items():
             obs = [Observation(points[k], statistics.fmean(t for t, _ in v), tuple(dict.fromkeys(r for _, r in v)))
@@ -316,6 +317,12 @@ def _transferred(cell: CellFit, point: Point, gpu: GpuModel, tokens: int) -> Ste
         f"{source.key.upper()}"
     )
     return StepTimePrediction(seconds, tokens / seconds, text, None, "transferred")
+
+
+def _label(run: Run) -> str:
+    """How a source names a run: its path, relative to the working directory when it lies below it."""
+    path = Path(run.path).resolve()
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(run.path)
 
 
 def _shape(run: Run, model: str) -> ModelShape | None:
