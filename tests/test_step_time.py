@@ -218,10 +218,19 @@ def test_estimate_times_from_adds_the_four_fields(seven_b: str) -> None:
 
 
 def test_estimate_times_from_table_and_csv_label_the_time_fitted(seven_b: str) -> None:
-    table = _estimate(seven_b)
+    from ckptbench.config.load import load_config
+    from ckptbench.estimate.api import estimate_config
+    from ckptbench.render.estimate import estimate_csv, estimate_markdown
+
+    cfg = load_config(seven_b)
+    estimates = estimate_config(cfg)
+    model = StepTimeModel.from_runs(_runs(*H200_RUNS))
+    times = {e.point.key_id: model.predict(e.point, gpu=gpu_model("h200")) for e in estimates}
+    table = estimate_markdown(estimates, name="times", times=times)
     assert "step (fitted)" in table and "step-time model, not a measurement: fitted to 20 points" in table
     row = next(line for line in table.splitlines() if "every:3" in line)
     assert "ms ±3.9%" in row
-    header = _estimate(seven_b, "--format", "csv").splitlines()[0].split(",")
+    header = estimate_csv(estimates, times=times).splitlines()[0].split(",")
     assert {"predicted_step_time_s", "predicted_tokens_per_s", "step_time_source", "step_time_error_bound"} <= set(
         header)
+    assert "step (fitted)" not in estimate_markdown(estimates, name="times")  # without --times-from: as before

@@ -46,7 +46,8 @@ def transformers_code(plan: LayoutPlan) -> str:
             f"# ({sub[plan.granularity]} needs the plain PyTorch wrapping below)."
         )
     return (
-        "# after loading the model, before Trainer(...)/SFTTrainer(...)\n"
+        "# after loading the model, before Trainer(...)/SFTTrainer(...);\n"
+        "# transformers 5 also names it activation_checkpointing_enable\n"
         "model.gradient_checkpointing_enable(\n"
         '    gradient_checkpointing_kwargs={"use_reentrant": False})\n'
         f"CHECKPOINTED = {_layers(plan)}  # {plan.layout}: layers {plan.describe_layers()}\n"
