@@ -142,6 +142,7 @@ def test_mixed_precision_nothing_fits_and_the_ways_out_have_numbers() -> None:
     (["--gpu", "a100"], "--gpu: unknown card 'a100'"),
     (["--precision", "bf8"], "--precision: unknown precision 'bf8'"),
     (["--batch", "0"], "--batch: give positive integers, got 0"),
+    (["--batch", "2", "0", "--seq", "2048"], "--batch: give positive integers, got 2 0"),  # `--batch 2 8` spreads
     (["--seq", "8192"], "--seq: 8192 exceeds llama-7b's max_position_embeddings (4096)"),
     (["--observed", "80GiBx"], "--observed: '80GiBx' is not a memory size"),
     (["--allow", "dropout"], "--allow: unknown allow 'dropout'"),

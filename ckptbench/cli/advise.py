@@ -3,13 +3,35 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from ckptbench.cli.common import Format, FormatOpt, err, fail, out
+from ckptbench.cli.common import Command, Format, FormatOpt, err, fail, out
 from ckptbench.cli.progress import EstimateProgressBar
 from ckptbench.errors import CkptbenchError, ConfigError
+
+# Options that take several values, as `--batch 2 8` (click takes one value per occurrence: `--batch 2 --batch 8`).
+_MANY = ("--batch", "--seq", "--times-from")
+
+
+class AdviseCommand(Command):
+    """`advise`'s command: `--batch 2 8` is read as `--batch 2 --batch 8` (the same for --seq, --times-from)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        spread: list[str] = []
+        current: str | None = None
+        for arg in args:
+            if arg in _MANY:
+                current = arg
+                spread.append(arg)
+                continue
+            if current is not None and spread[-1] != current and not arg.startswith("-"):
+                spread.append(current)  # one more value of the last multi-valued option
+            elif arg.startswith("-"):
+                current = None
+            spread.append(arg)
+        return super().parse_args(ctx, spread)
 
 
 def advise_cmd(
