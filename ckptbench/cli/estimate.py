@@ -46,16 +46,23 @@ def estimate(
                      "fsdp2:N:noreshard (per rank, on the fake process group; rank 0 holds the largest shard)."),
     ] = None,
     gpu: GpuOpt = None,
+    times_from: Annotated[
+        list[str] | None,
+        typer.Option("--times-from", metavar="RUN", help="Add step times fitted to these runs' measured points "
+                     "(repeat for several runs): predicted step time, tokens/s, their source and error bound."),
+    ] = None,
 ) -> None:
     """Predict, without a GPU, each point's peak allocated and reserved memory and what it is made of.
 
     Given a run directory, estimate its points and show what the run measured next to them.
     """
+    from ckptbench.analysis.step_time import StepTimeModel
     from ckptbench.config.load import with_parallel
     from ckptbench.estimator.api import estimate_config
     from ckptbench.estimator.gpus import gpu_for_name, gpu_model
     from ckptbench.render.estimate import RENDERERS, estimate_table
     from ckptbench.results.inputs import load_input, measured_gpu, measured_reserved
+    from ckptbench.results.store import load_run
     from ckptbench.units import parse_size
 
     try:
@@ -70,9 +77,15 @@ def estimate(
                 cfg, target=target, budget_bytes=budget_bytes, method="full" if full else "fast",
                 gpu=card if gpu is not None else None, default_gpu=card, on_progress=bar.update,
             )
+        times = None
+        if times_from:
+            model = StepTimeModel.from_runs([load_run(ref) for ref in times_from])
+            times = {e.point.key_id: model.predict(e.point, gpu=gpu_model(e.reserved.gpu) if e.reserved else None)
+                     for e in estimates}
     except CkptbenchError as exc:
         raise fail(exc) from None
     if fmt is Format.table:
-        out.print(estimate_table(estimates, name=cfg.name, measured=measured, reserved=reserved))
+        out.print(estimate_table(estimates, name=cfg.name, measured=measured, reserved=reserved, times=times))
     else:
-        sys.stdout.write(RENDERERS[fmt.value](estimates, name=cfg.name, measured=measured, reserved=reserved))
+        sys.stdout.write(RENDERERS[fmt.value](estimates, name=cfg.name, measured=measured, reserved=reserved,
+                                              times=times))

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from ckptbench import __version__
+from ckptbench.cli.advise import AdviseCommand, advise_cmd
 from ckptbench.cli.answers import answers_cmd
 from ckptbench.cli.common import Group, err, example, out
 from ckptbench.cli.compare import compare
@@ -55,6 +56,8 @@ app.command("answers", **example(ANSWERS_EXAMPLE))(answers_cmd)
 TRACE_EXAMPLE = "ckptbench trace-allocator configs/allocator-traces.yaml --out traces"
 app.command("trace-allocator", **example(TRACE_EXAMPLE))(trace_allocator)
 app.command(**example("ckptbench tune configs/llama7b-tune.yaml --budget 80 --max-points 25"))(tune)
+ADVISE_EXAMPLE = "ckptbench advise --model llama-7b --gpu a100-80gb --batch 2 8 --seq 2048"
+app.command("advise", **{**example(ADVISE_EXAMPLE), "cls": AdviseCommand})(advise_cmd)
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from ckptbench.errors import ConfigError
+from ckptbench.train.flops import peak_tflops_for
 
 GIB, MIB, KIB = 2**30, 2**20, 2**10
 # PyTorch's cuBLAS workspace default (aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize,
@@ -40,6 +41,20 @@ class GpuModel:
     context_bytes: int  # held by the process outside the caching allocator (CUDA context, library kernels)
     context_source: str
     measured: bool = False  # both figures measured by ckptbench on this card
+    # Peak memory bandwidth (bytes/s) from the vendor's datasheet: with the dense bf16 peak (train/flops.py
+    # PEAK_TFLOPS), what carries a step time fitted on one card over to another (analysis/step_time.py).
+    memory_bandwidth_bytes_per_s: float | None = None
+    bandwidth_source: str = ""
+
+    @property
+    def bf16_peak_tflops(self) -> float | None:
+        """The dense bf16 tensor-core peak (TFLOP/s) of the card, from train/flops.py's datasheet table."""
+        return peak_tflops_for(self.name)
+
+    @property
+    def peak_source(self) -> str:
+        """Where the bf16 peak comes from."""
+        return f"vendor datasheet, dense bf16 without sparsity: {self.bf16_peak_tflops:g} TFLOP/s (train/flops.py)"
 
     def cublas_workspace_bytes(self, config: str | None = None) -> int:
         """One cuBLAS handle's workspace (CUBLAS_WORKSPACE_CONFIG ':SIZE_KIB:COUNT...' when set)."""
@@ -69,11 +84,15 @@ GPUS: dict[str, GpuModel] = {
             "measured: the out-of-memory message in results/h200-gpu-check-2/gpu_check.log (139.47 GiB in "
             "use by the process, 132.21 allocated + 6.52 reserved-unallocated by PyTorch), torch 2.11, CUDA 13.0",
             measured=True,
+            memory_bandwidth_bytes_per_s=4.8e12,
+            bandwidth_source="NVIDIA H200 datasheet (H200 SXM): 4.8 TB/s HBM3e",
         ),
         GpuModel(
             "h100-80gb", "NVIDIA H100 80GB HBM3", (9, 0), _gib(79.11),
             "estimate: 'total capacity of 79.11 GiB' in a published OOM message (vllm-project/vllm#27508)",
             _gib(139.47 - 132.21 - 6.52), "estimate: the H200's measured context (same architecture)",
+            memory_bandwidth_bytes_per_s=3.35e12,
+            bandwidth_source="NVIDIA H100 datasheet (H100 SXM 80GB): 3.35 TB/s HBM3",
         ),
         GpuModel(
             "a100-80gb", "NVIDIA A100-SXM4-80GB", (8, 0), _gib(79.25),
@@ -81,18 +100,24 @@ GPUS: dict[str, GpuModel] = {
             _gib(79.27 - 74.53 - 4.23),
             "estimate: a published A800-80GB OOM message (hahnyuan/PB-LLM#3): 79.27 GiB in use, 74.53 + 4.23 "
             "reserved by PyTorch",
+            memory_bandwidth_bytes_per_s=2.039e12,
+            bandwidth_source="NVIDIA A100 datasheet (A100 80GB SXM): 2,039 GB/s HBM2e",
         ),
         GpuModel(
             "a100-40gb", "NVIDIA A100-SXM4-40GB", (8, 0), _gib(39.50),
             "estimate: 'total capacity of 39.50 GiB' in a published OOM message (TianheWu/CoSeR#10)",
             _gib(14.25 - 12.87 - 912.01 / 1024),
             "estimate: the same message: 14.25 GiB in use, 12.87 GiB + 912.01 MiB reserved by PyTorch",
+            memory_bandwidth_bytes_per_s=1.555e12,
+            bandwidth_source="NVIDIA A100 datasheet (A100 40GB SXM): 1,555 GB/s HBM2",
         ),
         GpuModel(
             "l40s", "NVIDIA L40S", (8, 9), _gib(44.42),
             "estimate: 'total capacity of 44.42 GiB' in a published OOM message (stepfun-ai/Step-Video-T2V#8)",
             _gib(44.29 - 43.88),
             "estimate: the same message: 44.29 GiB in use, 43.88 GiB reserved by PyTorch",
+            memory_bandwidth_bytes_per_s=864e9,
+            bandwidth_source="NVIDIA L40S datasheet: 864 GB/s GDDR6",
         ),
     )
 }

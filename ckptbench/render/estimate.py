@@ -10,6 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from ckptbench.analysis.step_time import NO_TIME, StepTimePrediction
 from ckptbench.config.grid import AXIS_DEFAULTS, setup_label
 from ckptbench.estimator.record import PART_NAMES, Estimate
 from ckptbench.render.tables import Column, FitTable, csv_text, markdown_of
@@ -26,6 +27,19 @@ _PARTS = {
     "other": ("other", 5),
 }
 Reserved = dict[str, int]  # measured peak reserved bytes by key_id (results.inputs.measured_reserved)
+# Step times predicted by the step-time model (estimate --times-from), by key_id; None: not determined.
+Times = dict[str, StepTimePrediction | None]
+STEP_COLUMN, TOKENS_COLUMN = "step (fitted)", "tok/s (fitted)"
+
+
+def time_cells(prediction: StepTimePrediction | None) -> dict[str, str]:
+    """The fitted step time ('412 ms ±3.9%'; 'transf.' when carried from another card) and tokens/s."""
+    if prediction is None:
+        return {STEP_COLUMN: "-", TOKENS_COLUMN: "-"}
+    bound = prediction.error_bound
+    mark = f" ±{bound:.1%}" if bound is not None else " transf." if prediction.label == "transferred" else ""
+    return {STEP_COLUMN: f"{prediction.step_time_s * 1e3:,.0f} ms{mark}",
+            TOKENS_COLUMN: f"{prediction.tokens_per_s:,.0f}"}
 
 
 def _axes(estimates: Sequence[Estimate]) -> list[str]:
@@ -84,7 +98,8 @@ def _reserved_cells(e: Estimate, reserved: Reserved, size: SizeUnit) -> dict[str
 
 
 def estimate_columns(
-    estimates: Sequence[Estimate], measured: Measured | None = None, reserved: Reserved | None = None
+    estimates: Sequence[Estimate], measured: Measured | None = None, reserved: Reserved | None = None,
+    times: Times | None = None,
 ) -> list[Column]:
     """Display columns: point axes, the predicted peaks (allocated, reserved), the breakdown, where the peak
     happens, the fit."""
@@ -96,6 +111,8 @@ def estimate_columns(
     if measured:
         cols += [Column("measured", priority=1, numeric=True), Column("error", priority=1, numeric=True)]
     cols += _reserved_columns(estimates, reserved)
+    cols += [Column(STEP_COLUMN, priority=1, numeric=True), Column(TOKENS_COLUMN, priority=2, numeric=True)] \
+        if times is not None else []
     cols += [Column(name, priority=prio, numeric=True) for name, prio in _PARTS.values()]
     cols.append(Column("peak at", priority=3, wrap=True, min_width=16))
     if any(e.budget_bytes is not None for e in estimates) or any(e.note for e in estimates):
@@ -110,7 +127,8 @@ def size_unit(estimates: Sequence[Estimate], measured: Measured | None = None) -
 
 
 def estimate_rows(
-    estimates: Sequence[Estimate], measured: Measured | None = None, reserved: Reserved | None = None
+    estimates: Sequence[Estimate], measured: Measured | None = None, reserved: Reserved | None = None,
+    times: Times | None = None,
 ) -> list[dict[str, str]]:
     """One display row per point: strings ready for any renderer."""
     axes, size = _axes(estimates), size_unit(estimates, measured)
@@ -125,6 +143,7 @@ def estimate_rows(
         row["measured"] = size(seen) if isinstance(seen, int) else seen
         row["error"] = fmt_percent(_error(e, measured), signed=True)
         row.update(_reserved_cells(e, reserved, size))
+        row.update(time_cells((times or {}).get(e.point.key_id)))
         row.update({name: size(e.breakdown.get(part)) for part, (name, _) in _PARTS.items()})
         row["peak at"] = e.peak_at or "-"
         row["fits budget"] = _fit(e, size)
@@ -146,33 +165,49 @@ def _title(estimates: Sequence[Estimate], name: str) -> str:
 
 
 def estimate_table(
-    estimates: Sequence[Estimate], *, name: str, measured: Measured | None = None, reserved: Reserved | None = None
+    estimates: Sequence[Estimate], *, name: str, measured: Measured | None = None, reserved: Reserved | None = None,
+    times: Times | None = None,
 ) -> FitTable:
     """A table of estimates (and measurements, from a run) that fits the terminal; misfits are yellow."""
+    caption = "breakdown at the predicted peak; fake-tensor trace of the training step, not a measurement"
     return FitTable(
-        estimate_rows(estimates, measured, reserved),
-        estimate_columns(estimates, measured, reserved),
+        estimate_rows(estimates, measured, reserved, times),
+        estimate_columns(estimates, measured, reserved, times),
         title=_title(estimates, name),
-        caption="breakdown at the predicted peak; fake-tensor trace of the training step, not a measurement",
+        caption=caption + (_times_caption(times) if times is not None else ""),
         styles=["yellow" if e.fits is False else None for e in estimates],
         complete_hint="--format markdown shows every column",
     )
 
 
+def _times_caption(times: Times) -> str:
+    """Where the step times come from: each distinct source once."""
+    sources = list(dict.fromkeys(p.source for p in times.values() if p is not None))
+    listed = "; ".join(sources) if sources else "no measured point determines these points"
+    return f"\nstep (fitted): step-time model, not a measurement: {listed}"
+
+
 def estimate_markdown(
-    estimates: Sequence[Estimate], *, name: str = "", measured: Measured | None = None, reserved: Reserved | None = None
+    estimates: Sequence[Estimate], *, name: str = "", measured: Measured | None = None,
+    reserved: Reserved | None = None, times: Times | None = None,
 ) -> str:
     """A Markdown section: title line, then the table."""
-    body = markdown_of(estimate_rows(estimates, measured, reserved), estimate_columns(estimates, measured, reserved))
-    return f"**{_title(estimates, name)}**\n\n{body}"
+    body = markdown_of(estimate_rows(estimates, measured, reserved, times),
+                       estimate_columns(estimates, measured, reserved, times))
+    note = f"\n{_times_caption(times).strip()}\n" if times is not None else ""
+    return f"**{_title(estimates, name)}**\n\n{body}{note}"
 
 
 def _records(
-    estimates: Sequence[Estimate], measured: Measured | None, reserved: Reserved | None = None
+    estimates: Sequence[Estimate], measured: Measured | None, reserved: Reserved | None = None,
+    times: Times | None = None,
 ) -> list[dict[str, Any]]:
     out = []
     for e in estimates:
         rec = e.to_record()
+        if times is not None:
+            prediction = times.get(e.point.key_id)
+            rec.update(prediction.to_json() if prediction is not None else NO_TIME)
         if measured:
             seen = measured.get(e.point.key_id)
             rec["measured_peak_allocated_bytes"] = seen if isinstance(seen, int) else None
@@ -186,10 +221,12 @@ def _records(
 
 
 def estimate_json(
-    estimates: Sequence[Estimate], *, name: str = "", measured: Measured | None = None, reserved: Reserved | None = None
+    estimates: Sequence[Estimate], *, name: str = "", measured: Measured | None = None,
+    reserved: Reserved | None = None, times: Times | None = None,
 ) -> str:
-    """A JSON list: one object per point with ``key``, the predicted peaks (allocated, reserved), the breakdown."""
-    return json.dumps(_records(estimates, measured, reserved), sort_keys=True, indent=2) + "\n"
+    """A JSON list: one object per point with ``key``, the predicted peaks (allocated, reserved), the breakdown
+    (with ``times``, the fitted step time and its source)."""
+    return json.dumps(_records(estimates, measured, reserved, times), sort_keys=True, indent=2) + "\n"
 
 
 _RESERVED_KEYS = (
@@ -198,12 +235,13 @@ _RESERVED_KEYS = (
 
 
 def estimate_csv(
-    estimates: Sequence[Estimate], *, name: str = "", measured: Measured | None = None, reserved: Reserved | None = None
+    estimates: Sequence[Estimate], *, name: str = "", measured: Measured | None = None,
+    reserved: Reserved | None = None, times: Times | None = None,
 ) -> str:
     """One flat row per point, raw bytes: ``predicted_at_peak_*`` is the breakdown at the peak,
     ``predicted_{params,grads,optimizer_state}_bytes`` the whole model's static memory."""
     rows: list[dict[str, Any]] = []
-    for e, rec in zip(estimates, _records(estimates, measured, reserved), strict=True):
+    for e, rec in zip(estimates, _records(estimates, measured, reserved, times), strict=True):
         row: dict[str, Any] = dict(e.point.key)
         row["predicted_peak_allocated_bytes"] = rec["predicted_peak_allocated_bytes"]
         if e.reserved is not None:
@@ -219,6 +257,7 @@ def estimate_csv(
             "reserved_relative_error",
         )
         row.update({k: rec[k] for k in measured_keys if k in rec})
+        row.update({k: rec[k] for k in NO_TIME if k in rec})
         rows.append(row)
     columns = list(dict.fromkeys(k for row in rows for k in row))
     return csv_text(rows, columns)

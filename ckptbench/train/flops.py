@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ckptbench.config.layouts import LayoutPlan
 
-# Dense bf16 tensor-core peaks in TFLOP/s (vendor datasheets, without sparsity).
-PEAK_TFLOPS: dict[str, float] = {"A100": 312.0, "H100": 989.0, "H200": 989.0, "H800": 989.0, "A800": 312.0}
+# Dense bf16 tensor-core peaks in TFLOP/s (vendor datasheets, without sparsity; L40S: 362.05 dense, 733 sparse).
+PEAK_TFLOPS: dict[str, float] = {
+    "A100": 312.0, "H100": 989.0, "H200": 989.0, "H800": 989.0, "A800": 312.0, "L40S": 362.05,
+}
 
 
 def peak_tflops_for(gpu_name: str | None) -> float | None:
@@ -37,6 +41,28 @@ class ModelShape:
         """N in 6N: decoder layers and the LM head (the embedding lookup does no matmul)."""
         return self.num_layers * self.layer_params + self.lm_head_params
 
+    @classmethod
+    def of_fields(cls, fields: Mapping[str, Any]) -> ModelShape:
+        """The shape of a resolved LlamaConfig given as its fields (a preset plus overrides: no transformers)."""
+        d, ff, heads = int(fields["hidden_size"]), int(fields["intermediate_size"]), int(fields["num_attention_heads"])
+        head_dim = int(fields.get("head_dim") or d // heads)
+        q_dim, kv_dim = heads * head_dim, int(fields.get("num_key_value_heads") or heads) * head_dim
+        attn, mlp = d * q_dim + 2 * d * kv_dim + q_dim * d, 3 * d * ff
+        return cls(num_layers=int(fields["num_hidden_layers"]), hidden_size=d, attn_params=attn, mlp_params=mlp,
+                   layer_params=attn + mlp + 2 * d, lm_head_params=d * int(fields["vocab_size"]))
+
+
+def recompute_flops_per_token(shape: ModelShape, *, seq_len: int) -> dict[str, int]:
+    """FLOPs of one more forward of one layer's parts, per token: 'attn' (projections and attention scores),
+    'mlp', and 'block' (the whole layer: both, plus its norms' parameters). What step_flops adds per
+    recomputed part."""
+    attn_fwd = 4 * shape.hidden_size * seq_len
+    return {
+        "attn": 2 * shape.attn_params + attn_fwd,
+        "mlp": 2 * shape.mlp_params,
+        "block": 2 * shape.layer_params + attn_fwd,
+    }
+
 
 def step_flops(
     shape: ModelShape,
@@ -59,11 +85,9 @@ def step_flops(
     attn_fwd_per_layer = 4 * shape.hidden_size * seq_len
     per_param = 4 if frozen_base else 6
     model = tokens * (per_param * shape.matmul_params + 3 * shape.num_layers * attn_fwd_per_layer)
+    part = recompute_flops_per_token(shape, seq_len=seq_len)
     per_layer = {
-        "block": 2 * shape.layer_params + attn_fwd_per_layer,
-        "attn": 2 * shape.attn_params + attn_fwd_per_layer,
-        "mlp": 2 * shape.mlp_params,
-        "attn+mlp": 2 * (shape.attn_params + shape.mlp_params) + attn_fwd_per_layer,
+        "block": part["block"], "attn": part["attn"], "mlp": part["mlp"], "attn+mlp": part["attn"] + part["mlp"],
         "selective": 0,
     }[plan.granularity]
     recompute = tokens * per_layer * len(plan.layers)

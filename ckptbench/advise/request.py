@@ -1,0 +1,105 @@
+"""The question `ckptbench advise` answers, checked, and the sweep config the estimator needs for it."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import get_args
+
+from pydantic import ValidationError
+
+from ckptbench.config.axes import OptimizerName, Precision
+from ckptbench.config.presets import PRESETS, preset_names
+from ckptbench.config.schema import SweepConfig
+from ckptbench.errors import ConfigError
+from ckptbench.estimator.gpus import GpuModel, gpu_model
+from ckptbench.units import GIB, MIB
+
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
+ALLOWABLE = ("lora",)  # what changes what is trained: shown as a way out only when allowed
+# What each precision means for the bytes of weights, gradients and optimizer state (train/step.py).
+PRECISION_MEANS = {
+    "bf16": "pure bf16: weights, gradients and optimizer state in bf16, no fp32 master copy",
+    "fp16": "pure fp16: weights, gradients and optimizer state in fp16, no fp32 master copy",
+    "fp32": "fp32 weights, gradients, optimizer state and compute",
+    "amp_bf16": "fp32 weights, gradients and optimizer state, bf16 autocast compute (HF Trainer bf16=True)",
+    "amp_fp16": "fp32 weights, gradients and optimizer state, fp16 autocast and a grad scaler (HF fp16=True)",
+}
+_OBSERVED = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(gb|gib|mb|mib)?\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class AdviseRequest:
+    """The user's setup: what to train, on which card, at which batch sizes and sequence lengths."""
+
+    model: str = "llama-7b"
+    gpu: str = "a100-80gb"
+    batches: tuple[int, ...] = (2,)
+    seqs: tuple[int, ...] = (2048,)
+    precision: str = "bf16"
+    optimizer: str = "adamw_fused"
+    times_from: tuple[str, ...] = ()  # runs to fit step times to; empty: the committed H200 runs
+    observed: str | None = None  # what nvidia-smi shows for the process ('70GB', '71.5GiB', '72000MiB')
+    allow: tuple[str, ...] = field(default=())
+
+    def card(self) -> GpuModel:
+        return gpu_model(self.gpu)
+
+    def observed_bytes(self) -> int | None:
+        """The --observed figure in bytes; GB and MB are read as nvidia-smi writes them (2^30, 2^20 bytes)."""
+        if self.observed is None:
+            return None
+        m = _OBSERVED.match(self.observed)
+        if not m or float(m.group(1)) <= 0:
+            raise ConfigError(
+                f"--observed: {self.observed!r} is not a memory size; give what nvidia-smi shows, e.g. 70GB, "
+                "71.5GiB or 72000MiB"
+            )
+        unit = (m.group(2) or "gib").lower()
+        return int(float(m.group(1)) * (MIB if unit.startswith("m") else GIB))
+
+    def checked(self) -> AdviseRequest:
+        """The request itself, or ConfigError (exit 2) naming the flag and what is allowed."""
+        _choice("--model", self.model, preset_names())
+        self.card()
+        _choice("--precision", self.precision, PRECISIONS)
+        _choice("--optimizer", self.optimizer, OPTIMIZERS)
+        for flag, values in (("--batch", self.batches), ("--seq", self.seqs)):
+            if not values or any(v < 1 for v in values):
+                raise ConfigError(f"{flag}: give positive integers, got {' '.join(map(str, values)) or 'none'}")
+        max_pos = int(PRESETS[self.model]["max_position_embeddings"])
+        too_long = [s for s in self.seqs if s > max_pos]
+        if too_long:
+            raise ConfigError(f"--seq: {too_long[0]} exceeds {self.model}'s max_position_embeddings ({max_pos})")
+        for item in self.allow:
+            _choice("--allow", item, ALLOWABLE)
+        self.observed_bytes()
+        return self
+
+    def config(self, *, layouts: Sequence[str] = ("none",)) -> SweepConfig:
+        """The sweep config of the question: the model, precision and optimizer, on CUDA, at every batch and
+        sequence length (measured_steps 3, as the committed H200 runs were measured)."""
+        data = {
+            "name": f"advise-{self.model}-{self.gpu}",
+            "model": {"preset": self.model},
+            "device": "cuda",
+            "optimizer": self.optimizer,
+            "measured_steps": 3,
+            "sweep": {"layout": list(layouts), "batch_size": list(self.batches), "seq_len": list(self.seqs),
+                      "precision": [self.precision]},
+        }
+        try:
+            return SweepConfig.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise ConfigError(f"advise: {first.get('msg', 'invalid setup')}") from None
+
+
+def _choice(flag: str, value: str, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        hint = difflib.get_close_matches(value, list(allowed), n=1)
+        extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise ConfigError(f"{flag}: unknown {flag[2:]} {value!r}{extra}; allowed: {', '.join(allowed)}")

@@ -1,0 +1,80 @@
+"""`ckptbench advise`: the answer for a model on a card, from predictions, without a GPU."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from ckptbench.cli.common import Command, Format, FormatOpt, err, fail, out
+from ckptbench.cli.progress import EstimateProgressBar
+from ckptbench.errors import CkptbenchError, ConfigError
+
+# Options that take several values, as `--batch 2 8` (click takes one value per occurrence: `--batch 2 --batch 8`).
+_MANY = ("--batch", "--seq", "--times-from")
+
+
+class AdviseCommand(Command):
+    """`advise`'s command: `--batch 2 8` is read as `--batch 2 --batch 8` (the same for --seq, --times-from)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        spread: list[str] = []
+        current: str | None = None
+        for arg in args:
+            if arg in _MANY:
+                current = arg
+                spread.append(arg)
+                continue
+            if current is not None and spread[-1] != current and not arg.startswith("-"):
+                spread.append(current)  # one more value of the last multi-valued option
+            elif arg.startswith("-"):
+                current = None
+            spread.append(arg)
+        return super().parse_args(ctx, spread)
+
+
+def advise_cmd(
+    model: Annotated[str, typer.Option("--model", metavar="PRESET", help="llama-7b, llama-13b, llama3-8b, ...")]
+    = "llama-7b",
+    gpu: Annotated[str, typer.Option("--gpu", metavar="CARD", help="a100-80gb, a100-40gb, h100-80gb, h200, l40s.")]
+    = "a100-80gb",
+    batch: Annotated[list[int] | None, typer.Option("--batch", metavar="N", help="Batch size(s) per step.")] = None,
+    seq: Annotated[list[int] | None, typer.Option("--seq", metavar="N", help="Sequence length(s).")] = None,
+    precision: Annotated[str, typer.Option("--precision", metavar="P",
+                                           help="bf16 (pure), amp_bf16 (HF bf16=True), fp16, amp_fp16, fp32.")]
+    = "bf16",
+    optimizer: Annotated[str, typer.Option("--optimizer", metavar="NAME",
+                                           help="adamw_fused, adamw_foreach, adamw_8bit, sgd, adafactor, ...")]
+    = "adamw_fused",
+    times_from: Annotated[list[str] | None, typer.Option(
+        "--times-from", metavar="RUN", help="Fit step times to these runs (default: the committed H200 runs).")]
+    = None,
+    observed: Annotated[str | None, typer.Option(
+        "--observed", metavar="SIZE", help="What nvidia-smi shows for your process (70GB, 71.5GiB).")] = None,
+    allow: Annotated[str | None, typer.Option(
+        "--allow", metavar="WHAT", help="Ways out that change what is trained, comma-separated: lora.")] = None,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Which layers to checkpoint on your card: predicted memory of every layout family, the fewest layers
+    that fit (by bisection), step times, what fills the memory, and the code to apply it. No GPU needed."""
+    from ckptbench.advise.advice import advise
+    from ckptbench.advise.request import AdviseRequest
+    from ckptbench.render.advise import advise_json_text, advise_markdown, advise_renderable
+
+    try:
+        if fmt is Format.csv:
+            raise ConfigError("--format: advise writes table, markdown or json")
+        request = AdviseRequest(
+            model=model, gpu=gpu, batches=tuple(batch or [2]), seqs=tuple(seq or [2048]), precision=precision,
+            optimizer=optimizer, times_from=tuple(times_from or ()), observed=observed,
+            allow=tuple(a.strip() for a in (allow or "").split(",") if a.strip()),
+        ).checked()
+        with EstimateProgressBar(err) as bar:
+            advice = advise(request, on_progress=bar.update)
+    except CkptbenchError as exc:
+        raise fail(exc) from None
+    if fmt is Format.table:
+        out.print(advise_renderable(advice))
+    else:
+        sys.stdout.write(advise_markdown(advice) if fmt is Format.markdown else advise_json_text(advice))
