@@ -29,7 +29,8 @@ class Family:
 FAMILIES: dict[str, Family] = {
     f.model_type: f
     for f in (
-        Family("llama", "LLaMA 1/2/3.x", "grouped-query attention (Llama-2 70B, 3.x), tied embeddings (Llama-3.2 1B/3B)"),
+        Family("llama", "LLaMA 1/2/3.x",
+               "grouped-query attention (Llama-2 70B, 3.x), tied embeddings (Llama-3.2 1B/3B)"),
         Family("mistral", "Mistral", "sliding-window attention (v0.1: 4096 tokens), grouped-query attention"),
         Family("qwen2", "Qwen2 / Qwen2.5", "biases on the q/k/v projections, grouped-query attention"),
         Family("qwen3", "Qwen3", "per-head RMSNorm of queries and keys, head_dim apart from hidden/heads"),

@@ -231,13 +231,16 @@ class ModelSpec(_Strict):
             path = Path(self.config)
             return (path.parent.name if path.name == "config.json" and path.parent.name else path.stem) or "config"
         named = (self.config_fields or {}).get("_name_or_path")
-        return str(named).rstrip("/").split("/")[-1] if isinstance(named, str) and named.strip("/") else self.architecture
+        if isinstance(named, str) and named.strip("/"):
+            return named.rstrip("/").split("/")[-1]
+        return self.architecture
 
 
 def attention_refusal(family: Family, impl: str, where: str) -> str:
     """The one-line refusal of an attention implementation the family's code does not support."""
-    return (f"{where}: {impl} is not supported by {family.name} ({family.model_type}: {family.special.split(',')[0]}); "
-            f"use {' or '.join(family.attention)}")
+    why = family.special.split(",")[0]
+    return f"{where}: {impl} is not supported by {family.name} ({family.model_type}: {why}); " \
+        f"use {' or '.join(family.attention)}"
 
 
 class LoraSpec(_Strict):

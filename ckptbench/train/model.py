@@ -76,6 +76,13 @@ def llama_config(spec: ModelSpec) -> PretrainedConfig:
     return cfg
 
 
+def uniform_layers(spec: ModelSpec) -> bool:
+    """Whether every decoder layer is built alike (not so in Gemma-2: sliding-window and full-attention layers
+    alternate; Qwen2/3 with use_sliding_window: the layers past max_window_layers slide)."""
+    types = getattr(llama_config(spec), "layer_types", None)
+    return not types or len(set(types)) == 1
+
+
 @contextlib.contextmanager
 def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
     old = torch.get_default_dtype()
@@ -220,10 +227,9 @@ def _sliding_windows(cfg: Any) -> tuple[int | None, ...]:
     types = getattr(cfg, "layer_types", None)
     if not window:
         return ()
-    if types:  # Gemma-2, Qwen2/3: per-layer types
-        windows = tuple(int(window) if t == "sliding_attention" else None for t in types)
-    else:  # Mistral, Phi-3: every layer slides
-        windows = (int(window),) * n
+    # Gemma-2, Qwen2/3: per-layer types; Mistral, Phi-3: every layer slides.
+    per_type = (int(window) if t == "sliding_attention" else None for t in types or ())
+    windows = tuple(per_type) if types else (int(window),) * n
     return windows if any(w is not None for w in windows) else ()
 
 
