@@ -333,3 +333,24 @@ def test_keys_carry_the_architecture_and_old_runs_are_llama(tmp_path: Path) -> N
     old = {k: v for k, v in keys[1].items() if k != "architecture"}
     rec = PointRecord.read({"key": old, "status": "ok"})
     assert rec.key["architecture"] == "llama" and point_of(rec.key) is not None
+
+
+@pytest.mark.slow
+def test_tune_recommend_and_report_on_a_qwen3(tmp_path: Path) -> None:
+    """tune picks and measures a Qwen3 point under a budget (its candidates' keys carry the architecture, tune's
+    FLOPs count the family's own layers), and recommend and report read the run."""
+    config = tmp_path / "q.yaml"
+    config.write_text(json.dumps({**_family_data("tiny-qwen3"), "sweep": {
+        "layout": ["none"], "batch_size": [2], "seq_len": [64], "precision": ["fp32"]}}))
+    run_dir = tmp_path / "run"
+    runner = CliRunner()
+    tuned = runner.invoke(app, ["tune", str(config), "--budget", "6MiB", "--headroom", "0", "--out", str(run_dir),
+                                "--max-points", "1", "--format", "json"])
+    assert tuned.exit_code == 0, tuned.output
+    answer = json.loads(tuned.stdout)["answer"]
+    assert answer["key"]["architecture"] == "qwen3" and answer["key"]["model"] == "tiny-qwen3"
+    recommended = runner.invoke(app, ["recommend", str(run_dir), "--budget", "6MiB", "--format", "json"])
+    assert recommended.exit_code == 0, recommended.output
+    assert json.loads(recommended.stdout)["best"]["key"] == answer["key"]
+    report = runner.invoke(app, ["report", str(run_dir), "--no-estimate"])
+    assert report.exit_code == 0, report.output
