@@ -147,16 +147,18 @@ def test_nonsense_combinations_are_rejected_at_load(sweep: dict[str, Any], fragm
 
 
 # A value other than the default for every field of a point's key.
-OTHER_VALUES = {"model": "other", "layout": "all", "batch_size": 4, "seq_len": 256, "precision": "amp_bf16",
+OTHER_VALUES = {"model": "other", "architecture": "qwen3",
+                "layout": "all", "batch_size": 4, "seq_len": 256, "precision": "amp_bf16",
                 "optimizer": "sgd", "micro_batches": 4, "offload": "all", "lora": "r8", "compile": True,
                 "attn_implementation": "eager", "loss": "chunked", "optimizer_in_backward": True,
                 "optimizer_offload": "cpu", "parallel": "fsdp2:2", "allocator": "expandable_segments"}
 
 
 def test_every_axis_is_in_the_point_key() -> None:
-    """The key holds every sweep axis and the model, and points that differ in any one of them differ in key."""
+    """The key holds every sweep axis, the model and its architecture, and points that differ in any one of them
+    differ in key."""
     (base,) = tiny_config().points_list()
-    assert set(base.key) == set(SweepAxes.model_fields) | {"model"} == set(OTHER_VALUES)
+    assert set(base.key) == set(SweepAxes.model_fields) | {"model", "architecture"} == set(OTHER_VALUES)
     for field, value in OTHER_VALUES.items():
         changed = dataclasses.replace(base, **{field: value})
         assert changed.key == {**base.key, field: value}, field
@@ -190,15 +192,17 @@ def test_the_axes_are_declared_once_and_point_follows_the_declaration() -> None:
     assert {f.name for f in point_fields} == set(by_name) and len(by_name) == len(KEY_AXES)
     for f in point_fields:
         assert f.type == by_name[f.name].kind.__name__, f.name
-        if f.default is not dataclasses.MISSING:
-            assert f.default == by_name[f.name].plain, f.name
+        if f.default is not dataclasses.MISSING:  # a technique axis's plain value, a later cell axis's absent one
+            axis = by_name[f.name]
+            assert f.default == (axis.plain if axis.plain is not None else axis.absent), f.name
     point = Point("fp32", "none", "all", 32, 2, "tiny", "sgd")
     assert list(point.key) == [
-        "model", "layout", "batch_size", "seq_len", "precision", "optimizer", "micro_batches", "offload", "lora",
-        "compile", "attn_implementation", "loss", "optimizer_in_backward", "optimizer_offload", "parallel",
-        "allocator",
+        "model", "architecture", "layout", "batch_size", "seq_len", "precision", "optimizer", "micro_batches",
+        "offload", "lora", "compile", "attn_implementation", "loss", "optimizer_in_backward", "optimizer_offload",
+        "parallel", "allocator",
     ]
-    assert list(AXIS_DEFAULTS) == list(point.key)[5:]
+    assert list(AXIS_DEFAULTS) == list(point.key)[6:]
+    assert point.architecture == "llama"  # keys written before the axis existed: LLaMA
     assert AXIS_DEFAULTS["optimizer"] == "adamw_fused" and AXIS_DEFAULTS["lora"] == "none"
     assert AXES == ("precision", "lora", "layout", "seq_len", "batch_size", "optimizer", "micro_batches", "offload",
                     "compile", "attn_implementation", "loss", "optimizer_in_backward", "optimizer_offload",

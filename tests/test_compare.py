@@ -199,7 +199,9 @@ def test_json_output_parses_and_has_the_documented_fields() -> None:
     p = next(p for p in data["points"] if p["label"] == "none b=1 s=64 fp32")
     assert set(p) == {"key", "key_id", "label", "base_status", "new_status", "mark", "metrics", "note"}
     assert p["key"]["layout"] == "none"
-    assert p["key_id"].startswith("allocator=default|attn_implementation=sdpa|batch_size=1|compile=False|layout=none|")
+    assert p["key_id"].startswith(
+        "allocator=default|architecture=llama|attn_implementation=sdpa|batch_size=1|compile=False|layout=none|"
+    )
     assert [m["metric"] for m in p["metrics"]] == [
         "peak_allocated_bytes",
         "peak_reserved_bytes",

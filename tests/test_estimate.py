@@ -509,7 +509,7 @@ def test_point_key_fields_all_reach_the_json() -> None:
     (est,) = estimate_points(cfg, cfg.points_list(), target="cpu")
     record = json.loads(json.dumps(est.to_record()))  # as written to and read from disk
     assert record["key"] == {
-        "model": "tiny", "layout": "all", "batch_size": 1, "seq_len": 32, "precision": "fp32",
+        "model": "tiny", "architecture": "llama", "layout": "all", "batch_size": 1, "seq_len": 32, "precision": "fp32",
         "optimizer": "adamw_fused", "micro_batches": 2, "offload": "none", "lora": "none", "compile": False,
         "attn_implementation": "sdpa", "loss": "default", "optimizer_in_backward": False, "optimizer_offload": "none",
         "parallel": "none", "allocator": "default",

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from ckptbench.analysis.recommend import RecommendCandidate, candidates, pareto_front, recommend
-from ckptbench.config.grid import AXIS_DEFAULTS
+from ckptbench.config.grid import KEY_FILLS
 from ckptbench.errors import ConfigError
 from ckptbench.render.recommend import rich_recommendation
 from ckptbench.results.record import PointRecord
@@ -188,7 +188,7 @@ def test_json_shape() -> None:
     best = data["best"]
     assert {"key", "peak_allocated_bytes", "peak_reserved_bytes", "tokens_per_s"} <= set(best)
     assert best["key"] == {  # written with six fields; loading completes the key with the defaults
-        **AXIS_DEFAULTS, "batch_size": 2, "layout": "none", "model": "llama-7b", "optimizer": "adamw_fused",
+        **KEY_FILLS, "batch_size": 2, "layout": "none", "model": "llama-7b", "optimizer": "adamw_fused",
         "precision": "bf16", "seq_len": 2048,
     }
     assert best["fits"] is True and best["peak_reserved_bytes"] <= data["limit_bytes"]

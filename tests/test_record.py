@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from ckptbench.config.grid import AXIS_DEFAULTS
+from ckptbench.config.grid import KEY_FILLS
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import POINTS_FILE, load_run
 
@@ -52,7 +52,7 @@ def test_reading_keeps_unknown_fields_and_names_them() -> None:
     rec = PointRecord.read(data)
     assert rec.peak_allocated_bytes == 7 and rec.memory.params_bytes == 3
     assert rec.unknown_fields() == ["memory.new_part", "new_field", "ranks.new_rank"]
-    assert rec.to_json() == {**data, "key": {**AXIS_DEFAULTS, **KEY}}  # written back as they were read
+    assert rec.to_json() == {**data, "key": {**KEY_FILLS, **KEY}}  # written back as they were read
 
 
 def test_reading_still_checks_the_declared_fields() -> None:
@@ -72,7 +72,7 @@ def test_a_committed_h200_run_loads_unchanged(run_dir: Path) -> None:
     assert len(by_key) == len(run.points) == len(lines)
     for line in lines:
         # The one change a load makes: an axis added after the run was written takes its default.
-        written = {**line, "key": {**AXIS_DEFAULTS, **line["key"]}}
+        written = {**line, "key": {**KEY_FILLS, **line["key"]}}
         rec = by_key[json.dumps(written["key"], sort_keys=True)]
         assert json.dumps(rec.to_json(), sort_keys=True) == json.dumps(written, sort_keys=True)
 

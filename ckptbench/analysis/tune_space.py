@@ -47,14 +47,16 @@ class TuneSpace:
     techniques: dict[str, tuple[Any, ...]]  # every other point axis -> its candidate values
     allowed: tuple[str, ...]
 
-    def points(self, model: str, *, batch_sizes: Iterable[int] | None = None) -> list[Point]:
+    def points(
+        self, model: str, *, architecture: str = "llama", batch_sizes: Iterable[int] | None = None
+    ) -> list[Point]:
         names = list(self.techniques)
         out = []
         for batch in self.batch_sizes if batch_sizes is None else batch_sizes:
             for layout, values in itertools.product(self.layouts, itertools.product(*self.techniques.values())):
                 fields = dict(zip(names, values, strict=True))
-                point = Point(model=model, precision=self.precision, seq_len=self.seq_len, batch_size=batch,
-                              layout=layout, **fields)
+                point = Point(model=model, architecture=architecture, precision=self.precision,
+                              seq_len=self.seq_len, batch_size=batch, layout=layout, **fields)
                 if runnable(point):
                     out.append(point)
         return out

@@ -13,17 +13,23 @@ from ckptbench.config.parallel import world_size
 @dataclass(frozen=True)
 class Axis:
     """One axis of a point: its name, the type of its values, and (a technique axis) the value that means
-    plain training; ``plain`` None: an axis of the cell itself (model, layout, shape, precision)."""
+    plain training; ``plain`` None: an axis of the cell itself (model, layout, shape, precision). ``absent``:
+    what a key written before the axis existed means, for a cell axis added later (a technique axis's is
+    its plain value)."""
 
     name: str
     kind: type
     plain: Any = None
+    absent: Any = None
 
 
 # Every axis of a point, once, in the order of ``Point.key``; ``Point``'s fields are these (tests/test_axes.py
 # holds them to it), in the order a positional ``Point(...)`` takes them.
 KEY_AXES: tuple[Axis, ...] = (
     Axis("model", str),
+    # The model's transformers model_type ('llama', 'qwen3', ...): compare never matches points of two
+    # architectures. Runs written before it existed built LLaMA only.
+    Axis("architecture", str, absent="llama"),
     Axis("layout", str),
     Axis("batch_size", int),
     Axis("seq_len", int),
@@ -42,6 +48,10 @@ KEY_AXES: tuple[Axis, ...] = (
 )
 # Values of the technique axes that mean "plain training"; tables name only the axes that differ.
 AXIS_DEFAULTS: dict[str, Any] = {a.name: a.plain for a in KEY_AXES if a.plain is not None}
+# What a recorded key that lacks an axis means: the technique axes' plain values, the later cell axes' ``absent``.
+KEY_FILLS: dict[str, Any] = {
+    a.name: a.absent if a.absent is not None else a.plain for a in KEY_AXES if (a.absent, a.plain) != (None, None)
+}
 
 
 def setup_label(key: Mapping[str, Any]) -> str:
@@ -69,6 +79,7 @@ class Point:
     optimizer_offload: str = "none"
     parallel: str = "none"
     allocator: str = "default"
+    architecture: str = "llama"
 
     @property
     def key(self) -> dict[str, Any]:
@@ -115,8 +126,8 @@ def key_without(point: Point, field_name: str) -> tuple[Any, ...]:
     return tuple(sorted((k, v) for k, v in point.key.items() if k != field_name))
 
 
-# The axes a config's sweep lists values for (every axis but the model), in ``Point``'s field order.
-AXES = tuple(f.name for f in fields(Point) if f.name != "model")
+# The axes a config's sweep lists values for (every axis but the model's), in ``Point``'s field order.
+AXES = tuple(f.name for f in fields(Point) if f.name not in ("model", "architecture"))
 # Execution order: precision and LoRA outermost (the model is rebuilt only when they change; the allocator's
 # settings need a process of their own), batch innermost; sharded points (each in its own processes) after
 # the single-device points of the same setup.
@@ -125,7 +136,9 @@ _ORDER = ("precision", "lora", "allocator", "optimizer", "optimizer_offload", "o
           "batch_size")
 
 
-def search_templates(model: str, values: Mapping[str, Sequence[Any]], kind: str) -> list[tuple[str, Point]]:
+def search_templates(
+    model: str, values: Mapping[str, Sequence[Any]], kind: str, *, architecture: str = "llama"
+) -> list[tuple[str, Point]]:
     """(kind, template point) for every searched cell; the searched axis holds a placeholder
     (batch 1 for 'batch_max', layout 'none' for 'layout_fit')."""
     values = dict(values)
@@ -134,7 +147,7 @@ def search_templates(model: str, values: Mapping[str, Sequence[Any]], kind: str)
     else:
         values["layout"] = ["none"]
     cells = itertools.product(*(values[a] for a in AXES))
-    return [(kind, Point(model=model, **dict(zip(AXES, c, strict=True)))) for c in cells]
+    return [(kind, Point(model=model, architecture=architecture, **dict(zip(AXES, c, strict=True)))) for c in cells]
 
 
 def expand(
@@ -143,6 +156,7 @@ def expand(
     explicit: Sequence[Mapping[str, Any]] = (),
     *,
     replace_grid: bool = False,
+    architecture: str = "llama",
 ) -> list[Point]:
     """Grid (unless replaced) plus explicit points, de-duplicated, ordered for model reuse.
 
@@ -164,4 +178,5 @@ def expand(
         by_axis = dict(zip(AXES, cell, strict=True))
         return tuple((rank[a].get(by_axis[a], len(rank[a])), str(by_axis[a])) for a in _ORDER)
 
-    return [Point(model=model, **dict(zip(AXES, c, strict=True))) for c in sorted(cells, key=sort_key)]
+    return [Point(model=model, architecture=architecture, **dict(zip(AXES, c, strict=True)))
+            for c in sorted(cells, key=sort_key)]

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
 from ckptbench.config.axes import _shown
+from ckptbench.config.model import CONFIG_DIR
 from ckptbench.config.schema import SweepConfig
 from ckptbench.config.yaml_text import check_expanded_size, read_yaml
 from ckptbench.errors import ConfigError
@@ -55,7 +56,7 @@ def _error_line(source: str, err: Mapping[str, Any]) -> str:
     if kind == "extra_forbidden":
         return f"{source}: unknown field {where!r}{_closest(loc[-1], _fields_at(loc)) if loc else ''}"
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
-    if not loc:  # model-level checks start their message with the field path themselves
+    if not loc or msg.startswith((f"{where}.", f"{where}:")):  # checks that name their field path themselves
         return f"{source}: {msg}"
     given = err.get("input")
     shown = "" if isinstance(given, dict | list) or kind == "missing" else f" (got {_shown(given)})"
@@ -70,15 +71,18 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def parse_config(data: Any, *, source: str = "config") -> SweepConfig:
-    """Validate already-parsed YAML data; raise ConfigError with one line naming the field."""
+def parse_config(data: Any, *, source: str = "config", config_dir: Path | None = None) -> SweepConfig:
+    """Validate already-parsed YAML data; raise ConfigError with one line naming the field.
+
+    ``config_dir``: the folder a relative ``model.config`` (a checkpoint's config.json) is read from; None:
+    the working directory."""
     if data is None:
         raise ConfigError(f"{source}: the config is empty; it needs at least a 'name' field")
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of fields, got {type(data).__name__}")
     check_expanded_size(data, source=source)  # before validation walks it: an alias bomb stops here
     try:
-        cfg = SweepConfig.model_validate(data)
+        cfg = SweepConfig.model_validate(data, context={CONFIG_DIR: config_dir})
         # The resolved config is stored as JSON in every run: it must round-trip.
         json.dumps(cfg.model_dump(mode="json"))
     except ValidationError as exc:
@@ -91,8 +95,8 @@ def parse_config(data: Any, *, source: str = "config") -> SweepConfig:
     return cfg
 
 
-def loads_config(text: str, *, source: str = "config") -> SweepConfig:
-    """Parse YAML text and validate it; every problem is a one-line ConfigError."""
+def loads_config(text: str, *, source: str = "config", config_dir: Path | None = None) -> SweepConfig:
+    """Parse YAML text and validate it; every problem is a one-line ConfigError (``config_dir``: see parse_config)."""
     try:
         data = read_yaml(text)
     except yaml.YAMLError as exc:
@@ -103,7 +107,7 @@ def loads_config(text: str, *, source: str = "config") -> SweepConfig:
     except Exception as exc:  # PyYAML's constructors raise others: 2020-13-45, '!!int' (an empty int)
         why = f"{exc.__class__.__name__}: {_shown(str(exc))}"
         raise ConfigError(_one_line(f"{source}: invalid YAML value ({why})")) from None
-    return parse_config(data, source=source)
+    return parse_config(data, source=source, config_dir=config_dir)
 
 
 def load_config(path: str | Path) -> SweepConfig:
@@ -124,7 +128,7 @@ def load_config(path: str | Path) -> SweepConfig:
     except OSError as exc:
         reason = f"{exc.__class__.__name__}: {exc.strerror or exc}"
         raise ConfigError(_one_line(f"{p}: cannot read config file ({reason})")) from None
-    return loads_config(text, source=str(p))
+    return loads_config(text, source=str(p), config_dir=p.parent)
 
 
 def with_parallel(cfg: SweepConfig, parallel: str) -> SweepConfig:

@@ -11,7 +11,7 @@ from ckptbench.config.axes import MAX_BATCH, DeviceName, OptimizerName, PointSpe
 from ckptbench.config.cluster import ClusterSpec
 from ckptbench.config.grid import Point, expand, search_templates
 from ckptbench.config.layouts import LayoutPlan, parse_layout
-from ckptbench.config.model import LoraSpec, ModelSpec, check_model_shape
+from ckptbench.config.model import LoraSpec, ModelSpec, attention_refusal, check_model_shape
 from ckptbench.config.parallel import sharding_conflict
 from ckptbench.errors import LayoutError
 
@@ -102,6 +102,7 @@ class SweepConfig(_Strict):
         ):
             raise ValueError("points: explicit points need a concrete layout and batch size, not a search")
         _check_seq_lens(self, resolved.get("max_position_embeddings"))
+        _check_attention(self)
         if self.sweep.parallel != ["none"] or any(p.parallel not in (None, "none") for p in self.points):
             _check_parallel(self)
         if self.device == "cpu":
@@ -133,7 +134,9 @@ class SweepConfig(_Strict):
         """Expand the grid (and explicit points) into points, in execution order."""
         explicit = [spec.model_dump() for spec in self.points]
         replace = self.points_mode == "replace" and bool(self.points)
-        return expand(self.model.name, self.axis_values(), explicit, replace_grid=replace)
+        return expand(
+            self.model.name, self.axis_values(), explicit, replace_grid=replace, architecture=self.model.architecture
+        )
 
     def with_parallel(self, parallel: str) -> SweepConfig:
         """The same sweep with every point spread as ``parallel`` (``estimate --parallel fsdp2:8``)."""
@@ -146,7 +149,9 @@ class SweepConfig(_Strict):
     def search_templates(self) -> list[tuple[str, Point]]:
         """('batch_max' | 'layout_fit', template point) for every searched cell, in execution order."""
         kind = "batch_max" if self.sweep.batch_size == "max" else "layout_fit" if "fit" in self.sweep.layout else None
-        return [] if kind is None else search_templates(self.model.name, self.axis_values(), kind)
+        if kind is None:
+            return []
+        return search_templates(self.model.name, self.axis_values(), kind, architecture=self.model.architecture)
 
 
 def _plan(layout: str, num_layers: int, where: str) -> LayoutPlan:
@@ -197,6 +202,14 @@ def _check_seq_lens(cfg: SweepConfig, max_pos: Any) -> None:
                 f"{where}: {seq} exceeds the model's max_position_embeddings ({max_pos}); "
                 "raise it in model.overrides or lower seq_len"
             )
+
+
+def _check_attention(cfg: SweepConfig) -> None:
+    """Every attention implementation the sweep names is one the model's family supports (Gemma-2: eager)."""
+    family = cfg.model.family
+    for impl in [*(cfg.sweep.attn_implementation or []), *(p.attn_implementation for p in cfg.points)]:
+        if impl is not None and impl not in family.attention:
+            raise ValueError(attention_refusal(family, impl, _field_of(cfg, "attn_implementation", impl)))
 
 
 def _check_parallel(cfg: SweepConfig) -> None:

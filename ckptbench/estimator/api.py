@@ -46,6 +46,7 @@ from ckptbench.estimator.reserved import fast_steps, full_steps, predict_reserve
 from ckptbench.estimator.step_events import AssemblyError
 from ckptbench.estimator.step_vectors import GRADS, OPTIMIZER_STATE, PARAMS
 from ckptbench.estimator.trace import StepTrace, trace_optimizer, trace_step
+from ckptbench.train.model import uniform_layers
 from ckptbench.train.unavailable import TechniqueUnavailable
 from ckptbench.units import GIB
 
@@ -75,7 +76,10 @@ class Estimator:
         # A model no longer than the shortest short model ([c0, c0, c0]) costs nothing more to trace
         # whole; with two layers both are boundary layers next to each other, which re-assembly from
         # middle-layer costs does not cover (FSDP2 prefetches and reduces across them).
-        if self.method == "fast" and self.cfg.model.num_layers <= len(short_model_classes({"none"})):
+        # Re-assembly assumes identical decoder layers: a model whose layers differ (Gemma-2's alternating
+        # sliding-window and full-attention layers, each holding its own mask) is traced whole.
+        short = self.cfg.model.num_layers <= len(short_model_classes({"none"}))
+        if self.method == "fast" and (short or not uniform_layers(self.cfg.model)):
             self.method = "full"
 
     def classes(self, point: Point) -> list[str]:

@@ -1,6 +1,6 @@
 """Run ckptbench's own training step for a point under fake tensors and return its memory trace.
 
-The model is transformers' ``LlamaForCausalLM`` from ``train.model.build_model`` (with
+The model is the family's transformers causal LM from ``train.model.build_model`` (with
 ``apply_lora`` for LoRA points), checkpointed by ``train.checkpointing.applied``, switched by
 ``train.model.attention``, sharded by ``train.parallel.shard``, stepped by ``train.step.Trainer`` with
 the optimizer from ``train.optimizers.build_optimizer``: the code a sweep runs (set up as

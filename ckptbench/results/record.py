@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails
 
-from ckptbench.config.grid import AXIS_DEFAULTS, key_id
+from ckptbench.config.grid import KEY_FILLS, key_id
 
 Status = Literal["ok", "oom", "error", "skipped"]
 # Counts stay within int64: a damaged 10**400 would overflow every float statistic made from it.
@@ -185,10 +185,11 @@ class PointRecord(_Record):
     @classmethod
     def _complete_key(cls, key: dict[str, Scalar]) -> dict[str, Scalar]:
         """Keys name every axis: an axis added after the record was written takes its default
-        (plain training), so older runs still match newer ones by key (compare, --resume)."""
+        (plain training; a cell axis its ``absent`` value), so older runs still match newer ones by key
+        (compare, --resume)."""
         if not all(isinstance(k, str) and k for k in key):
             raise ValueError("key fields must be non-empty names")
-        return {**{k: v for k, v in AXIS_DEFAULTS.items() if k not in key}, **key}
+        return {**{k: v for k, v in KEY_FILLS.items() if k not in key}, **key}
 
     # -- identity -------------------------------------------------------------------------
     @property

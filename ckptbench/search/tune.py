@@ -96,7 +96,7 @@ def estimate_candidates(
     out: list[TuneCandidate] = []
     notes: list[str] = []
     for i, batch in enumerate(sorted(space.batch_sizes)):
-        points = space.points(cfg.model.name, batch_sizes=[batch])
+        points = space.points(cfg.model.name, architecture=cfg.model.architecture, batch_sizes=[batch])
         jobs = estimator.jobs(points)
         for j, (label, job) in enumerate(jobs):
             if on_estimate is not None:

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from ckptbench.config.layouts import LayoutPlan
-from ckptbench.train.model import decoder_layers
+from ckptbench.train.model import decoder_layers, layer_parts
 from ckptbench.train.offload import HostOffload
 
 
@@ -74,12 +74,22 @@ def _checkpointed_offloaded(forward: Any, offload: HostOffload) -> Any:
     return wrapped
 
 
+# A plan's sub-module names (config/layouts.py) -> the part of a decoder layer found by structure (layer_parts).
+_PARTS = {"self_attn": "attn", "mlp": "mlp"}
+
+
 def plan_modules(model: nn.Module, plan: LayoutPlan) -> list[nn.Module]:
-    """The modules a plan wraps, resolved against the model's own decoder layers."""
+    """The modules a plan wraps, resolved against the model's own decoder layers: a whole layer, or its
+    attention or MLP found by structure (the same in every family, whatever the submodules are named)."""
     layers = decoder_layers(model)
     if len(layers) != plan.num_layers:
         raise ValueError(f"plan is for {plan.num_layers} layers, the model has {len(layers)}")
-    return [layers.get_submodule(target) for target in plan.targets]
+    modules = []
+    for target in plan.targets:
+        index, _, part = target.partition(".")
+        layer = layers[int(index)]
+        modules.append(layer_parts(layer)[_PARTS[part]] if part else layer)
+    return modules
 
 
 @contextlib.contextmanager

@@ -27,36 +27,49 @@ def peak_tflops_for(gpu_name: str | None) -> float | None:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What FLOP counting needs of a LLaMA config."""
+    """What FLOP counting needs of a model's config (every supported family: train/model.py model_shape)."""
 
     num_layers: int
     hidden_size: int
-    attn_params: int
+    attn_params: int  # one layer's attention, biases and q/k norms included
     mlp_params: int
-    layer_params: int
+    layer_params: int  # one whole decoder layer (attention, MLP, norms)
     lm_head_params: int
+    # The query width, heads x head_dim, where it differs from hidden_size (Gemma-7B: 16 x 256 on 3072); None: equal.
+    attn_width: int | None = None
+    # Per layer, the sliding window a token attends within (None: the whole sequence); (): no layer slides.
+    sliding_windows: tuple[int | None, ...] = ()
 
     @property
     def matmul_params(self) -> int:
         """N in 6N: decoder layers and the LM head (the embedding lookup does no matmul)."""
         return self.num_layers * self.layer_params + self.lm_head_params
 
+    def attention_fwd_flops(self, layer: int, seq_len: int) -> int:
+        """Attention-score FLOPs per token of one layer's forward: QK^T and AV, 2 x 2 x width x context, the
+        context being the sequence (not halved for causal masking) or the layer's sliding window if shorter."""
+        window = self.sliding_windows[layer] if self.sliding_windows else None
+        context = seq_len if window is None else min(seq_len, window)
+        return 4 * (self.attn_width or self.hidden_size) * context
+
     @classmethod
     def of_fields(cls, fields: Mapping[str, Any]) -> ModelShape:
-        """The shape of a resolved LlamaConfig given as its fields (a preset plus overrides: no transformers)."""
+        """The shape of a LLaMA-shaped config given as its fields (no biases, no q/k norms, no sliding window;
+        no transformers needed): what the step-time model counts recomputation with."""
         d, ff, heads = int(fields["hidden_size"]), int(fields["intermediate_size"]), int(fields["num_attention_heads"])
         head_dim = int(fields.get("head_dim") or d // heads)
         q_dim, kv_dim = heads * head_dim, int(fields.get("num_key_value_heads") or heads) * head_dim
         attn, mlp = d * q_dim + 2 * d * kv_dim + q_dim * d, 3 * d * ff
         return cls(num_layers=int(fields["num_hidden_layers"]), hidden_size=d, attn_params=attn, mlp_params=mlp,
-                   layer_params=attn + mlp + 2 * d, lm_head_params=d * int(fields["vocab_size"]))
+                   layer_params=attn + mlp + 2 * d, lm_head_params=d * int(fields["vocab_size"]),
+                   attn_width=q_dim if q_dim != d else None)
 
 
-def recompute_flops_per_token(shape: ModelShape, *, seq_len: int) -> dict[str, int]:
+def recompute_flops_per_token(shape: ModelShape, *, seq_len: int, layer: int = 0) -> dict[str, int]:
     """FLOPs of one more forward of one layer's parts, per token: 'attn' (projections and attention scores),
     'mlp', and 'block' (the whole layer: both, plus its norms' parameters). What step_flops adds per
-    recomputed part."""
-    attn_fwd = 4 * shape.hidden_size * seq_len
+    recomputed part of ``layer``."""
+    attn_fwd = shape.attention_fwd_flops(layer, seq_len)
     return {
         "attn": 2 * shape.attn_params + attn_fwd,
         "mlp": 2 * shape.mlp_params,
@@ -75,22 +88,26 @@ def step_flops(
 ) -> tuple[int, int]:
     """(model FLOPs, hardware FLOPs) of one optimizer step over ``tokens`` tokens of length ``seq_len``.
 
-    Model FLOPs per token: 6N plus attention scores, 12 * layers * hidden * seq (the PaLM
-    convention, not halved for causal masking); with a frozen base (LoRA) the weight gradients
-    are not computed: 4N (adapter FLOPs are neglected). Hardware FLOPs add one more forward of
-    every checkpointed part: 2 * its parameters plus, for attention, 4 * hidden * seq; per-op
-    (selective) checkpointing saves the matmul and attention outputs, so it adds none of these.
-    ``recompute_lm_head`` (the chunked loss) adds one more forward of the LM head: 2 * its parameters.
+    Model FLOPs per token: 6N plus attention scores, 12 * layers * width * seq (the PaLM
+    convention, not halved for causal masking; width = heads x head_dim, which is the hidden size in
+    LLaMA; a sliding-window layer attends within its window when that is shorter); with a frozen base
+    (LoRA) the weight gradients are not computed: 4N (adapter FLOPs are neglected). Hardware FLOPs add
+    one more forward of every checkpointed part: 2 * its parameters plus, for attention, 4 * width *
+    context; per-op (selective) checkpointing saves the matmul and attention outputs, so it adds none of
+    these. ``recompute_lm_head`` (the chunked loss) adds one more forward of the LM head: 2 * its parameters.
     """
-    attn_fwd_per_layer = 4 * shape.hidden_size * seq_len
+    attn_fwd = [shape.attention_fwd_flops(i, seq_len) for i in range(shape.num_layers)]
     per_param = 4 if frozen_base else 6
-    model = tokens * (per_param * shape.matmul_params + 3 * shape.num_layers * attn_fwd_per_layer)
-    part = recompute_flops_per_token(shape, seq_len=seq_len)
-    per_layer = {
-        "block": part["block"], "attn": part["attn"], "mlp": part["mlp"], "attn+mlp": part["attn"] + part["mlp"],
+    model = tokens * (per_param * shape.matmul_params + 3 * sum(attn_fwd))
+    params = {
+        "block": 2 * shape.layer_params,
+        "attn": 2 * shape.attn_params,
+        "mlp": 2 * shape.mlp_params,
+        "attn+mlp": 2 * (shape.attn_params + shape.mlp_params),
         "selective": 0,
     }[plan.granularity]
-    recompute = tokens * per_layer * len(plan.layers)
+    with_attention = plan.granularity in ("block", "attn", "attn+mlp")
+    recompute = tokens * sum(params + (attn_fwd[i] if with_attention else 0) for i in plan.layers)
     if recompute_lm_head:
         recompute += tokens * 2 * shape.lm_head_params
     return model, model + recompute

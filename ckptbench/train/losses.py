@@ -105,6 +105,9 @@ def loss_head(model: nn.Module, kind: str) -> Iterator[str | None]:
     causal = _causal_lm(model)
     if type(causal.lm_head) is not nn.Linear:
         raise TechniqueUnavailable(f"loss {kind} needs a plain lm_head (LoRA on lm_head is not supported)")
+    if getattr(causal.config, "final_logit_softcapping", None):
+        # These heads compute plain logits; Gemma-2 soft-caps them first (its loss would differ).
+        raise TechniqueUnavailable(f"loss {kind} computes plain logits, and this model soft-caps them (Gemma-2)")
     if kind == "chunked":
         compute: LossFn = chunked_cross_entropy
         used = f"chunked cross-entropy, {LOSS_CHUNKS} chunks"
