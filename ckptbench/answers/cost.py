@@ -78,11 +78,13 @@ def _mixed_predicted(ctx: Context) -> Part:
     if static is not None:
         text += (f": fp32 parameters, gradients and AdamW state alone take {gib(static)} (predicted), "
                  "twice pure bf16's")
-    over_card = full.alloc > ctx.budget.budget_bytes
-    text += (f"; {'even its allocated peak is' if over_card else 'that is'} over the "
-             f"{gib(ctx.budget.budget_bytes if over_card else ctx.limit)} {'budget itself' if over_card else 'limit'}"
-             f", so no layout makes it fit an 80 GB card."
-             if not full.fits(ctx.limit) else f", within the {gib(ctx.limit)} limit.")
+    if full.fits(ctx.limit):
+        text += f", within the {gib(ctx.limit)} limit."
+    elif static is not None and static > ctx.budget.budget_bytes:
+        text += (f", more than the {gib(ctx.budget.budget_bytes)} budget itself: no layout makes it fit an 80 GB "
+                 "card.")
+    else:
+        text += f", over the {gib(ctx.limit)} limit."
     if none is not None and none.known:
         text += f" Without checkpointing: {none.gib()}."
     if pure is not None:

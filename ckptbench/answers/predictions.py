@@ -11,7 +11,7 @@ fresh process) or *fitted* (a step time from the time model, with its leave-one-
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -299,8 +299,3 @@ def fmt_alloc(c: Any) -> str:
 def fmt_gb(c: Any) -> str:
     """'64.3 GB (59.91 GiB, predicted)': decimal GB as quoted from nvidia-smi, then GiB and the label."""
     return f"{c.mem / 1e9:.1f} GB ({fmt_bytes(c.mem)}, {c.tag})"
-
-
-def labelled(items: Sequence[Any]) -> tuple[Any, ...]:
-    """The measured cites and the predicted points among ``items`` (None dropped), for a Part."""
-    return tuple(i for i in items if i is not None)

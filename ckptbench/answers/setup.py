@@ -114,7 +114,7 @@ def _offload_predicted(ctx: Context, q: Pred) -> Part:
             f"Whether offloading is faster is a question of step time, which the time model cannot answer for "
             f"offloading ({ctx.pr.why_no_time(q.key)}): measure {q.short}.")
     return Part(q.short, Verdict.OPEN, text, f"{q.short}: {q.gib()}, speed not measured", cites,
-                (Pending(STAGE_CLAIMS, _OFFLOAD_STAGE),), predicted=preds)
+                (Pending(STAGE_CLAIMS, f"{q.short} (its step time)"),), predicted=preds)
 
 
 def static_memory_dominates(ctx: Context) -> Answer:
@@ -166,7 +166,8 @@ def larger_batch_instead(ctx: Context) -> Answer:
                               f"not fit ({smallest.gib()}).", f"s={s}: does not fit", (smallest,)))
         elif found is not None:
             parts.append(_seq_predicted(ctx, s, found, ref_tokens))
-            untimed += [s] if not found.at.tps else []
+            # A larger batch that fits raises the question of speed, which only a measurement answers here.
+            untimed += [s] if parts[-1].verdict is Verdict.HOLDS and not found.at.tps else []
         else:
             parts.append(Part(f"seq {s}", Verdict.OPEN, f"none at seq {s} with a larger batch is neither measured "
                               "nor predicted.", "", pending=(Pending(STAGE_SEQ, f"none batch_size: max at seq {s}"),)))

@@ -100,7 +100,7 @@ def claim_section(a: Answer, *, limit_bytes: int = 0) -> str:
     lines += [f"*{e}*\n" for e in a.estimates]
     lines += [f"Note: {n}\n" for n in a.notes]
     if a.pending:
-        waits = "; ".join(f"`{p.stage}` ({p.what})" for p in a.pending)
+        waits = "; ".join(dict.fromkeys(f"`{p.stage}` ({p.what})" for p in a.pending))
         lines.append(f"Waits for: {waits}.\n")
     if a.cites:
         lines.append(markdown_table([_cite_row(c) for c in a.cites], CITE_COLUMNS,
@@ -229,7 +229,7 @@ def pending_lines(answers: Answers) -> list[str]:
     lines = []
     for stage, items in answers.pending.items():
         names = [f"claim {n}" if n else "the bottom line" for n in sorted({n for n, _ in items})]
-        lines.append(f"not settled yet: {', '.join(names)} wait for stage {stage}")
+        lines.append(f"not settled yet: {', '.join(names)} wait{'s' if len(names) == 1 else ''} for stage {stage}")
     return lines
 
 
