@@ -144,6 +144,14 @@ def card_section(answers: Answers) -> str:
             lines.append(f"- Batch {row.batch_size}: nothing needs checkpointing; none peaks at "
                          f"{fmt_bytes(row.fewest.mem)} reserved ({row.fewest.gb()}), and every checkpointed "
                          "layout only costs speed (claim 13).")
+        elif row.predicted is not None:
+            at = row.predicted.at
+            speed = f", {at.tps:,.0f} tok/s (fitted)" if at.tps else ""
+            fastest = (f"; the fastest measured point that fits is {row.fastest.short}, {row.fastest.tps:,.0f} tok/s"
+                       if row.fastest is not None else "")
+            lines.append(f"- Batch {row.batch_size}: the fewest first:k that fit checkpoint {row.predicted.value} of "
+                         f"{answers.scope.num_layers} layers: {at.key['layout']} needs {at.gib()}{speed}{fastest} "
+                         "(measured).")
     lines.append("")
     lines.append(markdown_table([_card_row(r) for r in answers.card], CARD_COLUMNS, right=()))
     return "\n".join(lines)
