@@ -6,12 +6,16 @@ runner records (key, plan, counts of checkpointed layers, tokens, the static par
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ckptbench.analysis.step_time import StepTimeModel, StepTimePrediction
 from ckptbench.answers.claims import Answers, answer_claims
+from ckptbench.answers.evidence import Scope
+from ckptbench.answers.predictions import OomFigures, PredictedPoint, Predictions
 from ckptbench.answers.verdicts import Budget
-from ckptbench.config.grid import AXIS_DEFAULTS
+from ckptbench.config.grid import AXIS_DEFAULTS, Point, key_id
 from ckptbench.config.layouts import parse_layout
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
@@ -54,8 +58,52 @@ def run_of(points: list[dict[str, Any]], *, path: str = "runs/a", gpu: str = "NV
     return Run(path=Path(path), meta=meta, points=[PointRecord.model_validate(p) for p in points])
 
 
-def answers(*runs: Run, budget: Budget = BUDGET) -> Answers:
-    return answer_claims(list(runs), budget=budget)
+def answers(*runs: Run, budget: Budget = BUDGET, pr: Predictions | None = None) -> Answers:
+    return answer_claims(list(runs), budget=budget, predictions=pr)
+
+
+def key(layout: str, batch: int, *, seq: int = 2048, precision: str = "bf16", **axes: Any) -> dict[str, Any]:
+    """The full key of a point of the scope (LLaMA-7B), as the estimator's predictions carry it."""
+    return {**Scope().key(layout, batch, **axes), "seq_len": seq, "precision": precision}
+
+
+def predicted(layout: str, batch: int, res: float | None = None, *, alloc: float | None = None,
+              oom: tuple[float, float, float] | None = None, state: float = 2 * PARAMS / GIB, seq: int = 2048,
+              precision: str = "bf16", **axes: Any) -> PredictedPoint:
+    """A prediction in GiB: ``res`` peak reserved; ``oom`` (request, allocated, reserved) where the replay runs
+    out; ``state`` the optimizer state (GiB)."""
+    alloc_b = int((alloc if alloc is not None else (res or 0) - 1.0) * GIB)
+    where = "warm-up step 2, forward of the loss and logits"
+    figures = OomFigures(where, *(int(x * GIB) for x in oom)) if oom else None
+    return PredictedPoint(key(layout, batch, seq=seq, precision=precision, **axes), alloc_b,
+                          None if oom else int((res or 0) * GIB), figures, int(PARAMS), 0, int(state * GIB))
+
+
+@dataclass(frozen=True)
+class FixedTimes(StepTimeModel):
+    """Step times given by hand (key -> ms), labelled fitted, as the time model would give them."""
+
+    ms: dict[str, float] = field(default_factory=dict)
+
+    def predict(self, point: Point, *, gpu: Any = None) -> StepTimePrediction | None:
+        ms = self.ms.get(point.key_id)
+        if ms is None:
+            return None
+        return StepTimePrediction(ms / 1e3, point.tokens / (ms / 1e3), "fitted to hand-built points", 0.02, "fitted")
+
+    def why_not(self, point: Point, *, gpu: Any = None) -> str:
+        return "no measured point of this setup"
+
+
+def predictions(*points: PredictedPoint, ms: dict[str, float] | None = None) -> Predictions:
+    """Predictions as `ckptbench answers` hands them in, on an H200-like card; ``ms`` by key_id (see ``key``)."""
+    return Predictions({p.key_id: p for p in points}, "NVIDIA H200", int(139.8 * GIB), int(0.74 * GIB),
+                       "hand-built predictions", FixedTimes(cells=(), ms=ms or {}))
+
+
+def times(*pairs: tuple[dict[str, Any], float]) -> dict[str, float]:
+    """Step times (ms) by point key, for ``predictions``."""
+    return {key_id(k): ms for k, ms in pairs}
 
 
 def base_points() -> list[dict[str, Any]]:

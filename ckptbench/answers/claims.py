@@ -1,15 +1,16 @@
 """The fourteen claims about checkpointing LLaMA-7B on an 80 GB card, each answered from measured runs (pure).
 
-``answer_claims(runs, budget)`` returns one :class:`~ckptbench.answers.verdicts.Answer` per claim, in
-order. Every number comes from a point of the given runs (cited with its key and run) or is labelled
-an estimate; a claim that needs a run not committed yet says which stage of the GPU campaign
-(``scripts/gpu_check.sh``) will measure it.
+``answer_claims(runs, budget, predictions=...)`` returns one :class:`~ckptbench.answers.verdicts.Answer` per
+claim, in order. Every number comes from a point of the given runs (cited with its key and run), or, where
+no run measured it, from the predictions handed in (answers/predictions.py: memory predicted by the
+estimator, step times fitted to the runs), labelled as such; a claim that neither can settle says which
+stage of the GPU campaign (``scripts/gpu_check.sh``) will measure it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckptbench.analysis.layer_series import CellSeries, layer_series
@@ -23,6 +24,7 @@ from ckptbench.answers.layers import (
     every_second_or_second_half,
     first_half_only,
 )
+from ckptbench.answers.predictions import Predictions
 from ckptbench.answers.ranges import CardRow, card_rows, last_few_layers, middle_layers
 from ckptbench.answers.setup import (
     activation_offloading,
@@ -92,6 +94,7 @@ class Answers:
     series: dict[int, CellSeries]
     splits: tuple[MemorySplit, ...]
     transfer: Transfer
+    predictions: Predictions = field(default_factory=Predictions)
 
     @property
     def pending(self) -> dict[str, list[tuple[int, Pending]]]:
@@ -131,15 +134,18 @@ def _scope_series(runs: Sequence[Run], scope: Scope) -> dict[int, CellSeries]:
     return dict(sorted(out.items()))
 
 
-def answer_claims(runs: Sequence[Run], *, budget: Budget, scope: Scope | None = None) -> Answers:
-    """Answer every claim from the runs (given in order of preference: the first run holding a key is cited)."""
+def answer_claims(runs: Sequence[Run], *, budget: Budget, scope: Scope | None = None,
+                  predictions: Predictions | None = None) -> Answers:
+    """Answer every claim from the runs (given in order of preference: the first run holding a key is cited),
+    and, where no run measured a point, from ``predictions`` (none: measured points only)."""
     if not runs:
         raise ResultsError("answers: give at least one run directory")
     scope = scope or Scope()
     series = _scope_series(runs, scope)
-    ctx = Context(Evidence(runs, scope=scope), budget, series)
+    pr = predictions or Predictions()
+    ctx = Context(Evidence(runs, scope=scope), budget, series, pr)
     answers = tuple(claim(ctx) for claim in CLAIMS)
     assert [a.number for a in answers] == list(range(1, len(CLAIMS) + 1)), "claims out of order"
     labels = {c.label for c in series.values()}
     splits = tuple(s for s in memory_splits(merged_run(runs)) if s.cell in labels)
-    return Answers(tuple(runs), budget, scope, answers, tuple(card_rows(ctx)), series, splits, transfer_of(runs))
+    return Answers(tuple(runs), budget, scope, answers, tuple(card_rows(ctx)), series, splits, transfer_of(runs), pr)

@@ -39,6 +39,7 @@ class Cite:
 
     run: str  # the run directory as given on the command line
     record: PointRecord
+    tag = "measured"  # how every number of a Cite was obtained (a predicted point says 'predicted')
 
     @property
     def key(self) -> dict[str, Any]:
@@ -63,6 +64,11 @@ class Cite:
     @property
     def ok(self) -> bool:
         return self.record.ok
+
+    @property
+    def known(self) -> bool:
+        """Its memory is known: it ran, or it ran out of memory."""
+        return self.record.status in ("ok", "oom")
 
     @property
     def mem(self) -> int:

@@ -8,6 +8,8 @@ Memory is peak reserved (what must fit on the card) unless a text says allocated
 from __future__ import annotations
 
 from ckptbench.answers.evidence import Cite
+from ckptbench.answers.predictions import Pred
+from ckptbench.answers.process import oom_process_note
 from ckptbench.answers.verdicts import STAGE_LAYOUT_FIT, Answer, Context, Part, Pending, Verdict, gib, pct, times, tok
 
 MATERIAL_SHARE = 0.25  # a partial layout saving this share of all's saving has made memory drop
@@ -32,7 +34,7 @@ def share_of_all(none: Cite, full: Cite, part: Cite) -> float:
     return (none.mem - part.mem) / saving if saving > 0 else 0.0
 
 
-def _layout(c: Cite) -> str:
+def _layout(c: Cite | Pred) -> str:
     return str(c.key["layout"])
 
 
@@ -40,7 +42,17 @@ def every_layer_or_nothing(ctx: Context) -> Answer:
     """Claim 1: Checkpoint every layer; anything less is why memory does not drop."""
     parts = [p for b in sorted(ctx.series) if (p := _every_layer_or_nothing_at(ctx, b)) is not None]
     return Answer(1, "Checkpoint every layer (gradient_checkpointing_enable()); anything less is why memory "
-                  "does not drop.", tuple(parts))
+                  "does not drop.", tuple(parts), notes=oom_notes(ctx))
+
+
+def oom_notes(ctx: Context) -> tuple[str, ...]:
+    """For each plain none of the scope that ran out of memory: does that depend on the process? (predicted)"""
+    notes = []
+    for b in sorted(ctx.series):
+        none = ctx.ev.find("none", b)
+        if none is not None and (note := oom_process_note(ctx.ev, ctx.pr, none, ctx.predicted("none", b))):
+            notes.append(note)
+    return tuple(notes)
 
 
 def _every_layer_or_nothing_at(ctx: Context, b: int) -> Part | None:
@@ -62,9 +74,19 @@ def _every_layer_or_nothing_at(ctx: Context, b: int) -> Part | None:
     fit_text = ", ".join(_layout(c) for c in fits) + " fit" if fits else "none of these partial layouts fits"
     text = (f"At batch {b}, none does not run ({none.record.status.upper()}) while {runs}; all peaks at "
             f"{gib(full.mem)}. Under the {gib(ctx.limit)} limit {fit_text}.")
-    pend = () if fits else (Pending(STAGE_LAYOUT_FIT, f"the fewest first:k that fit at batch {b}"),)
-    return Part(f"batch {b}", Verdict.FAILS, text, f"b={b}: none {none.record.status.upper()}, partial layouts run",
-                (none, full, *some), pend)
+    found = None if fits else ctx.pr.search_named(ctx.ev.scope, f"fewest first:k b={b}", ctx.limit)
+    preds: tuple[Pred, ...] = ()
+    if found is not None:
+        text += (f" The fewest first:k that fit: {_layout(found.at)}, {found.value} of {ctx.ev.scope.num_layers} "
+                 f"layers, needs {found.at.gib()}"
+                 + (f" and {_layout(found.beyond)} {found.beyond.gib()}" if found.beyond is not None else "") + ".")
+        preds = tuple(p for p in (found.at, found.beyond) if p is not None)
+    pend = () if fits or found is not None else (
+        Pending(STAGE_LAYOUT_FIT, f"the fewest first:k that fit at batch {b}"),)
+    short = f"b={b}: none {none.record.status.upper()}, partial layouts run"
+    if found is not None:
+        short += f"; {_layout(found.at)} fits (predicted)"
+    return Part(f"batch {b}", Verdict.FAILS, text, short, (none, full, *some), pend, predicted=preds)
 
 
 def every_fourth_layer(ctx: Context) -> Answer:
@@ -137,20 +159,15 @@ def _first_half_only_at(ctx: Context, b: int) -> Part | None:
 
 
 def attention_and_mlp_apart(ctx: Context) -> Answer:
-    """Claim 7: Wrap attention and MLP separately (finer granularity) to save more; expect 2x slower."""
+    """Claim 7: Wrap attention and MLP separately (finer granularity) to save more; expect 2x slower.
+
+    "Saves more" is judged on peak allocated (the tensors) and on peak reserved (what must fit) both; where
+    they disagree the part holds only when memory is counted the way it says so, and says it."""
     parts = []
     for b in sorted(ctx.series):
         fine, full = ctx.ev.ok("all@attn+mlp", b), ctx.ev.ok("all", b)
-        if fine is None or full is None:
-            continue
-        more = fine.mem < full.mem * (1 - SAVES_MORE)
-        others = [c for c in (ctx.ev.ok("all@attn", b), ctx.ev.ok("all@mlp", b)) if c]
-        text = (f"At batch {b}, all@attn+mlp peaks at {gib(fine.mem)} reserved ({gib(fine.alloc)} allocated), whole "
-                f"layers (all) at {gib(full.mem)} ({gib(full.alloc)} allocated)"
-                + "".join(f"; {_layout(c)} {gib(c.mem)}" for c in others) + ".")
-        short = f"b={b}: {gib(fine.mem)} vs all {gib(full.mem)}"
-        parts.append(Part(f"saves more at batch {b}", Verdict.HOLDS if more else Verdict.FAILS, text, short,
-                          (fine, full, *others)))
+        if fine is not None and full is not None:
+            parts.append(_saves_more(ctx, b, fine, full))
     for b in sorted(ctx.series):
         fine, none = ctx.ev.ok("all@attn+mlp", b), ctx.ev.ok("none", b)
         if fine is None or none is None:
@@ -162,3 +179,37 @@ def attention_and_mlp_apart(ctx: Context) -> Answer:
                           f"b={b}: {times(ratio)} the step time", (fine, none)))
     return Answer(7, "Wrap attention and MLP separately (finer granularity) to save more; expect 2x slower.",
                   tuple(parts))
+
+
+def _saves_more(ctx: Context, b: int, fine: Cite, full: Cite) -> Part:
+    more_res = fine.mem < full.mem * (1 - SAVES_MORE)
+    more_alloc = fine.alloc < full.alloc * (1 - SAVES_MORE)
+    others = [c for c in (ctx.ev.ok("all@attn", b), ctx.ev.ok("all@mlp", b)) if c]
+    d_res, d_alloc = fine.mem - full.mem, fine.alloc - full.alloc
+    text = (f"At batch {b}, all@attn+mlp peaks at {gib(fine.mem)} reserved and {gib(fine.alloc)} allocated, whole "
+            f"layers (all) at {gib(full.mem)} and {gib(full.alloc)}: {_signed(d_res)} reserved, {_signed(d_alloc)} "
+            "allocated" + "".join(f"; {_layout(c)} {gib(c.mem)} reserved, {gib(c.alloc)} allocated" for c in others)
+            + ".")
+    short = f"b={b}: {gib(fine.mem)} vs all {gib(full.mem)} reserved"
+    if more_res != more_alloc:
+        counted, other = ("allocated", "reserved") if more_alloc else ("reserved", "allocated")
+        text += (f" Allocated and reserved disagree: it saves more than {pct(SAVES_MORE)} counted as {counted} "
+                 f"memory, not as {other} (the allocator's cache: {gib(fine.mem - fine.alloc)} vs "
+                 f"{gib(full.mem - full.alloc)}).")
+        return Part(f"saves more at batch {b}", Verdict.ONLY_WHEN, text, short + f" ({counted} only)",
+                    (fine, full, *others), condition=f"memory is counted as {counted} (batch {b})")
+    if (d_res < 0) != (d_alloc < 0) and d_res != 0 and d_alloc != 0:
+        lower, higher = ("allocated", "reserved") if d_alloc < 0 else ("reserved", "allocated")
+        text += (f" Allocated and reserved disagree in direction: lower {lower}, higher {higher} (the allocator's "
+                 f"cache: {gib(fine.mem - fine.alloc)} vs {gib(full.mem - full.alloc)}); neither saves more than "
+                 f"{pct(SAVES_MORE)}.")
+        short += f", {gib(fine.alloc)} vs {gib(full.alloc)} allocated (disagree in direction)"
+    else:
+        text += (f" Allocated and reserved agree: {'it saves' if more_res else 'neither saves'} more than "
+                 f"{pct(SAVES_MORE)}" + (" either way." if more_res else "."))
+    return Part(f"saves more at batch {b}", Verdict.HOLDS if more_res else Verdict.FAILS, text, short,
+                (fine, full, *others))
+
+
+def _signed(n: float) -> str:
+    return f"{'+' if n > 0 else '-' if n < 0 else ''}{gib(abs(n))}"

@@ -2,7 +2,8 @@
 
 The user's question is "how many layers should I checkpoint on my 80 GB card?": :func:`card_rows`
 answers it per measured batch size from the points that ran, and where the boundary lies between two
-measured layouts it gives an estimate from the measured saving per layer, labelled as one.
+measured layouts it gives the fewest first:k that fit found by prediction (labelled), or, without
+predictions, an estimate from the measured saving per layer, labelled as one.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from ckptbench.analysis.layer_series import CellSeries
 from ckptbench.answers.evidence import Cite
+from ckptbench.answers.predictions import BATCH_UP_TO, MIDDLE, Found, Pred, fmt_gb, fmt_tok
 from ckptbench.answers.verdicts import (
     STAGE_BATCH_MAX,
     STAGE_CLAIMS,
@@ -24,39 +26,52 @@ from ckptbench.answers.verdicts import (
     Verdict,
     gib,
     pct,
-    tok,
 )
 
-MIDDLE, MIDDLE_STAND_IN = "range:8-12", "range:8-19"
+MIDDLE_STAND_IN = "range:8-19"
 GB_50S = 60e9  # "goes to 50+ GB": under 60 GB (decimal, as quoted from nvidia-smi)
 ABOUT_50_GB = 55e9  # "about 50 GB": within 10%
 SPEED_LOSS = 0.30  # "under 30% speed loss"
-BATCH_UP_TO = 6
 
 
 def middle_layers(ctx: Context) -> Answer:
     """Claim 5: Checkpoint only the middle layers (8-12): 70+ GB to 50+ GB at under 30% speed loss, batch up to 6."""
-    none, mid = ctx.ev.ok("none", 2), ctx.ev.ok(MIDDLE, 2)
+    none = ctx.ev.ok("none", 2)
+    mid = ctx.point(MIDDLE, 2)
     stand = ctx.ev.ok(MIDDLE_STAND_IN, 2)
     pend = (Pending(STAGE_CLAIMS, f"{MIDDLE} at batch 2"),)
-    if none is None or mid is None:
+    if none is None or mid is None or not mid.ok:
         near = (f" The nearest measured middle layout, {MIDDLE_STAND_IN} (12 layers), goes from {none.gb()} "
                 f"({gib(none.mem)}) to {stand.gb()} ({gib(stand.mem)}) at batch 2, "
                 f"{pct(1 - stand.tps / none.tps)} fewer tokens/s." if none and stand else "")
         cites = tuple(c for c in (none, stand) if c)
-        mem = Part("50+ GB at batch 2", Verdict.OPEN, f"{MIDDLE} is not measured yet.{near}",
+        mem = Part("50+ GB at batch 2", Verdict.OPEN, f"{MIDDLE} is neither measured nor predicted.{near}",
                    f"{MIDDLE} not measured", cites, pend)
-        speed = Part("under 30% speed loss", Verdict.OPEN, f"{MIDDLE} is not measured yet.", "", cites, pend)
-    else:
+        speed = Part("under 30% speed loss", Verdict.OPEN, f"{MIDDLE} is neither measured nor predicted.", "",
+                     cites, pend)
+        return Answer(5, _MIDDLE_CLAIM, (mem, speed, _batch_up_to(ctx)))
+    cites, preds = split(none, mid)
+    mem = Part("50+ GB at batch 2", Verdict.HOLDS if mid.mem < GB_50S else Verdict.FAILS,
+               f"At batch 2, {MIDDLE} goes from {fmt_gb(none)} to {fmt_gb(mid)}.",
+               f"{none.gb()} -> {mid.gb()}", cites, predicted=preds)
+    if mid.tps:
         loss = 1 - mid.tps / none.tps
-        mem = Part("50+ GB at batch 2", Verdict.HOLDS if mid.mem < GB_50S else Verdict.FAILS,
-                   f"At batch 2, {MIDDLE} goes from {none.gb()} ({gib(none.mem)}) to {mid.gb()} ({gib(mid.mem)}).",
-                   f"{none.gb()} -> {mid.gb()}", (none, mid))
         speed = Part("under 30% speed loss", Verdict.HOLDS if loss < SPEED_LOSS else Verdict.FAILS,
-                     f"{MIDDLE} runs at {tok(mid)} vs {tok(none)}: {pct(loss)} slower.", f"{pct(loss)} slower",
-                     (none, mid))
-    return Answer(5, "Checkpoint only the middle layers (8-12): 70+ GB goes to 50+ GB at under 30% speed loss, "
-                  "batch up to 6.", (mem, speed, _batch_up_to(ctx)))
+                     f"{MIDDLE} runs at {fmt_tok(mid)} vs {fmt_tok(none)} for none: {pct(loss)} slower.",
+                     f"{pct(loss)} slower" + (" (fitted)" if isinstance(mid, Pred) else ""), cites, predicted=preds)
+    else:
+        speed = Part("under 30% speed loss", Verdict.OPEN, f"{MIDDLE}'s step time is not predicted "
+                     f"({ctx.pr.why_no_time(mid.key)}).", "", cites, pend, predicted=preds)
+    return Answer(5, _MIDDLE_CLAIM, (mem, speed, _batch_up_to(ctx)))
+
+
+_MIDDLE_CLAIM = ("Checkpoint only the middle layers (8-12): 70+ GB goes to 50+ GB at under 30% speed loss, "
+                 "batch up to 6.")
+
+
+def split(*items: Cite | Pred | None) -> tuple[tuple[Cite, ...], tuple[Pred, ...]]:
+    """The measured cites and the predicted points among ``items`` (None dropped), for a Part."""
+    return (tuple(c for c in items if isinstance(c, Cite)), tuple(c for c in items if isinstance(c, Pred)))
 
 
 def boundary(ctx: Context, layout: str, **axes: Any) -> tuple[Cite | None, Cite | None]:
@@ -80,8 +95,24 @@ def _batch_up_to(ctx: Context) -> Part:
         return Part(f"batch {BATCH_UP_TO} fits", Verdict.HOLDS, said + ".", f"batch {lb} fits", cites)
     if sb is not None and sb <= BATCH_UP_TO:
         return Part(f"batch {BATCH_UP_TO} fits", Verdict.FAILS, said + ".", f"batch {sb} does not fit", cites)
+    found = ctx.pr.search_named(ctx.ev.scope, f"largest batch {MIDDLE}", ctx.limit)
+    if found is not None:
+        v, at, beyond = found.value, found.at, found.beyond
+        text = (f"The largest batch of {MIDDLE} that fits {gib(ctx.limit)}: {v} ({at.gib()}, {fmt_tok(at)})"
+                + (f"; batch {v + 1} needs {beyond.gib()}" if beyond is not None else
+                   f" (or more: {v} is the largest searched)") + ".")
+        six = ctx.predicted(MIDDLE, BATCH_UP_TO)
+        if six is not None and v < BATCH_UP_TO:
+            text += f" Batch {BATCH_UP_TO} needs {six.gib()}."
+        preds = tuple(p for p in (at, beyond, six) if p is not None)
+        if v >= BATCH_UP_TO:
+            return Part(f"batch {BATCH_UP_TO} fits", Verdict.HOLDS, text, f"batch {v} fits (predicted)", cites,
+                        predicted=preds)
+        return Part(f"batch {BATCH_UP_TO} fits", Verdict.FAILS, text, f"largest batch {v} (predicted)", cites,
+                    predicted=preds)
     pend = (Pending(STAGE_BATCH_MAX, f"{MIDDLE} batch_size: max under the budget"),)
-    return Part(f"batch {BATCH_UP_TO} fits", Verdict.OPEN, f"Not measured yet ({said}).", "", cites, pend)
+    return Part(f"batch {BATCH_UP_TO} fits", Verdict.OPEN, f"Neither measured nor predicted ({said}).", "", cites,
+                pend)
 
 
 def last_few_layers(ctx: Context) -> Answer:
@@ -94,16 +125,17 @@ def last_few_layers(ctx: Context) -> Answer:
                  "batch" + (f"; even all peaks at {gib(full.mem)} ({full.gb()})." if full else "."))
     parts = []
     for k in (4, 5, 6):
-        c = ctx.ev.find(f"last:{k}", 2)
+        c = ctx.point(f"last:{k}", 2)
         if c is None or not c.ok:
             if k in (4, 6):
-                parts.append(Part(f"last:{k}", Verdict.OPEN, f"last:{k} at batch 2 is not measured yet.", "",
-                                  pending=(Pending(STAGE_CLAIMS, f"last:{k} at batch 2"),)))
+                parts.append(Part(f"last:{k}", Verdict.OPEN, f"last:{k} at batch 2 is neither measured nor "
+                                  "predicted.", "", pending=(Pending(STAGE_CLAIMS, f"last:{k} at batch 2"),)))
             continue
-        text = (f"At batch 2, last:{k} peaks at {c.gb()} ({gib(c.mem)} reserved)"
-                + (f", from {none.gb()} without checkpointing." if none else ".") + floor)
+        text = (f"At batch 2, last:{k} peaks at {fmt_gb(c)}"
+                + (f", from {none.gb()} ({gib(none.mem)}) without checkpointing." if none else ".") + floor)
         verdict = Verdict.HOLDS if c.mem <= ABOUT_50_GB else Verdict.FAILS
-        parts.append(Part(f"last:{k}", verdict, text, f"last:{k}: {c.gb()}", tuple(x for x in (c, none, full) if x)))
+        cites, preds = split(c, none, full)
+        parts.append(Part(f"last:{k}", verdict, text, f"last:{k}: {c.gb()}", cites, predicted=preds))
     return Answer(6, "Checkpoint only the last 4-6 layers: memory down to about 50 GB.", tuple(parts))
 
 
@@ -117,6 +149,7 @@ class CardRow:
     over: Cite | None  # the measured whole-layer point with the most layers below ``fewest`` that does not fit
     estimate_k: int | None  # fewest first:k that would fit, estimated from the measured saving per layer
     pending: tuple[Pending, ...]
+    predicted: Found | None = None  # the fewest first:k that fit, found by prediction (when not measured)
 
 
 def card_rows(ctx: Context) -> list[CardRow]:
@@ -134,8 +167,10 @@ def card_rows(ctx: Context) -> list[CardRow]:
         k_over = (over.record.num_checkpointed or 0) if over else None
         # Exact only when nothing needs checkpointing or the two measured neighbours are one layer apart.
         exact = fewest is not None and (k_fit == 0 or (k_over is not None and k_over + 1 == k_fit))
-        pend = () if exact else (Pending(STAGE_LAYOUT_FIT, f"layout: fit at batch {b}"),)
-        rows.append(CardRow(b, fewest, fastest, over, _estimate_k(ctx, over, fewest), pend))
+        found = None if exact else ctx.pr.search_named(ctx.ev.scope, f"fewest first:k b={b}", ctx.limit)
+        pend = () if exact or found is not None else (Pending(STAGE_LAYOUT_FIT, f"layout: fit at batch {b}"),)
+        estimate = None if found is not None else _estimate_k(ctx, over, fewest)
+        rows.append(CardRow(b, fewest, fastest, over, estimate, pend, found))
     return rows
 
 

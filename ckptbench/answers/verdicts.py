@@ -2,17 +2,20 @@
 
 A claim often bundles several statements ("saves more; expect 2x slower") or several forms ("8-bit
 Adam; LoRA; mixed precision"). Each is a :class:`Part` with its own verdict; the claim's verdict
-combines the parts that were measured. A part that needs a run not committed yet is ``OPEN`` and
-names the GPU-campaign stage (``scripts/gpu_stages/``) that will measure it.
+combines the parts that were settled, by measured points or, where none was measured, by predicted ones
+(answers/predictions.py: exact memory predictions, fitted step times). A part that neither can settle is
+``OPEN`` and names the GPU-campaign stage (``scripts/gpu_stages/``) that will measure it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from ckptbench.analysis.layer_series import CellSeries
 from ckptbench.answers.evidence import Cite, Evidence
+from ckptbench.answers.predictions import Pred, Predictions
 from ckptbench.units import fmt_bytes
 
 # Stages of the GPU campaign (scripts/gpu_check.sh) that the open parts wait for.
@@ -50,6 +53,7 @@ class Part:
     cites: tuple[Cite, ...] = ()
     pending: tuple[Pending, ...] = ()
     condition: str = ""  # for ONLY_WHEN: when it holds
+    predicted: tuple[Pred, ...] = ()  # the predicted points (memory predicted, time fitted) it rests on
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,24 @@ class Answer:
     def pending(self) -> tuple[Pending, ...]:
         return tuple(p for part in self.parts for p in part.pending)
 
+    @property
+    def predicted(self) -> tuple[Pred, ...]:
+        seen: dict[str, Pred] = {}
+        for part in self.parts:
+            for p in part.predicted:
+                seen.setdefault(p.point.key_id, p)
+        return tuple(seen.values())
+
+    @property
+    def basis(self) -> str:
+        """What the settled parts rest on: 'measured', 'predicted' (every settled part rests on predictions
+        too) or 'partly predicted'."""
+        settled = [p for p in self.parts if p.verdict is not Verdict.OPEN]
+        with_pred = [p for p in settled if p.predicted]
+        if not with_pred:
+            return "measured"
+        return "predicted" if len(with_pred) == len(settled) else "partly predicted"
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -126,10 +148,29 @@ class Context:
     ev: Evidence
     budget: Budget
     series: dict[int, CellSeries]  # plain-training cells of the scope, by batch size
+    pr: Predictions = field(default_factory=Predictions)  # what no run measured, predicted (may be empty)
 
     @property
     def limit(self) -> int:
         return self.budget.limit_bytes
+
+    def predicted(self, layout: str, batch_size: int, **axes: Any) -> Pred | None:
+        """The prediction of a point of the scope (plain training unless ``axes`` say otherwise), if made."""
+        return self.pr.get(self.ev.scope.key(layout, batch_size, **axes))
+
+    def point(self, layout: str, batch_size: int, **axes: Any) -> Cite | Pred | None:
+        """The measured point where a run holds it (any status), else its prediction, else None."""
+        found = self.ev.find(layout, batch_size, **axes)
+        return found if found is not None else self.predicted(layout, batch_size, **axes)
+
+    def timed(self, layout: str, batch_size: int, **axes: Any) -> Cite | Pred | None:
+        """Like ``point``, but a measured point that did not run gives way to a prediction that has a step time
+        (so a comparison of speed can still be made, labelled fitted)."""
+        found = self.point(layout, batch_size, **axes)
+        if isinstance(found, Cite) and not found.ok:
+            pred = self.predicted(layout, batch_size, **axes)
+            return pred if pred is not None and pred.step_s else found
+        return found
 
 
 def gib(n: float) -> str:

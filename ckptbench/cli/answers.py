@@ -1,4 +1,5 @@
-"""`ckptbench answers`: every claim about checkpointing, judged on committed runs (docs/answers.md)."""
+"""`ckptbench answers`: every claim about checkpointing, judged on committed runs (docs/answers.md), and, where no
+run measured a point, on exact memory predictions and step times fitted to the runs."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from ckptbench.errors import CkptbenchError, ResultsError
 
 if TYPE_CHECKING:  # imported when the claims are answered: the CLI stays fast to start
     from ckptbench.answers.claims import Answers
+    from ckptbench.answers.predictions import Predictions
+    from ckptbench.answers.verdicts import Budget
+    from ckptbench.results.store import Run
 
 RunsArg = Annotated[list[str], typer.Argument(
     metavar="RUN...", help="Run directories, preferred first: the first run holding a point is the one cited.")]
@@ -22,6 +26,9 @@ AnswersOutOpt = Annotated[Path | None, typer.Option(
 ReadmeOpt = Annotated[Path | None, typer.Option(
     "--readme", metavar="FILE", help="Also replace the verdict table between the answers markers of this README.")]
 AnswersBudgetOpt = Annotated[str, typer.Option("--budget", metavar="SIZE", help="The card: GiB (80) or with a unit.")]
+NoPredictOpt = Annotated[bool, typer.Option(
+    "--measured-only", help="Judge on measured points only: no memory predictions (the estimator), no fitted step "
+    "times; faster, and more claims stay not settled.")]
 
 
 def answers_cmd(
@@ -30,14 +37,17 @@ def answers_cmd(
     budget: AnswersBudgetOpt = "80",
     headroom: HeadroomOpt = DEFAULT_HEADROOM,
     readme: ReadmeOpt = None,
+    measured_only: NoPredictOpt = False,
 ) -> None:
-    """Judge the fourteen claims about checkpointing LLaMA-7B on an 80 GB card from measured runs."""
+    """Judge the fourteen claims about checkpointing LLaMA-7B on an 80 GB card from measured runs, and where
+    nothing was measured, from exact memory predictions and fitted step times (each labelled)."""
     from ckptbench.render.answers import pending_lines, publish_answers, verdict_table
 
     command = shlex.join(["ckptbench", "answers", *runs, "--budget", budget, "--headroom", headroom,
+                          *(["--measured-only"] if measured_only else []),
                           *(["--out", str(out_file)] if out_file else [])])
     try:
-        answers = _answers(runs, budget=budget, headroom=headroom)
+        answers = _answers(runs, budget=budget, headroom=headroom, predict=not measured_only)
         done = publish_answers(answers, out=out_file, readme=readme, command=command)
     except CkptbenchError as exc:
         raise fail(exc) from None
@@ -51,7 +61,7 @@ def answers_cmd(
     typer.echo(done.markdown if out_file is None else verdict_table(answers, link=str(out_file)), nl=False)
 
 
-def _answers(runs: list[str], *, budget: str, headroom: str) -> Answers:
+def _answers(runs: list[str], *, budget: str, headroom: str, predict: bool) -> Answers:
     from ckptbench.answers.claims import answer_claims
     from ckptbench.answers.verdicts import Budget
     from ckptbench.results.store import load_run
@@ -59,4 +69,16 @@ def _answers(runs: list[str], *, budget: str, headroom: str) -> Answers:
 
     budget_bytes = parse_size(budget)
     limit = Budget(budget_bytes, parse_headroom(headroom, budget_bytes=budget_bytes))
-    return answer_claims([load_run(r) for r in runs], budget=limit)
+    loaded = [load_run(r) for r in runs]
+    predictions = _predictions(loaded, limit) if predict else None
+    return answer_claims(loaded, budget=limit, predictions=predictions)
+
+
+def _predictions(runs: list[Run], limit: Budget) -> Predictions:
+    """What the claims need that no run measured: predicted on a CPU (tens of seconds; progress on stderr)."""
+    from ckptbench.advise.claim_predictions import predict_for_claims
+    from ckptbench.answers.evidence import Scope
+    from ckptbench.cli.progress import EstimateProgressBar
+
+    with EstimateProgressBar(err) as bar:
+        return predict_for_claims(runs, scope=Scope(), limit_bytes=limit.limit_bytes, on_progress=bar.update)

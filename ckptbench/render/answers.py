@@ -11,10 +11,11 @@ from pathlib import Path
 
 from ckptbench.answers.claims import Answers
 from ckptbench.answers.evidence import Cite
+from ckptbench.answers.predictions import Pred
 from ckptbench.answers.ranges import CardRow, saving_per_layer
 from ckptbench.answers.verdicts import Answer, Verdict
 from ckptbench.errors import ResultsError
-from ckptbench.render.answers_text import TITLES, intro, transfer_section
+from ckptbench.render.answers_text import TITLES, intro, predictions_section, transfer_section
 from ckptbench.render.layer_plots import plot_layers
 from ckptbench.render.layer_report import interval_table, ordering_table, split_table
 from ckptbench.render.tables import markdown_table
@@ -22,23 +23,28 @@ from ckptbench.results.store import write_text_atomic
 from ckptbench.units import fmt_bytes
 
 PLOT_FILE = "answers-layers.png"
-VERDICT_COLUMNS = ("#", "claim", "verdict", "measured")
+VERDICT_COLUMNS = ("#", "claim", "verdict", "deciding numbers")
 CITE_COLUMNS = ("point", "run", "allocated", "reserved", "step ms", "tok/s", "status")
-CARD_COLUMNS = ("batch", "fewest layers that fit", "fastest that fits", "closest over the limit", "estimate",
-                "waits for")
+PRED_COLUMNS = ("point", "allocated (predicted)", "reserved (predicted)", "fits the limit", "step ms (fitted)",
+                "tok/s (fitted)", "fit's error bound")
+CARD_COLUMNS = ("batch", "fewest layers that fit", "fastest that fits", "closest over the limit",
+                "fewest first:k that fit", "waits for")
 
 
 def verdict_text(a: Answer) -> str:
-    """'does not hold', 'holds only when every:4 fits ...', plus '(partly open)' where a part waits for a run."""
+    """'does not hold', 'holds only when every:4 fits ...', plus '(predicted)' or '(partly predicted)' where it
+    rests on predictions, and '(partly open)' where a part waits for a run."""
     text = a.verdict.value + (f" {a.condition}" if a.verdict is Verdict.ONLY_WHEN else "")
-    return text + (" (partly open)" if a.partly_open and a.verdict is not Verdict.OPEN else "")
+    notes = [a.basis] if a.verdict is not Verdict.OPEN and a.basis != "measured" else []
+    notes += ["partly open"] if a.partly_open and a.verdict is not Verdict.OPEN else []
+    return text + (f" ({', '.join(notes)})" if notes else "")
 
 
 def verdict_table(answers: Answers, *, link: str = "") -> str:
     """The short table: one row per claim, linking to its section in ``link`` (this page when empty)."""
     rows = [
         {"#": f"[{a.number}]({link}#{anchor(a)})", "claim": TITLES[a.number - 1],
-         "verdict": f"**{verdict_text(a)}**", "measured": a.summary or "-"}
+         "verdict": f"**{verdict_text(a)}**", "deciding numbers": a.summary or "-"}
         for a in answers.answers
     ]
     return markdown_table(rows, VERDICT_COLUMNS, right=())
@@ -61,18 +67,48 @@ def _cite_row(c: Cite) -> dict[str, str]:
     }
 
 
-def claim_section(a: Answer) -> str:
+def _pred_row(p: Pred, limit_bytes: int) -> dict[str, str]:
+    point, t = p.point, p.time
+    if not p.known:
+        fits = "not estimated"
+    else:
+        fits = "yes" if p.fits(limit_bytes) else ("no: OOM" if point.oom is not None else "no")
+    bound = t.error_bound if t is not None else None
+    return {
+        "point": p.label,
+        "allocated (predicted)": fmt_bytes(point.peak_allocated_bytes) if p.known else "-",
+        "reserved (predicted)": fmt_bytes(p.mem) if p.ok and point.peak_reserved_bytes is not None else
+        ("OOM" if point.oom is not None else "-"),
+        "fits the limit": fits,
+        "step ms (fitted)": f"{t.step_time_s * 1e3:.1f}" if t is not None else "-",
+        "tok/s (fitted)": f"{t.tokens_per_s:,.0f}" if t is not None else "-",
+        "fit's error bound": f"{bound:.1%}" if bound is not None else "-",
+    }
+
+
+def predicted_table(points: tuple[Pred, ...], limit_bytes: int) -> str:
+    """The predicted points a claim rests on: memory predicted by the estimator, step times fitted."""
+    return markdown_table([_pred_row(p, limit_bytes) for p in points], PRED_COLUMNS,
+                          right={"allocated (predicted)", "reserved (predicted)", "step ms (fitted)",
+                                 "tok/s (fitted)", "fit's error bound"})
+
+
+def claim_section(a: Answer, *, limit_bytes: int = 0) -> str:
     lines = [f"## {a.number}. {TITLES[a.number - 1]}\n", f"> {a.claim}\n", f"**Verdict: {verdict_text(a)}.**\n"]
     lines += [f"- **{p.label}**: {p.verdict.value}. {p.text}" for p in a.parts]
     lines.append("")
     lines += [f"*{e}*\n" for e in a.estimates]
     lines += [f"Note: {n}\n" for n in a.notes]
     if a.pending:
-        waits = "; ".join(f"`{p.stage}` ({p.what})" for p in a.pending)
+        waits = "; ".join(dict.fromkeys(f"`{p.stage}` ({p.what})" for p in a.pending))
         lines.append(f"Waits for: {waits}.\n")
     if a.cites:
         lines.append(markdown_table([_cite_row(c) for c in a.cites], CITE_COLUMNS,
                                     right={"allocated", "reserved", "step ms", "tok/s"}))
+    if a.predicted:
+        lines.append("Predicted, not measured (memory: the estimator; step time: the time model fitted to the runs; "
+                     "see [Predictions](#predictions-and-fitted-step-times)):\n")
+        lines.append(predicted_table(a.predicted, limit_bytes))
     return "\n".join(lines)
 
 
@@ -83,13 +119,17 @@ def _card_row(row: CardRow) -> dict[str, str]:
         return f"{c.key['layout']} ({c.record.num_checkpointed or 0} layers), {fmt_bytes(c.mem)}"
 
     est = "-"
-    if row.estimate_k is not None and row.over is not None and row.fewest is not None:
+    if row.predicted is not None:
+        at, beyond = row.predicted.at, row.predicted.beyond
+        est = (f"{at.key['layout']}, {at.gib()}" + (f", {at.tps:,.0f} tok/s (fitted)" if at.tps else "")
+               + (f"; {beyond.key['layout']} {beyond.gib()}" if beyond is not None else ""))
+    elif row.estimate_k is not None and row.over is not None and row.fewest is not None:
         est = (f"first:{row.estimate_k} (estimate: {fmt_bytes(saving_per_layer(row.over, row.fewest))} saved per "
                f"layer between {row.over.key['layout']} and {row.fewest.key['layout']})")
     return {
         "batch": str(row.batch_size), "fewest layers that fit": point(row.fewest),
         "fastest that fits": f"{row.fastest.label}, {row.fastest.tps:,.0f} tok/s" if row.fastest else "-",
-        "closest over the limit": point(row.over), "estimate": est,
+        "closest over the limit": point(row.over), "fewest first:k that fit": est,
         "waits for": ", ".join(f"`{p.stage}`" for p in row.pending) or "-",
     }
 
@@ -97,13 +137,21 @@ def _card_row(row: CardRow) -> dict[str, str]:
 def card_section(answers: Answers) -> str:
     lines = ["## How many layers should I checkpoint on an 80 GB card?\n",
              f"{answers.budget.describe()}; {answers.scope.model}, seq {answers.scope.seq_len}, "
-             f"{answers.scope.precision}, the runs' optimizer. Measured whole-layer layouts only; the estimate is "
-             "labelled.\n"]
+             f"{answers.scope.precision}, the runs' optimizer. Measured whole-layer layouts; where no measured layout "
+             "settles the fewest layers that fit, the fewest first:k is found by prediction (labelled).\n"]
     for row in answers.card:
         if row.fewest is not None and (row.fewest.record.num_checkpointed or 0) == 0:
             lines.append(f"- Batch {row.batch_size}: nothing needs checkpointing; none peaks at "
                          f"{fmt_bytes(row.fewest.mem)} reserved ({row.fewest.gb()}), and every checkpointed "
                          "layout only costs speed (claim 13).")
+        elif row.predicted is not None:
+            at = row.predicted.at
+            speed = f", {at.tps:,.0f} tok/s (fitted)" if at.tps else ""
+            fastest = (f"; the fastest measured point that fits is {row.fastest.short}, {row.fastest.tps:,.0f} tok/s"
+                       if row.fastest is not None else "")
+            lines.append(f"- Batch {row.batch_size}: the fewest first:k that fit checkpoint {row.predicted.value} of "
+                         f"{answers.scope.num_layers} layers: {at.key['layout']} needs {at.gib()}{speed}{fastest} "
+                         "(measured).")
     lines.append("")
     lines.append(markdown_table([_card_row(r) for r in answers.card], CARD_COLUMNS, right=()))
     return "\n".join(lines)
@@ -189,7 +237,7 @@ def pending_lines(answers: Answers) -> list[str]:
     lines = []
     for stage, items in answers.pending.items():
         names = [f"claim {n}" if n else "the bottom line" for n in sorted({n for n, _ in items})]
-        lines.append(f"not settled yet: {', '.join(names)} wait for stage {stage}")
+        lines.append(f"not settled yet: {', '.join(names)} wait{'s' if len(names) == 1 else ''} for stage {stage}")
     return lines
 
 
@@ -197,12 +245,13 @@ def answers_markdown(answers: Answers, *, command: str, plot_name: str | None) -
     """The whole document."""
     cells = list(answers.series.values())
     parts = [intro(answers, command), "## Verdicts\n", verdict_table(answers), card_section(answers)]
-    parts += [claim_section(a) for a in answers.answers]
+    parts += [claim_section(a, limit_bytes=answers.budget.limit_bytes) for a in answers.answers]
     parts += ["## Saving and cost per checkpointed layer (measured)\n", interval_table(cells),
               "### Equal number of layers, different layers\n", ordering_table(cells),
               "### Where the memory goes\n", split_table(answers.splits)]
     if plot_name:
         parts.append(f"![Memory and step time against the number of checkpointed layers]({plot_name})\n")
-    parts += [transfer_section(answers), waits_section(answers), runs_section(answers)]
+    parts += [predictions_section(answers), transfer_section(answers), waits_section(answers),
+              runs_section(answers)]
     return "\n".join(parts)
 
