@@ -51,7 +51,10 @@ app.command(**example("ckptbench compare results/base results/new --fail-memory 
 app.command("recommend", **example("ckptbench recommend results/h200-gpu-check-2/check --budget 80"))(recommend_cmd)
 app.command("report", **example("ckptbench report results/h200-gpu-check-2/check --budget 80"))(report_cmd)
 app.command(**example("ckptbench estimate configs/llama7b.yaml --budget 80"))(estimate)
-ANSWERS_EXAMPLE = "ckptbench answers results/h200-gpu-check-2/check results/h200-gpu-check-1/axes --out docs/answers.md"
+ANSWERS_EXAMPLE = (
+    "ckptbench answers results/h200-gpu-check-2/check results/h200-gpu-check-1/axes results/h200-gpu-check-1/check "
+    "--out docs/answers.md"
+)
 app.command("answers", **example(ANSWERS_EXAMPLE))(answers_cmd)
 TRACE_EXAMPLE = "ckptbench trace-allocator configs/allocator-traces.yaml --out traces"
 app.command("trace-allocator", **example(TRACE_EXAMPLE))(trace_allocator)
