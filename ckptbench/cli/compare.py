@@ -43,6 +43,13 @@ TimeNoiseOpt = Annotated[
     ),
 ]
 
+AllowDifferentOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-different",
+        help="Compare runs of different models or devices, or with no point in common (refused otherwise).",
+    ),
+]
 AllowMixedOpt = Annotated[
     bool,
     typer.Option("--allow-mixed-gpus", help="Compare runs whose points ran on different GPU models anyway."),
@@ -65,6 +72,7 @@ def compare(
     time_noise: TimeNoiseOpt = 2.0,
     results_root: ResultsOpt = Path("results"),
     allow_mixed_gpus: AllowMixedOpt = False,
+    allow_different: AllowDifferentOpt = False,
 ) -> None:
     """Compare RUN_B against the base RUN_A: memory, speed, OOMs, environment; gates for CI."""
     from ckptbench.analysis.compare import Gates, compare_refs
@@ -75,7 +83,7 @@ def compare(
     thresholds = Thresholds(memory_rtol=memory_tolerance / 100, time_rtol=time_noise / 100)
     try:
         comp = compare_refs(run_a, run_b, results_root=results_root, thresholds=thresholds, gates=gates,
-                            allow_mixed_gpus=allow_mixed_gpus)
+                            allow_mixed_gpus=allow_mixed_gpus, allow_different=allow_different)
     except CkptbenchError as exc:
         raise fail(exc) from None
     _print_comparison(comp, fmt, only_changed=only_changed)
