@@ -184,14 +184,14 @@ def test_seq_len_filter() -> None:
 def test_json_shape() -> None:
     data = recommend(load_run(SYNTHETIC), budget_bytes=80 * GIB, headroom_bytes=4 * GIB).to_json()
     assert data["budget_bytes"] == 80 * GIB and data["headroom_bytes"] == 4 * GIB
-    assert data["limit_bytes"] == 76 * GIB and data["memory_metric"] == "peak_reserved_bytes"
+    assert data["limit_bytes"] == 76 * GIB and data["memory_metric"] == "needed_bytes"
     best = data["best"]
     assert {"key", "peak_allocated_bytes", "peak_reserved_bytes", "tokens_per_s"} <= set(best)
     assert best["key"] == {  # written with six fields; loading completes the key with the defaults
         **AXIS_DEFAULTS, "batch_size": 2, "layout": "none", "model": "llama-7b", "optimizer": "adamw_fused",
         "precision": "bf16", "seq_len": 2048,
     }
-    assert best["fits"] is True and best["peak_reserved_bytes"] <= data["limit_bytes"]
+    assert best["fits"] is True and best["needed_bytes"] <= data["limit_bytes"]
     assert set(best["memory"]) == {"params_bytes", "grads_bytes", "optimizer_state_bytes", "activation_bytes"}
     assert [p["label"] for p in data["pareto"]][:2] == ["all b=1 s=2048", "all b=2 s=2048"]
     assert all(isinstance(p["tokens_per_s"], float) for p in data["pareto"])
@@ -273,4 +273,4 @@ def test_a_point_fits_a_card_only_with_the_cuda_context_counted() -> None:
     assert none.peak_reserved_bytes is not None and none.peak_reserved_bytes < 63.5 * 2**30
     assert none.memory_bytes == none.peak_reserved_bytes + context and none.context_bytes == context
     assert rec.best.label == "last:6 b=2 s=2048"
-    assert "at 61.88 GiB peak reserved + 0.74 GiB context (59.37 GiB allocated" in rec.why
+    assert "at 61.14 GiB peak reserved, 61.88 GiB needed with the 0.74 GiB CUDA context (59.37 GiB allocated" in rec.why

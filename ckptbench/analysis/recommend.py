@@ -21,13 +21,15 @@ from typing import Any
 
 from ckptbench.errors import ConfigError
 from ckptbench.estimate.gpus import gpu_for_name
-from ckptbench.results.fit import measured_fits, measured_needed_bytes
+from ckptbench.results.fit import measured_fits, measured_needed_bytes, measured_peak_bytes
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 from ckptbench.units import GIB_UNIT, SizeUnit
 
 DEFAULT_HEADROOM = "5%"  # of the budget: room for fragmentation growth, the CUDA context, other processes
-MEMORY_METRIC = "peak_reserved_bytes"
+# The figure a point must fit with (results/fit.py): its peak reserved plus the CUDA context. Tables name it
+# "needed", apart from "peak reserved", the measured figure alone.
+MEMORY_METRIC = "needed_bytes"
 BREAKDOWN = (
     ("params_bytes", "params"),
     ("grads_bytes", "grads"),
@@ -44,7 +46,7 @@ class RecommendCandidate:
     record: PointRecord = field(repr=False, compare=False)
     key: dict[str, Any]
     label: str
-    memory_bytes: int  # what must fit: peak reserved plus the context (results/fit.py)
+    memory_bytes: int  # "needed": what must fit, peak reserved plus the context (results/fit.py)
     peak_allocated_bytes: int
     peak_reserved_bytes: int | None
     tokens_per_s: float
@@ -65,6 +67,11 @@ class RecommendCandidate:
         """Inter-quartile range of the step time over its median."""
         return self.step_time_iqr_s / self.median_step_time_s if self.median_step_time_s > 0 else 0.0
 
+    @property
+    def reserved_bytes(self) -> int:
+        """The measured peak reserved (peak allocated where none was recorded, as on CPU): results/fit.py."""
+        return measured_peak_bytes(self.record)
+
     def fits(self, limit_bytes: int) -> bool:
         """Whether the point fits under ``limit_bytes`` (results/fit.py: ``measured_fits``)."""
         return measured_fits(self.record, limit_bytes, card_context_bytes=self.card_context_bytes)
@@ -75,6 +82,7 @@ class RecommendCandidate:
             "label": self.label,
             "peak_allocated_bytes": self.peak_allocated_bytes,
             "peak_reserved_bytes": self.peak_reserved_bytes,
+            "needed_bytes": self.memory_bytes,
             "tokens_per_s": self.tokens_per_s,
             "median_step_time_s": self.median_step_time_s,
             "step_time_iqr_s": self.step_time_iqr_s,
@@ -193,11 +201,11 @@ class Recommendation:
 
     @property
     def limit_bytes(self) -> int:
-        """The most peak reserved memory a point may have: the budget minus the headroom."""
+        """The most a point may need (peak reserved + context): the budget minus the headroom."""
         return self.budget_bytes - self.headroom_bytes
 
     def room(self, c: RecommendCandidate) -> str:
-        """How far a point's peak reserved memory is under ('free') or over the limit (budget - headroom)."""
+        """How far what a point needs is under ('free') or over the limit (budget - headroom)."""
         gap = self.limit_bytes - c.memory_bytes
         return f"{self.size(gap)} free" if gap >= 0 else f"{self.size(-gap)} over"
 
@@ -282,8 +290,19 @@ def dominant_part(c: RecommendCandidate) -> tuple[str, float]:
 
 
 def _what(c: RecommendCandidate, size: SizeUnit) -> str:
-    """What a candidate's memory figure is made of."""
-    return f"peak reserved + {size(c.context_bytes)} context" if c.context_bytes else "peak reserved"
+    """A candidate's two memory figures: '63.22 GiB peak reserved, 63.96 GiB needed with the 0.74 GiB CUDA
+    context' (one figure where there is no context)."""
+    if not c.context_bytes:
+        return f"{size(c.reserved_bytes)} peak reserved"
+    return (f"{size(c.reserved_bytes)} peak reserved, {size(c.memory_bytes)} needed with the "
+            f"{size(c.context_bytes)} CUDA context")
+
+
+def _needs(c: RecommendCandidate, size: SizeUnit) -> str:
+    """'63.96 GiB (63.22 GiB peak reserved + 0.74 GiB CUDA context)', or '53.48 GiB peak reserved' without a context."""
+    if not c.context_bytes:
+        return f"{size(c.reserved_bytes)} peak reserved"
+    return f"{size(c.memory_bytes)} ({size(c.reserved_bytes)} peak reserved + {size(c.context_bytes)} CUDA context)"
 
 
 def explain(rec: Recommendation) -> str:
@@ -298,7 +317,7 @@ def explain(rec: Recommendation) -> str:
         headroom = f" with {size(rec.headroom_bytes)} headroom" if rec.headroom_bytes else ""
         return (
             f"Nothing fits under {budget}{headroom}: the smallest point, "
-            f"{s.label}, needs {size(s.memory_bytes)} {_what(s, size)}, {rec.room(s)} {limit}."
+            f"{s.label}, needs {_needs(s, size)}, {rec.room(s)} {limit}."
         )
     b = rec.best
     parts = ", ".join(f"{label} {size(b.breakdown[f])}" for f, label in BREAKDOWN)
@@ -306,7 +325,7 @@ def explain(rec: Recommendation) -> str:
     asked = f" ({budget} budget minus {size(rec.headroom_bytes)} headroom)" if rec.headroom_bytes else ""
     text = (
         f"{b.label} is the fastest point that fits: {b.tokens_per_s:,.0f} tokens/s at "
-        f"{size(b.memory_bytes)} {_what(b, size)} ({size(b.peak_allocated_bytes)} allocated: {parts}; "
+        f"{_what(b, size)} ({size(b.peak_allocated_bytes)} allocated: {parts}; "
         f"{dom} dominates with {share:.0%}), leaving {rec.room(b)} under {limit}{asked}."
     )
     if rec.runners_up:
