@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptbench.analysis.tune_space import training_change
 from ckptbench.errors import ConfigError
 from ckptbench.estimate.gpus import gpu_for_name
 from ckptbench.results.fit import measured_fits, measured_needed_bytes, measured_peak_bytes
@@ -108,10 +109,24 @@ def _varying_axes(keys: Sequence[dict[str, Any]]) -> list[str]:
     return [n for n in names if len({repr(k.get(n)) for k in keys}) > 1]
 
 
-def candidates(run: Run, *, seq_len: int | None = None) -> list[RecommendCandidate]:
-    """The run's ok points (optionally of one sequence length) with a throughput and a peak."""
+def run_optimizer(run: Run) -> str:
+    """The optimizer the run trains with (its config's): what 'the same training' means for its points."""
+    return str(run.config.get("optimizer") or "adamw_fused")
+
+
+def changes_training(run: Run, rec: PointRecord, allow: Sequence[str]) -> tuple[str, str] | None:
+    """(the --allow name, why) when the point trains something else (analysis/tune_space.py
+    ``training_change``) and ``allow`` does not name it; None: a candidate."""
+    change = training_change(rec.key, optimizer=run_optimizer(run))
+    return change if change is not None and change[0] not in allow else None
+
+
+def candidates(run: Run, *, seq_len: int | None = None, allow: Sequence[str] = ()) -> list[RecommendCandidate]:
+    """The run's ok points (optionally of one sequence length) with a throughput and a peak; points that
+    train something other than full fine-tuning only when ``allow`` names their technique."""
     scope = [(i, r) for i, r in enumerate(run.points) if r.ok and (seq_len is None or seq_len_of(r) == seq_len)]
-    extra = _varying_axes([r.key for _, r in scope])
+    extra = _varying_axes([r.key for _, r in scope])  # labels name what varies, left-out points included
+    scope = [(i, r) for i, r in scope if changes_training(run, r, allow) is None]
     card = gpu_for_name(run.meta.get("environment", {}).get("gpu_name"))
     context = card.context_bytes if card is not None else 0
     found = (_candidate(i, r, extra=extra, context=context) for i, r in scope)
@@ -196,6 +211,9 @@ class Recommendation:
     # Runners-up whose speed gap to the best is inside the step-time spread.
     within_noise: list[RecommendCandidate] = field(default_factory=list)
     skipped_statuses: dict[str, int] = field(default_factory=dict)
+    # Points left out because they train something else (LoRA, another optimizer): label -> why.
+    other_training: dict[str, str] = field(default_factory=dict)
+    other_training_allow: tuple[str, ...] = ()  # the --allow names that would include them
     # The one unit of every size in the answer, its sentence and the report around it (units.py).
     size: SizeUnit = GIB_UNIT
 
@@ -232,18 +250,20 @@ class Recommendation:
             "num_points": self.num_points,
             "within_noise": [c.label for c in self.within_noise],
             "not_ok_points": self.skipped_statuses,
+            "other_training": self.other_training,
             "why": self.why,
         }
 
 
 def recommend(
-    run: Run, *, budget_bytes: int, headroom_bytes: int, seq_len: int | None = None
+    run: Run, *, budget_bytes: int, headroom_bytes: int, seq_len: int | None = None, allow: Sequence[str] = ()
 ) -> Recommendation:
-    """The fastest ok point whose peak reserved memory plus the headroom fits under the budget."""
+    """The fastest ok point whose needed memory (peak reserved + context) fits under the budget minus the
+    headroom; a point that trains something other than full fine-tuning only when ``allow`` names it."""
     if seq_len is not None and not any(seq_len_of(r) == seq_len for r in run.points):
         have = sorted({seq_len_of(r) for r in run.points}, key=str)
         raise ConfigError(f"--seq-len: the run has no point with seq_len {seq_len} (it has {have})")
-    cands = candidates(run, seq_len=seq_len)
+    cands = candidates(run, seq_len=seq_len, allow=allow)
     limit = budget_bytes - headroom_bytes
     best = _fastest([c for c in cands if c.fits(limit)])
     runners_up, no_fit = _per_layout(cands, limit=limit, best=best)
@@ -256,6 +276,10 @@ def recommend(
         skipped_statuses=dict(sorted(not_ok.items())),
         size=SizeUnit.for_sizes([*run.sizes(), budget_bytes]),
     )
+    extra = _varying_axes([r.key for r in scope if r.ok])
+    left_out = [(r, change) for r in scope if r.ok and (change := changes_training(run, r, allow))]
+    rec.other_training = {point_label(r.key, extra=extra): why for r, (_, why) in left_out}
+    rec.other_training_allow = tuple(sorted({name for _, (name, _) in left_out}))
     rec.within_noise = [c for c in runners_up if best is not None and _within_noise(best, c)]
     rec.why = explain(rec)
     return rec

@@ -126,6 +126,10 @@ def notes(rec: Recommendation) -> list[str]:
             "Within the step-time spread of the best point (treat as equally fast; "
             f"measure longer to separate): {names}."
         )
+    if rec.other_training:
+        allow = ",".join(rec.other_training_allow)
+        lines.append(f"Not considered: {', '.join(rec.other_training)} train something other than full "
+                     f"fine-tuning (--allow {allow} includes them).")
     if rec.skipped_statuses:
         counts = ", ".join(f"{n} {status}" for status, n in rec.skipped_statuses.items())
         lines.append(f"Not considered ({counts}): only points that finished ok are candidates.")
