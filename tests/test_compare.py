@@ -77,7 +77,8 @@ def test_rich_table_rows() -> None:
         "│ none b=2 s=64 fp32 │ peak reserved  │ 30.39 MiB │ 33.43 MiB │ +3.04 MiB │ 1.100 │ - │ worse │",
         "│ none b=2 s=64 fp32 │ activation     │  4.86 MiB │  7.90 MiB │ +3.04 MiB │ 1.625 │ - │ worse │",
     ]
-    assert lines[8].startswith("4 matched points: 1 worse, 0 better, 3 unchanged, 0 newly oom")
+    assert lines[8] == "base and new: measured by each run"
+    assert lines[9].startswith("4 matched points: 1 worse, 0 better, 3 unchanged, 0 newly oom")
 
 
 def test_memory_tolerance_is_configurable() -> None:

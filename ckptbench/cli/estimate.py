@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from ckptbench.cli.common import BudgetOpt, Format, FormatOpt, err, fail, out
+from ckptbench.cli.common import BudgetOpt, Format, FormatOpt, err, fail, out, warn
 from ckptbench.cli.progress import EstimateProgressBar
-from ckptbench.errors import CkptbenchError
+from ckptbench.errors import CkptbenchError, ConfigError
 
 TargetOpt = Annotated[
     str | None,
@@ -28,8 +28,8 @@ GpuOpt = Annotated[
     str | None,
     typer.Option(
         "--gpu", metavar="CARD",
-        help="The card to predict for: h200 (default; a run's own GPU), h100-80gb, a100-80gb, a100-40gb, l40s. "
-             "Without --budget, its memory is the budget.",
+        help="The CUDA card to predict for (implies --target cuda): h200 (default; a run's own GPU), h100-80gb, "
+             "a100-80gb, a100-40gb, l40s. Without --budget, its memory is the budget.",
     ),
 ]
 
@@ -63,7 +63,17 @@ def estimate(
         if parallel is not None:
             cfg = with_parallel(cfg, parallel)
         reserved = measured_reserved(source)
-        card = gpu_model(gpu) if gpu is not None else gpu_for_name(measured_gpu(source))
+        measured_on = measured_gpu(source)
+        card = gpu_model(gpu) if gpu is not None else gpu_for_name(measured_on)
+        if gpu is not None:  # a card is a CUDA device model: predicting for it on the CPU would ignore it
+            if target == "cpu":
+                raise ConfigError(f"--gpu {gpu} predicts for a CUDA card; --target cpu contradicts it")
+            target = "cuda"
+        if gpu is not None and (measured or reserved) and gpu_for_name(measured_on) is not card:
+            # Predictions for one card beside another card's measurements: no error between them.
+            warn(f"predicting for {card.name}; the run was measured on {measured_on or 'another device'}: its "
+                 "measurements and the error columns are left out")
+            measured, reserved = {}, {}
         budget_bytes = parse_size(budget) if budget is not None else None
         with EstimateProgressBar(err) as bar:
             estimates = estimate_config(

@@ -148,6 +148,7 @@ def compare_table(comp: Comparison, *, only_changed: bool = False) -> list[FitTa
     if not rows:
         return [Text(f"{title}: no changed rows"), *trailer]
     table = FitTable(rows, TABLE_COLUMNS, title=title, styles=[_STYLE.get(row["mark"]) for row in rows],
+                     caption="base and new: measured by each run",
                      complete_hint="--format markdown shows every column")
     return [table, *trailer]
 

@@ -1,7 +1,8 @@
 """Rendering of estimates: rich table, Markdown, CSV, JSON (no estimating here).
 
-Every number shown is a prediction, and the output says so: the table title and header, the CSV
-columns (``predicted_*``) and the JSON records (``"estimate": true``).
+Every number shown is a prediction unless its column says 'measured' (a run's own figures beside the
+predictions), and the output says so: the table title and header, the CSV columns (``predicted_*``,
+``measured_*``) and the JSON records (``"estimate": true``).
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def estimate_rows(
     return rows
 
 
-def _title(estimates: Sequence[Estimate], name: str) -> str:
+def _title(estimates: Sequence[Estimate], name: str, *, with_measured: bool = False) -> str:
     target = estimates[0].target if estimates else "cuda"
     budget = next((e.budget_bytes for e in estimates if e.budget_bytes is not None), None)
     within = f", budget {size_unit(estimates)(budget)}" if budget is not None else ""
@@ -142,7 +143,10 @@ def _title(estimates: Sequence[Estimate], name: str) -> str:
     else:
         status = "measured figures" if card.gpu_measured else "card figures estimated"
         what = f"predicted peak allocated and reserved memory on {card.gpu} ({status})"
-    return f"ckptbench estimate: {name} ({what}{within}; all numbers estimated)"
+    # Which columns are which: a run's measurements sit beside the predictions under their own names.
+    label = "'measured' columns measured by the run, every other number predicted" if with_measured else (
+        "every number predicted")
+    return f"ckptbench estimate: {name} ({what}{within}; {label})"
 
 
 def estimate_table(
@@ -152,7 +156,7 @@ def estimate_table(
     return FitTable(
         estimate_rows(estimates, measured, reserved),
         estimate_columns(estimates, measured, reserved),
-        title=_title(estimates, name),
+        title=_title(estimates, name, with_measured=bool(measured or reserved)),
         caption="breakdown at the predicted peak; fake-tensor trace of the training step, not a measurement",
         styles=["yellow" if e.fits is False else None for e in estimates],
         complete_hint="--format markdown shows every column",
@@ -164,7 +168,7 @@ def estimate_markdown(
 ) -> str:
     """A Markdown section: title line, then the table."""
     body = markdown_of(estimate_rows(estimates, measured, reserved), estimate_columns(estimates, measured, reserved))
-    return f"**{_title(estimates, name)}**\n\n{body}"
+    return f"**{_title(estimates, name, with_measured=bool(measured or reserved))}**\n\n{body}"
 
 
 def _records(

@@ -31,6 +31,7 @@ PARETO_COLUMNS = (
     Column("fits"),
 )
 _STYLE = {"best": "bold green", "no fit": "yellow", "smallest": "yellow"}
+MEASURED_CAPTION = "every figure measured by the run"
 
 
 def heading(rec: Recommendation) -> str:
@@ -151,6 +152,7 @@ def rich_recommendation(rec: Recommendation) -> Group:
     parts: list[FitTable | Text] = [
         FitTable(choices, _needed_if(CHOICE_COLUMNS, _counted(_all(rec))), title=f"{rec.run_name}: {heading(rec)}",
                  title_justify="left",
+                 caption=MEASURED_CAPTION + (" (needed: peak reserved + CUDA context)" if _counted(_all(rec)) else ""),
                  styles=[_STYLE.get(r["role"]) for r in choices], complete_hint="--format json has every field"),
         Text(rec.why),
         FitTable(pareto_rows(rec.pareto, limit_bytes=rec.limit_bytes, size=rec.size),
