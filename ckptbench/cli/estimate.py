@@ -69,7 +69,7 @@ def estimate(
             if target == "cpu":
                 raise ConfigError(f"--gpu {gpu} predicts for a CUDA card; --target cpu contradicts it")
             target = "cuda"
-        if gpu is not None and (measured or reserved) and gpu_for_name(measured_on) is not card:
+        if card is not None and gpu is not None and (measured or reserved) and gpu_for_name(measured_on) is not card:
             # Predictions for one card beside another card's measurements: no error between them.
             warn(f"predicting for {card.name}; the run was measured on {measured_on or 'another device'}: its "
                  "measurements and the error columns are left out")
