@@ -116,5 +116,6 @@ def _show(run: Run, options: TuneOptions, fmt: str) -> None:
     if fmt == "json":
         typer.echo(json.dumps(search, sort_keys=True, indent=2))
         return
-    rec = recommend(run, budget_bytes=options.budget_bytes, headroom_bytes=options.headroom_bytes)
-    out.print(rich_tune(search, rec))
+    rec = recommend(run, budget_bytes=options.budget_bytes, headroom_bytes=options.headroom_bytes,
+                    allow=options.allow)
+    out.print(rich_tune(search, rec, run=run))

@@ -77,7 +77,7 @@ def write_report(
         sections.append(markdown_pareto(pareto_front(candidates(run)), size=size))
     search = tune_search(run)
     if search is not None:  # a `ckptbench tune` run: how the answer was found
-        sections.append(markdown_tune(search))
+        sections.append(markdown_tune(search, run=run, size=size))
     sections.append(_plots_section(plots))
     sections.append("## All points\n\n" + summary_markdown(run, size=size))
     if run.environment.get("device_type") == "cpu":
