@@ -121,8 +121,8 @@ def zero2_on_one_gpu(ctx: Context) -> Answer:
     if none is not None and none.record.memory.optimizer_state_bytes:
         state = none.record.memory.optimizer_state_bytes
         left = none.mem - state
-        estimates = (f"Estimate: without AdamW's state on the GPU the batch-2 peak would be about {gib(left)} "
-                     f"({left / 1e9:.1f} GB): none's measured peak reserved ({gib(none.mem)}) minus its measured "
+        estimates = (f"Estimate: without AdamW's state on the GPU the batch-2 peak would be about {gib(left)}: "
+                     f"none's measured peak reserved ({gib(none.mem)}) minus its measured "
                      f"optimizer state ({gib(state)}); the offload's own buffers are not counted.",)
     p = next((c for c in found if c.key.get("batch_size") == 2), None)
     if p is None or none is None:
@@ -132,10 +132,10 @@ def zero2_on_one_gpu(ctx: Context) -> Answer:
         return Answer(14, _ZERO2_CLAIM, (part,), estimates, (ZERO2_NOTE,))
     slow, ckpt = p.step_s / none.step_s, (full.step_s / none.step_s if full else None)
     holds = p.ok and p.mem < FORTIES_GB and (ckpt is None or slow < ckpt)
-    text = (f"{p.short}: {p.gb()} ({p.gib()}), {times(slow)} the step time of none"
+    text = (f"{p.short}: {p.gib()}, {times(slow)} the step time of none"
             + (f"; all (checkpointing) {times(ckpt)}." if ckpt else "."))
     part = Part("optimizer state on the CPU", Verdict.HOLDS if holds else Verdict.FAILS, text,
-                f"{p.gb()}, {times(slow)}", tuple(c for c in (p, none, full) if c))
+                f"{p.gib()}, {times(slow)}", tuple(c for c in (p, none, full) if c))
     return Answer(14, _ZERO2_CLAIM, (part,), estimates, (ZERO2_NOTE,))
 
 

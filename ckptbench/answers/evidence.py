@@ -89,9 +89,6 @@ class Cite:
     def gib(self) -> str:
         return fmt_bytes(self.mem) if self.ok else self.record.status.upper()
 
-    def gb(self) -> str:
-        """Decimal gigabytes, the unit people quote from nvidia-smi."""
-        return f"{self.mem / 1e9:.1f} GB"
 
 
 def _matches(record_key: dict[str, Any], query: dict[str, Any]) -> bool:

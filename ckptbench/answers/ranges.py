@@ -40,8 +40,8 @@ def middle_layers(ctx: Context) -> Answer:
     stand = ctx.ev.ok(MIDDLE_STAND_IN, 2)
     pend = (Pending(STAGE_CLAIMS, f"{MIDDLE} at batch 2"),)
     if none is None or mid is None:
-        near = (f" The nearest measured middle layout, {MIDDLE_STAND_IN} (12 layers), goes from {none.gb()} "
-                f"({gib(none.mem)}) to {stand.gb()} ({gib(stand.mem)}) at batch 2, "
+        near = (f" The nearest measured middle layout, {MIDDLE_STAND_IN} (12 layers), goes from "
+                f"{gib(none.mem)} to {gib(stand.mem)} at batch 2, "
                 f"{pct(1 - stand.tps / none.tps)} fewer tokens/s." if none and stand else "")
         cites = tuple(c for c in (none, stand) if c)
         mem = Part("50+ GB at batch 2", Verdict.OPEN, f"{MIDDLE} is not measured yet.{near}",
@@ -50,8 +50,8 @@ def middle_layers(ctx: Context) -> Answer:
     else:
         loss = 1 - mid.tps / none.tps
         mem = Part("50+ GB at batch 2", Verdict.HOLDS if mid.mem < GB_50S else Verdict.FAILS,
-                   f"At batch 2, {MIDDLE} goes from {none.gb()} ({gib(none.mem)}) to {mid.gb()} ({gib(mid.mem)}).",
-                   f"{none.gb()} -> {mid.gb()}", (none, mid))
+                   f"At batch 2, {MIDDLE} goes from {gib(none.mem)} to {gib(mid.mem)}.",
+                   f"{gib(none.mem)} -> {gib(mid.mem)}", (none, mid))
         speed = Part("under 30% speed loss", Verdict.HOLDS if loss < SPEED_LOSS else Verdict.FAILS,
                      f"{MIDDLE} runs at {tok(mid)} vs {tok(none)}: {pct(loss)} slower.", f"{pct(loss)} slower",
                      (none, mid))
@@ -90,8 +90,8 @@ def last_few_layers(ctx: Context) -> Answer:
     floor = ""
     if none is not None and none.record.memory.static_bytes is not None:
         static = none.record.memory.static_bytes
-        floor = (f" Parameters, gradients and AdamW state alone take {gib(static)} ({static / 1e9:.1f} GB) at any "
-                 "batch" + (f"; even all peaks at {gib(full.mem)} ({full.gb()})." if full else "."))
+        floor = (f" Parameters, gradients and AdamW state alone take {gib(static)} at any "
+                 "batch" + (f"; even all peaks at {gib(full.mem)}." if full else "."))
     parts = []
     for k in (4, 5, 6):
         c = ctx.ev.find(f"last:{k}", 2)
@@ -100,10 +100,11 @@ def last_few_layers(ctx: Context) -> Answer:
                 parts.append(Part(f"last:{k}", Verdict.OPEN, f"last:{k} at batch 2 is not measured yet.", "",
                                   pending=(Pending(STAGE_CLAIMS, f"last:{k} at batch 2"),)))
             continue
-        text = (f"At batch 2, last:{k} peaks at {c.gb()} ({gib(c.mem)} reserved)"
-                + (f", from {none.gb()} without checkpointing." if none else ".") + floor)
+        text = (f"At batch 2, last:{k} peaks at {gib(c.mem)} reserved"
+                + (f", from {gib(none.mem)} without checkpointing." if none else ".") + floor)
         verdict = Verdict.HOLDS if c.mem <= ABOUT_50_GB else Verdict.FAILS
-        parts.append(Part(f"last:{k}", verdict, text, f"last:{k}: {c.gb()}", tuple(x for x in (c, none, full) if x)))
+        cited = tuple(x for x in (c, none, full) if x)
+        parts.append(Part(f"last:{k}", verdict, text, f"last:{k}: {gib(c.mem)}", cited))
     return Answer(6, "Checkpoint only the last 4-6 layers: memory down to about 50 GB.", tuple(parts))
 
 

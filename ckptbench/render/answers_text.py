@@ -43,7 +43,8 @@ def intro(answers: Answers, command: str) -> str:
         "Each claim gets a verdict from measured points: *holds*, *does not hold*, *holds only when ...*, or *not "
         "settled yet*, which names the stage of the GPU campaign (`scripts/gpu_check.sh`) whose run will settle "
         "it. Memory is **peak reserved** (what the caching allocator held, so what must fit on the card) unless "
-        "it says allocated; GiB = 2^30 bytes, GB = 10^9 bytes (the unit of \"80 GB\"). Each claim lists the "
+        "it says allocated; every figure here is in GiB (2^30 bytes); GB (10^9 bytes) appears only in the claims' "
+        "own words (\"80 GB\"). Each claim lists the "
         "points it rests on with the run they come from; a number that was not measured says *estimate*.\n",
     ])
 
