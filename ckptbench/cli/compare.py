@@ -24,11 +24,12 @@ FailTimeOpt = Annotated[
     float | None,
     typer.Option(
         "--fail-time", min=0, callback=finite, metavar="PCT",
-        help="Exit 3 if step time grows > PCT% (and the verdict says worse); exit 2 if too few steps to judge.",
+        help="Exit 3 if step time grows > PCT% (and the verdict says worse over all points); exit 2 if too few "
+             "or noisy (busy, spread) steps cannot judge it.",
     ),
 ]
 FailOomOpt = Annotated[
-    bool, typer.Option("--fail-oom", help="Exit 3 on a new OOM (implied by --fail-memory/--fail-time).")
+    bool, typer.Option("--fail-oom", help="Exit 3 on a new OOM (implied by --fail-memory and by --fail-time).")
 ]
 MemoryTolOpt = Annotated[
     float,

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # the estimator imports torch; the CLI stays fast to start
 RequiredBudgetOpt = Annotated[
     str | None,
     typer.Option("--budget", metavar="SIZE", show_default=False,
-                 help="[required] Memory budget: GiB (80) or with a binary unit (80GiB, 512MiB); GB is refused as "
+                 help="\\[required] Memory budget: GiB (80) or with a binary unit (80GiB, 512MiB); GB is refused as "
                       "ambiguous."),
 ]
 MeasuredAllowOpt = Annotated[
