@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ckptbench.cli.common import BudgetOpt, Format, FormatOpt, err, fail, out, warn
 from ckptbench.cli.progress import EstimateProgressBar
 from ckptbench.errors import CkptbenchError, ConfigError
+
+if TYPE_CHECKING:  # the estimator imports torch: the CLI stays fast to start
+    from ckptbench.config.schema import SweepConfig
+    from ckptbench.estimate.gpus import GpuModel
 
 TargetOpt = Annotated[
     str | None,
@@ -46,6 +50,12 @@ def estimate(
                      "fsdp2:N:noreshard (per rank, on the fake process group; rank 0 holds the largest shard)."),
     ] = None,
     gpu: GpuOpt = None,
+    snapshot: Annotated[
+        Path | None,
+        typer.Option("--snapshot", metavar="FILE",
+                     help="Also write each point's predicted allocator timeline as a torch.cuda.memory._snapshot() "
+                          "pickle (one file per point): open it at https://pytorch.org/memory_viz."),
+    ] = None,
 ) -> None:
     """Predict, without a GPU, each point's peak allocated and reserved memory and what it is made of.
 
@@ -80,9 +90,33 @@ def estimate(
                 cfg, target=target, budget_bytes=budget_bytes, method="full" if full else "fast",
                 gpu=card if gpu is not None else None, default_gpu=card, on_progress=bar.update,
             )
+        if snapshot is not None:
+            # As the estimate: a card given by --gpu is the limit, not the config's emulation cap.
+            snap_cfg = cfg.model_copy(update={"memory_cap_gib": None}) if gpu is not None else cfg
+            _write_snapshots(snap_cfg, snapshot, target=target, card=card, full=full)
     except CkptbenchError as exc:
         raise fail(exc) from None
     if fmt is Format.table:
         out.print(estimate_table(estimates, name=cfg.name, measured=measured, reserved=reserved))
     else:
         sys.stdout.write(RENDERERS[fmt.value](estimates, name=cfg.name, measured=measured, reserved=reserved))
+
+
+def _write_snapshots(cfg: SweepConfig, path: Path, *, target: str | None, card: GpuModel | None, full: bool) -> None:
+    """--snapshot: the predicted allocator timelines (estimate/snapshot.py), one pickle per point."""
+    from ckptbench.estimate.api import resolve_target
+    from ckptbench.estimate.gpus import DEFAULT_GPU, gpu_model
+    from ckptbench.estimate.snapshot import point_snapshots, snapshot_paths, write_snapshot
+
+    if resolve_target(cfg, target) != "cuda":
+        raise ConfigError("--snapshot: a CUDA allocator timeline needs a CUDA target (--gpu CARD or --target cuda)")
+    points = cfg.points_list()
+    paths = snapshot_paths(path, points)
+    try:
+        for out_path, snap in zip(paths, point_snapshots(cfg, points, gpu=card or gpu_model(DEFAULT_GPU),
+                                                          method="full" if full else "fast"), strict=True):
+            err.print(f"snapshot: {write_snapshot(snap, out_path)}", markup=False)
+    except OSError as exc:
+        raise ConfigError(f"--snapshot: cannot write {path}: {exc}") from None
+    err.print("open a snapshot at https://pytorch.org/memory_viz (every address and size in it is predicted)",
+              markup=False)
