@@ -77,7 +77,8 @@ def test_rich_table_rows() -> None:
         "│ none b=2 s=64 fp32 │ peak reserved  │ 30.39 MiB │ 33.43 MiB │ +3.04 MiB │ 1.100 │ - │ worse │",
         "│ none b=2 s=64 fp32 │ activation     │  4.86 MiB │  7.90 MiB │ +3.04 MiB │ 1.625 │ - │ worse │",
     ]
-    assert lines[8].startswith("4 matched points: 1 worse, 0 better, 3 unchanged, 0 newly oom")
+    assert lines[8] == "base and new: measured by each run"
+    assert lines[9].startswith("4 matched points: 1 worse, 0 better, 3 unchanged, 0 newly oom")
 
 
 def test_memory_tolerance_is_configurable() -> None:
@@ -101,23 +102,46 @@ def test_time_change_inside_noise_is_not_flagged() -> None:
     assert result.exit_code == 0, result.stderr
 
 
-def test_large_significant_time_regression_is_flagged_and_gated() -> None:
-    c = comp("slow")
+def gpu_copy(tmp_path: Path, name: str) -> Path:
+    """A fixture run as if measured on a GPU (clean step-time evidence: no CPU, no busy/spread flag)."""
+    src, dst = RUNS / name, tmp_path / name
+    dst.mkdir()
+    meta = json.loads((src / "run.json").read_text())
+    meta["environment"] = {**meta["environment"], "device_type": "cuda", "gpu_name": "NVIDIA H200"}
+    (dst / "run.json").write_text(json.dumps(meta))
+    (dst / "points.jsonl").write_text((src / "points.jsonl").read_text())
+    return dst
+
+
+def test_large_significant_time_regression_is_flagged_and_gated(tmp_path: Path) -> None:
+    base, slow = gpu_copy(tmp_path, "base"), gpu_copy(tmp_path, "slow")
+    c = compare_refs(base, slow)
     step = metric(c, NONE_B1, "median_step_time_s")
     assert step.ratio == pytest.approx(2.0) and step.p_value < 0.01 and step.mark == "worse"
+    # Significant over all four points (Benjamini-Hochberg), not just on its own.
+    assert step.evidence.endswith("; Benjamini-Hochberg p=0.0088 over 4 points")
     tokens = metric(c, NONE_B1, "tokens_per_s")
     assert tokens.ratio == pytest.approx(0.5) and tokens.mark == "worse"
     assert [(p.label, p.mark) for p in c.points if p.mark != "unchanged"] == [(NONE_B1, "worse")]
     assert c.summary["time_ratio_max"] == pytest.approx(2.0)
     assert c.summary["time_ratio_geomean"] == pytest.approx(2.0 ** (1 / 4))
-    result = cli(str(RUNS / "base"), str(RUNS / "slow"), "--fail-time", "5")
+    result = cli(str(base), str(slow), "--fail-time", "5")
     assert result.exit_code == 3
     assert "gate failed: none b=1 s=64 fp32: median step time +100.00% > 5% (p=" in result.stderr
-    assert cli(str(RUNS / "base"), str(RUNS / "slow"), "--fail-time", "101").exit_code == 0
+    assert cli(str(base), str(slow), "--fail-time", "101").exit_code == 0
     # Faster is better, never a gate failure.
-    back = cli(str(RUNS / "slow"), str(RUNS / "base"), "--fail-time", "5", "--format", "json")
+    back = cli(str(slow), str(base), "--fail-time", "5", "--format", "json")
     assert back.exit_code == 0
     assert json.loads(back.stdout)["summary"]["better"] == 1
+
+
+def test_the_same_slowdown_on_a_cpu_is_not_declared_on_p_values() -> None:
+    # The CPU runs' ranges overlap: a p-value over steps a busy host slows together is no evidence.
+    c = comp("slow")
+    step = metric(c, NONE_B1, "median_step_time_s")
+    assert step.p_value < 0.01 and step.mark == NOISE and point(c, NONE_B1).mark == "unchanged"
+    assert step.evidence.endswith("; not declared: ranges overlap, at least 150% needed on a CPU")
+    assert cli(str(RUNS / "base"), str(RUNS / "slow"), "--fail-time", "5").exit_code == 0
 
 
 def test_new_oom_is_flagged_and_gated() -> None:
@@ -236,8 +260,9 @@ def test_markdown_golden() -> None:
     assert result.stdout == (GOLDEN / "compare-base-mem10.md").read_text(encoding="utf-8")
 
 
-def test_only_changed_hides_quiet_rows() -> None:
-    md = cli(str(RUNS / "base"), str(RUNS / "slow"), "--format", "markdown", "--only-changed").stdout
+def test_only_changed_hides_quiet_rows(tmp_path: Path) -> None:
+    base, slow = gpu_copy(tmp_path, "base"), gpu_copy(tmp_path, "slow")
+    md = cli(str(base), str(slow), "--format", "markdown", "--only-changed").stdout
     rows = [line for line in md.splitlines() if line.startswith(f"| {NONE_B1} |")]
     assert [r.split(" | ")[1] for r in rows] == ["step time (median)", "tokens/s"]
     assert sum(line.startswith("| ") for line in md.splitlines()) == 4  # header, rule, two rows
@@ -327,3 +352,66 @@ def test_status_changes_decide_the_point_mark() -> None:
         ("tokens_per_s", "not comparable"),
     ]
     assert all(m.ratio is None and m.new is None for m in change.metrics)
+
+
+# ---------------------------------------------------------------- refusals: a gate must not pass on nothing
+
+H200 = Path(__file__).parents[1] / "results" / "h200-gpu-check-2" / "check"
+
+
+def test_runs_of_different_models_are_refused_with_one_line() -> None:
+    result = cli(str(H200), str(RUNS / "base"), "--fail-memory", "1", "--fail-time", "5")
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "error: compare refused: the models differ (llama-7b vs tiny) (--allow-different compares them anyway)\n"
+    )
+    assert result.stdout == ""
+
+
+def test_runs_on_different_devices_or_gpus_are_refused(tmp_path: Path) -> None:
+    gpu = gpu_copy(tmp_path, "base")
+    result = cli(str(RUNS / "base"), str(gpu), "--fail-time", "5")
+    assert result.exit_code == 2
+    assert "compare refused: the devices differ (cpu vs cuda)" in result.stderr
+    other = tmp_path / "a100"
+    other.mkdir()
+    meta = json.loads((gpu / "run.json").read_text())
+    meta["environment"]["gpu_name"] = "NVIDIA A100-SXM4-80GB"
+    (other / "run.json").write_text(json.dumps(meta))
+    (other / "points.jsonl").write_text((gpu / "points.jsonl").read_text())
+    result = cli(str(gpu), str(other))
+    assert result.exit_code == 2
+    assert "compare refused: the GPUs differ (NVIDIA H200 vs NVIDIA A100-SXM4-80GB)" in result.stderr
+
+
+def test_no_matching_point_is_refused_and_allow_different_still_gates_nothing(tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "run.json").write_text((RUNS / "base" / "run.json").read_text())
+    lines = [json.loads(line) for line in (RUNS / "base" / "points.jsonl").read_text().splitlines()]
+    for rec in lines:
+        rec["key"]["seq_len"] = 128
+    (other / "points.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    result = cli(str(RUNS / "base"), str(other), "--fail-memory", "1")
+    assert result.exit_code == 2
+    assert "compare refused: no point matches (4 in base, 4 in other, none with the same key)" in result.stderr
+    # Allowed: the comparison is printed, but a gate with nothing to judge is not a pass.
+    allowed = cli(str(RUNS / "base"), str(other), "--fail-memory", "1", "--allow-different")
+    assert allowed.exit_code == 2
+    assert "0 matched points" in allowed.stdout and "4 added, 4 removed" in allowed.stdout
+    assert "error: no point matched: the gates have nothing to judge" in allowed.stderr
+    assert "compared although no point matches" in allowed.stderr
+    assert cli(str(RUNS / "base"), str(other), "--allow-different").exit_code == 0
+
+
+def test_an_oom_message_is_printed_once_and_short() -> None:
+    result = cli(str(H200), str(H200))
+    lines = [line for line in result.stdout.splitlines() if "out of memory" in line]
+    assert lines == ["none b=8 s=2048 bf16: base and new: CUDA out of memory. Tried to allocate 1.95 GiB."]
+
+
+def test_base_and_new_stay_visible_at_80_columns() -> None:
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["compare", str(H200), str(H200)])
+    header = next(line for line in result.stdout.splitlines() if line.startswith("┃ point"))
+    assert [c.strip() for c in header.strip("┃").split("┃")] == ["point", "metric", "base", "new", "mark"]
+    assert max(map(len, result.stdout.splitlines()[:-2])) <= 80

@@ -460,7 +460,7 @@ def test_cli_csv_names_every_number_as_predicted() -> None:
 def test_cli_table_says_estimate_and_shows_the_fit() -> None:
     result = runner.invoke(app, ["estimate", TINY])
     assert result.exit_code == 0, result.output
-    assert "all numbers estimated" in result.stdout and "est. peak" in result.stdout
+    assert "every number predicted" in result.stdout and "est. peak" in result.stdout
     line = next(row for row in result.stdout.splitlines() if "│ none " in row)
     assert "no (optimizer state)" in line
     assert "estimate" in result.stderr  # the progress bar

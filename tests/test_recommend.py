@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
+from typer.testing import CliRunner
 
 from ckptbench.analysis.recommend import RecommendCandidate, candidates, pareto_front, recommend
+from ckptbench.cli.main import app
 from ckptbench.config.grid import KEY_FILLS
 from ckptbench.errors import ConfigError
 from ckptbench.render.recommend import rich_recommendation
@@ -184,14 +187,14 @@ def test_seq_len_filter() -> None:
 def test_json_shape() -> None:
     data = recommend(load_run(SYNTHETIC), budget_bytes=80 * GIB, headroom_bytes=4 * GIB).to_json()
     assert data["budget_bytes"] == 80 * GIB and data["headroom_bytes"] == 4 * GIB
-    assert data["limit_bytes"] == 76 * GIB and data["memory_metric"] == "peak_reserved_bytes"
+    assert data["limit_bytes"] == 76 * GIB and data["memory_metric"] == "needed_bytes"
     best = data["best"]
     assert {"key", "peak_allocated_bytes", "peak_reserved_bytes", "tokens_per_s"} <= set(best)
     assert best["key"] == {  # written with six fields; loading completes the key with the defaults
         **KEY_FILLS, "batch_size": 2, "layout": "none", "model": "llama-7b", "optimizer": "adamw_fused",
         "precision": "bf16", "seq_len": 2048,
     }
-    assert best["fits"] is True and best["peak_reserved_bytes"] <= data["limit_bytes"]
+    assert best["fits"] is True and best["needed_bytes"] <= data["limit_bytes"]
     assert set(best["memory"]) == {"params_bytes", "grads_bytes", "optimizer_state_bytes", "activation_bytes"}
     assert [p["label"] for p in data["pareto"]][:2] == ["all b=1 s=2048", "all b=2 s=2048"]
     assert all(isinstance(p["tokens_per_s"], float) for p in data["pareto"])
@@ -273,4 +276,37 @@ def test_a_point_fits_a_card_only_with_the_cuda_context_counted() -> None:
     assert none.peak_reserved_bytes is not None and none.peak_reserved_bytes < 63.5 * 2**30
     assert none.memory_bytes == none.peak_reserved_bytes + context and none.context_bytes == context
     assert rec.best.label == "last:6 b=2 s=2048"
-    assert "at 61.88 GiB peak reserved + 0.74 GiB context (59.37 GiB allocated" in rec.why
+    assert "at 61.14 GiB peak reserved, 61.88 GiB needed with the 0.74 GiB CUDA context (59.37 GiB allocated" in rec.why
+
+
+AXES_RUN = Path(__file__).parents[1] / "results" / "h200-gpu-check-1" / "axes"
+
+
+def test_lora_and_other_optimizers_are_never_recommended_unless_allowed() -> None:
+    core_recommend = recommend
+    run = load_run(AXES_RUN)
+    limit = dict(budget_bytes=int(79.25 * GIB), headroom_bytes=int(79.25 * GIB * 0.05))
+    plain = core_recommend(run, **limit)
+    assert plain.best is not None and plain.best.key["lora"] == "none" and plain.best.key["optimizer"] == "adamw_fused"
+    every = [c for c in (plain.best, *plain.runners_up, *plain.pareto, plain.fastest, plain.smallest) if c]
+    assert all(c.key["lora"] == "none" and c.key["optimizer"] in ("adamw_fused", "adamw_foreach") for c in every)
+    assert plain.other_training_allow == ("8bit", "factored", "lora", "optimizer")
+    assert len(plain.other_training) == 5
+    allowed = core_recommend(run, allow=("lora",), **limit)
+    assert allowed.best is not None and allowed.best.key["lora"] == "r16"  # 11,767 tokens/s, the pick
+    assert allowed.other_training_allow == ("8bit", "factored", "optimizer")
+    result = CliRunner().invoke(app, ["recommend", str(AXES_RUN), "--budget", "79.25", "--format", "json"])
+    data = json.loads(result.stdout)
+    assert data["best"]["key"]["lora"] == "none"
+    assert data["other_training"]["none b=2 s=2048 attn_implementation=sdpa lora=r16 micro_batches=1 offload=none "
+                                  "optimizer=adamw_fused"].startswith("lora=r16: LoRA adapters")
+    bad = CliRunner().invoke(app, ["recommend", str(AXES_RUN), "--budget", "80", "--allow", "nosuch"])
+    assert bad.exit_code == 2
+    assert "--allow: 'nosuch' is not one of lora, 8bit, factored, offload_optimizer, optimizer" in bad.stderr
+
+
+def test_answers_never_pick_a_lora_point_as_the_fastest_that_fits() -> None:
+    result = CliRunner().invoke(app, ["answers", str(AXES_RUN)])
+    assert result.exit_code == 0, result.output
+    card = result.stdout.split("## How many layers should I checkpoint", 1)[1].split("\n## ", 1)[0]
+    assert "lora=" not in card and "optimizer=" not in card

@@ -94,7 +94,9 @@ def test_predicted_fit_uses_reserved_else_allocated_times_the_learned_margin() -
     margin = Margin(1.1, "test")
     assert predicted_fit(_estimate(point, 95), limit_bytes=100, margin=margin).fits is False  # 104 > 100
     assert predicted_fit(_estimate(point, 90), limit_bytes=100, margin=margin).fits is True  # 99
-    assert predicted_fit(_estimate(point, 95, reserved=100), limit_bytes=100, margin=margin).fits is True
+    # The replay's reserved, on its upper bound (results/fit.py: +0.93% for a whole-layer layout): 99 -> 100.
+    assert predicted_fit(_estimate(point, 95, reserved=99), limit_bytes=100, margin=margin).fits is True
+    assert predicted_fit(_estimate(point, 95, reserved=100), limit_bytes=100, margin=margin).fits is False
     unknown = predicted_fit(_estimate(point, None), limit_bytes=100, margin=margin)
     assert unknown.fits is None and unknown.basis.startswith("no prediction")
 
@@ -104,9 +106,9 @@ def test_predicted_fit_counts_the_cards_context_and_a_predicted_out_of_memory() 
     point = Point("bf16", "none", "all", 2048, 2, "llama-7b", "adamw_fused")
     margin = Margin(1.0, "test")
     with_context = predicted_fit(_estimate(point, 80, reserved=95, context=6), limit_bytes=100, margin=margin)
-    assert with_context.fits is False and with_context.judged_bytes == 101
-    assert "CUDA context" in with_context.basis and "predicted peak reserved" in with_context.basis
-    assert predicted_fit(_estimate(point, 80, reserved=94, context=6), limit_bytes=100, margin=margin).fits is True
+    assert with_context.fits is False and with_context.judged_bytes == 96 + 6  # the reserved bound + the context
+    assert "CUDA context" in with_context.basis and "reserved bound" in with_context.basis
+    assert predicted_fit(_estimate(point, 80, reserved=93, context=6), limit_bytes=100, margin=margin).fits is True
     oom = predicted_fit(_estimate(point, 10, oom=True), limit_bytes=100, margin=margin)
     assert oom.fits is False and "run out of memory in warm-up (the loss of micro-batch 0)" in oom.basis
 
@@ -148,7 +150,7 @@ def test_techniques_without_an_estimate_are_judged_by_a_labelled_stand_in() -> N
     assert plain.reserved is not None and fused.reserved == plain.reserved and plain.needed_bytes is not None
     fit = predicted_fit(fused, limit_bytes=plain.needed_bytes, margin=Margin(1.0, "none"))
     assert fit.fits is True and "(stand-in: estimated as loss=chunked" in fit.basis
-    assert fit.basis.startswith("predicted peak reserved")
+    assert fit.basis.startswith("reserved bound")
 
 
 def test_a_point_that_ran_out_of_memory_rules_out_larger_predictions() -> None:

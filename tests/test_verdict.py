@@ -87,14 +87,20 @@ def test_too_few_samples_say_so() -> None:
 # ---------------------------------------------------------------- gates on the few-steps runs
 
 
-def test_a_3x_slowdown_with_3_steps_exits_3() -> None:
+def test_a_3x_slowdown_on_a_busy_host_is_not_judged_and_the_gate_exits_2() -> None:
+    # Every point of the few-steps fixtures was measured while the host was busy: a 3x slowdown there is
+    # what a busy host also produces (tests/test_false_alarms.py), so the gate neither passes nor fails.
     result = cli("few", "few-slow3x", "--fail-time", "5")
-    assert result.exit_code == 3, result.output
+    assert result.exit_code == 2, result.output
     assert (
-        "gate failed: none b=1 s=64 fp32: median step time +200.00% > 5% "
-        "(ranges disjoint, n=3/3: 1 in 20 by chance with no change)"
+        "error: --fail-time cannot judge 1 point(s) slower by more than 5% but measured on a busy host or with "
+        "unsteady steps (rerun them on a quiet host): none b=1 s=64 fp32"
     ) in result.stderr
-    assert f"{NONE_B1}: step time worse: ranges disjoint, n=3/3: 1 in 20 by chance with no change" in result.stdout
+    assert (
+        f"{NONE_B1}: step time not judged (noisy steps): ranges disjoint, n=3/3: 1 in 20 by chance with no change; "
+        "not declared: measured while busy (base and new) (ranges 170% apart); rerun on a quiet host"
+    ) in result.stdout
+    assert "1 noisy steps" in result.stdout
 
 
 def test_identical_runs_with_3_steps_exit_0() -> None:
@@ -108,14 +114,14 @@ def test_the_91x_case_is_flagged_and_shown_by_only_changed() -> None:
     assert result.exit_code == 0  # no gate asked for: a report
     rows = [line for line in result.stdout.splitlines() if line.startswith("| none b=1")]
     assert [r.split(" | ")[1:] for r in rows] == [
-        ["step time (median)", "211.0 ms", "19205.1 ms", "+18994.1 ms", "91.000", "disjoint", "worse |"],
-        ["tokens/s", "303", "3", "-300", "0.011", "disjoint", "worse |"],
+        ["step time (median)", "211.0 ms", "19205.1 ms", "+18994.1 ms", "91.000", "disjoint", "noisy steps |"],
+        ["tokens/s", "303", "3", "-300", "0.011", "disjoint", "noisy steps |"],
     ]
     data = json.loads(cli("few", "few-slow91x", "--format", "json").stdout)
     step = next(m for p in data["points"] if p["label"] == NONE_B1 for m in p["metrics"]
                 if m["metric"] == "median_step_time_s")
-    assert (step["mark"], step["rule"], step["n_base"], step["n_new"]) == ("worse", "ranges disjoint", 3, 3)
-    assert cli("few", "few-slow91x", "--fail-time", "5").exit_code == 3
+    assert (step["mark"], step["rule"], step["n_base"], step["n_new"]) == ("noisy steps", "ranges disjoint", 3, 3)
+    assert cli("few", "few-slow91x", "--fail-time", "5").exit_code == 2
 
 
 def test_one_step_each_fails_the_time_gate_loudly() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,12 +28,19 @@ from ckptbench.analysis.marks import (
     PointChange,
     Thresholds,
     compare_point,
+    family_marks,
     not_comparable,
 )
-from ckptbench.analysis.verdict import BETTER, NOT_COMPARABLE, TOO_FEW, WORSE
+from ckptbench.analysis.verdict import BETTER, NOISY, NOT_COMPARABLE, TOO_FEW, WORSE
 from ckptbench.config.grid import key_id
+from ckptbench.errors import ResultsError
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run, load_run
+
+
+class NotComparableRuns(ResultsError):
+    """Two runs whose comparison would mean nothing: other models, other devices or GPUs, no point in
+    common (exit 2; ``--allow-different`` compares them anyway)."""
 
 
 @dataclass(frozen=True)
@@ -74,17 +82,26 @@ def compare_runs(
     thresholds: Thresholds = Thresholds(),
     gates: Gates = Gates(),
     allow_mixed_gpus: bool = False,
+    allow_different: bool = False,
 ) -> Comparison:
     """Match the points of two runs by key and compare every metric.
 
-    A run whose points ran on different GPU models compares nothing point by point: every matched
-    point is 'not comparable' (and no gate fires) unless ``allow_mixed_gpus``.
+    Runs of different models, on different devices or GPU models, or with no point in common are
+    refused (``NotComparableRuns``: a CI gate must not pass on nothing) unless ``allow_different``,
+    which turns each refusal into a note. A run whose points ran on different GPU models compares
+    nothing point by point: every matched point is 'not comparable' (and no gate fires) unless
+    ``allow_mixed_gpus``.
     """
     base_pts = _by_key(base)
     new_pts = _by_key(new)
-    labels = point_labels([rec.key for rec in (*base_pts.values(), *new_pts.values())])
     matched = [k for k in base_pts if k in new_pts]
+    differences = run_differences(base, new, matched=len(matched))
+    if differences and not allow_different:
+        raise NotComparableRuns(f"compare refused: {differences[0]} (--allow-different compares them anyway)")
+    labels = point_labels([rec.key for rec in (*base_pts.values(), *new_pts.values())])
     points = [compare_point(base_pts[k], new_pts[k], thresholds=thresholds, label=labels[k]) for k in matched]
+    cpu = "cpu" in (base.environment.get("device_type"), new.environment.get("device_type"))
+    points = family_marks(points, [(base_pts[k], new_pts[k]) for k in matched], cpu=cpu, thresholds=thresholds)
     mixed = [f"{side} run {run.name}" for side, run in (("base", base), ("new", new)) if run.mixed_gpus]
     if mixed and not allow_mixed_gpus:
         why = f"{' and '.join(mixed)} ran on different GPU models (--allow-mixed-gpus compares them anyway)"
@@ -95,6 +112,7 @@ def compare_runs(
         thresholds=thresholds,
         environment_differences=environment_differences(base, new),
         notes=[
+            *(f"compared although {d} (--allow-different)" for d in differences),
             *gpu_notes(base, "base"),
             *gpu_notes(new, "new"),
             *run_notes(base, "base"),
@@ -119,13 +137,48 @@ def compare_refs(
     thresholds: Thresholds = Thresholds(),
     gates: Gates = Gates(),
     allow_mixed_gpus: bool = False,
+    allow_different: bool = False,
 ) -> Comparison:
     """Load two runs (directories or names under ``results_root``) and compare them."""
     with warnings.catch_warnings():  # a truncated points file becomes a note of the comparison
         warnings.simplefilter("ignore")
         base = load_run(base_ref, results_root=results_root)
         new = load_run(new_ref, results_root=results_root)
-    return compare_runs(base, new, thresholds=thresholds, gates=gates, allow_mixed_gpus=allow_mixed_gpus)
+    return compare_runs(base, new, thresholds=thresholds, gates=gates, allow_mixed_gpus=allow_mixed_gpus,
+                        allow_different=allow_different)
+
+
+def _models(run: Run) -> set[str]:
+    """The models a run measured (its points' keys; the config's preset for a run without points)."""
+    found = {str(rec.key["model"]) for rec in run.points if "model" in rec.key}
+    preset = (run.config.get("model") or {}).get("preset") if isinstance(run.config.get("model"), dict) else None
+    return found or ({str(preset)} if preset else set())
+
+
+def _gpus(run: Run) -> set[str]:
+    """The GPU models a run's points ran on (its environment's GPU for a run without points)."""
+    gpu = run.environment.get("gpu_name")
+    return set(run.gpu_models) or ({str(gpu)} if gpu else set())
+
+
+def run_differences(base: Run, new: Run, *, matched: int) -> list[str]:
+    """Why two runs should not be compared at all, most telling first (empty: they can be)."""
+    out = []
+    base_models, new_models = _models(base), _models(new)
+    if base_models and new_models and not base_models & new_models:
+        out.append(f"the models differ ({', '.join(sorted(base_models))} vs {', '.join(sorted(new_models))})")
+    base_kind, new_kind = base.environment.get("device_type"), new.environment.get("device_type")
+    base_gpus, new_gpus = _gpus(base), _gpus(new)
+    if base_kind and new_kind and base_kind != new_kind:
+        out.append(f"the devices differ ({base_kind} vs {new_kind})")
+    elif base_gpus and new_gpus and not base_gpus & new_gpus:  # one run mixing cards: --allow-mixed-gpus
+        out.append(f"the GPUs differ ({', '.join(sorted(base_gpus))} vs {', '.join(sorted(new_gpus))})")
+    if not matched:
+        out.append(
+            f"no point matches ({len(_by_key(base))} in {base.name}, {len(_by_key(new))} in {new.name}, none with "
+            "the same key)"
+        )
+    return out
 
 
 def _by_key(run: Run) -> dict[str, PointRecord]:
@@ -170,7 +223,7 @@ def summarize(comp: Comparison) -> dict[str, Any]:
     """Counts of point marks, added/removed, and the geometric mean and range of step-time ratios."""
     counts = {
         mark.replace(" ", "_"): 0
-        for mark in (WORSE, BETTER, UNCHANGED, NEWLY_OOM, NO_LONGER_OOM, NOT_COMPARABLE, TOO_FEW)
+        for mark in (WORSE, BETTER, UNCHANGED, NEWLY_OOM, NO_LONGER_OOM, NOT_COMPARABLE, TOO_FEW, NOISY)
     }
     for p in comp.points:
         counts[p.mark.replace(" ", "_")] += 1
@@ -211,12 +264,34 @@ def gate_failures(points: list[PointChange], *, gates: Gates) -> list[str]:
 
 
 def gate_errors(points: list[PointChange], *, gates: Gates) -> list[str]:
-    """Why a gate could not be judged: --fail-time on points with too few step-time samples (one line)."""
+    """Why a gate could not be judged: nothing matched (any gate), or --fail-time on points with too few
+    step-time samples (one line each)."""
+    asked = gates.memory_pct is not None or gates.time_pct is not None or gates.new_oom
+    if asked and not points:
+        return ["no point matched: the gates have nothing to judge"]
     if gates.time_pct is None:
         return []
     blind = [(p, t) for p in points if (t := _metric(p, "median_step_time_s")) and t.mark == TOO_FEW]
-    if not blind:
-        return []
-    labels = ", ".join(p.label for p, _ in blind[:3]) + (f" and {len(blind) - 3} more" if len(blind) > 3 else "")
-    why = blind[0][1].evidence
-    return [f"--fail-time cannot judge {len(blind)} point(s): {why}: {labels}"]
+    out = []
+    if blind:
+        why = blind[0][1].evidence
+        out.append(f"--fail-time cannot judge {len(blind)} point(s): {why}: {_some(p.label for p, _ in blind)}")
+    # A slowdown past the gate that a busy/spread flag kept from being declared: neither a pass nor a failure.
+    noisy = [
+        p for p in points
+        if (t := _metric(p, "median_step_time_s")) and t.mark == NOISY and t.ratio is not None
+        and (t.ratio - 1.0) * 100 > gates.time_pct
+    ]
+    if noisy:
+        out.append(
+            f"--fail-time cannot judge {len(noisy)} point(s) slower by more than {gates.time_pct:g}% but measured "
+            f"on a busy host or with unsteady steps (rerun them on a quiet host): {_some(p.label for p in noisy)}"
+        )
+    return out
+
+
+def _some(labels: Iterable[str], *, shown: int = 3) -> str:
+    """The first few labels and how many more."""
+    items = list(labels)
+    rest = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return ", ".join(items[:shown]) + rest

@@ -12,10 +12,13 @@ from typing import Any
 from ckptbench.analysis.verdict import (
     BETTER,
     NOISE,
+    NOISY,
     NOT_COMPARABLE,
     TOO_FEW,
     WORSE,
+    TimeEvidence,
     TimeVerdict,
+    family_verdicts,
     time_verdict,
 )
 from ckptbench.config.grid import key_id
@@ -102,11 +105,26 @@ def compare_point(
         mark = NO_LONGER_OOM
     else:
         mark = NOT_COMPARABLE
-    note = "; ".join(
-        f"{side}: {rec.reason}" for side, rec in (("base", base), ("new", new)) if rec.reason
-    )
+    note = status_note(base.reason, new.reason)
     metrics = _status_metrics(base, new, mark)
-    return PointChange(key, key_id(key), label, b_status, n_status, mark, metrics, note or None)
+    return PointChange(key, key_id(key), label, b_status, n_status, mark, metrics, note)
+
+
+def short_reason(reason: str, *, limit: int = 160) -> str:
+    """The first two sentences of why a point failed (a CUDA OOM message runs to 1,000 characters),
+    cut at ``limit`` characters; the full text stays in the run's points.jsonl."""
+    sentences = reason.strip().splitlines()[0].split(". ") if reason.strip() else [""]
+    text = ". ".join(sentences[:2]) + ("." if len(sentences) > 2 else "")
+    text = text if text.endswith(".") or len(sentences) <= 2 else text + "."
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def status_note(base_reason: str | None, new_reason: str | None) -> str | None:
+    """Why each side failed, shortened; once when both failed for the same reason."""
+    if base_reason and base_reason == new_reason:
+        return f"base and new: {short_reason(base_reason)}"
+    parts = [f"{side}: {short_reason(r)}" for side, r in (("base", base_reason), ("new", new_reason)) if r]
+    return "; ".join(parts) or None
 
 
 def not_comparable(change: PointChange, why: str) -> PointChange:
@@ -185,9 +203,54 @@ def point_mark(metrics: list[MetricChange]) -> str:
     """Worse if any metric is worse; better if any is better and none worse; 'too few samples' when the
     step times could not be judged and nothing else changed (the point is not known to be unchanged)."""
     marks = {m.mark for m in metrics}
-    for mark in (WORSE, BETTER, TOO_FEW):
+    for mark in (WORSE, BETTER, TOO_FEW, NOISY):
         if mark in marks:
             return mark
     if marks & QUIET_MARKS:
         return UNCHANGED
     return NOT_COMPARABLE
+
+
+# Warning kinds (results/record.py ``warnings``) that make a point's step times poor evidence.
+NOISY_KINDS = ("busy", "spread")
+_TIME_METRICS = frozenset(name for name, _, kind in METRICS if kind != "memory")
+
+
+def flagged(base: PointRecord, new: PointRecord) -> str | None:
+    """The busy/spread warnings of a matched point: 'busy (new)', 'spread (base and new)'; None: none."""
+    why = []
+    for kind in NOISY_KINDS:
+        sides = [side for side, rec in (("base", base), ("new", new)) if kind in rec.warning_kinds]
+        if sides:
+            why.append(f"{kind} ({' and '.join(sides)})")
+    return ", ".join(why) or None
+
+
+def _verdict_of(change: PointChange) -> TimeVerdict | None:
+    m = next((m for m in change.metrics if m.metric == "median_step_time_s"), None)
+    if m is None or m.n_base is None or m.n_new is None or m.evidence is None:
+        return None
+    return TimeVerdict(m.mark, m.rule, m.p_value, m.n_base, m.n_new, m.evidence)
+
+
+def family_marks(
+    changes: list[PointChange], records: list[tuple[PointRecord, PointRecord]], *, cpu: bool, thresholds: Thresholds
+) -> list[PointChange]:
+    """The points with their step-time marks judged over the whole comparison (verdict.py ``family_verdicts``):
+    a change that does not survive it becomes 'within noise' in every time metric and in the point's mark."""
+    judged = [(i, v) for i, c in enumerate(changes) if (v := _verdict_of(c)) is not None]
+    evidence = [
+        TimeEvidence(v, records[i][0].step_times_s, records[i][1].step_times_s, cpu=cpu,
+                     flagged=flagged(*records[i]))
+        for i, v in judged
+    ]
+    out = list(changes)
+    for (i, _), verdict in zip(judged, family_verdicts(evidence, time_rtol=thresholds.time_rtol,
+                                                       alpha=thresholds.alpha), strict=True):
+        metrics = [
+            replace(m, mark=verdict.mark if m.mark != NOT_COMPARABLE else m.mark, evidence=verdict.evidence)
+            if m.metric in _TIME_METRICS else m
+            for m in changes[i].metrics
+        ]
+        out[i] = replace(changes[i], metrics=metrics, mark=point_mark(metrics))
+    return out

@@ -19,15 +19,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptbench.analysis.tune_space import training_change
 from ckptbench.errors import ConfigError
 from ckptbench.estimator.gpus import gpu_for_name
-from ckptbench.results.fit import measured_fits, measured_needed_bytes
+from ckptbench.results.fit import measured_fits, measured_needed_bytes, measured_peak_bytes
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 from ckptbench.units import GIB_UNIT, SizeUnit
 
 DEFAULT_HEADROOM = "5%"  # of the budget: room for fragmentation growth, the CUDA context, other processes
-MEMORY_METRIC = "peak_reserved_bytes"
+# The figure a point must fit with (results/fit.py): its peak reserved plus the CUDA context. Tables name it
+# "needed", apart from "peak reserved", the measured figure alone.
+MEMORY_METRIC = "needed_bytes"
 BREAKDOWN = (
     ("params_bytes", "params"),
     ("grads_bytes", "grads"),
@@ -44,7 +47,7 @@ class RecommendCandidate:
     record: PointRecord = field(repr=False, compare=False)
     key: dict[str, Any]
     label: str
-    memory_bytes: int  # what must fit: peak reserved plus the context (results/fit.py)
+    memory_bytes: int  # "needed": what must fit, peak reserved plus the context (results/fit.py)
     peak_allocated_bytes: int
     peak_reserved_bytes: int | None
     tokens_per_s: float
@@ -65,6 +68,11 @@ class RecommendCandidate:
         """Inter-quartile range of the step time over its median."""
         return self.step_time_iqr_s / self.median_step_time_s if self.median_step_time_s > 0 else 0.0
 
+    @property
+    def reserved_bytes(self) -> int:
+        """The measured peak reserved (peak allocated where none was recorded, as on CPU): results/fit.py."""
+        return measured_peak_bytes(self.record)
+
     def fits(self, limit_bytes: int) -> bool:
         """Whether the point fits under ``limit_bytes`` (results/fit.py: ``measured_fits``)."""
         return measured_fits(self.record, limit_bytes, card_context_bytes=self.card_context_bytes)
@@ -75,6 +83,7 @@ class RecommendCandidate:
             "label": self.label,
             "peak_allocated_bytes": self.peak_allocated_bytes,
             "peak_reserved_bytes": self.peak_reserved_bytes,
+            "needed_bytes": self.memory_bytes,
             "tokens_per_s": self.tokens_per_s,
             "median_step_time_s": self.median_step_time_s,
             "step_time_iqr_s": self.step_time_iqr_s,
@@ -100,10 +109,24 @@ def _varying_axes(keys: Sequence[dict[str, Any]]) -> list[str]:
     return [n for n in names if len({repr(k.get(n)) for k in keys}) > 1]
 
 
-def candidates(run: Run, *, seq_len: int | None = None) -> list[RecommendCandidate]:
-    """The run's ok points (optionally of one sequence length) with a throughput and a peak."""
+def run_optimizer(run: Run) -> str:
+    """The optimizer the run trains with (its config's): what 'the same training' means for its points."""
+    return str(run.config.get("optimizer") or "adamw_fused")
+
+
+def changes_training(run: Run, rec: PointRecord, allow: Sequence[str]) -> tuple[str, str] | None:
+    """(the --allow name, why) when the point trains something else (analysis/tune_space.py
+    ``training_change``) and ``allow`` does not name it; None: a candidate."""
+    change = training_change(rec.key, optimizer=run_optimizer(run))
+    return change if change is not None and change[0] not in allow else None
+
+
+def candidates(run: Run, *, seq_len: int | None = None, allow: Sequence[str] = ()) -> list[RecommendCandidate]:
+    """The run's ok points (optionally of one sequence length) with a throughput and a peak; points that
+    train something other than full fine-tuning only when ``allow`` names their technique."""
     scope = [(i, r) for i, r in enumerate(run.points) if r.ok and (seq_len is None or seq_len_of(r) == seq_len)]
-    extra = _varying_axes([r.key for _, r in scope])
+    extra = _varying_axes([r.key for _, r in scope])  # labels name what varies, left-out points included
+    scope = [(i, r) for i, r in scope if changes_training(run, r, allow) is None]
     card = gpu_for_name(run.meta.get("environment", {}).get("gpu_name"))
     context = card.context_bytes if card is not None else 0
     found = (_candidate(i, r, extra=extra, context=context) for i, r in scope)
@@ -188,16 +211,19 @@ class Recommendation:
     # Runners-up whose speed gap to the best is inside the step-time spread.
     within_noise: list[RecommendCandidate] = field(default_factory=list)
     skipped_statuses: dict[str, int] = field(default_factory=dict)
+    # Points left out because they train something else (LoRA, another optimizer): label -> why.
+    other_training: dict[str, str] = field(default_factory=dict)
+    other_training_allow: tuple[str, ...] = ()  # the --allow names that would include them
     # The one unit of every size in the answer, its sentence and the report around it (units.py).
     size: SizeUnit = GIB_UNIT
 
     @property
     def limit_bytes(self) -> int:
-        """The most peak reserved memory a point may have: the budget minus the headroom."""
+        """The most a point may need (peak reserved + context): the budget minus the headroom."""
         return self.budget_bytes - self.headroom_bytes
 
     def room(self, c: RecommendCandidate) -> str:
-        """How far a point's peak reserved memory is under ('free') or over the limit (budget - headroom)."""
+        """How far what a point needs is under ('free') or over the limit (budget - headroom)."""
         gap = self.limit_bytes - c.memory_bytes
         return f"{self.size(gap)} free" if gap >= 0 else f"{self.size(-gap)} over"
 
@@ -224,18 +250,20 @@ class Recommendation:
             "num_points": self.num_points,
             "within_noise": [c.label for c in self.within_noise],
             "not_ok_points": self.skipped_statuses,
+            "other_training": self.other_training,
             "why": self.why,
         }
 
 
 def recommend(
-    run: Run, *, budget_bytes: int, headroom_bytes: int, seq_len: int | None = None
+    run: Run, *, budget_bytes: int, headroom_bytes: int, seq_len: int | None = None, allow: Sequence[str] = ()
 ) -> Recommendation:
-    """The fastest ok point whose peak reserved memory plus the headroom fits under the budget."""
+    """The fastest ok point whose needed memory (peak reserved + context) fits under the budget minus the
+    headroom; a point that trains something other than full fine-tuning only when ``allow`` names it."""
     if seq_len is not None and not any(seq_len_of(r) == seq_len for r in run.points):
         have = sorted({seq_len_of(r) for r in run.points}, key=str)
         raise ConfigError(f"--seq-len: the run has no point with seq_len {seq_len} (it has {have})")
-    cands = candidates(run, seq_len=seq_len)
+    cands = candidates(run, seq_len=seq_len, allow=allow)
     limit = budget_bytes - headroom_bytes
     best = _fastest([c for c in cands if c.fits(limit)])
     runners_up, no_fit = _per_layout(cands, limit=limit, best=best)
@@ -248,6 +276,10 @@ def recommend(
         skipped_statuses=dict(sorted(not_ok.items())),
         size=SizeUnit.for_sizes([*run.sizes(), budget_bytes]),
     )
+    extra = _varying_axes([r.key for r in scope if r.ok])
+    left_out = [(r, change) for r in scope if r.ok and (change := changes_training(run, r, allow))]
+    rec.other_training = {point_label(r.key, extra=extra): why for r, (_, why) in left_out}
+    rec.other_training_allow = tuple(sorted({name for _, (name, _) in left_out}))
     rec.within_noise = [c for c in runners_up if best is not None and _within_noise(best, c)]
     rec.why = explain(rec)
     return rec
@@ -282,8 +314,19 @@ def dominant_part(c: RecommendCandidate) -> tuple[str, float]:
 
 
 def _what(c: RecommendCandidate, size: SizeUnit) -> str:
-    """What a candidate's memory figure is made of."""
-    return f"peak reserved + {size(c.context_bytes)} context" if c.context_bytes else "peak reserved"
+    """A candidate's two memory figures: '63.22 GiB peak reserved, 63.96 GiB needed with the 0.74 GiB CUDA
+    context' (one figure where there is no context)."""
+    if not c.context_bytes:
+        return f"{size(c.reserved_bytes)} peak reserved"
+    return (f"{size(c.reserved_bytes)} peak reserved, {size(c.memory_bytes)} needed with the "
+            f"{size(c.context_bytes)} CUDA context")
+
+
+def _needs(c: RecommendCandidate, size: SizeUnit) -> str:
+    """'63.96 GiB (63.22 GiB peak reserved + 0.74 GiB CUDA context)', or '53.48 GiB peak reserved' without a context."""
+    if not c.context_bytes:
+        return f"{size(c.reserved_bytes)} peak reserved"
+    return f"{size(c.memory_bytes)} ({size(c.reserved_bytes)} peak reserved + {size(c.context_bytes)} CUDA context)"
 
 
 def explain(rec: Recommendation) -> str:
@@ -298,7 +341,7 @@ def explain(rec: Recommendation) -> str:
         headroom = f" with {size(rec.headroom_bytes)} headroom" if rec.headroom_bytes else ""
         return (
             f"Nothing fits under {budget}{headroom}: the smallest point, "
-            f"{s.label}, needs {size(s.memory_bytes)} {_what(s, size)}, {rec.room(s)} {limit}."
+            f"{s.label}, needs {_needs(s, size)}, {rec.room(s)} {limit}."
         )
     b = rec.best
     parts = ", ".join(f"{label} {size(b.breakdown[f])}" for f, label in BREAKDOWN)
@@ -306,7 +349,7 @@ def explain(rec: Recommendation) -> str:
     asked = f" ({budget} budget minus {size(rec.headroom_bytes)} headroom)" if rec.headroom_bytes else ""
     text = (
         f"{b.label} is the fastest point that fits: {b.tokens_per_s:,.0f} tokens/s at "
-        f"{size(b.memory_bytes)} {_what(b, size)} ({size(b.peak_allocated_bytes)} allocated: {parts}; "
+        f"{_what(b, size)} ({size(b.peak_allocated_bytes)} allocated: {parts}; "
         f"{dom} dominates with {share:.0%}), leaving {rec.room(b)} under {limit}{asked}."
     )
     if rec.runners_up:

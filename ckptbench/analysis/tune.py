@@ -130,12 +130,17 @@ def predicted_fit(estimate: Estimate, *, limit_bytes: int, margin: Margin) -> Pr
         context_bytes=0 if reserved is None else reserved.context_bytes,
         peak_allocated_bytes=estimate.peak_bytes,
         margin=margin.ratio,
+        # The reserved figure's upper bound, as estimate judges it (results/fit.py: one rule).
+        bound_for=(estimate.point.layout, estimate.point.batch_size or 1) if estimate.bounded else None,
     )
     fits = predicted_fits(judged, limit_bytes, oom=False)
     if judged is None or fits is None:
         return PredictedFit(None, None, f"no prediction ({estimate.note or 'not estimated'})")
     if reserved is not None and reserved.peak_reserved_bytes is not None:
-        basis = (f"predicted peak reserved {fmt_bytes(reserved.peak_reserved_bytes)} + "
+        bound = estimate.reserved_bound_bytes
+        shown = f"reserved bound {fmt_bytes(bound)}" if bound is not None else (
+            f"predicted peak reserved {fmt_bytes(reserved.peak_reserved_bytes)}")
+        basis = (f"{shown} + "
                  f"{fmt_bytes(reserved.context_bytes)} CUDA context ({reserved.gpu}){stand_in}")
     else:
         basis = f"predicted peak allocated {fmt_bytes(estimate.peak_bytes or 0)} x margin {margin.ratio:.4f}{stand_in}"

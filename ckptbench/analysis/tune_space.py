@@ -13,7 +13,7 @@ only with ``--allow`` (``ALLOWABLE``).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,8 @@ ALLOWABLE: dict[str, str] = {
     "factored": "Adafactor: a factored second moment changes the updates",
     "offload_optimizer": "optimizer state and step on the CPU (torchao's CPUOffloadOptimizer)",
 }
+# recommend and answers judge measured runs, which may hold any optimizer: one more opt-in there.
+MEASURED_ALLOWABLE: dict[str, str] = {**ALLOWABLE, "optimizer": "an optimizer other than the run's (sgd for adamw)"}
 DEFAULT_LORA_RANK = "r16"
 # Axes whose values change what is trained or how the optimizer computes: fixed unless allowed.
 SEMANTIC_AXES = ("optimizer", "lora", "optimizer_offload")
@@ -74,12 +76,12 @@ def runnable(point: Point) -> bool:
     ) is None
 
 
-def parse_allow(text: str | None) -> tuple[str, ...]:
+def parse_allow(text: str | None, *, allowable: Mapping[str, str] = ALLOWABLE) -> tuple[str, ...]:
     """'lora,8bit' -> ('8bit', 'lora'); an unknown name is a ConfigError naming the allowed ones."""
     names = sorted({n.strip() for n in (text or "").split(",") if n.strip()})
-    unknown = [n for n in names if n not in ALLOWABLE]
+    unknown = [n for n in names if n not in allowable]
     if unknown:
-        raise ConfigError(f"--allow: {unknown[0]!r} is not one of {', '.join(ALLOWABLE)}")
+        raise ConfigError(f"--allow: {unknown[0]!r} is not one of {', '.join(allowable)}")
     return tuple(names)
 
 
@@ -184,6 +186,28 @@ def savers(point: Point) -> frozenset[str]:
 def speed_class(point: Point) -> tuple[Any, ...]:
     key = point.key
     return (*(key[a] for a in SPEED_AXES), point.loss == "fused_linear")
+
+
+# Optimizers with the same numerics as another (implementations of one algorithm): not a change of training.
+_SAME_OPTIMIZER = {"adamw_fused": "adamw", "adamw_foreach": "adamw", "adamw": "adamw"}
+# Which --allow name an optimizer needs when it differs from the run's own.
+_OPTIMIZER_ALLOW = {"adamw_8bit": "8bit", "adamw_8bit_torchao": "8bit", "adafactor": "factored"}
+
+
+def training_change(key: Mapping[str, Any], *, optimizer: str) -> tuple[str, str] | None:
+    """What makes a point train something other than full fine-tuning with ``optimizer`` (the run's or the
+    config's), as (the --allow name it needs, why); None: the same training. The one definition tune,
+    recommend and answers share: such a point is never a recommendation unless allowed."""
+    lora = key.get("lora", "none")
+    if lora != "none":
+        return "lora", f"lora={lora}: {ALLOWABLE['lora']}"
+    if key.get("optimizer_offload", "none") not in ("none", None):
+        return "offload_optimizer", f"optimizer_offload={key['optimizer_offload']}: {ALLOWABLE['offload_optimizer']}"
+    opt = str(key.get("optimizer", optimizer))
+    if _SAME_OPTIMIZER.get(opt, opt) != _SAME_OPTIMIZER.get(optimizer, optimizer):
+        name = _OPTIMIZER_ALLOW.get(opt, "optimizer")
+        return name, f"optimizer={opt}: {MEASURED_ALLOWABLE[name]}"
+    return None
 
 
 def semantic_changes(point: Point) -> list[str]:

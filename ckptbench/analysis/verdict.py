@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 MANN_WHITNEY = "mann-whitney"
 RANGES_DISJOINT = "ranges disjoint"
@@ -27,13 +27,15 @@ RANGES_DISJOINT = "ranges disjoint"
 # Marks this module decides (analysis/marks.py re-exports them with the memory marks).
 WORSE, BETTER, NOISE = "worse", "better", "within noise"
 TOO_FEW, NOT_COMPARABLE = "too few samples", "not comparable"
+# A change the step times show but that is not declared: the point was flagged busy or spread (family_verdicts).
+NOISY = "noisy steps"
 
 
 @dataclass(frozen=True)
 class TimeVerdict:
     """What the step-time samples of two runs say about one point."""
 
-    mark: str  # WORSE (slower), BETTER (faster), NOISE, TOO_FEW or NOT_COMPARABLE
+    mark: str  # WORSE (slower), BETTER (faster), NOISE, TOO_FEW, NOISY or NOT_COMPARABLE
     rule: str | None  # MANN_WHITNEY or RANGES_DISJOINT when one of them saw a change, else None
     p_value: float | None  # two-sided Mann-Whitney U p-value (None without samples)
     n_base: int
@@ -100,3 +102,88 @@ def time_verdict(base_s: list[float], new_s: list[float], *, time_rtol: float, a
         band = f"; the median moved {moved * 100:.1f}%, inside the {time_rtol * 100:g}% noise band"
         return TimeVerdict(NOISE, rule, p, n, m, evidence + band)
     return TimeVerdict(WORSE if slower else BETTER, rule, p, n, m, evidence)
+
+
+# -- many points at once: the false-alarm rate of a whole comparison ------------------------------------
+#
+# Each point's verdict alone would flag 1 in 20 unchanged points with 3 and 3 steps, so a comparison of
+# twelve points would raise a false alarm more often than not. A change a point's own verdict saw stands
+# only with evidence that survives the whole family of points:
+#
+# - **Clean evidence** (a GPU run, no warning on the point): the Benjamini-Hochberg adjusted p-value
+#   (scipy.stats.false_discovery_control over the points' Mann-Whitney p-values) stays below alpha (when
+#   nothing changed at all, the same code measured twice, this bounds the chance of any false alarm by
+#   alpha), or the two ranges lie apart by at least the noise band (``time_rtol``): the new run's fastest
+#   step slower than the base's slowest (or mirrored, faster).
+# - **A CPU run**: p-values never count (a busy host slows a point's steps together: they are not
+#   independent samples); the ranges must lie at least ``CPU_MIN_EFFECT`` apart. Ten back-to-back tiny
+#   CPU sweeps on a shared 2-core host put one point's ranges up to 98% apart by chance
+#   (tests/test_false_alarms.py, tests/fixtures/ten_cpu/).
+# - **A point flagged busy or spread** (on either side): no time change is declared at all, however
+#   large: in those ten sweeps a busy host slowed whole points 4x. Its mark is 'noisy steps', and a time
+#   gate that would have failed on it cannot judge it (analysis/compare.py: exit 2, never a silent pass).
+CPU_MIN_EFFECT = 1.5  # on a CPU: the new fastest step at least 2.5x the base's slowest (or mirrored)
+FAMILY_RULE = "Benjamini-Hochberg"
+
+
+@dataclass(frozen=True)
+class TimeEvidence:
+    """One point's step-time samples and verdict, and what makes its evidence noisy."""
+
+    verdict: TimeVerdict
+    base_s: list[float]
+    new_s: list[float]
+    cpu: bool = False  # measured on a CPU (either run)
+    flagged: str | None = None  # 'busy (new)', 'spread (base and new)': warnings of the point
+
+
+def range_gap(base_s: list[float], new_s: list[float], *, slower: bool) -> float:
+    """How far apart the two ranges lie, relative: min(new)/max(base) - 1 when slower, mirrored when faster
+    (negative: they overlap)."""
+    low, high = (base_s, new_s) if slower else (new_s, base_s)
+    if not low or not high:
+        return -math.inf
+    return min(high) / max(low) - 1.0 if max(low) > 0 else math.inf
+
+
+def adjusted_p_values(p_values: list[float | None]) -> list[float | None]:
+    """Benjamini-Hochberg adjusted p-values over the points that have one (scipy)."""
+    known = [p for p in p_values if p is not None]
+    if not known:
+        return list(p_values)
+    from scipy.stats import false_discovery_control
+
+    adjusted = iter(float(q) for q in false_discovery_control(known, method="bh"))
+    return [None if p is None else next(adjusted) for p in p_values]
+
+
+def family_verdicts(points: list[TimeEvidence], *, time_rtol: float, alpha: float) -> list[TimeVerdict]:
+    """Each point's verdict, kept only when its change survives the family of points (rules above);
+    one that does not becomes 'within noise' ('noisy steps' when a busy/spread flag kept it from being
+    declared) with the reason appended to its evidence."""
+    adjusted = adjusted_p_values([e.verdict.p_value for e in points])
+    out = []
+    for e, q in zip(points, adjusted, strict=True):
+        v = e.verdict
+        if v.mark not in (WORSE, BETTER):
+            out.append(v)
+            continue
+        gap = range_gap(e.base_s, e.new_s, slower=v.mark == WORSE)
+        apart = f"ranges {gap * 100:.0f}% apart" if gap >= 0 else "ranges overlap"
+        if e.flagged:
+            why = f"; not declared: measured while {e.flagged} ({apart}); rerun on a quiet host"
+            out.append(replace(v, mark=NOISY, evidence=v.evidence + why))
+            continue
+        min_effect = CPU_MIN_EFFECT if e.cpu else time_rtol
+        need = f"at least {min_effect * 100:g}% needed" + (" on a CPU" if e.cpu else "")
+        if gap >= min_effect:
+            out.append(replace(v, evidence=f"{v.evidence}; {apart} ({need})"))
+        elif not e.cpu and q is not None and q < alpha:
+            out.append(replace(v, evidence=f"{v.evidence}; {FAMILY_RULE} p={q:.2g} over {len(points)} points"))
+        elif e.cpu:
+            out.append(replace(v, mark=NOISE, evidence=f"{v.evidence}; not declared: {apart}, {need}"))
+        else:
+            adj = f"{FAMILY_RULE} p={q:.2g} over {len(points)} points" if q is not None else "no p-value"
+            why = f"; not significant over the whole comparison ({adj}; {apart}, {need})"
+            out.append(replace(v, mark=NOISE, evidence=v.evidence + why))
+    return out

@@ -97,6 +97,28 @@ class Answers:
     predictions: Predictions = field(default_factory=Predictions)
 
     @property
+    def held(self) -> dict[tuple[str, str, str], int]:
+        """What the runs measured: (model, seq_len, precision) -> ok points, most points first."""
+        counts: dict[tuple[str, str, str], int] = {}
+        for run in self.runs:
+            for rec in run.points:
+                if rec.ok:
+                    cell = (str(rec.key.get("model")), str(rec.key.get("seq_len")), str(rec.key.get("precision")))
+                    counts[cell] = counts.get(cell, 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    @property
+    def in_scope(self) -> bool:
+        """Whether the runs hold any point of the claims' cell (the scope's model, seq_len, precision)."""
+        s = self.scope
+        return (s.model, str(s.seq_len), s.precision) in self.held
+
+    @property
+    def unjudged(self) -> list[int]:
+        """The claims no measured point of these runs bears on (no part cites one)."""
+        return [a.number for a in self.answers if not any(p.cites for p in a.parts)]
+
+    @property
     def pending(self) -> dict[str, list[tuple[int, Pending]]]:
         """Stage -> the (claim number, pending run) that wait for it, by stage name."""
         out: dict[str, list[tuple[int, Pending]]] = {}

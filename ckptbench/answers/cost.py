@@ -195,8 +195,8 @@ def zero2_on_one_gpu(ctx: Context) -> Answer:
     elif none is not None and none.record.memory.optimizer_state_bytes:
         state = none.record.memory.optimizer_state_bytes
         left = none.mem - state
-        estimates = (f"Estimate: without AdamW's state on the GPU the batch-2 peak would be about {gib(left)} "
-                     f"({left / 1e9:.1f} GB): none's measured peak reserved ({gib(none.mem)}) minus its measured "
+        estimates = (f"Estimate: without AdamW's state on the GPU the batch-2 peak would be about {gib(left)}: "
+                     f"none's measured peak reserved ({gib(none.mem)}) minus its measured "
                      f"optimizer state ({gib(state)}); the offload's own buffers are not counted.",)
     cost = f" Checkpointing every layer (all) costs {times(full.step_s / none.step_s)} (measured)." if (
         full and none) else ""

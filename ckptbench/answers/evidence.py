@@ -27,9 +27,11 @@ class Scope:
     seq_len: int = 2048
     precision: str = "bf16"
     num_layers: int = 32
+    architecture: str = "llama"  # the model's family (config/families.py)
 
     def key(self, layout: str, batch_size: int, **axes: Any) -> dict[str, Any]:
-        base = {"model": self.model, "seq_len": self.seq_len, "precision": self.precision}
+        base = {"model": self.model, "seq_len": self.seq_len, "precision": self.precision,
+                "architecture": self.architecture}
         return {**AXIS_DEFAULTS, **base, "layout": layout, "batch_size": batch_size, **axes}
 
 
@@ -96,8 +98,9 @@ class Cite:
         return fmt_bytes(self.mem) if self.ok else self.record.status.upper()
 
     def gb(self) -> str:
-        """Decimal gigabytes, the unit people quote from nvidia-smi."""
+        """Decimal gigabytes, the unit of the claims' own words ("50+ GB"), beside which it is quoted."""
         return f"{self.mem / 1e9:.1f} GB"
+
 
 
 def _matches(record_key: dict[str, Any], query: dict[str, Any]) -> bool:

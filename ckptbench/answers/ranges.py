@@ -121,8 +121,8 @@ def last_few_layers(ctx: Context) -> Answer:
     floor = ""
     if none is not None and none.record.memory.static_bytes is not None:
         static = none.record.memory.static_bytes
-        floor = (f" Parameters, gradients and AdamW state alone take {gib(static)} ({static / 1e9:.1f} GB) at any "
-                 "batch" + (f"; even all peaks at {gib(full.mem)} ({full.gb()})." if full else "."))
+        floor = (f" Parameters, gradients and AdamW state alone take {gib(static)} at any "
+                 "batch" + (f"; even all peaks at {gib(full.mem)}." if full else "."))
     parts = []
     for k in (4, 5, 6):
         c = ctx.point(f"last:{k}", 2)

@@ -23,7 +23,7 @@ STAGE_BATCH_MAX = "20-searches-batch-max"
 STAGE_LAYOUT_FIT = "21-searches-layout-fit"
 STAGE_CLAIMS = "22-claims-80g"
 STAGE_SEQ = "23-searches-seq-80g"
-STAGE_TUNE = "30 (tune and its technique axes, issue 13)"
+STAGE_TUNE = "30 (tune and its technique axes)"
 STAGE_ESTIMATOR = "50-estimator-13b-amp"
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ckptbench.analysis.recommend import DEFAULT_HEADROOM
-from ckptbench.cli.common import HeadroomOpt, err, fail
+from ckptbench.cli.common import HeadroomOpt, err, fail, warn
 from ckptbench.errors import CkptbenchError, ResultsError
 
 if TYPE_CHECKING:  # imported when the claims are answered: the CLI stays fast to start
@@ -53,6 +53,10 @@ def answers_cmd(
         raise fail(exc) from None
     except OSError as exc:
         raise fail(ResultsError(f"answers: {exc}")) from None
+    if not answers.in_scope:
+        sc = answers.scope
+        warn(f"these runs hold no {sc.model} point at seq {sc.seq_len} in {sc.precision}, the setup the claims are "
+             "about: no claim can be judged from them")
     for path in done.files:
         err.print(f"wrote {path}", markup=False)
     for line in pending_lines(answers):

@@ -24,11 +24,12 @@ FailTimeOpt = Annotated[
     float | None,
     typer.Option(
         "--fail-time", min=0, callback=finite, metavar="PCT",
-        help="Exit 3 if step time grows > PCT% (and the verdict says worse); exit 2 if too few steps to judge.",
+        help="Exit 3 if step time grows > PCT% (and the verdict says worse over all points); exit 2 if too few "
+             "or noisy (busy, spread) steps cannot judge it.",
     ),
 ]
 FailOomOpt = Annotated[
-    bool, typer.Option("--fail-oom", help="Exit 3 on a new OOM (implied by --fail-memory/--fail-time).")
+    bool, typer.Option("--fail-oom", help="Exit 3 on a new OOM (implied by --fail-memory and by --fail-time).")
 ]
 MemoryTolOpt = Annotated[
     float,
@@ -43,6 +44,13 @@ TimeNoiseOpt = Annotated[
     ),
 ]
 
+AllowDifferentOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-different",
+        help="Compare runs of different models or devices, or with no point in common (refused otherwise).",
+    ),
+]
 AllowMixedOpt = Annotated[
     bool,
     typer.Option("--allow-mixed-gpus", help="Compare runs whose points ran on different GPU models anyway."),
@@ -65,6 +73,7 @@ def compare(
     time_noise: TimeNoiseOpt = 2.0,
     results_root: ResultsOpt = Path("results"),
     allow_mixed_gpus: AllowMixedOpt = False,
+    allow_different: AllowDifferentOpt = False,
 ) -> None:
     """Compare RUN_B against the base RUN_A: memory, speed, OOMs, environment; gates for CI."""
     from ckptbench.analysis.compare import Gates, compare_refs
@@ -75,7 +84,7 @@ def compare(
     thresholds = Thresholds(memory_rtol=memory_tolerance / 100, time_rtol=time_noise / 100)
     try:
         comp = compare_refs(run_a, run_b, results_root=results_root, thresholds=thresholds, gates=gates,
-                            allow_mixed_gpus=allow_mixed_gpus)
+                            allow_mixed_gpus=allow_mixed_gpus, allow_different=allow_different)
     except CkptbenchError as exc:
         raise fail(exc) from None
     _print_comparison(comp, fmt, only_changed=only_changed)

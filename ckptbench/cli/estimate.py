@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ckptbench.cli.common import BudgetOpt, Format, FormatOpt, err, fail, out
+from ckptbench.cli.common import BudgetOpt, Format, FormatOpt, err, fail, out, warn
 from ckptbench.cli.progress import EstimateProgressBar
-from ckptbench.errors import CkptbenchError
+from ckptbench.errors import CkptbenchError, ConfigError
+
+if TYPE_CHECKING:  # the estimator imports torch: the CLI stays fast to start
+    from ckptbench.config.schema import SweepConfig
+    from ckptbench.estimator.gpus import GpuModel
 
 TargetOpt = Annotated[
     str | None,
@@ -28,8 +32,8 @@ GpuOpt = Annotated[
     str | None,
     typer.Option(
         "--gpu", metavar="CARD",
-        help="The card to predict for: h200 (default; a run's own GPU), h100-80gb, a100-80gb, a100-40gb, l40s. "
-             "Without --budget, its memory is the budget.",
+        help="The CUDA card to predict for (implies --target cuda): h200 (default; a run's own GPU), h100-80gb, "
+             "a100-80gb, a100-40gb, l40s. Without --budget, its memory is the budget.",
     ),
 ]
 
@@ -51,6 +55,12 @@ def estimate(
         typer.Option("--times-from", metavar="RUN", help="Add step times fitted to these runs' measured points "
                      "(repeat for several runs): predicted step time, tokens/s, their source and error bound."),
     ] = None,
+    snapshot: Annotated[
+        Path | None,
+        typer.Option("--snapshot", metavar="FILE",
+                     help="Also write each point's predicted allocator timeline as a torch.cuda.memory._snapshot() "
+                          "pickle (one file per point): open it at https://pytorch.org/memory_viz."),
+    ] = None,
 ) -> None:
     """Predict, without a GPU, each point's peak allocated and reserved memory and what it is made of.
 
@@ -70,7 +80,17 @@ def estimate(
         if parallel is not None:
             cfg = with_parallel(cfg, parallel)
         reserved = measured_reserved(source)
-        card = gpu_model(gpu) if gpu is not None else gpu_for_name(measured_gpu(source))
+        measured_on = measured_gpu(source)
+        card = gpu_model(gpu) if gpu is not None else gpu_for_name(measured_on)
+        if gpu is not None:  # a card is a CUDA device model: predicting for it on the CPU would ignore it
+            if target == "cpu":
+                raise ConfigError(f"--gpu {gpu} predicts for a CUDA card; --target cpu contradicts it")
+            target = "cuda"
+        if card is not None and gpu is not None and (measured or reserved) and gpu_for_name(measured_on) is not card:
+            # Predictions for one card beside another card's measurements: no error between them.
+            warn(f"predicting for {card.name}; the run was measured on {measured_on or 'another device'}: its "
+                 "measurements and the error columns are left out")
+            measured, reserved = {}, {}
         budget_bytes = parse_size(budget) if budget is not None else None
         with EstimateProgressBar(err) as bar:
             estimates = estimate_config(
@@ -82,6 +102,10 @@ def estimate(
             model = StepTimeModel.from_runs([load_run(ref) for ref in times_from])
             times = {e.point.key_id: model.predict(e.point, gpu=gpu_model(e.reserved.gpu) if e.reserved else None)
                      for e in estimates}
+        if snapshot is not None:
+            # As the estimate: a card given by --gpu is the limit, not the config's emulation cap.
+            snap_cfg = cfg.model_copy(update={"memory_cap_gib": None}) if gpu is not None else cfg
+            _write_snapshots(snap_cfg, snapshot, target=target, card=card, full=full)
     except CkptbenchError as exc:
         raise fail(exc) from None
     if fmt is Format.table:
@@ -89,3 +113,23 @@ def estimate(
     else:
         sys.stdout.write(RENDERERS[fmt.value](estimates, name=cfg.name, measured=measured, reserved=reserved,
                                               times=times))
+
+
+def _write_snapshots(cfg: SweepConfig, path: Path, *, target: str | None, card: GpuModel | None, full: bool) -> None:
+    """--snapshot: the predicted allocator timelines (estimator/snapshot.py), one pickle per point."""
+    from ckptbench.estimator.api import resolve_target
+    from ckptbench.estimator.gpus import DEFAULT_GPU, gpu_model
+    from ckptbench.estimator.snapshot import point_snapshots, snapshot_paths, write_snapshot
+
+    if resolve_target(cfg, target) != "cuda":
+        raise ConfigError("--snapshot: a CUDA allocator timeline needs a CUDA target (--gpu CARD or --target cuda)")
+    points = cfg.points_list()
+    paths = snapshot_paths(path, points)
+    try:
+        for out_path, snap in zip(paths, point_snapshots(cfg, points, gpu=card or gpu_model(DEFAULT_GPU),
+                                                          method="full" if full else "fast"), strict=True):
+            err.print(f"snapshot: {write_snapshot(snap, out_path)}", markup=False)
+    except OSError as exc:
+        raise ConfigError(f"--snapshot: cannot write {path}: {exc}") from None
+    err.print("open a snapshot at https://pytorch.org/memory_viz (every address and size in it is predicted)",
+              markup=False)

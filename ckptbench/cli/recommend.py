@@ -16,6 +16,19 @@ if TYPE_CHECKING:  # the estimator imports torch; the CLI stays fast to start
     from ckptbench.estimator.record import Estimate
     from ckptbench.results.store import Run
 
+# Required: a missing --budget is refused by the command itself (one line, exit 2), so typer must not.
+RequiredBudgetOpt = Annotated[
+    str | None,
+    typer.Option("--budget", metavar="SIZE", show_default=False,
+                 help="\\[required] Memory budget: GiB (80) or with a binary unit (80GiB, 512MiB); GB is refused as "
+                      "ambiguous."),
+]
+MeasuredAllowOpt = Annotated[
+    str | None,
+    typer.Option("--allow", metavar="NAMES",
+                 help="Also recommend points that train something else: lora, 8bit, factored, offload_optimizer, "
+                      "optimizer (another optimizer than the run's)."),
+]
 ReportOutOpt = Annotated[
     str | None,  # not Path: typer turns '' into '.', and '' must be refused (cli/common.py path_option)
     typer.Option("--out", metavar="DIR", help="Folder for report.md and the PNGs (default RUN/report)."),
@@ -24,14 +37,16 @@ ReportOutOpt = Annotated[
 
 def recommend_cmd(
     run: RunArg,
-    budget: BudgetOpt = None,
+    budget: RequiredBudgetOpt = None,
     seq_len: SeqLenOpt = None,
     headroom: HeadroomOpt = DEFAULT_HEADROOM,
     fmt_text: Annotated[
         str, typer.Option("--format", metavar="table|markdown|json", help="table (default), markdown or json.")
     ] = Format.table.value,
+    allow: MeasuredAllowOpt = None,
 ) -> None:
-    """The fastest measured point whose peak reserved memory fits the budget, and the Pareto front."""
+    """The fastest measured point whose needed memory (peak reserved + CUDA context) fits the budget, and the
+    Pareto front; points that train something other than full fine-tuning only with --allow."""
 
     from ckptbench.render.recommend import markdown_pareto, markdown_recommendation, rich_recommendation
     from ckptbench.results.store import load_run
@@ -40,7 +55,7 @@ def recommend_cmd(
         fmt = _format(fmt_text)
         if budget is None:
             raise ConfigError("--budget is required, e.g. --budget 80 (GiB) or --budget 80GiB")
-        rec = _recommendation(load_run(run), budget=budget, headroom=headroom, seq_len=seq_len)
+        rec = _recommendation(load_run(run), budget=budget, headroom=headroom, seq_len=seq_len, allow=allow)
     except CkptbenchError as exc:
         raise fail(exc) from None
     if fmt is Format.json:
@@ -60,13 +75,17 @@ def _format(text: str) -> Format:
     return Format(text)
 
 
-def _recommendation(run: Run, *, budget: str, headroom: str, seq_len: int | None) -> Recommendation:
+def _recommendation(
+    run: Run, *, budget: str, headroom: str, seq_len: int | None, allow: str | None = None
+) -> Recommendation:
     from ckptbench.analysis.recommend import recommend
+    from ckptbench.analysis.tune_space import MEASURED_ALLOWABLE, parse_allow
     from ckptbench.units import parse_headroom, parse_size
 
+    allowed = parse_allow(allow, allowable=MEASURED_ALLOWABLE)
     budget_bytes = parse_size(budget)
     headroom_bytes = parse_headroom(headroom, budget_bytes=budget_bytes)
-    return recommend(run, budget_bytes=budget_bytes, headroom_bytes=headroom_bytes, seq_len=seq_len)
+    return recommend(run, allow=allowed, budget_bytes=budget_bytes, headroom_bytes=headroom_bytes, seq_len=seq_len)
 
 
 EstimateOpt = Annotated[
@@ -84,6 +103,7 @@ def report_cmd(
     seq_len: SeqLenOpt = None,
     headroom: HeadroomOpt = DEFAULT_HEADROOM,
     estimate: EstimateOpt = True,
+    allow: MeasuredAllowOpt = None,
 ) -> None:
     """Write report.md (tables, recommendation when --budget is given) and PNG plots of a run."""
     from ckptbench.render.report import default_out_dir, write_report
@@ -93,7 +113,8 @@ def report_cmd(
     try:
         target = path_option(out_dir, option="--out")
         loaded = load_run(run)
-        rec = _recommendation(loaded, budget=budget, headroom=headroom, seq_len=seq_len) if budget else None
+        rec = (_recommendation(loaded, budget=budget, headroom=headroom, seq_len=seq_len, allow=allow)
+               if budget else None)
         target = target or default_out_dir(loaded)
         check_writable_dir(target, option="--out")  # before the estimates are traced and the plots drawn
         estimates = _breakdown_estimates(loaded) if estimate else []

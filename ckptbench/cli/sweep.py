@@ -12,9 +12,10 @@ from rich.markup import escape
 from ckptbench.cli.common import ConfigArg, OutDirOpt, ResultsRootOpt, err, fail, finite, out, warn
 from ckptbench.cli.progress import SweepProgress
 from ckptbench.cli.runs import Interrupts, finish, interrupted, run_paths, summarize_run
-from ckptbench.errors import CkptbenchError, ResultsError, RunFailure
+from ckptbench.errors import CkptbenchError, ConfigError, ResultsError, RunFailure
 
 if TYPE_CHECKING:  # the sweep imports torch; the CLI stays fast to start
+    from ckptbench.config.schema import SweepConfig
     from ckptbench.results.store import Run
     from ckptbench.sweep.sweep import SweepOutcome
 
@@ -80,6 +81,9 @@ def sweep(
     sbatch: Annotated[list[str] | None, typer.Option(
         "--sbatch", help="slurm: extra sbatch option KEY=VALUE or FLAG (repeatable): --sbatch qos=high.",
         rich_help_panel=_CLUSTER)] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Run on a CPU even when the sweep would take hours (a 7B model).")
+    ] = False,
 ) -> None:
     """Run a sweep: real training steps for every point of CONFIG; writes run.json and points.jsonl."""
     from ckptbench.config.cluster import with_overrides
@@ -96,6 +100,8 @@ def sweep(
                 partition=partition, time_min=time_limit, array_parallelism=array_parallelism, account=account,
                 sbatch=sbatch,
             )
+            if not force and cluster.executor != "slurm":
+                _refuse_long_cpu_sweep(cfg, config)
             _hook_notes()
             from ckptbench.sweep.predictions import start_background
 
@@ -130,6 +136,43 @@ def sweep(
         raise fail(RunFailure(f"{outcome.failure}; the records are in {outcome.run_dir} (retry: {again})"))
 
 
+def _refuse_long_cpu_sweep(cfg: SweepConfig, config: Path) -> None:
+    """A sweep that would train for hours on this CPU (a 7B model) is refused before it starts."""
+    from ckptbench.sweep.cpu_guard import REFUSE_ABOVE_S, cpu_cost
+
+    if cfg.device == "cuda" or (cfg.device == "auto" and _cuda_available()):
+        return
+    cost = cpu_cost(cfg)
+    if cost.seconds <= REFUSE_ABOVE_S:
+        return
+    raise ConfigError(
+        f"{config}: {cost.points} point(s) of {cfg.model.name} on a CPU would train for at least "
+        f"{_duration(cost.seconds)} (6N FLOPs per token at this host's measured {cost.rate_flops_per_s / 1e9:.0f} "
+        f"GFLOP/s); `ckptbench estimate {config}` predicts its memory without a GPU in minutes; --force runs it anyway"
+    )
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _duration(seconds: float) -> str:
+    """'3.2 hours', '41 days'."""
+    hours = seconds / 3600
+    return f"{hours:.1f} hours" if hours < 48 else f"{hours / 24:,.0f} days"
+
+
+def _next_steps(run: Run) -> str:
+    """What to run after a sweep: the report and a recommendation under the card's memory."""
+    total = run.environment.get("gpu_total_memory_bytes")
+    budget = f"{int(total) / 2**30:.0f}" if isinstance(total, int | float) and total else "SIZE"
+    where = escape(str(run.path))
+    return (f"next: ckptbench report {where} --budget {budget} (report.md and plots); "
+            f"ckptbench recommend {where} --budget {budget} (the fastest point that fits)")
+
+
 def _report(run: Run, outcome: SweepOutcome, config: Path) -> None:
     """After a sweep: failures and resume notes on stderr, the summary table on stdout."""
     from ckptbench.render.summary import run_header, search_table, summary_table
@@ -150,6 +193,7 @@ def _report(run: Run, outcome: SweepOutcome, config: Path) -> None:
     if run.meta.get("searches"):
         out.print(search_table(run))
     err.print(f"results: {escape(str(outcome.run_dir))}")
+    err.print(_next_steps(run), soft_wrap=True)
 
 
 def layouts(config: ConfigArg) -> None:

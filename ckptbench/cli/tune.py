@@ -9,7 +9,6 @@ import typer
 
 from ckptbench.analysis.recommend import DEFAULT_HEADROOM
 from ckptbench.cli.common import (
-    BudgetOpt,
     ConfigArg,
     HeadroomOpt,
     OutDirOpt,
@@ -21,6 +20,7 @@ from ckptbench.cli.common import (
     out,
 )
 from ckptbench.cli.progress import EstimateProgressBar, SweepProgress
+from ckptbench.cli.recommend import RequiredBudgetOpt
 from ckptbench.cli.runs import Interrupts, interrupted, run_paths, summarize_run
 from ckptbench.errors import CkptbenchError, ConfigError
 
@@ -48,7 +48,7 @@ AllowOpt = Annotated[
 
 def tune(
     config: ConfigArg,
-    budget: BudgetOpt = None,
+    budget: RequiredBudgetOpt = None,
     seq_len: SeqLenOpt = None,
     headroom: HeadroomOpt = DEFAULT_HEADROOM,
     max_points: MaxPointsOpt = None,
@@ -116,5 +116,6 @@ def _show(run: Run, options: TuneOptions, fmt: str) -> None:
     if fmt == "json":
         typer.echo(json.dumps(search, sort_keys=True, indent=2))
         return
-    rec = recommend(run, budget_bytes=options.budget_bytes, headroom_bytes=options.headroom_bytes)
-    out.print(rich_tune(search, rec))
+    rec = recommend(run, budget_bytes=options.budget_bytes, headroom_bytes=options.headroom_bytes,
+                    allow=options.allow)
+    out.print(rich_tune(search, rec, run=run))

@@ -128,10 +128,20 @@ def gpu_model(key: str) -> GpuModel:
     """The model of a card by its key ('a100-80gb'); ConfigError naming the known ones."""
     found = GPUS.get(key.lower())
     if found is None:
-        hint = difflib.get_close_matches(key.lower(), list(GPUS), n=1)
-        extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+        hint = suggest_cards(key)
+        extra = f" (did you mean {' or '.join(map(repr, hint))}?)" if hint else ""
         raise ConfigError(f"--gpu: unknown card {key!r}{extra}; known: {', '.join(GPUS)}")
     return found
+
+
+def suggest_cards(key: str) -> list[str]:
+    """The cards a mistyped key most likely means: every card the key names short ('h100' -> 'h100-80gb',
+    'a100' -> both A100s, 'nvidia h200' -> 'h200'), else the closest spelling."""
+    text = key.lower().strip().removeprefix("nvidia").strip(" -_")
+    short = [k for k in GPUS if k == text or k.startswith(text + "-") or k.split("-")[0] == text]
+    if text and short:
+        return short
+    return difflib.get_close_matches(text, list(GPUS), n=1)
 
 
 def gpu_for_name(name: str | None) -> GpuModel | None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptbench.config.grid import Point
-from ckptbench.results.fit import predicted_fits, predicted_needed_bytes
+from ckptbench.results.fit import predicted_fits, predicted_needed_bytes, reserved_upper_bound
 from ckptbench.units import fmt_bytes
 
 # Categories of live bytes, in the order of the tracker's byte vectors.
@@ -83,14 +83,28 @@ class Estimate:
     budget_is_cap: bool = False
 
     @property
+    def bounded(self) -> bool:
+        """Whether fits is judged on the reserved upper bound (results/fit.py): a CUDA card's replay."""
+        return self.target == "cuda" and self.reserved is not None and self.reserved.peak_reserved_bytes is not None
+
+    @property
+    def reserved_bound_bytes(self) -> int | None:
+        """The predicted peak reserved raised by the worst under-prediction seen for its kind (results/fit.py)."""
+        if not self.bounded or self.reserved is None or self.reserved.peak_reserved_bytes is None:
+            return None
+        return reserved_upper_bound(self.reserved.peak_reserved_bytes, layout=self.point.layout,
+                                    batch_size=self.point.batch_size or 1)
+
+    @property
     def needed_bytes(self) -> int | None:
-        """What must fit the budget: reserved plus context (a card), reserved (a cap), else allocated."""
+        """What must fit the budget: the reserved bound plus context (a card), the bound (a cap), else allocated."""
         r = self.reserved
         return predicted_needed_bytes(
             peak_reserved_bytes=None if r is None else r.peak_reserved_bytes,
             # A cap (memory_cap_gib) limits the allocator alone: the context is outside it.
             context_bytes=0 if r is None or self.budget_is_cap else r.context_bytes,
             peak_allocated_bytes=self.peak_bytes,
+            bound_for=(self.point.layout, self.point.batch_size or 1) if self.bounded else None,
         )
 
     @property
@@ -129,9 +143,12 @@ class Estimate:
         if self.reserved is None or self.reserved.peak_reserved_bytes is None:
             return "peak allocated"
         if self.budget_is_cap:
-            return "peak reserved"
+            return "reserved bound" if self.bounded else "peak reserved"
         r = self.reserved
-        return f"peak reserved {fmt_bytes(r.peak_reserved_bytes)} + context {fmt_bytes(r.context_bytes)}"
+        bound = self.reserved_bound_bytes
+        shown = (f"reserved bound {fmt_bytes(bound)}" if bound is not None
+                 else f"peak reserved {fmt_bytes(r.peak_reserved_bytes)}")
+        return f"{shown} + context {fmt_bytes(r.context_bytes)}"
 
     def to_record(self) -> dict[str, Any]:
         """JSON-ready: ``key``, the predicted peaks (allocated, reserved), the breakdown, fit and reason."""
@@ -154,6 +171,8 @@ class Estimate:
         record.update({
             "predicted_peak_reserved_bytes": None if r is None else r.peak_reserved_bytes,
             "predicted_fragmentation_bytes": None if r is None else r.fragmentation_bytes,
+            # What fits is judged on (results/fit.py): the reserved figure raised by the worst under-prediction seen.
+            "predicted_peak_reserved_bound_bytes": self.reserved_bound_bytes,
             "predicted_num_alloc_retries": None if r is None else r.num_alloc_retries,
             "predicted_oom": None if r is None else r.oom,
             "gpu": None if r is None else r.gpu,

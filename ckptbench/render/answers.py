@@ -142,7 +142,7 @@ def card_section(answers: Answers) -> str:
     for row in answers.card:
         if row.fewest is not None and (row.fewest.record.num_checkpointed or 0) == 0:
             lines.append(f"- Batch {row.batch_size}: nothing needs checkpointing; none peaks at "
-                         f"{fmt_bytes(row.fewest.mem)} reserved ({row.fewest.gb()}), and every checkpointed "
+                         f"{fmt_bytes(row.fewest.mem)} reserved, and every checkpointed "
                          "layout only costs speed (claim 13).")
         elif row.predicted is not None:
             at = row.predicted.at

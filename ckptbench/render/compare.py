@@ -9,17 +9,18 @@ from rich.text import Text
 
 from ckptbench.analysis.compare import Comparison
 from ckptbench.analysis.marks import NEWLY_OOM, NO_LONGER_OOM, QUIET_MARKS, MetricChange, PointChange
-from ckptbench.analysis.verdict import BETTER, RANGES_DISJOINT, TOO_FEW, WORSE
+from ckptbench.analysis.verdict import BETTER, NOISY, RANGES_DISJOINT, TOO_FEW, WORSE
 from ckptbench.render.tables import Column, FitTable, csv_text, names, numeric_names
 from ckptbench.units import SizeUnit, fmt_percent
 
-# The verdict (delta and mark) stays in a narrow terminal; the p-value and ratio give way first.
+# The values and the verdict (base, new, mark) stay in a narrow terminal; the p-value, ratio and delta
+# (new minus base: readable from the two) give way first.
 TABLE_COLUMNS = (
     Column("point", wrap=True, min_width=14),
     Column("metric", wrap=True, min_width=10),
-    Column("base", priority=2, numeric=True),
-    Column("new", priority=1, numeric=True),
-    Column("delta", numeric=True),
+    Column("base", numeric=True),
+    Column("new", numeric=True),
+    Column("delta", priority=2, numeric=True),
     Column("ratio", priority=3, numeric=True),
     Column("p", priority=4, numeric=True),
     Column("mark", wrap=True, min_width=10),
@@ -35,7 +36,9 @@ _NAMES = {
     "mfu": "MFU",
 }
 _COUNTED = ("worse", "better", "unchanged", "newly_oom", "no_longer_oom", "not_comparable")
-_STYLE = {WORSE: "red", NEWLY_OOM: "bold red", BETTER: "green", NO_LONGER_OOM: "green", TOO_FEW: "yellow"}
+_STYLE = {
+    WORSE: "red", NEWLY_OOM: "bold red", BETTER: "green", NO_LONGER_OOM: "green", TOO_FEW: "yellow", NOISY: "yellow"
+}
 
 
 def _shown(comp: Comparison, *, only_changed: bool) -> list[PointChange]:
@@ -107,7 +110,7 @@ def summary_line(comp: Comparison) -> str:
         f"step time ratio geomean {_opt(s['time_ratio_geomean'], '.3f')} "
         f"(min {_opt(s['time_ratio_min'], '.3f')}, max {_opt(s['time_ratio_max'], '.3f')})"
     )
-    counted = [*_COUNTED, *(["too_few_samples"] if s.get("too_few_samples") else [])]
+    counted = [*_COUNTED, *(k for k in ("too_few_samples", "noisy_steps") if s.get(k))]
     counts = ", ".join(f"{s[k]} {k.replace('_', ' ')}" for k in counted)
     return f"{s['matched']} matched points: {counts}; {s['added']} added, {s['removed']} removed; {time}"
 
@@ -118,8 +121,9 @@ def detail_lines(comp: Comparison, *, only_changed: bool = False) -> list[str]:
     lines = [f"{p.label}: {p.note}" for p in shown if p.note]
     for p in shown:  # how sure each step-time change is
         step = next((m for m in p.metrics if m.metric == "median_step_time_s"), None)
-        if step is not None and step.mark in (WORSE, BETTER) and step.evidence:
-            lines.append(f"{p.label}: step time {step.mark}: {step.evidence}")
+        if step is not None and step.mark in (WORSE, BETTER, NOISY) and step.evidence:
+            what = "not judged (noisy steps)" if step.mark == NOISY else step.mark
+            lines.append(f"{p.label}: step time {what}: {step.evidence}")
     lines += [f"added (only in {comp.new['name']}): {a['label']} [{a['status']}]" for a in comp.added]
     lines += [f"removed (only in {comp.base['name']}): {r['label']} [{r['status']}]" for r in comp.removed]
     return lines
@@ -144,6 +148,7 @@ def compare_table(comp: Comparison, *, only_changed: bool = False) -> list[FitTa
     if not rows:
         return [Text(f"{title}: no changed rows"), *trailer]
     table = FitTable(rows, TABLE_COLUMNS, title=title, styles=[_STYLE.get(row["mark"]) for row in rows],
+                     caption="base and new: measured by each run",
                      complete_hint="--format markdown shows every column")
     return [table, *trailer]
 

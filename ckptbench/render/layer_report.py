@@ -14,7 +14,7 @@ from ckptbench.analysis.memory_split import MemorySplit, memory_splits
 from ckptbench.render.layer_plots import plot_layers
 from ckptbench.render.tables import markdown_table
 from ckptbench.results.store import Run
-from ckptbench.units import fmt_bytes
+from ckptbench.units import GIB_UNIT, SizeUnit
 
 LAYERS_PLOT = "layers.png"
 INTERVAL_COLUMNS = ("cell", "family", "from", "to", "layers", "saved alloc./layer", "saved res./layer",
@@ -30,49 +30,49 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:+.2f}"
 
 
-def _interval_row(cell: str, family: str, i: Interval) -> dict[str, str]:
+def _interval_row(cell: str, family: str, i: Interval, size: SizeUnit = GIB_UNIT) -> dict[str, str]:
     noisy = abs(i.time_per_layer_s * i.layers) <= i.time_noise_s  # the whole difference is inside the spread
     return {
         "cell": cell, "family": family, "from": i.layout_from, "to": i.layout_to, "layers": str(i.layers),
-        "saved alloc./layer": fmt_bytes(i.saved_allocated_per_layer),
-        "saved res./layer": fmt_bytes(i.saved_reserved_per_layer),
+        "saved alloc./layer": size(i.saved_allocated_per_layer),
+        "saved res./layer": size(i.saved_reserved_per_layer),
         "step ms/layer": _ms(i.time_per_layer_s) + (" (noise)" if noisy else ""),
         "noise ms": f"{i.time_noise_s * 1e3:.1f}",
     }
 
 
-def interval_table(cells: Sequence[CellSeries]) -> str:
+def interval_table(cells: Sequence[CellSeries], *, size: SizeUnit = GIB_UNIT) -> str:
     """Per cell and family: what each added checkpointed layer saved and cost, between measured layouts."""
     rows = []
     for cell in cells:
         for s in cell.series:
-            rows += [_interval_row(cell.label, s.family, i) for i in s.intervals]
+            rows += [_interval_row(cell.label, s.family, i, size) for i in s.intervals]
         if cell.overall is not None:
-            rows.append(_interval_row(cell.label, "none -> all", cell.overall))
+            rows.append(_interval_row(cell.label, "none -> all", cell.overall, size))
     if not rows:
         return "No cell has a measured series (none/all plus first:k, last:k or every:n at one batch).\n"
     return markdown_table(rows, INTERVAL_COLUMNS, right=_RIGHT)
 
 
-def fit_lines(cells: Sequence[CellSeries]) -> str:
+def fit_lines(cells: Sequence[CellSeries], *, size: SizeUnit = GIB_UNIT) -> str:
     """The least-squares slopes, where a family has three or more points."""
     lines = []
     for cell in cells:
         for s in cell.series:
             if s.fit_saved_allocated_per_layer is not None and s.fit_time_per_layer_s is not None:
-                lines.append(f"- {cell.label}, {s.family}: {fmt_bytes(s.fit_saved_allocated_per_layer)} allocated "
+                lines.append(f"- {cell.label}, {s.family}: {size(s.fit_saved_allocated_per_layer)} allocated "
                              f"saved and {_ms(s.fit_time_per_layer_s)} ms per layer (least-squares fit over "
                              f"{len(s.points)} points)")
     return "\n".join(lines) + ("\n" if lines else "")
 
 
-def ordering_table(cells: Sequence[CellSeries]) -> str:
+def ordering_table(cells: Sequence[CellSeries], *, size: SizeUnit = GIB_UNIT) -> str:
     """Whole-layer layouts with the same number of checkpointed layers: which layers matters."""
     rows = [
         {"cell": cell.label, "k": str(row.k),
-         "layouts, lowest peak first (allocated)": ", ".join(f"{p.layout} {fmt_bytes(p.peak_allocated_bytes)}"
+         "layouts, lowest peak first (allocated)": ", ".join(f"{p.layout} {size(p.peak_allocated_bytes)}"
                                                             for p in row.points),
-         "spread": fmt_bytes(row.spread_allocated_bytes)}
+         "spread": size(row.spread_allocated_bytes)}
         for cell in cells for row in cell.ordering
     ]
     if not rows:
@@ -80,12 +80,12 @@ def ordering_table(cells: Sequence[CellSeries]) -> str:
     return markdown_table(rows, ORDER_COLUMNS, right=_RIGHT)
 
 
-def split_table(splits: Sequence[MemorySplit]) -> str:
+def split_table(splits: Sequence[MemorySplit], *, size: SizeUnit = GIB_UNIT) -> str:
     """Where the memory goes: static part, activation part and the allocator's cache, per batch."""
     rows = [
-        {"cell": s.cell, "layout": s.layout, "params": fmt_bytes(s.params_bytes), "grads": fmt_bytes(s.grads_bytes),
-         "optimizer": fmt_bytes(s.optimizer_state_bytes), "activation": fmt_bytes(s.activation_bytes),
-         "allocator cache": fmt_bytes(s.cache_bytes), "peak reserved": fmt_bytes(s.peak_reserved_bytes),
+        {"cell": s.cell, "layout": s.layout, "params": size(s.params_bytes), "grads": size(s.grads_bytes),
+         "optimizer": size(s.optimizer_state_bytes), "activation": size(s.activation_bytes),
+         "allocator cache": size(s.cache_bytes), "peak reserved": size(s.peak_reserved_bytes),
          "activation share": f"{s.activation_share:.1%}"}
         for s in splits
     ]
@@ -109,13 +109,17 @@ SPLIT_INTRO = (
 )
 
 
-def layer_section(run: Run, out_dir: Path, *, limit_bytes: int | None = None) -> tuple[str, Path | None]:
-    """The report's per-layer section and its plot (None when the run has no series to draw)."""
+def layer_section(
+    run: Run, out_dir: Path, *, limit_bytes: int | None = None, size: SizeUnit = GIB_UNIT
+) -> tuple[str, Path | None]:
+    """The report's per-layer section and its plot (None when the run has no series to draw); sizes in ``size``,
+    the report's one unit."""
     cells = layer_series(run)
     plot = plot_layers(cells, out_dir / LAYERS_PLOT, title=run.name, limit_bytes=limit_bytes) if cells else None
     parts = ["## Checkpointing per layer\n", SECTION_INTRO + "\n", "### Saving and cost per checkpointed layer\n",
-             interval_table(cells), fit_lines(cells), "### Which layers: equal k, different layers\n",
-             ordering_table(cells), "### Where the memory goes\n", SPLIT_INTRO + "\n", split_table(memory_splits(run))]
+             interval_table(cells, size=size), fit_lines(cells, size=size),
+             "### Which layers: equal k, different layers\n", ordering_table(cells, size=size),
+             "### Where the memory goes\n", SPLIT_INTRO + "\n", split_table(memory_splits(run), size=size)]
     if plot is not None:
         parts.append(f"![Memory and step time against checkpointed layers]({plot.name})\n")
     return "\n".join(parts), plot

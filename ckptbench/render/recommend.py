@@ -13,7 +13,8 @@ CHOICE_COLUMNS = (
     Column("role"),
     Column("point", wrap=True, min_width=14),
     Column("ckpt layers", priority=4, wrap=True, min_width=10),
-    Column("reserved", numeric=True),
+    Column("reserved", priority=2, numeric=True),  # measured peak reserved
+    Column("needed", numeric=True),  # peak reserved + CUDA context: what the limit is compared with
     Column("allocated", priority=3, numeric=True),
     Column("activation", priority=3, numeric=True),
     Column("tok/s", numeric=True),
@@ -23,12 +24,14 @@ CHOICE_COLUMNS = (
 PARETO_COLUMNS = (
     Column("point", wrap=True, min_width=14),
     Column("ckpt layers", priority=3, wrap=True, min_width=10),
-    Column("reserved", numeric=True),
+    Column("reserved", priority=1, numeric=True),
+    Column("needed", numeric=True),
     Column("allocated", priority=2, numeric=True),
     Column("tok/s", numeric=True),
     Column("fits"),
 )
 _STYLE = {"best": "bold green", "no fit": "yellow", "smallest": "yellow"}
+MEASURED_CAPTION = "every figure measured by the run"
 
 
 def heading(rec: Recommendation) -> str:
@@ -36,7 +39,7 @@ def heading(rec: Recommendation) -> str:
     size = rec.size
     seq = f", seq_len {rec.seq_len}" if rec.seq_len is not None else ""
     shown = rec.smallest or rec.best
-    what = "peak reserved" if shown is None or not shown.context_bytes else "peak reserved + CUDA context"
+    what = "peak reserved" if shown is None or not shown.context_bytes else "needed (peak reserved + CUDA context)"
     if not rec.headroom_bytes:
         return f"Under {size(rec.budget_bytes)} of {what} memory, no headroom{seq}"
     return (
@@ -52,7 +55,8 @@ def _row(role: str, c: RecommendCandidate, rec: Recommendation) -> dict[str, str
         "role": role,
         "point": c.label + (" (!)" if c.notes else ""),
         "ckpt layers": c.layers_checkpointed or "-",
-        "reserved": size(c.memory_bytes),
+        "reserved": size(c.reserved_bytes),
+        "needed": size(c.memory_bytes),
         "allocated": size(c.peak_allocated_bytes),
         "activation": size(c.breakdown["activation_bytes"]),
         "tok/s": f"{c.tokens_per_s:,.0f}",
@@ -85,7 +89,8 @@ def pareto_rows(
         row = {
             "point": c.label,
             "ckpt layers": c.layers_checkpointed or "-",
-            "reserved": size(c.memory_bytes),
+            "reserved": size(c.reserved_bytes),
+            "needed": size(c.memory_bytes),
             "allocated": size(c.peak_allocated_bytes),
             "tok/s": f"{c.tokens_per_s:,.0f}",
         }
@@ -95,8 +100,19 @@ def pareto_rows(
     return rows
 
 
-def pareto_columns(*, with_budget: bool) -> tuple[Column, ...]:
-    return PARETO_COLUMNS if with_budget else PARETO_COLUMNS[:-1]
+def pareto_columns(*, with_budget: bool, needed: bool = True) -> tuple[Column, ...]:
+    """The front's columns: 'fits' only with a budget, 'needed' only when a CUDA context is counted."""
+    cols = PARETO_COLUMNS if with_budget else PARETO_COLUMNS[:-1]
+    return _needed_if(cols, needed)
+
+
+def _needed_if(columns: tuple[Column, ...], shown: bool) -> tuple[Column, ...]:
+    """Without a CUDA context 'needed' equals 'reserved': one column, one figure."""
+    return columns if shown else tuple(c for c in columns if c.name != "needed")
+
+
+def _counted(cands: list[RecommendCandidate]) -> bool:
+    return any(c.context_bytes for c in cands)
 
 
 def notes(rec: Recommendation) -> list[str]:
@@ -111,21 +127,37 @@ def notes(rec: Recommendation) -> list[str]:
             "Within the step-time spread of the best point (treat as equally fast; "
             f"measure longer to separate): {names}."
         )
+    if rec.other_training:
+        allow = ",".join(rec.other_training_allow)
+        lines.append(f"Not considered: {', '.join(rec.other_training)} train something other than full "
+                     f"fine-tuning (--allow {allow} includes them).")
     if rec.skipped_statuses:
         counts = ", ".join(f"{n} {status}" for status, n in rec.skipped_statuses.items())
         lines.append(f"Not considered ({counts}): only points that finished ok are candidates.")
     return lines
 
 
+def _all(rec: Recommendation) -> list[RecommendCandidate]:
+    return [c for c in (rec.best, *rec.runners_up, rec.smallest, *rec.no_fit_layouts) if c is not None]
+
+
+def _front_axis(rec: Recommendation) -> str:
+    """What the front's memory axis is: 'needed memory' when a CUDA context is counted, else 'peak reserved'."""
+    return "needed memory" if any(c.context_bytes for c in rec.pareto) else "peak reserved memory"
+
+
 def rich_recommendation(rec: Recommendation) -> Group:
     """Both tables (fitted to the terminal), the sentence of why and the notes."""
     choices = choice_rows(rec)
     parts: list[FitTable | Text] = [
-        FitTable(choices, CHOICE_COLUMNS, title=f"{rec.run_name}: {heading(rec)}", title_justify="left",
+        FitTable(choices, _needed_if(CHOICE_COLUMNS, _counted(_all(rec))), title=f"{rec.run_name}: {heading(rec)}",
+                 title_justify="left",
+                 caption=MEASURED_CAPTION + (" (needed: peak reserved + CUDA context)" if _counted(_all(rec)) else ""),
                  styles=[_STYLE.get(r["role"]) for r in choices], complete_hint="--format json has every field"),
         Text(rec.why),
-        FitTable(pareto_rows(rec.pareto, limit_bytes=rec.limit_bytes, size=rec.size), PARETO_COLUMNS,
-                 title="Pareto front (peak reserved memory vs tokens/s)", title_justify="left",
+        FitTable(pareto_rows(rec.pareto, limit_bytes=rec.limit_bytes, size=rec.size),
+                 _needed_if(PARETO_COLUMNS, _counted(rec.pareto)),
+                 title=f"Pareto front ({_front_axis(rec)} vs tokens/s)", title_justify="left",
                  complete_hint="--format json has every field"),
     ]
     parts += [Text(line, style="yellow") for line in notes(rec)]
@@ -136,7 +168,7 @@ def markdown_recommendation(rec: Recommendation, *, level: int = 2) -> str:
     """The same content as Markdown (for report.md)."""
     h = "#" * level
     out = [f"{h} Recommendation\n", f"{heading(rec)}.\n", f"**{rec.why}**\n"]
-    out.append(markdown_of(choice_rows(rec), CHOICE_COLUMNS))
+    out.append(markdown_of(choice_rows(rec), _needed_if(CHOICE_COLUMNS, _counted(_all(rec)))))
     out += [f"{line}\n" for line in notes(rec)]
     return "\n".join(out)
 
@@ -145,9 +177,10 @@ def markdown_pareto(
     front: list[RecommendCandidate], *, limit_bytes: int | None = None, level: int = 2, size: SizeUnit | None = None
 ) -> str:
     """The Pareto front as a Markdown section."""
+    axis = "memory needed (peak reserved + CUDA context)" if _counted(front) else "peak reserved memory"
     head = (
         f"{'#' * level} Pareto front\n\n"
-        "Points that no other point beats on both peak reserved memory and tokens/s, by memory.\n\n"
+        f"Points that no other point beats on both {axis} and tokens/s, by memory. Every column is measured.\n\n"
     )
-    columns = pareto_columns(with_budget=limit_bytes is not None)
+    columns = pareto_columns(with_budget=limit_bytes is not None, needed=_counted(front))
     return head + markdown_of(pareto_rows(front, limit_bytes=limit_bytes, size=size), columns)

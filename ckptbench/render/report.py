@@ -17,7 +17,7 @@ from ckptbench.render.summary import run_header, size_unit, summary_markdown
 from ckptbench.render.tradeoff_plot import plot_tradeoff
 from ckptbench.render.tune import markdown_tune, tune_search
 from ckptbench.results.store import Run, write_text_atomic
-from ckptbench.units import SizeUnit, fmt_bytes
+from ckptbench.units import SizeUnit
 
 REPORT_FILE = "report.md"
 PLOT_TITLES = {
@@ -69,7 +69,7 @@ def write_report(
         raise ResultsError(f"{run.path}: the run has no finished points yet; nothing to report")
     size = rec.size if rec is not None else size_unit(run)  # one unit for every size of the report
     plots = write_plots(run, out_dir, rec=rec, size=size, estimates=estimates)
-    sections = [_header(run)]
+    sections = [_header(run, size)]
     if rec is not None:
         sections.append(markdown_recommendation(rec))
         sections.append(markdown_pareto(rec.pareto, limit_bytes=rec.limit_bytes, size=size))
@@ -77,7 +77,7 @@ def write_report(
         sections.append(markdown_pareto(pareto_front(candidates(run)), size=size))
     search = tune_search(run)
     if search is not None:  # a `ckptbench tune` run: how the answer was found
-        sections.append(markdown_tune(search))
+        sections.append(markdown_tune(search, run=run, size=size))
     sections.append(_plots_section(plots))
     sections.append("## All points\n\n" + summary_markdown(run, size=size))
     if run.environment.get("device_type") == "cpu":
@@ -86,7 +86,8 @@ def write_report(
             "CPU step times include the tracker's overhead.\n"
         )
     limit = rec.limit_bytes if rec is not None else None
-    layers_md, layers_plot = layer_section(run, out_dir, limit_bytes=limit)  # saving and cost per checkpointed layer
+    # saving and cost per checkpointed layer
+    layers_md, layers_plot = layer_section(run, out_dir, limit_bytes=limit, size=size)
     sections.append(layers_md)
     if layers_plot is not None:
         plots.append(layers_plot)
@@ -110,19 +111,20 @@ def write_plots(
     ]
 
 
-def _header(run: Run) -> str:
+def _header(run: Run, size: SizeUnit) -> str:
+    """Title, run line and facts; sizes in the report's one unit."""
     env, cfg = run.environment, run.config
     total = env.get("gpu_total_memory_bytes")
     lines = [f"# ckptbench report: {run.title}\n", f"{run_header(run)}\n"]
     if run.meta.get("note"):
         lines.append(f"> **Note:** {run.meta['note']}\n")
     facts = [
-        ("GPU memory", fmt_bytes(total) if total else None),
+        ("GPU memory", size(total) if total else None),
         ("model", (cfg.get("model") or {}).get("preset")),
         ("optimizer", cfg.get("optimizer")),
         ("steps", f"{cfg.get('warmup_steps')} warm-up + {cfg.get('measured_steps')} measured"
          if cfg.get("measured_steps") is not None else None),
-        ("memory cap", f"{cfg['memory_cap_gib']} GiB" if cfg.get("memory_cap_gib") else None),
+        ("memory cap", size(cfg["memory_cap_gib"] * 2**30) if cfg.get("memory_cap_gib") else None),
         ("created", run.meta.get("created_at")),
         ("git", run.meta.get("git_sha")),
     ]

@@ -20,11 +20,11 @@ COLUMNS: tuple[Column, ...] = (
     Column("precision", priority=5),
     Column("ckpt layers", priority=6, wrap=True, min_width=10),
     Column("peak", numeric=True),
-    Column("reserved", priority=1, numeric=True),
+    Column("reserved", priority=2, numeric=True),
     Column("activation", priority=3, numeric=True),
     Column("step ms", numeric=True),
     Column("± ms", priority=4, numeric=True),
-    Column("tok/s", priority=1, numeric=True),
+    Column("tok/s", priority=1, numeric=True),  # what the sweep is run for: the last to give way
     Column("MFU", priority=2, numeric=True),
     Column("HFU", priority=4, numeric=True),
     Column("status", wrap=True, min_width=14),
@@ -48,7 +48,11 @@ def summary_columns(run: Run) -> tuple[Column, ...]:
     'pred. reserved'/'res. err' when estimated; precision is as essential as the layout when it varies."""
     cols: list[Column] = []
     varies = len({p.key.get("precision") for p in run.points}) > 1
+    # On a CPU reserved is allocated (the live-tensor tracker): the column repeats 'peak' and gives way first.
+    same = all(p.peak_reserved_bytes == p.peak_allocated_bytes for p in run.points)
     for col in COLUMNS:
+        if col.name == "reserved" and same:
+            col = Column("reserved", priority=7, numeric=True)
         cols.append(Column("precision") if col.name == "precision" and varies else col)
         if col.name == "precision" and any(setup_label(p.key) for p in run.points):
             cols.append(_SETUP)

@@ -21,7 +21,8 @@ BEST_RING = 420.0  # area (points^2) of the ring around the recommended point
 
 
 def plot_tradeoff(run: Run, path: Path, *, rec: Recommendation | None = None, size: SizeUnit | None = None) -> Path:
-    """Scatter of peak reserved memory against tokens/s, the Pareto front, the budget and the winner."""
+    """Scatter of needed memory (peak reserved + CUDA context) against tokens/s, the Pareto front, the budget
+    and the winner."""
     return save(tradeoff_figure(run, rec=rec, size=size), path)
 
 
@@ -44,7 +45,9 @@ def tradeoff_figure(run: Run, *, rec: Recommendation | None = None, size: SizeUn
     if rec is not None:
         _budget_marks(ax, rec, data.size)
     ax.margins(x=0.08, y=0.1)
-    ax.set_xlabel(f"peak reserved memory ({data.unit})")
+    # The x value is what must fit (results/fit.py): peak reserved alone only without a CUDA context.
+    counted = any(c.context_bytes for c in cands)
+    ax.set_xlabel(f"needed: peak reserved + CUDA context ({data.unit})" if counted else f"peak reserved ({data.unit})")
     ax.set_ylabel("throughput (tokens/s)")
     ax.grid(alpha=0.3)
     _tradeoff_legend(ax, data, cands, area)

@@ -3,23 +3,46 @@ every layout family, the measured steps of the search with their reasons, and wh
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
+from ckptbench.analysis.marks import NOISY_KINDS
 from ckptbench.analysis.recommend import Recommendation
-from ckptbench.render.recommend import markdown_pareto, pareto_rows
-from ckptbench.render.tables import markdown_table
+from ckptbench.render.recommend import markdown_pareto, pareto_columns, pareto_rows
+from ckptbench.render.tables import Column, FitTable, markdown_of
 from ckptbench.results.store import Run
-from ckptbench.units import fmt_bytes
+from ckptbench.units import SizeUnit
 
-FAMILY_COLUMNS = ("family", "point", "ckpt layers", "reserved", "tok/s", "vs best")
-STEP_COLUMNS = ("#", "point", "why measured", "result")
+# Every figure in these tables is measured (the search's predictions only decide what to measure).
+FAMILY_TABLE = (
+    Column("family", wrap=True, min_width=8),
+    Column("point", wrap=True, min_width=14),
+    Column("ckpt layers", priority=3, wrap=True, min_width=10),
+    Column("reserved", numeric=True),
+    Column("tok/s", numeric=True),
+    Column("vs best", priority=1, numeric=True),
+)
+STEP_TABLE = (
+    Column("#", priority=2, numeric=True),
+    Column("point", wrap=True, min_width=14),
+    Column("why measured", priority=1, wrap=True, min_width=16),
+    Column("tok/s", numeric=True),
+    Column("reserved", numeric=True),
+    Column("result", wrap=True, min_width=12),
+)
+DROPPED_TABLE = (Column("point", wrap=True, min_width=14), Column("why dropped", wrap=True, min_width=20))
 DROP_EXAMPLES = 3  # dropped candidates shown per reason (all of them are in run.json)
-_RIGHT = {"#", "reserved", "tok/s", "vs best", "count"}
+MEASURED = "every figure measured"
+
+
+def size_unit(search: dict[str, Any]) -> SizeUnit:
+    """One unit for every size of the search's output (units.py)."""
+    sizes = [search.get("limit_bytes")]
+    sizes += [m.get("peak_reserved_bytes") for m in (search.get("family_best") or {}).values()]
+    sizes += [d.get("peak_reserved_bytes") for d in search.get("decisions", [])]
+    return SizeUnit.for_sizes(int(x) for x in sizes if isinstance(x, int | float))
 
 
 def tune_search(run: Run) -> dict[str, Any] | None:
@@ -27,9 +50,10 @@ def tune_search(run: Run) -> dict[str, Any] | None:
     return next((s for s in run.meta.get("searches") or [] if s.get("kind") == "tune"), None)
 
 
-def answer_text(search: dict[str, Any]) -> str:
+def answer_text(search: dict[str, Any], *, size: SizeUnit | None = None) -> str:
     """One sentence: the winner, its speed and memory, and what (if anything) changes the training."""
-    limit = fmt_bytes(int(search["limit_bytes"]))
+    size = size or size_unit(search)
+    limit = size(int(search["limit_bytes"]))
     best = search.get("answer")
     if best is None:
         return f"No measured point fits under {limit}; see the dropped and measured candidates below."
@@ -38,7 +62,7 @@ def answer_text(search: dict[str, Any]) -> str:
         "same training as the config (full parameters, its optimizer and precision)"
     )
     return (
-        f"{best['label']}: {best['tokens_per_s']:,.0f} tokens/s measured at {fmt_bytes(best['peak_reserved_bytes'])} "
+        f"{best['label']}: {best['tokens_per_s']:,.0f} tokens/s measured at {size(best['peak_reserved_bytes'])} "
         f"peak reserved (limit {limit}); {semantics}."
     )
 
@@ -57,8 +81,23 @@ def search_facts(search: dict[str, Any]) -> list[str]:
     return lines
 
 
-def family_rows(search: dict[str, Any]) -> list[dict[str, str]]:
+def noisy_winner(search: dict[str, Any], run: Run | None) -> str | None:
+    """A line when the winner's measured steps were flagged busy or spread: its speed may mislead."""
+    best = search.get("answer")
+    if best is None or run is None:
+        return None
+    rec = next((r for r in run.points if r.ok and dict(r.key) == best.get("key")), None)
+    kinds = sorted({k for k in rec.warning_kinds if k in NOISY_KINDS}) if rec is not None else []
+    if not kinds:
+        return None
+    flagged = "; ".join(w for w in rec.warnings if w.split(":", 1)[0] in kinds) if rec is not None else ""
+    return (f"Caution: the winner's speed rests on noisy measurements ({flagged}); measure it again on a quiet "
+            "host before trusting the ranking.")
+
+
+def family_rows(search: dict[str, Any], *, size: SizeUnit | None = None) -> list[dict[str, str]]:
     best = search.get("answer") or {}
+    size = size or size_unit(search)
     rows = []
     for family, m in (search.get("family_best") or {}).items():
         ratio = m["tokens_per_s"] / best["tokens_per_s"] if best.get("tokens_per_s") else None
@@ -66,23 +105,24 @@ def family_rows(search: dict[str, Any]) -> list[dict[str, str]]:
             "family": family,
             "point": m["label"] + ("  (winner)" if m["key"] == best.get("key") else ""),
             "ckpt layers": m.get("layers_checkpointed") or "-",
-            "reserved": fmt_bytes(m["peak_reserved_bytes"]),
+            "reserved": size(m["peak_reserved_bytes"]),
             "tok/s": f"{m['tokens_per_s']:,.0f}",
             "vs best": "-" if ratio is None else f"{ratio:.0%}",
         })
     return rows
 
 
-def step_rows(search: dict[str, Any]) -> list[dict[str, str]]:
+def step_rows(search: dict[str, Any], *, size: SizeUnit | None = None) -> list[dict[str, str]]:
     """The measured candidates in the order they were measured, with why and what came out."""
-    rows = []
+    rows, size = [], size or size_unit(search)
     for i, d in enumerate(d for d in search.get("decisions", []) if d["action"] == "measured"):
+        row = {"#": str(i + 1), "point": d["label"], "why measured": d["why"], "tok/s": "-", "reserved": "-"}
         if d.get("status") == "ok":
-            result = f"{d['tokens_per_s']:,.0f} tok/s, {fmt_bytes(d['peak_reserved_bytes'])}"
-            result += ", fits" if d.get("fits") else f" ({d.get('note')})"
+            row.update({"tok/s": f"{d['tokens_per_s']:,.0f}", "reserved": size(d["peak_reserved_bytes"])})
+            row["result"] = "fits" if d.get("fits") else str(d.get("note"))
         else:
-            result = f"{d.get('status')}: {d.get('note') or ''}"
-        rows.append({"#": str(i + 1), "point": d["label"], "why measured": d["why"], "result": result})
+            row["result"] = f"{d.get('status')}: {d.get('note') or ''}"
+        rows.append(row)
     return rows
 
 
@@ -100,40 +140,44 @@ def dropped_rows(search: dict[str, Any]) -> list[dict[str, str]]:
     return rows
 
 
-def _rich(rows: Sequence[dict[str, str]], columns: Sequence[str], title: str, wrap: Sequence[str] = ()) -> Table:
-    table = Table(title=title, header_style="bold", title_justify="left")
-    for col in columns:
-        table.add_column(col, justify="right" if col in _RIGHT else "left", no_wrap=col not in wrap, overflow="fold")
-    for row in rows:
-        table.add_row(*(row[c] for c in columns))
-    return table
-
-
-def rich_tune(search: dict[str, Any], rec: Recommendation) -> Group:
-    """The terminal answer of `ckptbench tune`."""
-    parts: list[Table | Text] = [
+def rich_tune(search: dict[str, Any], rec: Recommendation, *, run: Run | None = None) -> Group:
+    """The terminal answer of `ckptbench tune`: every table fitted to the terminal (render/tables.py)."""
+    hint = "--format json has every field"
+    front = rec.pareto
+    needed = any(c.context_bytes for c in front)
+    parts: list[FitTable | Text] = [
         Text("tune: " + answer_text(search), style="bold green" if search.get("answer") else "yellow"),
-        _rich(family_rows(search), FAMILY_COLUMNS, "Best measured point of each layout family"),
-        _rich(pareto_rows(rec.pareto, limit_bytes=rec.limit_bytes), ("point", "ckpt layers", "reserved", "allocated",
-              "tok/s", "fits"), "Pareto front of the measured points (peak reserved vs tokens/s)"),
-        _rich(step_rows(search), STEP_COLUMNS, "The search, in order", wrap=("why measured", "result")),
-        _rich(dropped_rows(search), ("point", "why dropped"), "Dropped without measuring (examples per reason; "
-              "all in run.json)", wrap=("why dropped",)),
+        FitTable(family_rows(search), FAMILY_TABLE, title="Best measured point of each layout family",
+                 title_justify="left", caption=MEASURED, complete_hint=hint),
+        FitTable(pareto_rows(front, limit_bytes=rec.limit_bytes, size=rec.size),
+                 pareto_columns(with_budget=True, needed=needed), title_justify="left", caption=MEASURED,
+                 title="Pareto front of the measured points (" + ("needed" if needed else "peak reserved")
+                 + " memory vs tokens/s)", complete_hint=hint),
+        FitTable(step_rows(search), STEP_TABLE, title="The search, in order", title_justify="left",
+                 complete_hint=hint),
+        FitTable(dropped_rows(search), DROPPED_TABLE, title_justify="left", complete_hint=hint,
+                 title="Dropped without measuring (examples per reason; all in run.json)"),
     ]
     parts += [Text(line) for line in search_facts(search)]
+    caution = noisy_winner(search, run)
+    if caution:
+        parts.append(Text(caution, style="yellow"))
     return Group(*parts)
 
 
-def markdown_tune(search: dict[str, Any], rec: Recommendation | None = None) -> str:
-    """The search as a report section."""
-    out = ["## Tune: the fastest setup under the budget\n", f"**{answer_text(search)}**\n"]
-    out += [f"{line}\n" for line in search_facts(search)]
+def markdown_tune(
+    search: dict[str, Any], rec: Recommendation | None = None, *, run: Run | None = None, size: SizeUnit | None = None
+) -> str:
+    """The search as a report section (in ``size``, the report's one unit, when given)."""
+    out = ["## Tune: the fastest setup under the budget\n", f"**{answer_text(search, size=size)}**\n"]
+    caution = noisy_winner(search, run)
+    out += [f"{line}\n" for line in [*search_facts(search), *([caution] if caution else [])]]
     out.append("### Best measured point of each layout family\n")
-    out.append(markdown_table(family_rows(search), FAMILY_COLUMNS, right=_RIGHT))
+    out.append(markdown_of(family_rows(search, size=size), FAMILY_TABLE))
     if rec is not None:
         out.append(markdown_pareto(rec.pareto, limit_bytes=rec.limit_bytes, level=3))
     out.append("### The search, in order\n")
-    out.append(markdown_table(step_rows(search), STEP_COLUMNS, right=_RIGHT))
+    out.append(markdown_of(step_rows(search, size=size), STEP_TABLE))
     out.append("### Dropped without measuring (examples per reason)\n")
-    out.append(markdown_table(dropped_rows(search), ("point", "why dropped"), right=_RIGHT))
+    out.append(markdown_of(dropped_rows(search), DROPPED_TABLE))
     return "\n".join(out)

@@ -163,7 +163,9 @@ def apply_lora(model: PreTrainedModel, *, rank: int, spec: LoraSpec) -> nn.Modul
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
-        raise ModuleNotFoundError("peft is not installed (pip install peft) and LoRA points need it") from None
+        raise ModuleNotFoundError(
+            "peft is not installed (pip install 'ckptbench[lora]') and LoRA points need it"
+        ) from None
     lora = LoraConfig(
         r=rank, lora_alpha=spec.alpha,  # type: ignore[arg-type]  # peft annotates int; floats work
         target_modules=lora_targets(model, spec.target_modules), lora_dropout=0.0, bias="none"

@@ -27,7 +27,7 @@ def make_optimizer(name: str, params: list[nn.Parameter], *, lr: float) -> torch
         try:
             import bitsandbytes as bnb
         except ImportError:
-            raise OptimizerUnavailable("bitsandbytes is not installed (pip install bitsandbytes)") from None
+            raise OptimizerUnavailable("bitsandbytes is not installed (pip install 'ckptbench[8bit]')") from None
         return bnb.optim.AdamW8bit(params, lr=lr)
     if name == "adamw_8bit_torchao":
         adamw8bit: Any = _torchao("AdamW8bit")

@@ -1,0 +1,238 @@
+"""The predicted allocator timeline of one point in the format of ``torch.cuda.memory._snapshot()``.
+
+PyTorch's memory visualizer (https://pytorch.org/memory_viz, ``torch.cuda._memory_viz``) reads a pickled
+dict with ``segments`` (each cudaMalloc'd segment and its blocks) and ``device_traces`` (one list per
+device of ``alloc`` / ``free_requested`` / ``free_completed`` / ``segment_alloc`` / ``segment_free`` /
+``segment_map`` / ``segment_unmap`` / ``oom`` events with addresses and sizes). This module replays a
+point's process through ckptbench's caching-allocator model (estimator/allocator.py) as
+estimator/replay.py does, records every event, and writes ``segments`` as they stand at the predicted peak
+reserved of the measured window, so the picture a user opens is the predicted peak. Every address and
+size in it is predicted: the frames name the step and the part of the step (``ckptbench estimate``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckptbench.config.alloc_conf import AllocatorSettings
+from ckptbench.config.grid import Point
+from ckptbench.config.schema import SweepConfig
+from ckptbench.estimator.allocator import AllocatorOOM, Block, CachingAllocator, DeviceLimit
+from ckptbench.estimator.assembly import describe_segment
+from ckptbench.estimator.events import ALLOC
+from ckptbench.estimator.gpus import GpuModel
+from ckptbench.estimator.replay import ProcessModel
+from ckptbench.estimator.step_events import StepEvents
+
+SOURCE = "ckptbench estimate (predicted)"  # the frames' file name: nothing here was measured
+_SEGMENT_UP = ("segment_alloc", "segment_map")
+_SEGMENT_DOWN = ("segment_free", "segment_unmap")
+
+
+class _Recording(CachingAllocator):
+    """The caching-allocator model, writing each event into a trace as the CUDA allocator's history does."""
+
+    def __init__(self, settings: AllocatorSettings, limit: DeviceLimit) -> None:
+        super().__init__(settings, limit)
+        self.trace: list[dict[str, Any]] = []
+        self.where = "setup"
+
+    def _frames(self) -> list[dict[str, Any]]:
+        return [{"filename": SOURCE, "line": 0, "name": self.where}]
+
+    def malloc(self, requested: int, stream: int = 0) -> Block:
+        try:
+            block = super().malloc(requested, stream)
+        except AllocatorOOM as oom:
+            free = self.limit.total_bytes - self.limit.outside_bytes - self.stats.reserved
+            self.trace.append({"action": "oom", "addr": 0, "size": oom.size, "stream": stream,
+                               "device_free": max(free, 0), "frames": self._frames()})
+            raise
+        self.trace.append({"action": "alloc", "addr": block.addr, "size": block.size, "stream": stream,
+                           "requested_size": requested, "frames": self._frames()})
+        return block
+
+    def free(self, block: Block) -> None:
+        for action in ("free_requested", "free_completed"):  # one stream: freed at once
+            self.trace.append({"action": action, "addr": block.addr, "size": block.size, "stream": block.stream,
+                               "requested_size": block.requested, "frames": self._frames()})
+        super().free(block)
+
+    def _reserve(self, nbytes: int, action: str, addr: int) -> None:
+        super()._reserve(nbytes, action, addr)
+        self.trace.append({"action": action, "addr": addr, "size": nbytes, "stream": 0, "frames": self._frames()})
+
+    def _unreserve(self, nbytes: int, action: str, addr: int) -> None:
+        super()._unreserve(nbytes, action, addr)
+        self.trace.append({"action": action, "addr": addr, "size": nbytes, "stream": 0, "frames": self._frames()})
+
+
+@dataclass
+class PredictedTimeline:
+    """A replay's events, where the measured window starts, and its predicted peaks."""
+
+    trace: list[dict[str, Any]]
+    window_start: int  # index of the first event of the measured window
+    peak_reserved_bytes: int
+    peak_allocated_bytes: int
+    oom: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def record_replay(
+    first: StepEvents, steady: StepEvents, process: ProcessModel, settings: AllocatorSettings, limit: DeviceLimit
+) -> PredictedTimeline:
+    """Replay a point's process as estimator/replay.py ``replay_point`` does (setup, warm-up steps, every
+    measured step), recording every event."""
+    alloc = _Recording(settings, limit)
+    window_start, oom = 0, False
+    try:
+        alloc.where = "setup: library workspaces, parameters, the batch"
+        for n in (*process.workspaces, *process.build, process.batch_bytes):
+            if n > 0:
+                alloc.malloc(n)
+        losses: list[Block] = []
+        for i in range(process.warmup_steps):
+            losses += _step(alloc, first if i == 0 else steady, f"warm-up step {i + 1}")
+        for block in losses:  # the warm-up losses, dropped when the warm-up returns
+            alloc.free(block)
+        alloc.reset_peak()
+        window_start = len(alloc.trace)
+        for i in range(process.measured_steps):
+            _step(alloc, steady, f"measured step {i + 1}")
+    except AllocatorOOM:
+        oom = True
+    stats = alloc.stats
+    return PredictedTimeline(alloc.trace, window_start, stats.peak_reserved, stats.peak_allocated, oom)
+
+
+def _step(alloc: _Recording, events: StepEvents, phase: str) -> list[Block]:
+    """One step; the blocks it leaves allocated that are not optimizer state (the loss)."""
+    live: dict[int, Block] = {}
+    starts = [start for start, _ in events.bounds]
+    for index, (op, key, nbytes) in enumerate(events.events):
+        at = bisect.bisect_right(starts, index) - 1
+        alloc.where = f"{phase}: {describe_segment(events.bounds[at][1])}" if at >= 0 else phase
+        if op == ALLOC:
+            live[key] = alloc.malloc(nbytes)
+        else:
+            alloc.free(live.pop(key))
+    state = events.keys_made_in("opt")
+    return [b for k, b in live.items() if k not in state]
+
+
+def _peak_index(timeline: PredictedTimeline) -> int:
+    """How many events lead to the measured window's peak reserved (the whole run's when it ran out): the
+    first moment reserved memory reaches it."""
+    levels, reserved = [], 0
+    for e in timeline.trace:
+        if e["action"] in _SEGMENT_UP:
+            reserved += e["size"]
+        elif e["action"] in _SEGMENT_DOWN:
+            reserved -= e["size"]
+        levels.append(reserved)
+    if not levels:
+        return 0
+    # The window's peak counts the reserved memory it starts with (reset_peak_memory_stats keeps it).
+    lo = 0 if timeline.oom or timeline.window_start >= len(levels) else max(timeline.window_start - 1, 0)
+    top = max(levels[lo:])
+    return next(i for i in range(lo, len(levels)) if levels[i] == top) + 1
+
+
+def segments_at(trace: Sequence[dict[str, Any]], upto: int) -> list[dict[str, Any]]:
+    """The segments and their blocks after ``trace[:upto]``, in ``_snapshot()``'s shape: allocated blocks
+    'active_allocated', the gaps between them 'inactive'."""
+    segs: dict[int, int] = {}  # address -> size
+    live: dict[int, dict[str, Any]] = {}
+    for e in trace[:upto]:
+        action = e["action"]
+        if action in _SEGMENT_UP:
+            segs[e["addr"]] = e["size"]
+        elif action in _SEGMENT_DOWN:
+            segs.pop(e["addr"], None)
+        elif action == "alloc":
+            live[e["addr"]] = e
+        elif action == "free_completed":
+            live.pop(e["addr"], None)
+    allocs = sorted(live.values(), key=lambda e: e["addr"])
+    starts = [e["addr"] for e in allocs]
+    out = []
+    for addr, size in sorted(segs.items()):
+        blocks, cursor = [], addr
+        for e in allocs[bisect.bisect_left(starts, addr):bisect.bisect_left(starts, addr + size)]:
+            if e["addr"] > cursor:
+                blocks.append(_block(cursor, e["addr"] - cursor, "inactive"))
+            blocks.append(_block(e["addr"], e["size"], "active_allocated", e["requested_size"], e["frames"]))
+            cursor = e["addr"] + e["size"]
+        if cursor < addr + size:
+            blocks.append(_block(cursor, addr + size - cursor, "inactive"))
+        allocated = sum(b["size"] for b in blocks if b["state"] == "active_allocated")
+        out.append({
+            "device": 0, "address": addr, "total_size": size, "allocated_size": allocated, "active_size": allocated,
+            "requested_size": sum(b["requested_size"] for b in blocks if b["state"] == "active_allocated"),
+            "stream": 0, "segment_type": "small" if size <= 2 * 2**20 else "large", "segment_pool_id": (0, 0),
+            "is_expandable": False, "frames": [], "blocks": blocks,
+        })
+    return out
+
+
+def _block(addr: int, size: int, state: str, requested: int | None = None,
+           frames: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"address": addr, "size": size, "requested_size": size if requested is None else requested,
+            "state": state, "frames": frames or []}
+
+
+def snapshot_dict(timeline: PredictedTimeline) -> dict[str, Any]:
+    """The ``_snapshot()``-shaped dict: segments at the predicted peak reserved, the whole trace."""
+    return {
+        "segments": segments_at(timeline.trace, _peak_index(timeline)),
+        "device_traces": [list(timeline.trace)],
+        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "(predicted by ckptbench estimate)"},
+    }
+
+
+def point_snapshots(
+    cfg: SweepConfig, points: Sequence[Point], *, gpu: GpuModel, method: str = "fast"
+) -> list[dict[str, Any]]:
+    """Trace ``points`` (as ``ckptbench estimate`` does, each trace once) and return each one's predicted
+    snapshot on ``gpu``."""
+    from ckptbench.estimator.api import Estimator, _optim_key
+    from ckptbench.estimator.reserved import allocator_settings, device_limit, fast_steps, full_steps, process_model
+
+    est = Estimator(cfg, target="cuda", method=method, gpu=gpu)  # type: ignore[arg-type]
+    for _, job in est.jobs(points):
+        job()
+    out = []
+    for point in points:
+        optim = est._optim[_optim_key(point)]  # the traces the estimator ran for this point
+        if est.method == "full":
+            steps = full_steps(est._traces[point], optim)
+        else:
+            key = est._short_key(point)
+            steps = fast_steps(est._traces[key], key[-1], est.classes(point), point.micro_batches, optim)
+        timeline = record_replay(*steps, process_model(cfg, point, optim, gpu), allocator_settings(point),
+                                 device_limit(cfg, gpu))
+        out.append(snapshot_dict(timeline))
+    return out
+
+
+def snapshot_paths(path: Path, points: Sequence[Point]) -> list[Path]:
+    """``path`` for one point; for several, one file each: 'snap.pickle' -> 'snap-all-b2.pickle'."""
+    if len(points) == 1:
+        return [path]
+    names = [f"{path.stem}-{p.layout}-b{p.batch_size}" for p in points]
+    names = [n if names.count(n) == 1 else f"{n}-{i}" for i, n in enumerate(names)]
+    safe = ["".join(c if c.isalnum() or c in "-_.+" else "_" for c in n) for n in names]
+    return [path.with_name(n + (path.suffix or ".pickle")) for n in safe]
+
+
+def write_snapshot(snapshot: dict[str, Any], path: Path) -> Path:
+    """Pickle the snapshot as ``torch.cuda.memory._dump_snapshot`` does (open it at pytorch.org/memory_viz)."""
+    with path.open("wb") as f:
+        pickle.dump(snapshot, f)
+    return path
