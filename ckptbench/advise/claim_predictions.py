@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ckptbench.advise.search import largest, smallest
+from ckptbench.advise.search import largest, run_traces, smallest
 from ckptbench.analysis.step_time import StepTimeModel
 from ckptbench.answers.evidence import Scope
 from ckptbench.answers.predictions import OomFigures, Pred, PredictedPoint, Predictions, Search, wanted
@@ -49,11 +49,7 @@ class _Predictor:
 
     def prime(self, points: Sequence[Point]) -> None:
         """Run the traces ``points`` need, together (one short model per shape holds every layer class)."""
-        jobs = self.estimator.jobs(points)
-        for i, (label, job) in enumerate(jobs):
-            if self.on_progress is not None:
-                self.on_progress(EstimateProgress(i, len(jobs), label))
-            job()
+        run_traces(self.estimator, points, self.on_progress)
 
     def predict(self, point: Point) -> PredictedPoint:
         if point not in self.done:

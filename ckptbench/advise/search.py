@@ -33,11 +33,7 @@ class Predictor:
 
     def prime(self, points: Sequence[Point]) -> None:
         """Run the traces ``points`` need (together: one short model per shape covers every layer class)."""
-        jobs = self.estimator.jobs(points)
-        for i, (label, job) in enumerate(jobs):
-            if self.on_progress is not None:
-                self.on_progress(EstimateProgress(i, len(jobs), label))
-            job()
+        run_traces(self.estimator, points, self.on_progress)
 
     def estimate(self, point: Point) -> Estimate:
         if point not in self._done:
@@ -52,6 +48,17 @@ class Predictor:
     def option(self, family: str, point: Point, searched: str | None = None) -> Option:
         time = self.times.predict(point, gpu=self.card) if self.times is not None else None
         return Option(family, self.estimate(point), time, searched)
+
+
+def run_traces(
+    estimator: Estimator, points: Sequence[Point], on_progress: Callable[[EstimateProgress], None] | None
+) -> None:
+    """Run the traces ``points`` need, together, reporting each (a trace that ran is not run again)."""
+    jobs = estimator.jobs(points)
+    for i, (label, job) in enumerate(jobs):
+        if on_progress is not None:
+            on_progress(EstimateProgress(i, len(jobs), label))
+        job()
 
 
 def smallest(fits: Callable[[int], bool], lo: int, hi: int) -> int | None:

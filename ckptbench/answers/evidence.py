@@ -8,7 +8,7 @@ not know (a newer axis) must match exactly, so a newer technique is never mistak
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,19 @@ class Scope:
         return {**AXIS_DEFAULTS, **base, "layout": layout, "batch_size": batch_size, **axes}
 
 
+def key_label(key: Mapping[str, Any]) -> str:
+    """The whole key in short: layout, batch, sequence length, precision, techniques other than plain."""
+    parts = [str(key.get("layout")), f"b={key.get('batch_size')}", f"s={key.get('seq_len')}", str(key.get("precision"))]
+    extra = setup_label(key)
+    return " ".join([*parts, extra] if extra else parts)
+
+
+def key_short(key: Mapping[str, Any]) -> str:
+    """Layout, batch and techniques only (for sentences about one sequence length and precision)."""
+    extra = setup_label(key)
+    return f"{key.get('layout')} b={key.get('batch_size')}" + (f" {extra}" if extra else "")
+
+
 @dataclass(frozen=True)
 class Cite:
     """One measured point and the run it comes from."""
@@ -49,19 +62,11 @@ class Cite:
 
     @property
     def label(self) -> str:
-        """The whole key in short: layout, batch, sequence length, precision, techniques other than plain."""
-        key = self.key
-        parts = [str(key.get("layout")), f"b={key.get('batch_size')}", f"s={key.get('seq_len')}",
-                 str(key.get("precision"))]
-        extra = setup_label(key)
-        return " ".join([*parts, extra] if extra else parts)
+        return key_label(self.key)
 
     @property
     def short(self) -> str:
-        """Layout, batch and techniques only (for sentences about one sequence length and precision)."""
-        key = self.key
-        extra = setup_label(key)
-        return f"{key.get('layout')} b={key.get('batch_size')}" + (f" {extra}" if extra else "")
+        return key_short(self.key)
 
     @property
     def ok(self) -> bool:

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ckptbench.analysis.step_time import StepTimeModel, StepTimePrediction
-from ckptbench.answers.evidence import Scope
-from ckptbench.config.grid import key_id, point_of, setup_label
+from ckptbench.answers.evidence import Scope, key_label, key_short
+from ckptbench.config.grid import key_id, point_of
 from ckptbench.results.fit import predicted_fits, predicted_needed_bytes
 from ckptbench.units import fmt_bytes
 
@@ -72,17 +72,11 @@ class Pred:
 
     @property
     def label(self) -> str:
-        key = self.key
-        parts = [str(key.get("layout")), f"b={key.get('batch_size')}", f"s={key.get('seq_len')}",
-                 str(key.get("precision"))]
-        extra = setup_label(key)
-        return " ".join([*parts, extra] if extra else parts)
+        return key_label(self.key)
 
     @property
     def short(self) -> str:
-        key = self.key
-        extra = setup_label(key)
-        return f"{key.get('layout')} b={key.get('batch_size')}" + (f" {extra}" if extra else "")
+        return key_short(self.key)
 
     @property
     def ok(self) -> bool:
