@@ -205,9 +205,19 @@ _LABEL_PREFIX = {"layout": "", "batch_size": "b=", "seq_len": "s=", "precision":
 
 def point_labels(keys: list[dict[str, Any]]) -> dict[str, str]:
     """Short display labels by key text: layout, batch, seq, precision, plus any field that varies."""
-    names: list[str] = list(_LABEL_PREFIX)
+    # One pass over the keys: every field's values (a key without the field counts as "None"), fields in
+    # the order they first appear; a field varies when it takes two values. Linear in the points.
+    values: dict[str, set[str]] = {}
+    counts: dict[str, int] = {}
     for key in keys:
-        names += [k for k in key if k not in names and len({str(other.get(k)) for other in keys}) > 1]
+        for k, v in key.items():
+            values.setdefault(k, set()).add(str(v))
+            counts[k] = counts.get(k, 0) + 1
+    for k, seen in values.items():
+        if counts[k] < len(keys):
+            seen.add("None")
+    names: list[str] = list(_LABEL_PREFIX)
+    names += [k for k, seen in values.items() if k not in _LABEL_PREFIX and len(seen) > 1]
     labels = {}
     for key in keys:
         parts = [f"{_LABEL_PREFIX.get(n, n + '=')}{key[n]}" for n in names if n in key]

@@ -16,7 +16,6 @@ from ckptbench.answers.ranges import CardRow, saving_per_layer
 from ckptbench.answers.verdicts import Answer, Verdict
 from ckptbench.errors import ResultsError
 from ckptbench.render.answers_text import TITLES, intro, predictions_section, transfer_section
-from ckptbench.render.layer_plots import plot_layers
 from ckptbench.render.layer_report import interval_table, ordering_table, split_table
 from ckptbench.render.tables import markdown_table
 from ckptbench.results.store import write_text_atomic
@@ -220,6 +219,8 @@ def publish_answers(answers: Answers, *, out: Path | None, readme: Path | None, 
     if out is None:
         markdown = answers_markdown(answers, command=command, plot_name=None)
     else:
+        from ckptbench.render.layer_plots import plot_layers  # matplotlib only when a plot is written
+
         out.parent.mkdir(parents=True, exist_ok=True)
         plot = plot_layers(list(answers.series.values()), out.parent / PLOT_FILE, title=answers.scope.model,
                            limit_bytes=answers.budget.limit_bytes)

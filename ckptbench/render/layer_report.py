@@ -11,7 +11,6 @@ from pathlib import Path
 
 from ckptbench.analysis.layer_series import CellSeries, Interval, layer_series
 from ckptbench.analysis.memory_split import MemorySplit, memory_splits
-from ckptbench.render.layer_plots import plot_layers
 from ckptbench.render.tables import markdown_table
 from ckptbench.results.store import Run
 from ckptbench.units import GIB_UNIT, SizeUnit
@@ -114,6 +113,8 @@ def layer_section(
 ) -> tuple[str, Path | None]:
     """The report's per-layer section and its plot (None when the run has no series to draw); sizes in ``size``,
     the report's one unit."""
+    from ckptbench.render.layer_plots import plot_layers  # matplotlib only when a plot is written
+
     cells = layer_series(run)
     plot = plot_layers(cells, out_dir / LAYERS_PLOT, title=run.name, limit_bytes=limit_bytes) if cells else None
     parts = ["## Checkpointing per layer\n", SECTION_INTRO + "\n", "### Saving and cost per checkpointed layer\n",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -12,8 +14,11 @@ from matplotlib.figure import Figure
 from matplotlib.text import Annotation
 from matplotlib.transforms import Bbox
 
+HAlign = Literal["left", "center", "right"]
+VAlign = Literal["bottom", "center", "top"]
+
 # Directions around a point, up-right first, and the text alignment that keeps the text on that side.
-_DIRECTIONS = (
+_DIRECTIONS: tuple[tuple[int, int, HAlign, VAlign], ...] = (
     (1, 1, "left", "bottom"), (-1, 1, "right", "bottom"), (1, -1, "left", "top"), (-1, -1, "right", "top"),
     (1, 0, "left", "center"), (-1, 0, "right", "center"), (0, 1, "center", "bottom"), (0, -1, "center", "top"),
 )
@@ -47,46 +52,132 @@ def place_labels(
     inside = ax.get_window_extent(renderer)
     marks = [(*ax.transData.transform((x, y)), r * fig.dpi / 72) for x, y, r in [
         *points, *((lab.x, lab.y, lab.radius) for lab in labels)]]
-    taken = [Bbox.from_extents(px - r, py - r, px + r, py + r) for px, py, r in marks]
-    taken += [_segment_box(ax, a, b) for line in lines for a, b in itertools.pairwise(line)]
+    taken = _Grid()
+    for px, py, r in marks:
+        taken.add((px - r, py - r, px + r, py + r))
+    for line in lines:
+        for a, b in itertools.pairwise(line):
+            taken.add(_segment_box(ax, a, b))
+    centres = _Grid()
+    for px, py, _ in marks:
+        centres.add((px, py, px, py))
     placed = []
     for label in labels:
         own = tuple(float(v) for v in ax.transData.transform((label.x, label.y)))
+        note: Annotation | None = None
         for dx, dy, ha, va, dist in _places(label.radius):
-            note = ax.annotate(label.text, (label.x, label.y), xytext=(dx * dist, dy * dist),
-                               textcoords="offset points", ha=ha, va=va, fontsize=fontsize, color="#222222",
-                               fontweight="bold" if label.bold else "normal")
-            box = note.get_window_extent(renderer).padded(_GAP * fig.dpi / 72)  # labels never touch
-            if _within(box, inside) and not any(box.overlaps(t) for t in taken) and _nearest(box, own, marks):
-                taken.append(box)
+            if note is None:
+                note = ax.annotate(label.text, (label.x, label.y), xytext=(dx * dist, dy * dist),
+                                   textcoords="offset points", ha=ha, va=va, fontsize=fontsize, color="#222222",
+                                   fontweight="bold" if label.bold else "normal")
+            else:  # the same text moved to the next place: one artist per label, not one per place
+                note.xyann = (dx * dist, dy * dist)
+                note.set_horizontalalignment(ha)
+                note.set_verticalalignment(va)
+            box = _extents(note.get_window_extent(renderer).padded(_GAP * fig.dpi / 72))  # labels never touch
+            if _within(box, inside) and not taken.overlaps(box) and _nearest(box, own, centres):
+                taken.add(box)
                 placed.append(note)
+                note = None
                 break
+        if note is not None:
             note.remove()
     return placed
 
 
-def _places(radius: float) -> list[tuple[int, int, str, str, float]]:
+Box = tuple[float, float, float, float]  # x0, y0, x1, y1 in display pixels
+
+
+class _Grid:
+    """Boxes bucketed by the square cells they cover, so an overlap check looks only at its neighbourhood
+    (placing n labels is linear in n, not quadratic). Checks are Bbox.overlaps' exactly (touching overlaps)."""
+
+    CELL = 32.0  # pixels
+    MAX_CELLS = 4096  # a box covering more (a long line) is checked against every query instead
+
+    def __init__(self) -> None:
+        self.cells: dict[tuple[int, int], list[Box]] = {}
+        self.everywhere: list[Box] = []
+
+    def _span(self, box: Box, margin: float = 0.0) -> tuple[range, range] | None:
+        x0, y0, x1, y1 = box
+        lo_x, hi_x, lo_y, hi_y = min(x0, x1) - margin, max(x0, x1) + margin, min(y0, y1) - margin, max(y0, y1) + margin
+        if not all(math.isfinite(v) for v in (lo_x, hi_x, lo_y, hi_y)):
+            return None
+        cx, cy = range(math.floor(lo_x / self.CELL), math.floor(hi_x / self.CELL) + 1), \
+            range(math.floor(lo_y / self.CELL), math.floor(hi_y / self.CELL) + 1)
+        return (cx, cy) if len(cx) * len(cy) <= self.MAX_CELLS else None
+
+    def add(self, box: Box) -> None:
+        span = self._span(box)
+        if span is None:
+            self.everywhere.append(box)
+            return
+        for i in span[0]:
+            for j in span[1]:
+                self.cells.setdefault((i, j), []).append(box)
+
+    def near(self, box: Box, margin: float = 0.0) -> list[Box]:
+        """Every box that may lie within ``margin`` of ``box`` (a superset: the callers check exactly)."""
+        span = self._span(box, margin)
+        if span is None:
+            return [b for cell in self.cells.values() for b in cell] + self.everywhere
+        found = list(self.everywhere)
+        cells = self.cells
+        for i in span[0]:
+            for j in span[1]:
+                found += cells.get((i, j), ())
+        return found
+
+    def overlaps(self, box: Box) -> bool:
+        return any(_overlaps(box, other) for other in self.near(box))
+
+
+def _extents(bbox: Bbox) -> Box:
+    x0, y0, x1, y1 = bbox.extents
+    return float(x0), float(y0), float(x1), float(y1)
+
+
+def _overlaps(a: Box, b: Box) -> bool:
+    """Bbox.overlaps on extents."""
+    ax1, ay1, ax2, ay2 = a
+    bx1, by1, bx2, by2 = b
+    if ax2 < ax1:
+        ax2, ax1 = ax1, ax2
+    if ay2 < ay1:
+        ay2, ay1 = ay1, ay2
+    if bx2 < bx1:
+        bx2, bx1 = bx1, bx2
+    if by2 < by1:
+        by2, by1 = by1, by2
+    return ax1 <= bx2 and bx1 <= ax2 and ay1 <= by2 and by1 <= ay2
+
+
+def _places(radius: float) -> list[tuple[int, int, HAlign, VAlign, float]]:
     """Candidate places: every direction just outside the point, then a little farther out."""
     near, far = radius + 2.5, 2 * radius + 8
     return [(dx, dy, ha, va, d) for d in (near, far) for dx, dy, ha, va in _DIRECTIONS]
 
 
-def _nearest(box: Bbox, own: tuple[float, ...], marks: Sequence[tuple[float, float, float]]) -> bool:
-    """The label sits nearer to its own point than to any other (so it is read as that point's)."""
+def _nearest(box: Box, own: tuple[float, ...], centres: _Grid) -> bool:
+    """The label sits nearer to its own point than to any other (so it is read as that point's): only points
+    within that distance of the box (plus a pixel against rounding) can be nearer."""
     mine = _distance(box, own[0], own[1])
-    return all(_distance(box, px, py) >= mine for px, py, _ in marks if (px, py) != (own[0], own[1]))
+    return all(_distance(box, px, py) >= mine for px, py, _, _ in centres.near(box, mine + 1.0)
+               if (px, py) != (own[0], own[1]))
 
 
-def _distance(box: Bbox, px: float, py: float) -> float:
-    dx = max(box.x0 - px, 0.0, px - box.x1)
-    dy = max(box.y0 - py, 0.0, py - box.y1)
+def _distance(box: Box, px: float, py: float) -> float:
+    x0, y0, x1, y1 = box
+    dx = max(x0 - px, 0.0, px - x1)
+    dy = max(y0 - py, 0.0, py - y1)
     return float((dx * dx + dy * dy) ** 0.5)
 
 
-def _segment_box(ax: Axes, a: tuple[float, float], b: tuple[float, float]) -> Bbox:
+def _segment_box(ax: Axes, a: tuple[float, float], b: tuple[float, float]) -> Box:
     (x0, y0), (x1, y1) = ax.transData.transform(a), ax.transData.transform(b)
-    return Bbox.from_extents(min(x0, x1) - 1, min(y0, y1) - 1, max(x0, x1) + 1, max(y0, y1) + 1)
+    return float(min(x0, x1) - 1), float(min(y0, y1) - 1), float(max(x0, x1) + 1), float(max(y0, y1) + 1)
 
 
-def _within(box: Bbox, outer: Bbox) -> bool:
-    return outer.x0 <= box.x0 and box.x1 <= outer.x1 and outer.y0 <= box.y0 and box.y1 <= outer.y1
+def _within(box: Box, outer: Bbox) -> bool:
+    return bool(outer.x0 <= box[0] and box[2] <= outer.x1 and outer.y0 <= box[1] and box[3] <= outer.y1)

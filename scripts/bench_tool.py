@@ -1,0 +1,302 @@
+"""Benchmark ckptbench itself: where a user waits for the tool rather than for the GPU (issue 24).
+
+Measures, in one run so that every figure can be read as a ratio to the others on the same (possibly
+busy) machine:
+
+- ``estimate`` of the 66-point ``configs/llama7b.yaml`` and the 704-point
+  ``configs/llama7b-estimate-grid.yaml``, in this process: the traces, the estimates, the allocator
+  replay's share (the estimates with the replay minus without it), seconds per point;
+- each command's start-up: ``--help``, ``compare``, ``recommend`` and ``answers`` on committed runs, and
+  ``estimate`` of ``configs/tiny.yaml`` (its whole command), each as a fresh process, next to a bare
+  ``python -c pass`` and to the import of the torch-free package;
+- a tiny CPU sweep (``configs/tiny.yaml``): its whole command over the time in its steps (run.json timing);
+- ``compare`` of two synthetic runs of 1k / 5k / 20k points, and ``report --no-estimate`` of a 1k-point run;
+- a calibration loop (fixed pure-Python work) so that two machines, or one machine at two loads, compare.
+
+Writes ``results/tool-speed/<date>-<host>[-<tag>]/bench.json`` and ``bench.md`` with the machine's facts
+(measure/environment.py's collector). Run from the repository root::
+
+    PYTHONPATH=$PWD python scripts/bench_tool.py --tag before
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime as dt
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+COMMITTED_RUN = ROOT / "results" / "h200-gpu-check-2" / "check"
+AXES_RUN = ROOT / "results" / "h200-gpu-check-1" / "axes"
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "120"}
+
+
+def timed_command(args: Sequence[str], *, repeat: int = 3, timeout_s: float | None = None) -> dict[str, Any]:
+    """The best of ``repeat`` wall times of a fresh process (the best: noise only ever adds time); past
+    ``timeout_s`` the command is stopped and recorded as not finished (``best_s`` None)."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        try:
+            done = subprocess.run([PYTHON, *args], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                                  check=False, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"command": " ".join(args), "best_s": None, "times_s": times, "timed_out_after_s": timeout_s}
+        times.append(time.perf_counter() - start)
+        if done.returncode not in (0, 3):
+            raise RuntimeError(f"{' '.join(args)} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+    return {"command": " ".join(args), "best_s": min(times), "times_s": times}
+
+
+def calibration_s() -> float:
+    """Seconds of a fixed pure-Python workload (dict and list churn, like the replay's): the machine's unit."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        table: dict[int, int] = {}
+        acc = 0
+        for i in range(400_000):
+            table[i & 4095] = i
+            acc += table.get((i * 7) & 4095, 0) & 15
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def bench_estimate(config: str) -> dict[str, Any]:
+    """Traces, estimates (with and without the allocator replay) and seconds per point of one config."""
+    from ckptbench.config.load import load_config
+    from ckptbench.estimator import api
+
+    cfg = load_config(ROOT / config)
+    points = cfg.points_list()
+    start = time.perf_counter()
+    estimates = api.estimate_points(cfg, points, target="cuda")
+    total = time.perf_counter() - start
+    # The replay's share: the same estimator without a card replays nothing (traces already done).
+    est = api.Estimator(cfg, target="cuda", gpu=None)
+    t0 = time.perf_counter()
+    for _, job in est.jobs(points):
+        job()
+    traces = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    for p in points:
+        est.estimate(p)
+    no_replay = time.perf_counter() - t1
+    replay = max(total - traces - no_replay, 0.0)
+    return {
+        "config": config, "points": len(points), "traces": len(est.jobs([])) or _count_traces(cfg, points),
+        "total_s": total, "traces_s": traces, "estimates_without_replay_s": no_replay, "replay_s": replay,
+        "replay_share": replay / total if total else None, "per_point_s": total / len(points),
+        "ooms": sum(1 for e in estimates if e.reserved is not None and e.reserved.oom is not None),
+    }
+
+
+def _count_traces(cfg: Any, points: Sequence[Any]) -> int:
+    from ckptbench.estimator import api
+
+    return len(api.Estimator(cfg, target="cuda", gpu=None).jobs(points))
+
+
+def startup() -> dict[str, Any]:
+    """Each command's wall time as a fresh process (committed runs; the tiny config for estimate)."""
+    run2, run1 = str(COMMITTED_RUN.relative_to(ROOT)), str(AXES_RUN.relative_to(ROOT))
+    commands = {
+        "python": ["-c", "pass"],
+        "import ckptbench": ["-c", "import ckptbench"],
+        "--help": ["-m", "ckptbench", "--help"],
+        "compare": ["-m", "ckptbench", "compare", run2, run2],
+        "recommend": ["-m", "ckptbench", "recommend", run2, "--budget", "80"],
+        "answers": ["-m", "ckptbench", "answers", run2, run1],
+        "estimate tiny": ["-m", "ckptbench", "estimate", "configs/tiny.yaml"],
+        "import torch": ["-c", "import torch"],
+    }
+    out = {name: timed_command(args) for name, args in commands.items()}
+    for name in ("--help", "compare", "recommend", "answers"):
+        probe = subprocess.run(
+            [PYTHON, "-c", _TORCH_PROBE, *commands[name][2:]], cwd=ROOT, env=_env(), capture_output=True, text=True,
+            check=False,
+        )
+        out[name]["imports_torch"] = probe.stdout.strip().splitlines()[-1:] == ["torch"]
+    return out
+
+
+# Runs the CLI in-process and says whether torch got imported (stdout's last line).
+_TORCH_PROBE = """
+import sys
+from ckptbench.cli.main import app
+try:
+    app(sys.argv[1:], standalone_mode=False)
+except BaseException:
+    pass
+sys.stdout.write("\\n" + ("torch" if "torch" in sys.modules else "no torch") + "\\n")
+"""
+
+
+def tiny_sweep(work: Path) -> dict[str, Any]:
+    """The tiny CPU sweep's whole command over its steps (run.json timing)."""
+    out = work / "tiny"
+    start = time.perf_counter()
+    subprocess.run([PYTHON, "-m", "ckptbench", "sweep", "configs/tiny.yaml", "--out", str(out)], cwd=ROOT,
+                   env=_env(), capture_output=True, check=True)
+    wall = time.perf_counter() - start
+    timing = json.loads((out / "run.json").read_text())["timing"]
+    keys = ("command_wall_s", "startup_s", "environment_s", "predictions_s", "steps_s", "point_overhead_s",
+            "between_points_s", "finish_s")
+    facts = {k: timing.get(k) for k in keys}
+    steps = timing.get("steps_s")
+    return {"wall_s": wall, **facts, "wall_over_steps": timing["command_wall_s"] / steps if steps else None}
+
+
+def synthetic_run(dest: Path, points: int, *, scale: float = 1.0) -> Path:
+    """A run of ``points`` points: the committed run's batch-2 record of each layout, at batch sizes 1, 2, ...
+    (activation memory and step time scaled with the batch; ``scale`` multiplies the step times)."""
+    records = [json.loads(line) for line in (COMMITTED_RUN / "points.jsonl").read_text().splitlines() if line]
+    templates = list({r["key"]["layout"]: r for r in reversed(records) if r["status"] == "ok"
+                      and r["key"]["batch_size"] == 2}.values())[::-1]
+    dest.mkdir(parents=True)
+    shutil.copy(COMMITTED_RUN / "run.json", dest / "run.json")
+    with (dest / "points.jsonl").open("w") as fh:
+        for i in range(points):
+            rec = copy.deepcopy(templates[i % len(templates)])
+            batch = 1 + i // len(templates)
+            rec["key"]["batch_size"] = batch
+            rec["step_times_s"] = [t * batch / 2 * scale * (1 + 0.001 * (i % 7)) for t in rec["step_times_s"]]
+            static = rec["memory"]["window_start_allocated_bytes"]
+            for k in ("peak_allocated_bytes", "peak_reserved_bytes"):
+                rec[k] = static + (rec[k] - static) * batch // 2
+            fh.write(json.dumps(rec, sort_keys=True) + "\n")
+    return dest
+
+
+def bench_compare(work: Path, sizes: Sequence[int], *, timeout_s: float) -> dict[str, Any]:
+    """``compare`` of two synthetic runs of each size (fresh process, JSON output)."""
+    out: dict[str, Any] = {}
+    for n in sizes:
+        base = synthetic_run(work / f"base-{n}", n)
+        new = synthetic_run(work / f"new-{n}", n, scale=1.02)
+        out[str(n)] = timed_command(["-m", "ckptbench", "compare", str(base), str(new), "--format", "json"],
+                                 repeat=1, timeout_s=timeout_s)
+    return out
+
+
+def bench_report(work: Path, points: int, *, timeout_s: float) -> dict[str, Any]:
+    """``report --no-estimate`` of a synthetic run (fresh process)."""
+    run = synthetic_run(work / f"report-{points}", points)
+    return timed_command(["-m", "ckptbench", "report", str(run), "--no-estimate", "--out", str(work / "rep")],
+                         repeat=1, timeout_s=timeout_s)
+
+
+def machine() -> dict[str, Any]:
+    from ckptbench.measure.environment import collect
+
+    return collect("cpu")
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """A short summary of bench.json."""
+    m, lines = result["machine"], []
+    lines.append(f"# ckptbench tool speed: {result['created_at']} on {m['hostname']}")
+    lines.append("")
+    lines.append(f"{m['cpus_available']} CPUs available, load {m['load_average_1m']} at the start; "
+                 f"python {m['python']}, torch {m['torch']}; git {m['git_sha']}; "
+                 f"calibration unit {result['calibration_s']:.3f} s.")
+    lines.append("")
+    lines.append("| estimate | points | traces | total s | traces s | replay s | replay share | s/point |")
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for e in result.get("estimate", []):
+        lines.append(f"| {e['config']} | {e['points']} | {e['traces']} | {e['total_s']:.1f} | {e['traces_s']:.1f} | "
+                     f"{e['replay_s']:.1f} | {e['replay_share']:.0%} | {e['per_point_s']:.3f} |")
+    lines.append("")
+    lines.append("| command (fresh process) | best s | x python | imports torch |")
+    lines.append("| --- | ---: | ---: | --- |")
+    base = result["startup"]["python"]["best_s"] if "startup" in result else None
+    for name, s in result.get("startup", {}).items():
+        lines.append(f"| {name} | {s['best_s']:.2f} | {s['best_s'] / base:.1f} | {s.get('imports_torch', '')} |")
+    if "tiny_sweep" in result:
+        t = result["tiny_sweep"]
+        lines.append("")
+        lines.append(f"tiny sweep: {t['command_wall_s']:.1f} s in all, {t['steps_s']:.1f} s of steps "
+                     f"({t['wall_over_steps']:.2f}x the steps), start-up {t['startup_s']:.1f} s.")
+    if "compare" in result:
+        lines.append("")
+        lines.append("compare (JSON, fresh process): " + ", ".join(
+            f"{n} points {_secs(c)}" for n, c in result["compare"].items()))
+    if "report" in result:
+        lines.append(f"report --no-estimate of {result['report_points']} points: {_secs(result['report'])}")
+    return "\n".join(lines) + "\n"
+
+
+def _secs(timed: dict[str, Any]) -> str:
+    best = timed.get("best_s")
+    return f"{best:.1f} s" if best is not None else f"not finished in {timed['timed_out_after_s']:.0f} s"
+
+
+def _step(name: str, fn: Callable[[], Any], timings: dict[str, float]) -> Any:
+    print(f"bench: {name} ...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    value = fn()
+    timings[name] = time.perf_counter() - start
+    print(f"bench: {name} done in {timings[name]:.1f} s", file=sys.stderr, flush=True)
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "tool-speed")
+    parser.add_argument("--tag", default="", help="appended to the result folder's name (before, after)")
+    parser.add_argument("--skip", action="append", default=[],
+                        choices=["estimate", "grid", "startup", "sweep", "compare", "report"])
+    parser.add_argument("--compare-sizes", default="1000,5000,20000")
+    parser.add_argument("--report-points", type=int, default=1000)
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds after which compare/report are stopped")
+    args = parser.parse_args(argv)
+    now = dt.datetime.now(dt.timezone.utc)
+    result: dict[str, Any] = {"created_at": now.isoformat(timespec="seconds"), "tag": args.tag}
+    bench_s: dict[str, float] = {}
+    result["machine"] = _step("machine", machine, bench_s)
+    result["calibration_s"] = _step("calibration", calibration_s, bench_s)
+    with tempfile.TemporaryDirectory(prefix="ckptbench-bench-") as tmp:
+        work = Path(tmp)
+        if "startup" not in args.skip:
+            result["startup"] = _step("start-up", startup, bench_s)
+        grids = (("configs/llama7b.yaml", "estimate"), ("configs/llama7b-estimate-grid.yaml", "grid"))
+        configs = [c for c, skip in grids if skip not in args.skip]
+        if configs:
+            result["estimate"] = [_step(f"estimate {c}", lambda c=c: bench_estimate(c), bench_s) for c in configs]
+        if "sweep" not in args.skip:
+            result["tiny_sweep"] = _step("tiny sweep", lambda: tiny_sweep(work), bench_s)
+        if "compare" not in args.skip:
+            sizes = [int(s) for s in args.compare_sizes.split(",") if s]
+            result["compare"] = _step("compare", lambda: bench_compare(work, sizes, timeout_s=args.timeout), bench_s)
+        if "report" not in args.skip:
+            result["report_points"] = args.report_points
+            report = lambda: bench_report(work, args.report_points, timeout_s=args.timeout)  # noqa: E731
+            result["report"] = _step("report", report, bench_s)
+    result["bench_s"] = bench_s
+    host = socket.gethostname().split(".")[0]
+    folder = args.out / f"{now:%Y-%m-%d}-{host}{'-' + args.tag if args.tag else ''}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "bench.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    (folder / "bench.md").write_text(markdown(result))
+    print(folder / "bench.md")
+    sys.stdout.write(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""The fast paths of issue 24 give exactly what the slow ones gave, and the quick commands import no torch.
+
+No timings are asserted here (scripts/bench_tool.py measures them): each test pins an equality between a
+fast path and the straightforward rule it replaces, on many random inputs.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckptbench.analysis.compare import point_labels
+from ckptbench.config.alloc_conf import parse_alloc_conf
+from ckptbench.config.grid import key_id
+from ckptbench.estimator.allocator import AllocatorOOM, Block, CachingAllocator, DeviceLimit
+
+ROOT = Path(__file__).resolve().parent.parent
+MIB, GIB = 2**20, 2**30
+
+
+# -- compare's labels ------------------------------------------------------------------------------------
+def _labels_quadratic(keys: list[dict[str, Any]]) -> dict[str, str]:
+    """point_labels as it was before issue 24 (a set over every key, for every key): the reference."""
+    prefix = {"layout": "", "batch_size": "b=", "seq_len": "s=", "precision": ""}
+    names: list[str] = list(prefix)
+    for key in keys:
+        names += [k for k in key if k not in names and len({str(other.get(k)) for other in keys}) > 1]
+    return {key_id(key): " ".join(f"{prefix.get(n, n + '=')}{key[n]}" for n in names if n in key) for key in keys}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_point_labels_match_the_quadratic_rule(seed: int) -> None:
+    rng = random.Random(seed)
+    fields = ["layout", "batch_size", "seq_len", "precision", "optimizer", "lora", "micro_batches", "extra"]
+    keys = []
+    for _ in range(rng.randint(1, 40)):
+        key: dict[str, Any] = {}
+        for f in rng.sample(fields, rng.randint(1, len(fields))):  # fields missing and in varying orders
+            key[f] = rng.choice([None, "none", 1, 2, "all", True])
+        keys.append(key)
+    assert point_labels(keys) == _labels_quadratic(keys)
+
+
+# -- the allocator's fast path ---------------------------------------------------------------------------
+def _snapshot(a: CachingAllocator) -> tuple[Any, ...]:
+    s = a.stats
+    pools = tuple(
+        (small, stream, tuple((b.addr, b.size, b.gc_base) for b in a.pools[small].free[stream]))
+        for small in (True, False) for stream in sorted(a.pools[small].free)
+    )
+    return (s.allocated, s.reserved, s.peak_allocated, s.peak_reserved, s.num_alloc_retries, s.num_ooms,
+            s.num_device_alloc, s.num_device_free, tuple(s.segment_events), pools)
+
+
+def _chain(block: Block) -> tuple[tuple[int, int, bool], ...]:
+    """The block's whole segment, in address order (what merging and splitting left)."""
+    first = block
+    while first.prev is not None:
+        first = first.prev
+    out = []
+    walk: Block | None = first
+    while walk is not None:
+        out.append((walk.addr, walk.size, walk.allocated))
+        walk = walk.next
+    return tuple(out)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fast_malloc_and_free_replay_exactly_as_the_general_rules(seed: int) -> None:
+    """Default settings take the inlined fast path; forcing the general path must give the same blocks,
+    counters, segments and out-of-memory errors after every request (on a small card, so that segments
+    are released, retries counted and requests refused too)."""
+    rng = random.Random(seed)
+    limit = DeviceLimit(2 * GIB, None if seed % 2 else 0.9, 64 * MIB)
+    fast = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True)
+    slow = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True)
+    assert fast._fast
+    slow._fast = False  # the general rules (malloc -> get_free_block -> alloc_found_block; free_block)
+    live: list[tuple[Block, Block]] = []
+    sizes = [1, 511, 513, 4096, 300_000, MIB, MIB + 1, 3 * MIB, 9 * MIB, 12 * MIB, 40 * MIB, 200 * MIB]
+    for _ in range(1500):
+        if live and rng.random() < 0.45:
+            fb, sb = live.pop(rng.randrange(len(live)))
+            fast.free(fb)
+            slow.free(sb)
+        else:
+            n = rng.choice(sizes) + rng.randrange(0, 4096) * rng.choice([0, 1])
+            stream = rng.choice([0, 0, 0, 1])
+            outcome: list[Any] = []
+            for a in (fast, slow):
+                try:
+                    outcome.append(a.malloc(n, stream=stream))
+                except AllocatorOOM as oom:
+                    outcome.append(("oom", oom.size, oom.allocated, oom.reserved))
+            if isinstance(outcome[0], Block):
+                assert isinstance(outcome[1], Block)
+                assert _chain(outcome[0]) == _chain(outcome[1])
+                live.append((outcome[0], outcome[1]))
+            else:
+                assert outcome[0] == outcome[1]
+        assert _snapshot(fast) == _snapshot(slow)
+
+
+# -- plot labels: the spatial grid answers as the pairwise checks did -------------------------------------
+def test_label_grid_finds_exactly_the_overlapping_boxes() -> None:
+    from matplotlib.transforms import Bbox
+
+    from ckptbench.render.plot_labels import _Grid, _overlaps
+
+    rng = random.Random(3)
+    grid = _Grid()
+    boxes = []
+    for _ in range(400):
+        x, y = rng.uniform(-50, 900), rng.uniform(-50, 700)
+        box = (x, y, x + rng.choice([0.0, 2.0, 31.9, 32.0, 64.0, 700.0, 5e5]), y + rng.choice([0.0, 3.0, 32.0, 90.0]))
+        grid.add(box)
+        boxes.append(box)
+    grid.add((float("nan"), 0.0, 1.0, 1.0))  # never overlaps anything, as with Bbox.overlaps
+    for _ in range(400):
+        x, y = rng.uniform(-100, 950), rng.uniform(-100, 750)
+        query = (x, y, x + rng.uniform(0, 80), y + rng.uniform(0, 40))
+        expected = any(Bbox.from_extents(*query).overlaps(Bbox.from_extents(*b)) for b in boxes)
+        assert grid.overlaps(query) == expected
+        assert _overlaps(query, boxes[0]) == Bbox.from_extents(*query).overlaps(Bbox.from_extents(*boxes[0]))
+
+
+def test_label_nearest_point_check_sees_every_point_that_could_be_nearer() -> None:
+    from ckptbench.render.plot_labels import _distance, _Grid, _nearest
+
+    rng = random.Random(5)
+    marks = [(rng.uniform(0, 800), rng.uniform(0, 600)) for _ in range(300)]
+    centres = _Grid()
+    for px, py in marks:
+        centres.add((px, py, px, py))
+    for _ in range(500):
+        own = marks[rng.randrange(len(marks))]
+        x, y = own[0] + rng.uniform(-40, 20), own[1] + rng.uniform(-20, 20)
+        box = (x, y, x + rng.uniform(5, 60), y + rng.uniform(5, 15))
+        mine = _distance(box, *own)
+        expected = all(_distance(box, px, py) >= mine for px, py in marks if (px, py) != own)
+        assert _nearest(box, own, centres) == expected
+
+
+# -- start-up: the quick commands import neither torch nor transformers ----------------------------------
+_PROBE = """
+import sys
+from ckptbench.cli.main import app
+try:
+    app(sys.argv[1:], standalone_mode=False)
+except SystemExit:
+    pass
+heavy = sorted(m for m in ("torch", "transformers") if m in sys.modules)
+print("HEAVY:" + ",".join(heavy))
+"""
+_RUN2 = "results/h200-gpu-check-2/check"
+_RUN1 = "results/h200-gpu-check-1/axes"
+
+
+@pytest.mark.parametrize("args", [
+    ["--help"],
+    ["compare", _RUN2, _RUN2, "--format", "json"],
+    ["recommend", _RUN2, "--budget", "80"],
+    ["answers", _RUN2, _RUN1],
+], ids=["help", "compare", "recommend", "answers"])
+def test_quick_commands_import_no_torch(args: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-c", _PROBE, *args], cwd=ROOT, capture_output=True, text=True,
+                          check=False, env={"PYTHONPATH": str(ROOT), "COLUMNS": "120", "PATH": ""})
+    last = done.stdout.strip().splitlines()[-1]
+    assert last == "HEAVY:", (last, done.stderr[-2000:])
