@@ -115,6 +115,9 @@ def advice_json(advice: Advice) -> dict[str, Any]:
                 "family": o.family, "layout": o.layout, "searched": o.searched, "fits": e.fits,
                 "peak_allocated_bytes": num(e.peak_bytes, "predicted", "bytes"),
                 "peak_reserved_bytes": num(r.peak_reserved_bytes if r else None, "predicted", "bytes"),
+                # The peak reserved raised by the worst under-prediction seen for its kind of layout (README):
+                # what 'needed' and 'fits' are decided on.
+                "peak_reserved_bound_bytes": num(e.reserved_bound_bytes, "predicted", "bytes"),
                 "context_bytes": num(r.context_bytes if r else None, card_label, "bytes"),
                 "needed_bytes": num(e.needed_bytes, "predicted", "bytes"),
                 "predicted_oom": r.oom if r else None,

@@ -44,8 +44,8 @@ def _time_label(advice: Advice) -> str:
 
 
 def _caption(advice: Advice) -> str:
-    return (f"memory predicted (needed = reserved + context, {'measured' if advice.card.measured else 'estimated'} "
-            f"context); {_time_label(advice)}")
+    return (f"memory predicted (needed = reserved raised to its bound for the layout's kind, README, + "
+            f"{'measured' if advice.card.measured else 'estimated'} context); {_time_label(advice)}")
 
 
 def table(advice: Advice, t: Table) -> FitTable:
