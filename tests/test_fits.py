@@ -18,8 +18,8 @@ from ckptbench.answers.evidence import Cite
 from ckptbench.config.grid import Point
 from ckptbench.estimator.gpus import gpu_for_name
 from ckptbench.estimator.record import Estimate, Reserved
+from ckptbench.plots.tradeoff import tradeoff_figure
 from ckptbench.render.recommend import pareto_rows
-from ckptbench.render.tradeoff_plot import tradeoff_figure
 from ckptbench.results.fit import measured_fits, measured_needed_bytes, reserved_upper_bound
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run, load_run

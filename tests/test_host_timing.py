@@ -16,8 +16,7 @@ import pytest
 import torch
 
 import ckptbench.measure.window as window_module
-from ckptbench.estimator.api import estimate_points
-from ckptbench.estimator.predict import iter_predictions
+from ckptbench.estimator.api import estimate_points, iter_predictions
 from ckptbench.measure.environment import available_cpus, spread_warning
 from ckptbench.render.summary import summary_rows
 from ckptbench.results.record import PointRecord

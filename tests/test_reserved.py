@@ -17,10 +17,9 @@ from ckptbench.config.load import parse_config
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
 from ckptbench.estimator.assembly import layer_classes, plans_for, short_model_classes
-from ckptbench.estimator.event_assembly import assemble_step
+from ckptbench.estimator.event_assembly import StepEvents, assemble_step, segment_events, traced_step
 from ckptbench.estimator.events import ALLOC
 from ckptbench.estimator.gpus import DEFAULT_CUBLAS_WORKSPACE, GPUS, HOPPER_CUBLAS_WORKSPACE, gpu_model
-from ckptbench.estimator.step_events import StepEvents, segment_events, traced_step
 from ckptbench.estimator.trace import trace_step
 from tests.conftest import tiny_config
 
@@ -235,7 +234,7 @@ def test_a_child_record_keeps_the_parents_predictions_and_is_marked_fresh() -> N
 
 def test_background_predictions_carry_the_reserved_prediction_for_the_sweeps_card() -> None:
     """On CUDA a sweep's predictions come from a process that sees no GPU: the card travels with the request."""
-    from ckptbench.estimator.predict import predict_records
+    from ckptbench.estimator.api import predict_records
     from ckptbench.sweep.predictions import BackgroundPredictions
 
     cfg = tiny_config(device="cuda", sweep={"layout": ["none", "all"], "batch_size": [2], "seq_len": [64]})

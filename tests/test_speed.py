@@ -110,7 +110,7 @@ def test_fast_malloc_and_free_replay_exactly_as_the_general_rules(seed: int) -> 
 def test_label_grid_finds_exactly_the_overlapping_boxes() -> None:
     from matplotlib.transforms import Bbox
 
-    from ckptbench.render.plot_labels import _Grid, _overlaps
+    from ckptbench.plots.labels import _Grid, _overlaps
 
     rng = random.Random(3)
     grid = _Grid()
@@ -130,7 +130,7 @@ def test_label_grid_finds_exactly_the_overlapping_boxes() -> None:
 
 
 def test_label_nearest_point_check_sees_every_point_that_could_be_nearer() -> None:
-    from ckptbench.render.plot_labels import _distance, _Grid, _nearest
+    from ckptbench.plots.labels import _distance, _Grid, _nearest
 
     rng = random.Random(5)
     marks = [(rng.uniform(0, 800), rng.uniform(0, 600)) for _ in range(300)]

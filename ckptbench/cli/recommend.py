@@ -135,7 +135,7 @@ def _breakdown_estimates(run: Run) -> list[Estimate]:
     from ckptbench.config.grid import point_of
     from ckptbench.config.load import parse_config
     from ckptbench.estimator.api import estimate_points, resolve_target
-    from ckptbench.render.breakdown_plot import breakdown_points
+    from ckptbench.plots.breakdown import breakdown_points
     from ckptbench.results.store import RUN_FILE
 
     # A key that is not a point of this version (edited, or from a newer ckptbench) cannot be estimated.

@@ -1,4 +1,5 @@
-"""Predict the memory of every point of a sweep without running it (pure: no printing).
+"""Predict the memory of every point of a sweep without running it (pure: no printing), and the fields a point's
+record keeps of its prediction (``predicted_fields``, ``iter_predictions``: a sweep's predictions).
 
 Each point's ``Estimate`` (estimator/record.py) holds the peak allocated bytes and their breakdown by
 category (parameters, gradients, optimizer state, activations, ...), the static part, where in the
@@ -11,7 +12,7 @@ builder, checkpoint wrapping, precision handling and optimizer) run on fake tens
 CUDA kernels and caching allocator (what ``torch.cuda.max_memory_allocated`` reports), ``cpu``
 what ckptbench's live-tensor tracker measures on CPU (estimator/device_model.py says what differs).
 The peak reserved memory replays the step's ordered allocations and frees through the caching
-allocator of the card (estimator/gpus.py), as a fresh process runs the point (estimator/reserved.py).
+allocator of the card (estimator/gpus.py), as a fresh process runs the point (estimator/replay.py).
 
 ``method="fast"`` (default) traces one short model per (precision, seq_len, batch_size) and
 re-assembles every layout from per-layer costs (estimator/assembly.py, estimator/event_assembly.py);
@@ -23,7 +24,7 @@ what each measured step keeps alive for the next (the detached loss the runner r
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -40,12 +41,12 @@ from ckptbench.estimator.assembly import (
     plans_for,
     short_model_classes,
 )
+from ckptbench.estimator.event_assembly import AssemblyError
 from ckptbench.estimator.gpus import DEFAULT_GPU, GpuModel, gpu_model
 from ckptbench.estimator.record import CATEGORIES, Estimate, EstimateProgress, Reserved
-from ckptbench.estimator.reserved import fast_steps, full_steps, predict_reserved
-from ckptbench.estimator.step_events import AssemblyError
-from ckptbench.estimator.step_vectors import GRADS, OPTIMIZER_STATE, PARAMS
+from ckptbench.estimator.replay import fast_steps, full_steps, predict_reserved
 from ckptbench.estimator.trace import StepTrace, trace_optimizer, trace_step
+from ckptbench.estimator.tracker import GRADS, OPTIMIZER_STATE, PARAMS
 from ckptbench.train.model import uniform_layers
 from ckptbench.train.unavailable import TechniqueUnavailable
 from ckptbench.units import GIB
@@ -173,7 +174,7 @@ class Estimator:
         )
 
     def _reserved(self, point: Point, trace_key: Any, notes: list[str]) -> Reserved | None:
-        """The allocator replay of the point on ``self.gpu`` (estimator/reserved.py), when there is one."""
+        """The allocator replay of the point on ``self.gpu`` (estimator/replay.py), when there is one."""
         if self.gpu is None or self.target != "cuda":
             return None
         optim = self._optim[_optim_key(point)]
@@ -295,3 +296,40 @@ def estimate_config(
         cfg, cfg.points_list(), target=resolve_target(cfg, target), method=method, gpu=gpu or default_gpu,
         budget_bytes=budget_bytes, budget_is_cap=is_cap, on_progress=on_progress,
     )
+
+
+def predict_records(
+    cfg: SweepConfig, points: Sequence[Point], *, target: Target = "cuda", gpu: GpuModel | str | None = None
+) -> dict[str, dict[str, Any]]:
+    """The fields a sweep records next to each point's measurement, made before the run (estimates)."""
+    return dict(iter_predictions(cfg, points, target=target, gpu=gpu))
+
+
+def predicted_fields(e: Estimate) -> dict[str, Any]:
+    """What a point's record keeps of its estimate: peak allocated, peak reserved (or the predicted OOM)."""
+    r = e.reserved
+    return {
+        "predicted_peak_allocated_bytes": e.peak_bytes,
+        "predicted_peak_reserved_bytes": r.peak_reserved_bytes if r is not None else e.peak_bytes,
+        "predicted_oom": r.oom if r is not None else None,
+    }
+
+
+def iter_predictions(
+    cfg: SweepConfig, points: Sequence[Point], *, target: Target = "cuda", gpu: GpuModel | str | None = None
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(key_id, predicted fields) of each point as soon as its traces have run.
+
+    The traces are those estimate_points runs (every point's layer classes are registered before the
+    first trace), in the points' order, so a sweep measuring the points in that order gets the first
+    predictions first (sweep/predictions.py makes them in a background process). On CUDA the allocator
+    is replayed on ``gpu`` (default: the H200).
+    """
+    est = Estimator(cfg, target=target, gpu=card(gpu) if target == "cuda" else None)
+    pending = list(points)
+    for _, job in est.jobs(points):
+        job()
+        ready = [p for p in pending if est.ready(p)]
+        pending = [p for p in pending if p not in ready]
+        yield from ((p.key_id, predicted_fields(est.estimate(p))) for p in ready)
+    yield from ((p.key_id, predicted_fields(est.estimate(p))) for p in pending)

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ckptbench.config.layouts import LayoutPlan, parse_layout
-from ckptbench.estimator.step_vectors import StepSegment, Vector, add
 from ckptbench.estimator.trace import StepTrace
+from ckptbench.estimator.tracker import StepSegment, Vector, add
 
 # Ordered so that classes holding fewer shared tensors come first (see the module docstring).
 CLASS_ORDER: tuple[str, ...] = ("none", "mlp", "attn", "attn+mlp", "block", "selective")

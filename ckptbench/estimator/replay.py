@@ -1,4 +1,5 @@
-"""A measured point as the caching allocator sees it: setup, warm-up steps, the measured window. No torch.
+"""A point's predicted peak reserved memory: its process as the caching allocator sees it (setup, warm-up steps,
+the measured window) and its traced requests replayed through the allocator. The replay itself needs no torch.
 
 The process a sweep runs a point in (measure/runner.py, measure/window.py), fresh or after
 ``empty_cache`` (which leaves the same segments: the model and the library workspaces):
@@ -19,13 +20,18 @@ step (estimator/trace.py labels), how large a segment it tried to reserve.
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ckptbench.config.alloc_conf import AllocatorSettings
+from ckptbench.config.alloc_conf import AllocatorSettings, axis_to_conf, parse_alloc_conf
+from ckptbench.config.grid import Point
+from ckptbench.config.schema import SweepConfig
 from ckptbench.estimator.allocator import AllocatorOOM, Block, CachingAllocator, DeviceLimit
+from ckptbench.estimator.event_assembly import StepEvents, assemble_step, segment_events, traced_step
 from ckptbench.estimator.events import ALLOC
-from ckptbench.estimator.step_events import StepEvents
+from ckptbench.estimator.gpus import CUBLASLT_WORKSPACE, GpuModel
+from ckptbench.estimator.trace import StepTrace
 
 
 @dataclass(frozen=True)
@@ -146,3 +152,61 @@ def replay_point(
         oom = OomPrediction(run.phase, stop.segment, stop.oom.size, stop.oom.allocated, stop.oom.reserved)
         return ReplayResult(stats.peak_allocated, stats.peak_reserved, stats.num_alloc_retries, oom)
     return ReplayResult(stats.peak_allocated, stats.peak_reserved, stats.num_alloc_retries - retries, None)
+
+
+TOKEN_BYTES = 8  # the batch: int64 token ids (train.step.make_batch)
+
+
+def optimizer_steps(optim: StepTrace) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+    """The whole model's first optimizer step (creating the state) and a later one, as (op, id, bytes)."""
+    return segment_events(optim, "opt_first", exclude=optim.host), segment_events(optim, "opt")
+
+
+def fast_steps(
+    short: StepTrace, short_classes: Sequence[str], full_classes: Sequence[str], micro_batches: int, optim: StepTrace
+) -> tuple[StepEvents, StepEvents]:
+    """The first warm-up step and a later step of the full model, from a short model's trace."""
+    first_opt, opt = optimizer_steps(optim)
+    steady = assemble_step(short, short_classes, full_classes, micro_batches, opt)
+    return steady.with_optimizer(first_opt), steady
+
+
+def full_steps(trace: StepTrace, optim: StepTrace) -> tuple[StepEvents, StepEvents]:
+    """The same from a trace of the whole model's step."""
+    first_opt, _ = optimizer_steps(optim)
+    return traced_step(trace, first_opt), traced_step(trace)
+
+
+def process_model(cfg: SweepConfig, point: Point, optim: StepTrace, gpu: GpuModel) -> ProcessModel:
+    """What the measuring process allocates around the steps on this card."""
+    cublas = gpu.cublas_workspace_bytes(os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    return ProcessModel(
+        warmup_steps=cfg.warmup_steps,
+        measured_steps=cfg.measured_steps,
+        # warm_device_libraries: the main thread's and autograd's thread's cuBLAS handles, one cuBLASLt
+        workspaces=(cublas, cublas, CUBLASLT_WORKSPACE),
+        build=optim.build,
+        batch_bytes=point.batch_size * point.seq_len * TOKEN_BYTES,
+    )
+
+
+def device_limit(cfg: SweepConfig, gpu: GpuModel) -> DeviceLimit:
+    """The limits of a point's process: a sweep always sets the memory fraction (measure/probes.py
+    CudaProbe: the cap over the card, or 1.0), which also switches garbage collection on."""
+    fraction = 1.0 if cfg.memory_cap_gib is None else min(1.0, cfg.memory_cap_gib * 2**30 / gpu.total_bytes)
+    return DeviceLimit(gpu.total_bytes, fraction, gpu.context_bytes)
+
+
+def allocator_settings(point: Point) -> AllocatorSettings:
+    """The allocator options of a point (its ``allocator`` axis value)."""
+    return parse_alloc_conf(axis_to_conf(getattr(point, "allocator", "default")))
+
+
+def predict_reserved(
+    cfg: SweepConfig, point: Point, steps: tuple[StepEvents, StepEvents], optim: StepTrace, gpu: GpuModel
+) -> ReplayResult:
+    """Replay the point's process on ``gpu``: peaks of the measured window, or where it runs out."""
+    first, steady = steps
+    return replay_point(
+        first, steady, process_model(cfg, point, optim, gpu), allocator_settings(point), device_limit(cfg, gpu)
+    )

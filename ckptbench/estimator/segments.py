@@ -16,8 +16,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from ckptbench.estimator.step_vectors import ACTIVATIONS, GRADS, LOGITS_LOSS, TRANSIENT
-from ckptbench.estimator.tracker import StepTracker
+from ckptbench.estimator.tracker import ACTIVATIONS, GRADS, LOGITS_LOSS, TRANSIENT, StepTracker
 from ckptbench.train.model import decoder_layers
 
 

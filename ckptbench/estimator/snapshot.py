@@ -24,10 +24,10 @@ from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig
 from ckptbench.estimator.allocator import AllocatorOOM, Block, CachingAllocator, DeviceLimit
 from ckptbench.estimator.assembly import describe_segment
+from ckptbench.estimator.event_assembly import StepEvents
 from ckptbench.estimator.events import ALLOC
 from ckptbench.estimator.gpus import GpuModel
 from ckptbench.estimator.replay import ProcessModel
-from ckptbench.estimator.step_events import StepEvents
 
 SOURCE = "ckptbench estimate (predicted)"  # the frames' file name: nothing here was measured
 _SEGMENT_UP = ("segment_alloc", "segment_map")
@@ -202,7 +202,7 @@ def point_snapshots(
     """Trace ``points`` (as ``ckptbench estimate`` does, each trace once) and return each one's predicted
     snapshot on ``gpu``."""
     from ckptbench.estimator.api import Estimator, _optim_key
-    from ckptbench.estimator.reserved import allocator_settings, device_limit, fast_steps, full_steps, process_model
+    from ckptbench.estimator.replay import allocator_settings, device_limit, fast_steps, full_steps, process_model
 
     est = Estimator(cfg, target="cuda", method=method, gpu=gpu)  # type: ignore[arg-type]
     for _, job in est.jobs(points):

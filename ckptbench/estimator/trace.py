@@ -1,4 +1,5 @@
-"""Run ckptbench's own training step for a point under fake tensors and return its memory trace.
+"""Run ckptbench's own training step for a point under fake tensors and return its memory trace (with what a step
+on fake tensors needs to behave like the real one, and the fake process group a sharded point's rank is traced on).
 
 The model is the family's transformers causal LM from ``train.model.build_model`` (with
 ``apply_lora`` for LoRA points), checkpointed by ``train.checkpointing.applied``, switched by
@@ -27,23 +28,24 @@ segments, in execution order (``k`` is the micro-batch)::
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
+from transformers import masking_utils
 
 from ckptbench.config.grid import Point
 from ckptbench.config.layouts import LayoutPlan, parse_layout
+from ckptbench.config.parallel import parse_parallel
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
 from ckptbench.estimator.device_model import kernel_model
 from ckptbench.estimator.events import Event
-from ckptbench.estimator.fake_patches import EmulatedHostOffload, eager_transformers, swappable_fake_parameters
 from ckptbench.estimator.segments import SegmentMarks
-from ckptbench.estimator.sharded import complete_fake_buckets, fake_process_group
-from ckptbench.estimator.step_vectors import (
+from ckptbench.estimator.tracker import (
     GRADS,
     LOGITS_LOSS,
     OPTIMIZER_STATE,
@@ -51,14 +53,15 @@ from ckptbench.estimator.step_vectors import (
     PARAMS,
     TRANSIENT,
     StepSegment,
+    StepTracker,
     Vector,
 )
-from ckptbench.estimator.tracker import StepTracker
 from ckptbench.train.checkpointing import applied
 from ckptbench.train.losses import loss_head
 from ckptbench.train.model import apply_lora, attention, build_model, decoder_layers
+from ckptbench.train.offload import HostOffload
 from ckptbench.train.optimizers import build_optimizer
-from ckptbench.train.parallel import Sharded, shard
+from ckptbench.train.parallel import Sharded, device_mesh, shard
 from ckptbench.train.step import Trainer, param_dtype
 from ckptbench.train.unavailable import TechniqueUnavailable
 
@@ -277,3 +280,108 @@ def trace_optimizer(
 def _event_id(tracker: StepTracker, t: torch.Tensor) -> int:
     entry = tracker.storages.lookup(t)
     return entry[1][2] if entry is not None else -1
+
+
+class EmulatedHostOffload(HostOffload):
+    """Activation offloading as on a GPU: host copies are not device memory; unpacking copies back."""
+
+    def __init__(self, tracker: StepTracker) -> None:
+        super().__init__(pin_memory=False, copy_cpu=True, on_alloc=tracker.forget)
+
+    def unpack(self, packed: Any) -> torch.Tensor:
+        if isinstance(packed, torch.Tensor):
+            return packed
+        return packed[1].clone()  # the host-to-device copy made for the backward that needs it
+
+
+@contextlib.contextmanager
+def eager_transformers() -> Iterator[None]:
+    """Let transformers take the path a real step takes.
+
+    transformers treats a FakeTensor like a graph being traced and then builds an explicit
+    B x 1 x S x S causal mask that a real step never builds; with this patch it asks its
+    data-dependent question (``.all()``), which the tracker answers as a real batch would.
+    """
+    original = masking_utils.is_tracing
+    masking_utils.is_tracing = lambda tensor=None: original(None)
+    try:
+        yield
+    finally:
+        masking_utils.is_tracing = original
+
+
+@contextlib.contextmanager
+def swappable_fake_parameters(mode: FakeTensorMode) -> Iterator[None]:
+    """Let ``Module.to()`` swap fake parameters (peft moves each new adapter to its layer's dtype).
+
+    ``Module._apply`` swaps FakeTensor parameters with ``torch.utils.swap_tensors``, which refuses
+    a tensor that has weak references, and the fake mode's converter memo holds one. The memo
+    entries of the two tensors being swapped are dropped first (only real-to-fake conversions,
+    which this trace never repeats, use them).
+    """
+    memo = mode.fake_tensor_converter.meta_converter.tensor_memo
+    original = torch.utils.swap_tensors
+
+    def swap(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        for key in [k for k, v in memo.items() if v is t1 or v is t2]:
+            del memo[key]
+        original(t1, t2)
+
+    torch.utils.swap_tensors = swap
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors = original
+
+
+@contextlib.contextmanager
+def fake_process_group(parallel: str, *, rank: int = 0) -> Iterator[Any]:
+    """A fake process group of the point's world size for the block, and its device mesh (None for
+    'none'). The mesh is made here, before any FakeTensorMode: it reads its own (real) rank table."""
+    spec = parse_parallel(parallel)
+    if not spec.distributed:
+        yield None
+        return
+    if not 0 <= rank < spec.world_size:
+        raise ValueError(f"rank {rank} is not a rank of {parallel}")
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialised in this process; estimate sharded points apart")
+    # Importing it registers the 'fake' backend (PyTorch's own tool for tracing sharded steps in one process).
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=spec.world_size)
+    try:
+        with _no_parameter_check():
+            yield device_mesh(parallel, torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _no_parameter_check() -> Iterator[None]:
+    """DDP's constructor checks that every rank has the same parameter shapes by reading the parameters'
+    data, which fake tensors do not hold; the ranks of a fake group are one model, so skip the check."""
+    import torch.nn.parallel.distributed as ddp
+
+    original = ddp._verify_param_shape_across_processes
+    ddp._verify_param_shape_across_processes = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        ddp._verify_param_shape_across_processes = original
+
+
+def complete_fake_buckets(sharded: Sharded) -> None:
+    """DDP reads its all-reduce's result from the communication future, which the fake group leaves
+    empty: give DDP a hook whose future holds the bucket itself (all-reduce works in place)."""
+    if sharded.spec.kind != "ddp":
+        return
+
+    def hook(_state: object, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+        done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        done.set_result(bucket.buffer())
+        return done
+
+    # DDP checks the annotations as objects; this module's are strings (postponed evaluation).
+    hook.__annotations__ = {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+    sharded.forward.register_comm_hook(None, hook)  # type: ignore[operator]

@@ -1,4 +1,5 @@
-"""Live bytes of a step run under fake tensors, split by category and by segment of the step.
+"""Live bytes of a step run under fake tensors, split by category and by segment of the step (the byte
+categories, their vectors and the ``StepSegment`` they describe are defined here too; no torch in those).
 
 ``StepTracker`` is a ``TorchDispatchMode`` stacked on top of ``FakeTensorMode``. It counts
 every storage once when an op creates it and uncounts it when the storage dies, through the
@@ -21,6 +22,7 @@ a CPU-target estimate counts as the CPU tracker measures. On top of that it
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,16 +38,6 @@ from ckptbench.estimator.live_storage import (
     storage_tensors,
 )
 from ckptbench.estimator.record import CATEGORIES
-from ckptbench.estimator.step_vectors import (
-    ACTIVATIONS,
-    OTHER,
-    TRANSIENT,
-    StepSegment,
-    Vector,
-    add,
-    is_layer,
-    only,
-)
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _UNSCALE = torch.ops.aten._amp_foreach_non_finite_check_and_unscale_.default
@@ -255,3 +247,44 @@ class StepTracker(CountingMode):
             self._touch()
         return out
 
+
+PARAMS, GRADS, OPTIMIZER_STATE, ACTIVATIONS, LOGITS_LOSS, TRANSIENT, OTHER = range(len(CATEGORIES))
+
+Vector = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StepSegment:
+    """One stretch of the step: byte vectors (one entry per category) at its start, its peak and its end."""
+
+    label: str
+    start: Vector
+    peak: Vector
+    end: Vector
+
+    @property
+    def rise(self) -> Vector:
+        """The peak above the start, per category."""
+        return tuple(p - s for p, s in zip(self.peak, self.start, strict=True))
+
+    @property
+    def delta(self) -> Vector:
+        """What the segment leaves behind (end minus start), per category."""
+        return tuple(e - s for e, s in zip(self.end, self.start, strict=True))
+
+
+def is_layer(label: str) -> bool:
+    """Whether a segment label is a decoder layer's forward or backward ('fwd:3@0', 'bwd:3@0')."""
+    return label.startswith(("fwd:", "bwd:"))
+
+
+def add(a: Vector, b: Vector, scale: int = 1) -> Vector:
+    """Element-wise ``a + scale * b``."""
+    return tuple(x + scale * y for x, y in zip(a, b, strict=True))
+
+
+def only(category: int, nbytes: int) -> Vector:
+    """A byte vector holding ``nbytes`` in ``category`` and nothing elsewhere."""
+    vec = [0] * len(CATEGORIES)
+    vec[category] = nbytes
+    return tuple(vec)

@@ -219,7 +219,7 @@ def publish_answers(answers: Answers, *, out: Path | None, readme: Path | None, 
     if out is None:
         markdown = answers_markdown(answers, command=command, plot_name=None)
     else:
-        from ckptbench.render.layer_plots import plot_layers  # matplotlib only when a plot is written
+        from ckptbench.plots.layers import plot_layers  # matplotlib only when a plot is written
 
         out.parent.mkdir(parents=True, exist_ok=True)
         plot = plot_layers(list(answers.series.values()), out.parent / PLOT_FILE, title=answers.scope.model,

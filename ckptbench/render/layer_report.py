@@ -1,7 +1,7 @@
 """The per-layer section of report.md: saving and cost per checkpointed layer, ordering, where memory goes.
 
 Markdown tables of what analysis/layer_series.py and analysis/memory_split.py computed, and the plot
-of memory and step time against the number of checkpointed layers (render/layer_plots.py).
+of memory and step time against the number of checkpointed layers (plots/layers.py).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def layer_section(
 ) -> tuple[str, Path | None]:
     """The report's per-layer section and its plot (None when the run has no series to draw); sizes in ``size``,
     the report's one unit."""
-    from ckptbench.render.layer_plots import plot_layers  # matplotlib only when a plot is written
+    from ckptbench.plots.layers import plot_layers  # matplotlib only when a plot is written
 
     cells = layer_series(run)
     plot = plot_layers(cells, out_dir / LAYERS_PLOT, title=run.name, limit_bytes=limit_bytes) if cells else None

@@ -9,12 +9,12 @@ from pathlib import Path
 from ckptbench.analysis.recommend import Recommendation, candidates, pareto_front
 from ckptbench.errors import ResultsError
 from ckptbench.estimator.record import Estimate
-from ckptbench.render.breakdown_plot import plot_breakdown
+from ckptbench.plots.breakdown import plot_breakdown
+from ckptbench.plots.peaks_speed import plot_peak_memory, plot_speed
+from ckptbench.plots.tradeoff import plot_tradeoff
 from ckptbench.render.layer_report import layer_section
-from ckptbench.render.plots import plot_peak_memory, plot_speed
 from ckptbench.render.recommend import markdown_pareto, markdown_recommendation
 from ckptbench.render.summary import run_header, size_unit, summary_markdown
-from ckptbench.render.tradeoff_plot import plot_tradeoff
 from ckptbench.render.tune import markdown_tune, tune_search
 from ckptbench.results.store import Run, write_text_atomic
 from ckptbench.units import SizeUnit

@@ -15,9 +15,8 @@ from typing import Any
 
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig
-from ckptbench.estimator.api import Estimator
+from ckptbench.estimator.api import Estimator, predicted_fields
 from ckptbench.estimator.gpus import GpuModel
-from ckptbench.estimator.predict import predicted_fields
 from ckptbench.estimator.record import Estimate
 from ckptbench.units import GIB
 

@@ -40,8 +40,8 @@ def main() -> int:
         os.nice(10)  # lower priority: the sweep's own process keeps the CPU it needs to drive the GPU
     from ckptbench.config.grid import Point
     from ckptbench.config.load import parse_config
+    from ckptbench.estimator.api import iter_predictions
     from ckptbench.estimator.gpus import GpuModel
-    from ckptbench.estimator.predict import iter_predictions
 
     line = sys.stdin.readline()
     if not line:

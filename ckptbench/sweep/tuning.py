@@ -10,7 +10,7 @@ from typing import Any
 from ckptbench.analysis.tune import TunePlanner
 from ckptbench.analysis.tune_space import TuneSpace, tune_space
 from ckptbench.config.schema import SweepConfig
-from ckptbench.estimator.predict import predicted_fields
+from ckptbench.estimator.api import predicted_fields
 from ckptbench.estimator.record import EstimateProgress
 from ckptbench.measure.device import current_gpu_model, resolve_device
 from ckptbench.measure.progress import Progress

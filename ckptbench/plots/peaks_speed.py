@@ -18,7 +18,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 from matplotlib.transforms import blended_transform_factory
 
-from ckptbench.render.plot_style import PlotData, is_number, save, suptitle
+from ckptbench.plots.style import PlotData, is_number, save, suptitle
 from ckptbench.results.store import Run
 from ckptbench.units import SizeUnit
 

@@ -12,8 +12,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from ckptbench.analysis.recommend import Recommendation, RecommendCandidate, candidates, pareto_front
-from ckptbench.render.plot_labels import Label, place_labels
-from ckptbench.render.plot_style import PlotData, empty_note, save, suptitle
+from ckptbench.plots.labels import Label, place_labels
+from ckptbench.plots.style import PlotData, empty_note, save, suptitle
 from ckptbench.results.store import Run
 from ckptbench.units import SizeUnit
 

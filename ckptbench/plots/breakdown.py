@@ -18,7 +18,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ckptbench.estimator.record import CATEGORIES, PART_NAMES, Estimate
-from ckptbench.render.plot_style import PlotData, empty_note, save, short_axis, suptitle
+from ckptbench.plots.style import PlotData, empty_note, save, short_axis, suptitle
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 from ckptbench.units import SizeUnit

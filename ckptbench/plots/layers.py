@@ -10,7 +10,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ckptbench.analysis.layer_series import CellSeries, Series
-from ckptbench.render.plot_style import empty_note
+from ckptbench.plots.style import empty_note
 from ckptbench.units import GIB
 
 FAMILY_STYLE = {"first": ("#4c72b0", "o"), "last": ("#dd8452", "s"), "every": ("#55a868", "^"),
