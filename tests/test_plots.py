@@ -15,9 +15,10 @@ from ckptbench.analysis.recommend import recommend
 from ckptbench.cli.main import app
 from ckptbench.config.grid import Point
 from ckptbench.estimator.record import CATEGORIES, Estimate
+from ckptbench.plots import breakdown as breakdown_plot
+from ckptbench.plots import peaks_speed as plots
 from ckptbench.plots.style import PlotData, describe_run
 from ckptbench.plots.tradeoff import tradeoff_figure
-from ckptbench.render import breakdown_plot, plots
 from ckptbench.results.store import load_run
 from ckptbench.units import GIB, MIB
 

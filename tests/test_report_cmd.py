@@ -13,8 +13,9 @@ from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
 from ckptbench.cli.main import app
-from ckptbench.config.grid import AXIS_DEFAULTS
-from ckptbench.render import breakdown_plot, plots
+from ckptbench.config.grid import KEY_FILLS
+from ckptbench.plots import breakdown as breakdown_plot
+from ckptbench.plots import peaks_speed as plots
 from ckptbench.results.store import load_run
 
 RUNS = Path(__file__).parent / "fixtures" / "report_runs"
@@ -112,7 +113,7 @@ def test_grouped_bars_skip_and_mark_points_that_did_not_run() -> None:
 def test_breakdown_uses_the_shape_where_most_layouts_ran() -> None:
     assert breakdown_plot.reference_shape(load_run(SYNTHETIC))["batch_size"] == 8
     assert breakdown_plot.reference_shape(load_run(TINY)) == {
-        **AXIS_DEFAULTS, "batch_size": 2, "model": "tiny", "optimizer": "adamw_fused", "precision": "fp32",
+        **KEY_FILLS, "batch_size": 2, "model": "tiny", "optimizer": "adamw_fused", "precision": "fp32",
         "seq_len": 128,
     }
 

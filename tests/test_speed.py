@@ -165,9 +165,12 @@ _RUN1 = "results/h200-gpu-check-1/axes"
     ["--help"],
     ["compare", _RUN2, _RUN2, "--format", "json"],
     ["recommend", _RUN2, "--budget", "80"],
-    ["answers", _RUN2, _RUN1],
+    # answers predicts the points no run measured with the estimator (torch): --measured-only reads runs alone
+    ["answers", _RUN2, _RUN1, "--measured-only"],
 ], ids=["help", "compare", "recommend", "answers"])
 def test_quick_commands_import_no_torch(args: list[str]) -> None:
+    """What reads committed runs starts without torch or transformers (estimate, advise and answers' predictions
+    import them when they predict)."""
     done = subprocess.run([sys.executable, "-c", _PROBE, *args], cwd=ROOT, capture_output=True, text=True,
                           check=False, env={"PYTHONPATH": str(ROOT), "COLUMNS": "120", "PATH": ""})
     last = done.stdout.strip().splitlines()[-1]
