@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 MANN_WHITNEY = "mann-whitney"
 RANGES_DISJOINT = "ranges disjoint"
 
-# Marks this module decides (analysis/marks.py re-exports them with the memory marks).
+# Marks this module decides (analysis/marks.py adds the memory marks; both are imported from where they are defined).
 WORSE, BETTER, NOISE = "worse", "better", "within noise"
 TOO_FEW, NOT_COMPARABLE = "too few samples", "not comparable"
 # A change the step times show but that is not declared: the point was flagged busy or spread (family_verdicts).
