@@ -240,7 +240,25 @@ def test_axes_estimate_never_squeezes_a_column(width: int) -> None:
     estimates, measured = estimates_like(Path("results/h200-gpu-check-1/axes"))
     text = rendered(estimate_table(estimates, name="llama7b-axes", measured=measured), width)
     assert_fits(text, width)
-    assert "optimizer=adamw_foreach" in text and "attn_implementation=eager" in text
+    header = next(line for line in text.splitlines() if line.startswith("┃"))
+    names = [c.strip() for c in header.strip("┃").split("┃")]
+    # Comparing the prediction with the measurement is why a run directory is passed: never left out.
+    assert names[:7] == ["layout", "batch", "seq", "setup", "est. peak", "measured", "error"]
+    rows = [[c.strip() for c in line.strip("│").split("│")] for line in text.splitlines() if line.startswith("│")]
+    for cells in rows:  # a point's first line: every number whole
+        if cells[1]:
+            assert cells[1].isdigit() and cells[2] == "2048", cells
+            assert all(re.fullmatch(r"\d+\.\d\d GiB|-", c) for c in cells[4:6]), cells
+    # Text folds onto more lines but nothing of it is lost.
+    setups = "".join(cells[3] for cells in rows)
+    assert "optimizer=adamw_foreach" in setups and "attn_implementation=eager" in setups
+    assert "every:2@selective" in "".join(cells[0] for cells in rows)
+
+
+def test_axes_estimate_golden_at_80_columns() -> None:
+    """A run with a setup column at 80 columns: layout and setup fold, every number whole, measured and error kept."""
+    estimates, measured = estimates_like(Path("results/h200-gpu-check-1/axes"))
+    golden("estimate-axes-80.txt", rendered(estimate_table(estimates, name="llama7b-axes", measured=measured), 80))
 
 
 def test_selective_layouts_say_what_they_wrap() -> None:

@@ -39,6 +39,11 @@ class Column:
     numeric: bool = False  # right-aligned, never wrapped or shortened
     wrap: bool = False  # text that may fold onto more lines, down to ``min_width``, before anything is left out
     min_width: int = 12
+    # Characters after which this column's text may also break ('@' in 'every:2@selective'): none by default.
+    breaks: str = ""
+    # A word longer than the column folds onto the next line at the width (text such as
+    # 'attn_implementation=eager', never a number): the column may then be as narrow as ``min_width``.
+    fold: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,22 +69,26 @@ def _minimum(col: Column, natural: int, rows: Sequence[dict[str, str]]) -> int:
     if not col.wrap:
         return natural
     longest_header_word = max(cell_len(w) for w in col.name.split())
-    longest_word = min(_longest_piece(col, rows), _LONGEST_KEPT_WHOLE)
+    longest_word = 0 if col.fold else min(_longest_piece(col, rows), _LONGEST_KEPT_WHOLE)
     return min(natural, max(col.min_width, longest_header_word, longest_word))
 
 
-def _pieces(text: str) -> list[str]:
-    """Unbreakable pieces: a word with its trailing comma and spaces."""
-    return [p for p in _PIECE.findall(text) if p]
+def _pieces(text: str, breaks: str = "") -> list[str]:
+    """Unbreakable pieces: a word with its trailing comma (or one of ``breaks``) and spaces."""
+    if not breaks:
+        return [p for p in _PIECE.findall(text) if p]
+    ends = re.escape("," + breaks)
+    return [p for p in re.findall(rf"[^\s{ends}]*[{ends}]?\s*", text) if p]
 
 
-def wrap_text(text: str, width: int) -> str:
-    """``text`` folded onto lines of at most ``width`` cells, broken after spaces and commas
-    (a piece longer than a line is cut at the width: only text is ever that long, never a number)."""
+def wrap_text(text: str, width: int, *, breaks: str = "") -> str:
+    """``text`` folded onto lines of at most ``width`` cells, broken after spaces and commas (and the
+    characters in ``breaks``; a piece longer than a line is folded at the width onto the next line:
+    only text is ever that long, never a number)."""
     lines: list[str] = []
     for paragraph in text.splitlines() or [""]:
         line = ""
-        for piece in _pieces(paragraph):
+        for piece in _pieces(paragraph, breaks):
             if cell_len((line + piece).rstrip()) <= width:
                 line += piece
                 continue
@@ -94,7 +103,8 @@ def wrap_text(text: str, width: int) -> str:
 
 
 def _longest_piece(col: Column, rows: Sequence[dict[str, str]]) -> int:
-    return max((cell_len(p.rstrip()) for row in rows for p in _pieces(row.get(col.name, ""))), default=0)
+    pieces = (p for row in rows for p in _pieces(row.get(col.name, ""), col.breaks))
+    return max((cell_len(p.rstrip()) for p in pieces), default=0)
 
 
 def _overhead(n: int) -> int:
@@ -171,7 +181,7 @@ class FitTable:
             table.add_column(col.name, justify="right" if col.numeric else "left", width=w,
                              no_wrap=not col.wrap, overflow="fold")
         for row, style in zip(self.rows, self.styles, strict=True):
-            cells = (wrap_text(row.get(c.name, ""), w) if c.wrap else row.get(c.name, "")
+            cells = (wrap_text(row.get(c.name, ""), w, breaks=c.breaks) if c.wrap else row.get(c.name, "")
                      for c, w in zip(fit.columns, fit.widths, strict=True))
             table.add_row(*(Text(cell) for cell in cells), style=style)
         return table
