@@ -268,3 +268,24 @@ def test_selective_layouts_say_what_they_wrap() -> None:
     rows = {r["layout"]: r for r in layout_rows(tiny_config(sweep={"layout": ["none", "all@selective", "all@mlp"]}))}
     assert rows["all@selective"]["wraps"] == "decoder layer, per-op (selective)"
     assert rows["all@mlp"]["wraps"] == "mlp" and rows["none"]["wraps"] == "-"
+
+
+def test_sweep_summary_of_a_gpu_run_keeps_tokens_per_s_at_80_columns() -> None:
+    """A GPU-shaped run at 80 columns: the long status wraps (a size whole on one line) before tok/s gives way."""
+    text = rendered(summary_table(load_run(SYNTHETIC)), 80)
+    assert_fits(text, 80)
+    header = next(line for line in text.splitlines() if line.startswith("┃"))
+    assert [c.strip() for c in header.strip("┃").split("┃")] == [
+        "layout", "batch", "seq", "peak", "step ms", "tok/s", "status"]
+    assert "│ 13,237 │" in text and "not shown at 80 columns" in text and "tok/s," not in text
+    assert "1.95 GiB)" in text  # the tried size and its unit on one line
+
+
+def test_sweep_summary_with_a_setup_column_cuts_no_number_at_80_columns() -> None:
+    text = rendered(summary_table(load_run(Path("results/h200-gpu-check-1/axes"))), 80)
+    assert_fits(text, 80)
+    rows = [[c.strip() for c in line.strip("│").split("│")] for line in text.splitlines() if line.startswith("│")]
+    firsts = [cells for cells in rows if cells[1]]
+    assert all(cells[2] == "2048" and re.fullmatch(r"\d+\.\d\d GiB|-", cells[4]) for cells in firsts), firsts
+    assert "every:2@selective" in "".join(cells[0] for cells in rows)
+    assert "attn_implementation=eager" in "".join(cells[3] for cells in rows)

@@ -26,6 +26,8 @@ from rich.text import Text
 _EDGE, _PER_COLUMN = 1, 3
 # Wrapped text breaks after a space or a comma, so that '0,2,4,...,30' never splits a number.
 _PIECE = re.compile(r"[^\s,]*,?\s*")
+_NUMBER = re.compile(r"[-+]?[\d.,]*\d +")  # a number followed by a space ...
+_UNIT = re.compile(r"(?:[KMGT]i?B|B|ms|s|%)\b")  # ... and the unit it goes with
 _LONGEST_KEPT_WHOLE = 30  # a wrapping column is at least as wide as its longest word, up to this
 _COMFORTABLE = 40  # a wrapping column this wide reads well; beyond it, it wraps rather than hide a column
 
@@ -44,6 +46,9 @@ class Column:
     # A word longer than the column folds onto the next line at the width (text such as
     # 'attn_implementation=eager', never a number): the column may then be as narrow as ``min_width``.
     fold: bool = False
+    # A wrapping column of secondary text (a status) that folds down to ``min_width`` before any optional
+    # column is left out: optional columns are chosen as if it were at its minimum.
+    gives_way: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,11 +79,20 @@ def _minimum(col: Column, natural: int, rows: Sequence[dict[str, str]]) -> int:
 
 
 def _pieces(text: str, breaks: str = "") -> list[str]:
-    """Unbreakable pieces: a word with its trailing comma (or one of ``breaks``) and spaces."""
+    """Unbreakable pieces: a word with its trailing comma (or one of ``breaks``) and spaces; a number keeps
+    its unit ('1.95 GiB' never ends one line and starts the next)."""
     if not breaks:
-        return [p for p in _PIECE.findall(text) if p]
-    ends = re.escape("," + breaks)
-    return [p for p in re.findall(rf"[^\s{ends}]*[{ends}]?\s*", text) if p]
+        found = [p for p in _PIECE.findall(text) if p]
+    else:
+        ends = re.escape("," + breaks)
+        found = [p for p in re.findall(rf"[^\s{ends}]*[{ends}]?\s*", text) if p]
+    pieces: list[str] = []
+    for piece in found:
+        if pieces and _NUMBER.fullmatch(pieces[-1]) and _UNIT.match(piece):
+            pieces[-1] += piece
+        else:
+            pieces.append(piece)
+    return pieces
 
 
 def wrap_text(text: str, width: int, *, breaks: str = "") -> str:
@@ -118,8 +132,8 @@ def fit_columns(columns: Sequence[Column], rows: Sequence[dict[str, str]], width
     # Essential columns first; then the others, most important first (ties: leftmost), each one that
     # still fits at its minimum width next to the chosen ones at a comfortable width: a column is
     # added only where it does not force a more important one to wrap (up to _COMFORTABLE cells).
-    comfortable = {c.name: natural[c.name] if not c.wrap else min(natural[c.name], max(minimum[c.name], _COMFORTABLE))
-                   for c in columns}
+    comfortable = {c.name: natural[c.name] if not c.wrap else minimum[c.name] if c.gives_way
+                   else min(natural[c.name], max(minimum[c.name], _COMFORTABLE)) for c in columns}
     chosen = [c for c in columns if c.priority == 0]
     for col in sorted((c for c in columns if c.priority > 0), key=lambda c: _rank(c, rows)):
         need = sum(comfortable[c.name] for c in chosen) + minimum[col.name] + _overhead(len(chosen) + 1)
