@@ -145,6 +145,7 @@ def compare_runs(
     fail_time_pct: float | None = None,
     fail_oom: bool = False,
     allow_mixed_gpus: bool = False,
+    allow_different: bool = False,
     results_root: Path = Path("results"),
 ) -> Comparison:
     """What changed from the ``base`` run to the ``new`` one (``ckptbench compare``): points matched by key.
@@ -154,6 +155,9 @@ def compare_runs(
     percent is noise. The gates (``comparison.gate_failures``, ``gate_errors``) fire when peak allocated
     memory grows by more than ``fail_memory_pct``, step time by more than ``fail_time_pct``, or on a new
     OOM (``fail_oom``, implied by either percentage, as with the command).
+    Runs of different models, on different devices or GPU models, or with no point in common raise
+    ``NotComparableRuns`` (a gate must not pass on nothing) unless ``allow_different`` (the command's
+    ``--allow-different``), which compares them and says so in ``comparison.notes``.
     ``comparison.to_dict()`` is the documented JSON shape.
     """
     from ckptbench.analysis.compare import Gates, Thresholds
@@ -166,7 +170,7 @@ def compare_runs(
     return compare(
         base_run, new_run, thresholds=thresholds,
         gates=Gates(memory_pct=fail_memory_pct, time_pct=fail_time_pct, new_oom=new_oom),
-        allow_mixed_gpus=allow_mixed_gpus,
+        allow_mixed_gpus=allow_mixed_gpus, allow_different=allow_different,
     )
 
 

@@ -122,3 +122,18 @@ def test_no_api_name_is_also_a_module_of_the_package() -> None:
     importlib.import_module("ckptbench.estimator.api")
     importlib.import_module("ckptbench.sweep.sweep")
     assert all(callable(getattr(ckptbench, name)) for name in ckptbench.__all__ if name != "__version__")
+
+
+def test_compare_runs_refuses_different_runs_unless_allowed() -> None:
+    """compare_runs refuses runs on different devices, as the command does, unless allow_different says so."""
+    from ckptbench.analysis.compare import NotComparableRuns
+    from ckptbench.results.store import Run
+
+    check = load_run(ROOT / "results" / "h200-gpu-check-2" / "check")
+    on_cpu = Run(path=Path("on-cpu"), meta={**check.meta, "environment": {**check.environment, "device_type": "cpu"}},
+                 points=check.points)
+    with pytest.raises(NotComparableRuns, match=r"the devices differ \(cuda vs cpu\).*--allow-different"):
+        compare_runs(check, on_cpu)
+    comp = compare_runs(check, on_cpu, allow_different=True)
+    assert "compared although the devices differ (cuda vs cpu) (--allow-different)" in comp.notes
+    assert len(comp.points) == len(check.points)

@@ -320,10 +320,19 @@ def test_keys_with_an_extra_axis_are_matched_as_whole_dicts() -> None:
 def test_few_steps_are_noted_with_what_the_verdict_can_still_do() -> None:
     key = {"layout": "all", "batch_size": 1, "seq_len": 8, "precision": "bf16"}
     c = compare_runs(_run([key], "a", steps=3), _run([key], "b", steps=3))
+    # The note names the rule that decides (analysis/verdict.py family_verdicts), not the per-point one.
     assert c.notes == [
-        "with 3 and 3 measured steps the Mann-Whitney test cannot reach p < 0.05: a step-time change is "
-        "flagged only when the two runs' step times do not overlap (1 in 20 by chance with no change); "
-        "measure 10 or more steps for CI"
+        "with 3 and 3 measured steps the Mann-Whitney test cannot reach p < 0.05, so Benjamini-Hochberg over "
+        "the points cannot either: a step-time change is declared only when the two runs' step times lie at "
+        "least 2% apart; points flagged busy or spread are never judged; measure 10 or more steps for CI"
+    ]
+    cpu_a, cpu_b = _run([key], "a", steps=3), _run([key], "b", steps=3)
+    for r in (cpu_a, cpu_b):
+        r.meta["environment"] = {"device_type": "cpu"}
+    assert compare_runs(cpu_a, cpu_b).notes == [
+        "with 3 and 3 measured steps on a CPU p-values do not count (a busy host slows steps together): a "
+        "step-time change is declared only when the two runs' step times lie at least 150% apart; points "
+        "flagged busy or spread are never judged"
     ]
     one = compare_runs(_run([key], "a", steps=1), _run([key], "b", steps=1))
     assert one.notes == [

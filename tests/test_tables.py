@@ -240,7 +240,25 @@ def test_axes_estimate_never_squeezes_a_column(width: int) -> None:
     estimates, measured = estimates_like(Path("results/h200-gpu-check-1/axes"))
     text = rendered(estimate_table(estimates, name="llama7b-axes", measured=measured), width)
     assert_fits(text, width)
-    assert "optimizer=adamw_foreach" in text and "attn_implementation=eager" in text
+    header = next(line for line in text.splitlines() if line.startswith("┃"))
+    names = [c.strip() for c in header.strip("┃").split("┃")]
+    # Comparing the prediction with the measurement is why a run directory is passed: never left out.
+    assert names[:7] == ["layout", "batch", "seq", "setup", "est. peak", "measured", "error"]
+    rows = [[c.strip() for c in line.strip("│").split("│")] for line in text.splitlines() if line.startswith("│")]
+    for cells in rows:  # a point's first line: every number whole
+        if cells[1]:
+            assert cells[1].isdigit() and cells[2] == "2048", cells
+            assert all(re.fullmatch(r"\d+\.\d\d GiB|-", c) for c in cells[4:6]), cells
+    # Text folds onto more lines but nothing of it is lost.
+    setups = "".join(cells[3] for cells in rows)
+    assert "optimizer=adamw_foreach" in setups and "attn_implementation=eager" in setups
+    assert "every:2@selective" in "".join(cells[0] for cells in rows)
+
+
+def test_axes_estimate_golden_at_80_columns() -> None:
+    """A run with a setup column at 80 columns: layout and setup fold, every number whole, measured and error kept."""
+    estimates, measured = estimates_like(Path("results/h200-gpu-check-1/axes"))
+    golden("estimate-axes-80.txt", rendered(estimate_table(estimates, name="llama7b-axes", measured=measured), 80))
 
 
 def test_selective_layouts_say_what_they_wrap() -> None:
@@ -250,3 +268,24 @@ def test_selective_layouts_say_what_they_wrap() -> None:
     rows = {r["layout"]: r for r in layout_rows(tiny_config(sweep={"layout": ["none", "all@selective", "all@mlp"]}))}
     assert rows["all@selective"]["wraps"] == "decoder layer, per-op (selective)"
     assert rows["all@mlp"]["wraps"] == "mlp" and rows["none"]["wraps"] == "-"
+
+
+def test_sweep_summary_of_a_gpu_run_keeps_tokens_per_s_at_80_columns() -> None:
+    """A GPU-shaped run at 80 columns: the long status wraps (a size whole on one line) before tok/s gives way."""
+    text = rendered(summary_table(load_run(SYNTHETIC)), 80)
+    assert_fits(text, 80)
+    header = next(line for line in text.splitlines() if line.startswith("┃"))
+    assert [c.strip() for c in header.strip("┃").split("┃")] == [
+        "layout", "batch", "seq", "peak", "step ms", "tok/s", "status"]
+    assert "│ 13,237 │" in text and "not shown at 80 columns" in text and "tok/s," not in text
+    assert "1.95 GiB)" in text  # the tried size and its unit on one line
+
+
+def test_sweep_summary_with_a_setup_column_cuts_no_number_at_80_columns() -> None:
+    text = rendered(summary_table(load_run(Path("results/h200-gpu-check-1/axes"))), 80)
+    assert_fits(text, 80)
+    rows = [[c.strip() for c in line.strip("│").split("│")] for line in text.splitlines() if line.startswith("│")]
+    firsts = [cells for cells in rows if cells[1]]
+    assert all(cells[2] == "2048" and re.fullmatch(r"\d+\.\d\d GiB|-", cells[4]) for cells in firsts), firsts
+    assert "every:2@selective" in "".join(cells[0] for cells in rows)
+    assert "attn_implementation=eager" in "".join(cells[3] for cells in rows)

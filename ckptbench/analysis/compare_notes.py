@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckptbench.analysis.verdict import can_decide, disjoint_odds, least_decidable, mann_whitney_can_fire
+from ckptbench.analysis.verdict import (
+    CPU_MIN_EFFECT,
+    FAMILY_RULE,
+    can_decide,
+    least_decidable,
+    mann_whitney_can_fire,
+)
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 
@@ -48,8 +54,13 @@ def run_notes(run: Run, side: str) -> list[str]:
     return notes
 
 
-def power_notes(pairs: list[tuple[PointRecord, PointRecord]], *, alpha: float) -> list[str]:
-    """Say when too few measured steps weaken the step-time verdict (analysis/verdict.py), or rule it out."""
+def power_notes(
+    pairs: list[tuple[PointRecord, PointRecord]], *, alpha: float, time_rtol: float = 0.02, cpu: bool = False
+) -> list[str]:
+    """Say when too few measured steps weaken the step-time verdict, or rule it out, in the words of the rule
+    that then decides (analysis/verdict.py family_verdicts): on a GPU Benjamini-Hochberg over the points'
+    p-values or ranges apart by the noise band; on a CPU only ranges apart by ``CPU_MIN_EFFECT``; a point
+    flagged busy or spread is never judged."""
     sizes = {(len(b.step_times_s), len(n.step_times_s)) for b, n in pairs if b.ok and n.ok}
     sizes = {(n, m) for n, m in sizes if n and m}
     blind = sorted((n, m) for n, m in sizes if not can_decide(n, m, alpha=alpha))
@@ -64,10 +75,17 @@ def power_notes(pairs: list[tuple[PointRecord, PointRecord]], *, alpha: float) -
     if not weak:
         return []
     n, m = weak[0]
+    never = "points flagged busy or spread are never judged"
+    if cpu:
+        return [
+            f"with {n} and {m} measured steps on a CPU p-values do not count (a busy host slows steps together): "
+            f"a step-time change is declared only when the two runs' step times lie at least "
+            f"{CPU_MIN_EFFECT * 100:g}% apart; {never}"
+        ]
     return [
-        f"with {n} and {m} measured steps the Mann-Whitney test cannot reach p < {alpha:g}: a step-time "
-        "change is flagged only when the two runs' step times do not overlap "
-        f"(1 in {disjoint_odds(n, m)} by chance with no change); measure 10 or more steps for CI"
+        f"with {n} and {m} measured steps the Mann-Whitney test cannot reach p < {alpha:g}, so "
+        f"{FAMILY_RULE} over the points cannot either: a step-time change is declared only when the two runs' "
+        f"step times lie at least {time_rtol * 100:g}% apart; {never}; measure 10 or more steps for CI"
     ]
 
 

@@ -27,6 +27,7 @@ from ckptbench.estimator.assembly import describe_segment
 from ckptbench.estimator.event_assembly import StepEvents
 from ckptbench.estimator.events import ALLOC
 from ckptbench.estimator.gpus import GpuModel
+from ckptbench.estimator.recorded import FORMAT, VERSION, RecordedTrace
 from ckptbench.estimator.replay import ProcessModel
 
 SOURCE = "ckptbench estimate (predicted)"  # the frames' file name: nothing here was measured
@@ -236,3 +237,81 @@ def write_snapshot(snapshot: dict[str, Any], path: Path) -> Path:
     with path.open("wb") as f:
         pickle.dump(snapshot, f)
     return path
+
+
+# -- a trace recorded on a GPU (ckptbench trace-allocator) as a snapshot ----------------------------------------
+
+RECORDED_SOURCE = "recorded on the GPU (ckptbench trace-allocator)"  # the frames' file name: measured, not predicted
+MAX_TRACE_BYTES = 2**30  # a compact trace of a 7B step is tens of MB; a bigger file is not one of ours
+
+
+def read_compact_trace(path: Path) -> RecordedTrace:
+    """A trace written by ``ckptbench trace-allocator`` (.json.gz or .json), read within ``MAX_TRACE_BYTES``
+    (compressed and uncompressed); ValueError with one line for anything else."""
+    import gzip
+    import io
+    import json
+    import zlib
+
+    if not path.is_file():
+        raise ValueError(f"{path}: no such trace file" if not path.exists() else f"{path}: not a regular file")
+    with path.open("rb") as f:
+        raw = f.read(MAX_TRACE_BYTES + 1)
+    try:
+        if path.suffix == ".gz":
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as z:
+                raw = z.read(MAX_TRACE_BYTES + 1)
+        if len(raw) > MAX_TRACE_BYTES:
+            raise ValueError(f"{path}: larger than {MAX_TRACE_BYTES // 2**20} MiB, not a ckptbench trace")
+        data = json.loads(raw)
+        if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
+            raise ValueError(f"{path}: not a {FORMAT} v{VERSION} file (ckptbench trace-allocator writes one)")
+        actions = [str(a) for a in data["actions"]]
+        events = [(actions[int(c)], int(addr), int(size), int(stream)) for c, addr, size, stream in data["events"]]
+        return RecordedTrace(dict(data.get("meta") or {}), events)
+    except (OSError, EOFError, zlib.error, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(f"{path}: unreadable trace ({type(exc).__name__})") from None
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        if isinstance(exc, ValueError) and str(exc).startswith(str(path)):
+            raise
+        raise ValueError(f"{path}: not a {FORMAT} v{VERSION} file (damaged events)") from None
+
+
+def recorded_timeline(trace: RecordedTrace) -> PredictedTimeline:
+    """The recorded events in ``_snapshot()``'s TraceEntry shape (each free as free_requested then
+    free_completed, as one stream frees; the empty_cache markers left out: the allocator logs no such
+    action), with the recorded peaks."""
+    key = trace.meta.get("key")
+    where = " ".join(f"{k}={v}" for k, v in key.items()) if isinstance(key, dict) else "the recorded point"
+    frames = [{"filename": RECORDED_SOURCE, "line": 0, "name": where}]
+    events: list[dict[str, Any]] = []
+    sizes: dict[int, int] = {}
+    allocated = peak_allocated = 0
+    for action, addr, size, stream in trace.events:
+        if action == "alloc":
+            sizes[addr] = size
+            allocated += size
+            peak_allocated = max(peak_allocated, allocated)
+            events.append({"action": "alloc", "addr": addr, "size": size, "stream": stream, "requested_size": size,
+                           "frames": frames})
+        elif action == "free_completed":
+            size = sizes.pop(addr, size)
+            allocated -= size
+            for step in ("free_requested", "free_completed"):
+                events.append({"action": step, "addr": addr, "size": size, "stream": stream,
+                               "requested_size": size, "frames": frames})
+        elif action == "oom":  # compact form: its addr is the free device memory
+            events.append({"action": "oom", "addr": 0, "size": size, "stream": stream, "device_free": addr,
+                           "frames": frames})
+        elif action in (*_SEGMENT_UP, *_SEGMENT_DOWN):
+            events.append({"action": action, "addr": addr, "size": size, "stream": stream, "frames": frames})
+    oom = any(e["action"] == "oom" for e in events)
+    return PredictedTimeline(events, 0, trace.peak_reserved(), peak_allocated, oom)
+
+
+def recorded_snapshot(trace: RecordedTrace) -> dict[str, Any]:
+    """A ``_snapshot()``-shaped dict of a recorded trace: segments at its peak reserved, every event."""
+    snapshot = snapshot_dict(recorded_timeline(trace))
+    conf = trace.meta.get("allocator_conf")
+    snapshot["allocator_settings"] = {"PYTORCH_CUDA_ALLOC_CONF": str(conf or ""), "source": RECORDED_SOURCE}
+    return snapshot

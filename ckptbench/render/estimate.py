@@ -78,10 +78,13 @@ def _reserved_error(e: Estimate, reserved: Reserved) -> float | None:
     return None if seen is None or predicted is None else (predicted - seen) / seen
 
 
-def _reserved_columns(estimates: Sequence[Estimate], reserved: Reserved | None) -> list[Column]:
+def _reserved_columns(
+    estimates: Sequence[Estimate], reserved: Reserved | None, *, with_measured: bool = False
+) -> list[Column]:
     if not any(e.reserved is not None for e in estimates):
         return []
-    cols = [Column("est. reserved", numeric=True)]
+    # Beside a run's measurements the allocated comparison (measured, error) comes first at 80 columns.
+    cols = [Column("est. reserved", priority=1 if with_measured else 0, numeric=True)]
     if any(e.reserved_bound_bytes is not None for e in estimates):  # what 'fits budget' is judged on
         cols.append(Column("reserved bound", priority=1, numeric=True))
     if reserved:
@@ -109,13 +112,17 @@ def estimate_columns(
     """Display columns: point axes, the predicted peaks (allocated, reserved), the breakdown, where the peak
     happens, the fit."""
     axes = _axes(estimates)
-    cols = [Column("layout"), Column("batch", numeric=True), Column("seq", numeric=True)]
+    setup = bool(set(axes) & set(_TECHNIQUES))
+    # With a setup column the text columns fold ('every:2@' over 'selective') so that no number is cut.
+    cols = [Column("layout", wrap=True, min_width=9, breaks="@", fold=True) if setup else Column("layout")]
+    cols += [Column("batch", numeric=True), Column("seq", numeric=True)]
     cols += [Column("precision")] if "precision" in axes else []
-    cols += [Column("setup", wrap=True, min_width=14)] if set(axes) & set(_TECHNIQUES) else []
+    cols += [Column("setup", wrap=True, min_width=10, breaks="=_", fold=True)] if setup else []
     cols.append(Column("est. peak", numeric=True))
     if measured:
-        cols += [Column("measured", priority=1, numeric=True), Column("error", priority=1, numeric=True)]
-    cols += _reserved_columns(estimates, reserved)
+        # Comparing the prediction with the run's measurement is why a run directory is passed: always shown.
+        cols += [Column("measured", numeric=True), Column("error", numeric=True)]
+    cols += _reserved_columns(estimates, reserved, with_measured=bool(measured))
     cols += [Column(STEP_COLUMN, priority=1, numeric=True), Column(TOKENS_COLUMN, priority=2, numeric=True)] \
         if times is not None else []
     cols += [Column(name, priority=prio, numeric=True) for name, prio in _PARTS.values()]

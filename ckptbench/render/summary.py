@@ -27,9 +27,12 @@ COLUMNS: tuple[Column, ...] = (
     Column("tok/s", priority=1, numeric=True),  # what the sweep is run for: the last to give way
     Column("MFU", priority=2, numeric=True),
     Column("HFU", priority=4, numeric=True),
-    Column("status", wrap=True, min_width=14),
+    # A long status ('skipped: batch 16 already ran out of memory') wraps before tok/s gives way.
+    Column("status", wrap=True, min_width=13, gives_way=True),
 )
-_SETUP = Column("setup", wrap=True, min_width=14)
+_SETUP = Column("setup", wrap=True, min_width=10, breaks="=_", fold=True)
+# With a setup column the layout folds too ('every:2@' over 'selective'), so that no number is cut at 80 columns.
+_FOLDED_LAYOUT = Column("layout", wrap=True, min_width=9, breaks="@", fold=True)
 _PREDICTED = (Column("predicted", priority=4, numeric=True), Column("pred. err", priority=4, numeric=True))
 _PREDICTED_RESERVED = (
     Column("pred. reserved", priority=4, numeric=True), Column("res. err", priority=4, numeric=True),
@@ -48,13 +51,16 @@ def summary_columns(run: Run) -> tuple[Column, ...]:
     'pred. reserved'/'res. err' when estimated; precision is as essential as the layout when it varies."""
     cols: list[Column] = []
     varies = len({p.key.get("precision") for p in run.points}) > 1
+    setup = any(setup_label(p.key) for p in run.points)
     # On a CPU reserved is allocated (the live-tensor tracker): the column repeats 'peak' and gives way first.
     same = all(p.peak_reserved_bytes == p.peak_allocated_bytes for p in run.points)
     for col in COLUMNS:
         if col.name == "reserved" and same:
             col = Column("reserved", priority=7, numeric=True)
+        if col.name == "layout" and setup:
+            col = _FOLDED_LAYOUT
         cols.append(Column("precision") if col.name == "precision" and varies else col)
-        if col.name == "precision" and any(setup_label(p.key) for p in run.points):
+        if col.name == "precision" and setup:
             cols.append(_SETUP)
         if col.name == "peak" and any(p.predicted_peak_allocated_bytes for p in run.points):
             cols += _PREDICTED

@@ -26,6 +26,8 @@ from rich.text import Text
 _EDGE, _PER_COLUMN = 1, 3
 # Wrapped text breaks after a space or a comma, so that '0,2,4,...,30' never splits a number.
 _PIECE = re.compile(r"[^\s,]*,?\s*")
+_NUMBER = re.compile(r"[-+]?[\d.,]*\d +")  # a number followed by a space ...
+_UNIT = re.compile(r"(?:[KMGT]i?B|B|ms|s|%)\b")  # ... and the unit it goes with
 _LONGEST_KEPT_WHOLE = 30  # a wrapping column is at least as wide as its longest word, up to this
 _COMFORTABLE = 40  # a wrapping column this wide reads well; beyond it, it wraps rather than hide a column
 
@@ -39,6 +41,14 @@ class Column:
     numeric: bool = False  # right-aligned, never wrapped or shortened
     wrap: bool = False  # text that may fold onto more lines, down to ``min_width``, before anything is left out
     min_width: int = 12
+    # Characters after which this column's text may also break ('@' in 'every:2@selective'): none by default.
+    breaks: str = ""
+    # A word longer than the column folds onto the next line at the width (text such as
+    # 'attn_implementation=eager', never a number): the column may then be as narrow as ``min_width``.
+    fold: bool = False
+    # A wrapping column of secondary text (a status) that folds down to ``min_width`` before any optional
+    # column is left out: optional columns are chosen as if it were at its minimum.
+    gives_way: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,22 +74,35 @@ def _minimum(col: Column, natural: int, rows: Sequence[dict[str, str]]) -> int:
     if not col.wrap:
         return natural
     longest_header_word = max(cell_len(w) for w in col.name.split())
-    longest_word = min(_longest_piece(col, rows), _LONGEST_KEPT_WHOLE)
+    longest_word = 0 if col.fold else min(_longest_piece(col, rows), _LONGEST_KEPT_WHOLE)
     return min(natural, max(col.min_width, longest_header_word, longest_word))
 
 
-def _pieces(text: str) -> list[str]:
-    """Unbreakable pieces: a word with its trailing comma and spaces."""
-    return [p for p in _PIECE.findall(text) if p]
+def _pieces(text: str, breaks: str = "") -> list[str]:
+    """Unbreakable pieces: a word with its trailing comma (or one of ``breaks``) and spaces; a number keeps
+    its unit ('1.95 GiB' never ends one line and starts the next)."""
+    if not breaks:
+        found = [p for p in _PIECE.findall(text) if p]
+    else:
+        ends = re.escape("," + breaks)
+        found = [p for p in re.findall(rf"[^\s{ends}]*[{ends}]?\s*", text) if p]
+    pieces: list[str] = []
+    for piece in found:
+        if pieces and _NUMBER.fullmatch(pieces[-1]) and _UNIT.match(piece):
+            pieces[-1] += piece
+        else:
+            pieces.append(piece)
+    return pieces
 
 
-def wrap_text(text: str, width: int) -> str:
-    """``text`` folded onto lines of at most ``width`` cells, broken after spaces and commas
-    (a piece longer than a line is cut at the width: only text is ever that long, never a number)."""
+def wrap_text(text: str, width: int, *, breaks: str = "") -> str:
+    """``text`` folded onto lines of at most ``width`` cells, broken after spaces and commas (and the
+    characters in ``breaks``; a piece longer than a line is folded at the width onto the next line:
+    only text is ever that long, never a number)."""
     lines: list[str] = []
     for paragraph in text.splitlines() or [""]:
         line = ""
-        for piece in _pieces(paragraph):
+        for piece in _pieces(paragraph, breaks):
             if cell_len((line + piece).rstrip()) <= width:
                 line += piece
                 continue
@@ -94,7 +117,8 @@ def wrap_text(text: str, width: int) -> str:
 
 
 def _longest_piece(col: Column, rows: Sequence[dict[str, str]]) -> int:
-    return max((cell_len(p.rstrip()) for row in rows for p in _pieces(row.get(col.name, ""))), default=0)
+    pieces = (p for row in rows for p in _pieces(row.get(col.name, ""), col.breaks))
+    return max((cell_len(p.rstrip()) for p in pieces), default=0)
 
 
 def _overhead(n: int) -> int:
@@ -108,8 +132,8 @@ def fit_columns(columns: Sequence[Column], rows: Sequence[dict[str, str]], width
     # Essential columns first; then the others, most important first (ties: leftmost), each one that
     # still fits at its minimum width next to the chosen ones at a comfortable width: a column is
     # added only where it does not force a more important one to wrap (up to _COMFORTABLE cells).
-    comfortable = {c.name: natural[c.name] if not c.wrap else min(natural[c.name], max(minimum[c.name], _COMFORTABLE))
-                   for c in columns}
+    comfortable = {c.name: natural[c.name] if not c.wrap else minimum[c.name] if c.gives_way
+                   else min(natural[c.name], max(minimum[c.name], _COMFORTABLE)) for c in columns}
     chosen = [c for c in columns if c.priority == 0]
     for col in sorted((c for c in columns if c.priority > 0), key=lambda c: _rank(c, rows)):
         need = sum(comfortable[c.name] for c in chosen) + minimum[col.name] + _overhead(len(chosen) + 1)
@@ -171,7 +195,7 @@ class FitTable:
             table.add_column(col.name, justify="right" if col.numeric else "left", width=w,
                              no_wrap=not col.wrap, overflow="fold")
         for row, style in zip(self.rows, self.styles, strict=True):
-            cells = (wrap_text(row.get(c.name, ""), w) if c.wrap else row.get(c.name, "")
+            cells = (wrap_text(row.get(c.name, ""), w, breaks=c.breaks) if c.wrap else row.get(c.name, "")
                      for c, w in zip(fit.columns, fit.widths, strict=True))
             table.add_row(*(Text(cell) for cell in cells), style=style)
         return table
