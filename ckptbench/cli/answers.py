@@ -67,6 +67,7 @@ def answers_cmd(
 
 def _answers(runs: list[str], *, budget: str, headroom: str, predict: bool) -> Answers:
     from ckptbench.answers.claims import answer_claims
+    from ckptbench.answers.evidence import Scope
     from ckptbench.answers.verdicts import Budget
     from ckptbench.results.store import load_run
     from ckptbench.units import parse_headroom, parse_size
@@ -74,7 +75,11 @@ def _answers(runs: list[str], *, budget: str, headroom: str, predict: bool) -> A
     budget_bytes = parse_size(budget)
     limit = Budget(budget_bytes, parse_headroom(headroom, budget_bytes=budget_bytes))
     loaded = [load_run(r) for r in runs]
-    predictions = _predictions(loaded, limit) if predict else None
+    # The predictions are of the claims' own setup (LLaMA-7B's thread): only for runs that hold a point of it
+    scope = Scope()
+    held = any((p.key.get("model"), p.key.get("seq_len"), p.key.get("precision"))
+               == (scope.model, scope.seq_len, scope.precision) for run in loaded for p in run.points)
+    predictions = _predictions(loaded, limit) if predict and held else None
     return answer_claims(loaded, budget=limit, predictions=predictions)
 
 

@@ -54,6 +54,13 @@ KEY_FILLS: dict[str, Any] = {
 }
 
 
+
+def filled_key(key: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded key naming every axis: an axis added after it was written takes its ``KEY_FILLS`` value (plain
+    training; a cell axis its ``absent`` value), so older keys match newer ones."""
+    return {**{k: v for k, v in KEY_FILLS.items() if k not in key}, **key}
+
+
 def setup_label(key: Mapping[str, Any]) -> str:
     """The technique axes of a key that differ from plain training: 'optimizer=sgd offload=all'."""
     return " ".join(f"{k}={key[k]}" for k in AXIS_DEFAULTS if k in key and key[k] != AXIS_DEFAULTS[k])

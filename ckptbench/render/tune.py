@@ -10,6 +10,7 @@ from rich.text import Text
 
 from ckptbench.analysis.marks import NOISY_KINDS
 from ckptbench.analysis.recommend import Recommendation
+from ckptbench.config.grid import filled_key
 from ckptbench.render.recommend import markdown_pareto, pareto_columns, pareto_rows
 from ckptbench.render.tables import Column, FitTable, markdown_of
 from ckptbench.results.store import Run
@@ -86,7 +87,9 @@ def noisy_winner(search: dict[str, Any], run: Run | None) -> str | None:
     best = search.get("answer")
     if best is None or run is None:
         return None
-    rec = next((r for r in run.points if r.ok and dict(r.key) == best.get("key")), None)
+    # run.json keeps the key as written; records read back name every axis (an axis added since: its fill)
+    want = filled_key(best.get("key") or {})
+    rec = next((r for r in run.points if r.ok and dict(r.key) == want), None)
     kinds = sorted({k for k in rec.warning_kinds if k in NOISY_KINDS}) if rec is not None else []
     if not kinds:
         return None

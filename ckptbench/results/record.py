@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails
 
-from ckptbench.config.grid import KEY_FILLS, key_id
+from ckptbench.config.grid import filled_key, key_id
 
 Status = Literal["ok", "oom", "error", "skipped"]
 # Counts stay within int64: a damaged 10**400 would overflow every float statistic made from it.
@@ -189,7 +189,7 @@ class PointRecord(_Record):
         (compare, --resume)."""
         if not all(isinstance(k, str) and k for k in key):
             raise ValueError("key fields must be non-empty names")
-        return {**{k: v for k, v in KEY_FILLS.items() if k not in key}, **key}
+        return filled_key(key)
 
     # -- identity -------------------------------------------------------------------------
     @property
