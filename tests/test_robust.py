@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from ckptbench.cli.main import app
 from ckptbench.cli.runs import Interrupts
-from ckptbench.config.grid import AXIS_DEFAULTS, key_id
+from ckptbench.config.grid import KEY_FILLS, key_id
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError, ResultsError
 from ckptbench.measure import faults
@@ -247,7 +247,7 @@ def test_done_records_count_ok_oom_skipped_but_not_errors(tmp_path: Path) -> Non
     run = load_run(_fake_run(tmp_path / "r", records))
     base = {"model": "tiny", "batch_size": 1, "seq_len": 64, "precision": "fp32"}
     assert sorted(done_records(run)) == [  # keys are completed with the default of every axis
-        key_id({**AXIS_DEFAULTS, **base, "layout": layout}) for layout in ("all", "every:2", "none")
+        key_id({**KEY_FILLS, **base, "layout": layout}) for layout in ("all", "every:2", "none")
     ]
 
 
