@@ -3,7 +3,11 @@ exit, loses nothing and never runs unbounded."""
 
 from __future__ import annotations
 
+import os
+import resource
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,21 @@ def invoke(args: list[str]) -> Any:
     assert not crashed, (args, repr(result.exception))
     assert "Traceback" not in result.output, result.output
     return result
+
+
+def bounded_cli(args: list[str], *, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    """``python -m ckptbench ARGS`` in a process of at most 2 GiB of address space and ``timeout_s``: an
+    unbounded read fails the test (MemoryError or the timeout) instead of taking the machine with it."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "COLUMNS": "200"}
+    try:
+        return subprocess.run([sys.executable, "-m", "ckptbench", *args], capture_output=True, text=True,
+                              timeout=timeout_s, preexec_fn=limit, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"ckptbench {' '.join(args)} ran past {timeout_s:g} s (an unbounded read or a blocked one)")
 
 
 def error_line(result: Any) -> str:
@@ -60,3 +79,64 @@ def test_no_command_writes_over_a_run_s_own_files(few_run: Path, tmp_path: Path,
     assert "never writes over a run's own files" in error_line(result)
     assert {name: (few_run / name).read_bytes() for name in before} == before
     assert sorted(p.name for p in few_run.iterdir()) == sorted(before)
+
+
+# --- 2. bounded reads: never a FIFO, a device or a huge file ------------------------------------------------
+
+
+@pytest.fixture
+def odd_files(tmp_path: Path) -> dict[str, Path]:
+    """A FIFO, a link to /dev/zero and a sparse file of 2 GiB (no disk used)."""
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    zero = tmp_path / "zero.yaml"
+    zero.symlink_to("/dev/zero")
+    huge = tmp_path / "huge.yaml"
+    with open(huge, "wb") as fh:
+        fh.truncate(2 * 2**30)
+    return {"fifo": fifo, "zero": zero, "huge": huge, "dev-zero": Path("/dev/zero")}
+
+
+# Each case is a process of its own (a failure must not take the machine with it): a few, not every pair.
+@pytest.mark.parametrize(
+    ("command", "kind"),
+    [("sweep", "fifo"), ("sweep", "zero"), ("sweep", "huge"), ("sweep", "dev-zero"), ("layouts", "fifo"),
+     ("layouts", "zero"), ("answers-readme", "fifo"), ("answers-readme", "dev-zero")],
+)
+def test_a_config_or_readme_that_is_no_regular_file_or_huge_is_refused_at_once(
+    few_run: Path, odd_files: dict[str, Path], command: str, kind: str
+) -> None:
+    path = str(odd_files[kind])
+    args = ["answers", str(few_run), "--readme", path] if command == "answers-readme" else [command, path]
+    result = bounded_cli(args, timeout_s=30)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path}: "), result.stderr[-2000:]
+    why = "larger than 16 MiB" if kind == "huge" else ("a FIFO" if kind == "fifo" else "a character device")
+    assert why in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("command", "kind"), [("compare", "fifo"), ("recommend", "zero"), ("report", "huge")]
+)
+def test_points_jsonl_that_is_no_regular_file_or_huge_is_refused_at_once(
+    few_run: Path, odd_files: dict[str, Path], tmp_path: Path, command: str, kind: str
+) -> None:
+    points = few_run / POINTS_FILE
+    points.unlink()
+    if kind == "fifo":
+        os.mkfifo(points)
+    elif kind == "zero":
+        points.symlink_to("/dev/zero")
+    else:
+        with open(points, "wb") as fh:
+            fh.truncate(2 * 2**30 + 1)
+    args = {
+        "compare": ["compare", str(few_run), str(few_run)],
+        "recommend": ["recommend", str(few_run), "--budget", "80"],
+        "report": ["report", str(few_run), "--out", str(tmp_path / "report"), "--no-estimate"],
+    }[command]
+    result = bounded_cli(args, timeout_s=30)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {points}: "), result.stderr[-2000:]

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
 from ckptbench.config.axes import _shown
+from ckptbench.config.files import read_bounded
 from ckptbench.config.schema import SweepConfig
 from ckptbench.config.yaml_text import check_expanded_size, read_yaml
 from ckptbench.errors import ConfigError
@@ -110,9 +111,7 @@ def load_config(path: str | Path) -> SweepConfig:
     """Read and validate a YAML config file."""
     p = Path(path)
     try:
-        if p.is_file() and p.stat().st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{p}: larger than {MAX_CONFIG_BYTES // 2**20} MiB; a config is a few KiB")
-        text = p.read_text(encoding="utf-8")
+        text = read_bounded(p, limit_bytes=MAX_CONFIG_BYTES, what="a config file").decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{p}: no such config file") from None
     except IsADirectoryError:

@@ -15,15 +15,19 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ckptbench.config.files import read_bounded
 from ckptbench.errors import ResultsError
 from ckptbench.results.lock import lock_run_dir, writer_alive
 from ckptbench.results.meta import checked_meta
 from ckptbench.results.record import PointRecord
-from ckptbench.results.repair import repair_points_file
+from ckptbench.results.repair import MAX_POINTS_BYTES, repair_points_file
 
 SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
 POINTS_FILE = "points.jsonl"
+# A bound on what a reader loads (a damaged run must not exhaust the host; points.jsonl's is MAX_POINTS_BYTES):
+# run.json holds the config and the environment, a few KiB.
+MAX_RUN_FILE_BYTES = 64 * 2**20
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -186,8 +190,9 @@ def load_run(ref: str | Path, *, results_root: Path = Path("results")) -> Run:
     """Read run.json and points.jsonl; tolerate a truncated last line with a warning."""
     path = resolve_run_path(ref, results_root=results_root)
     try:
-        meta = json.loads((path / RUN_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        meta = json.loads(read_bounded(path / RUN_FILE, limit_bytes=MAX_RUN_FILE_BYTES, what="a run's run.json",
+                                       error=ResultsError).decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
         raise ResultsError(f"{path / RUN_FILE}: unreadable ({exc.__class__.__name__}: {exc})") from None
     if not isinstance(meta, dict):
         raise ResultsError(f"{path / RUN_FILE}: not a JSON object")
@@ -225,7 +230,8 @@ def _read_points(run: Run) -> None:
     if not pfile.exists():
         return
     try:
-        lines = pfile.read_bytes().split(b"\n")  # bytes: one damaged byte costs its line, not the run
+        data = read_bounded(pfile, limit_bytes=MAX_POINTS_BYTES, what="a run's points.jsonl", error=ResultsError)
+        lines = data.split(b"\n")  # bytes: one damaged byte costs its line, not the run
     except OSError as exc:
         raise ResultsError(f"{pfile}: unreadable ({exc.__class__.__name__})") from None
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
