@@ -140,3 +140,25 @@ def test_points_jsonl_that_is_no_regular_file_or_huge_is_refused_at_once(
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {points}: "), result.stderr[-2000:]
+
+
+# --- 3. damaged values that reach a formatter anyway --------------------------------------------------------
+
+
+def test_sizes_beyond_a_float_are_formatted_not_raised() -> None:
+    from ckptbench.units import GIB_UNIT, MIB_UNIT, fmt_bytes
+
+    assert (fmt_bytes(10**4000), GIB_UNIT(10**4000), MIB_UNIT(-(10**4000), signed=True)) == (
+        "inf GiB", "inf GiB", "-inf MiB")
+    assert GIB_UNIT.value(10**4000) == float("inf")
+
+
+def test_json_nested_thousands_deep_costs_only_its_field() -> None:
+    from ckptbench.results.json_text import TooDeep, loads_bounded, loads_object_fields
+
+    deep = "[" * 5000 + "]" * 5000
+    text = '{"a": 1, "deep": ' + deep + ', "s": "}],\\"", "n": null, "o": {"x": [1, {"y": 2}]}}'
+    assert loads_object_fields(text) == ({"a": 1, "s": '}],"', "n": None, "o": {"x": [1, {"y": 2}]}}, ["deep"])
+    assert loads_object_fields('{"a": ' + "[" * 70 + "]" * 70 + "}") == ({}, ["a"])  # deep, not recursing
+    with pytest.raises(TooDeep):
+        loads_bounded(deep)

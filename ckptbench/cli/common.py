@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import warnings
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -101,6 +102,13 @@ def warn(text: str) -> None:
     err.print(f"[yellow]warning:[/yellow] {escape(text)}", soft_wrap=True)
 
 
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """Python's warnings (a skipped record of a damaged run, a library's note) as one ``warning:`` line on
+    stderr, instead of 'store.py:215: UserWarning:' and the source line."""
+    warn(" ".join(str(message).split()))
+
+
 def _no_flag_types(params: list[Any]) -> list[Any]:
     # typer's rich help prints '<bool>' as the type of every flag (--help included), but a flag takes
     # no value. An empty metavar is shown instead (duck-typed: typer 0.2x vendors its own click).
@@ -129,8 +137,10 @@ class Group(TyperGroup):
         if kwargs.get("standalone_mode", True) is False:
             return super().main(*args, **kwargs)
         try:
-            # Not standalone: click hands us its errors and exit codes instead of printing and exiting.
-            code = super().main(*args, **{**kwargs, "standalone_mode": False})
+            with warnings.catch_warnings():  # restores Python's own display when the command returns
+                warnings.showwarning = _show_warning
+                # Not standalone: click hands us its errors and exit codes instead of printing and exiting.
+                code = super().main(*args, **{**kwargs, "standalone_mode": False})
         except ClickException as exc:
             if type(exc).__name__ == "NoArgsIsHelpError":  # no command given: the help was the answer
                 sys.exit(getattr(exc, "exit_code", EXIT_BAD_INPUT))

@@ -23,6 +23,11 @@ from ckptbench.results.store import Run
 from ckptbench.units import SizeUnit
 
 
+def _scaled(n: Any, data: PlotData) -> float | None:
+    """A size in the plot's unit; None for a point that recorded none (an ok record may lack its peaks)."""
+    return n / data.scale if is_number(n) else None
+
+
 def _grouped_bars(
     ax: Axes, data: PlotData, rows: list[dict[str, Any]], value: Any, *, err: Any = None
 ) -> None:
@@ -74,7 +79,7 @@ def plot_peak_memory(run: Run, path: Path, *, budget_bytes: int | None = None, s
     axes = fig.subplots(len(facets), 1, squeeze=False)[:, 0]
     total = run.environment.get("gpu_total_memory_bytes")
     for ax, (label, rows) in zip(axes, facets, strict=True):
-        _grouped_bars(ax, data, rows, lambda r: r["peak_reserved_bytes"] / data.scale)
+        _grouped_bars(ax, data, rows, lambda r: _scaled(r["peak_reserved_bytes"], data))
         ax.set_ylabel(f"peak reserved ({data.unit})")
         ax.set_title(label or None, fontsize=10)
         if total:

@@ -27,6 +27,8 @@ def repair_points_file(path: Path) -> bool:
     start = body.rfind(b"\n") + 1
     try:
         json.loads(body[start:])
+    except RecursionError:  # nested thousands deep but whole: load_run skips it with a note; keep it
+        pass
     except ValueError:  # a half-written line (UnicodeDecodeError is a ValueError too)
         with open(path, "r+b") as fh:
             fh.truncate(start)

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from ckptbench.config.files import read_bounded
 from ckptbench.errors import ResultsError
+from ckptbench.results.json_text import MAX_DEPTH, TooDeep, loads_bounded, loads_object_fields
 from ckptbench.results.lock import lock_run_dir, writer_alive
 from ckptbench.results.meta import checked_meta
 from ckptbench.results.record import PointRecord
@@ -190,9 +191,10 @@ def load_run(ref: str | Path, *, results_root: Path = Path("results")) -> Run:
     """Read run.json and points.jsonl; tolerate a truncated last line with a warning."""
     path = resolve_run_path(ref, results_root=results_root)
     try:
-        meta = json.loads(read_bounded(path / RUN_FILE, limit_bytes=MAX_RUN_FILE_BYTES, what="a run's run.json",
-                                       error=ResultsError).decode("utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
+        text = read_bounded(path / RUN_FILE, limit_bytes=MAX_RUN_FILE_BYTES, what="a run's run.json",
+                            error=ResultsError).decode("utf-8")
+        meta, too_deep = loads_object_fields(text)  # a field nested thousands deep costs only itself
+    except (OSError, ValueError) as exc:
         raise ResultsError(f"{path / RUN_FILE}: unreadable ({exc.__class__.__name__}: {exc})") from None
     if not isinstance(meta, dict):
         raise ResultsError(f"{path / RUN_FILE}: not a JSON object")
@@ -205,6 +207,8 @@ def load_run(ref: str | Path, *, results_root: Path = Path("results")) -> Run:
             f"use ckptbench {meta.get('ckptbench_version', '?')} to read it"
         )
     run = Run(path=path, meta={}, points=[])
+    for name in too_deep:
+        _skip(run, f"{path / RUN_FILE}: ignored field {name!r} (nested more than {MAX_DEPTH} levels deep)")
     run.meta, notes = checked_meta(meta, source=str(path / RUN_FILE))
     for note in notes:
         _skip(run, note)
@@ -240,7 +244,10 @@ def _read_points(run: Run) -> None:
         if not line.strip():
             continue
         try:
-            data = json.loads(line)
+            data = loads_bounded(line)
+        except TooDeep as exc:
+            _skip(run, f"{pfile}: ignored line {i + 1} (JSON {exc})")
+            continue
         except ValueError:
             if i == last:
                 _skip(run, f"{pfile}: ignored a truncated last line (line {i + 1}; the run was cut off mid-write)")
@@ -267,4 +274,4 @@ def _skip(run: Run, message: str) -> None:
 def _first_problem(exc: ValidationError) -> str:
     err = exc.errors()[0]
     where = ".".join(str(x) for x in err.get("loc", ())) or "record"
-    return f"{where}: {err.get('msg', 'invalid')}"
+    return f"{where}: {str(err.get('msg', 'invalid')).removeprefix('Value error, ')}"
