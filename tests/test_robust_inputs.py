@@ -3,11 +3,13 @@ exit, loses nothing and never runs unbounded."""
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,13 @@ def bounded_cli(args: list[str], *, timeout_s: float = 60) -> subprocess.Complet
                               timeout=timeout_s, preexec_fn=limit, env=env, check=False)
     except subprocess.TimeoutExpired:
         pytest.fail(f"ckptbench {' '.join(args)} ran past {timeout_s:g} s (an unbounded read or a blocked one)")
+
+
+def last_error(result: Any) -> str:
+    """The one error line of a command that printed progress first: the last line, and the only error."""
+    lines = result.output.strip().splitlines()
+    assert [line for line in lines if line.startswith("error: ")] == lines[-1:], result.output
+    return lines[-1]
 
 
 def error_line(result: Any) -> str:
@@ -162,3 +171,130 @@ def test_json_nested_thousands_deep_costs_only_its_field() -> None:
     assert loads_object_fields('{"a": ' + "[" * 70 + "]" * 70 + "}") == ({}, ["a"])  # deep, not recursing
     with pytest.raises(TooDeep):
         loads_bounded(deep)
+
+
+# --- 4. a full disk ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs (root only: skipped elsewhere), unmounted afterwards."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
+                             capture_output=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(disk: Path, *, leave_bytes: int = 0) -> None:
+    """Fill ``disk`` until ``leave_bytes`` (rounded to pages) are free."""
+    with open(disk / "filler", "wb", buffering=0) as fh:
+        try:
+            while True:
+                fh.write(bytes(4096))
+        except OSError:
+            pass
+    if leave_bytes:
+        with open(disk / "filler", "r+b") as fh:
+            fh.truncate(max(0, (disk / "filler").stat().st_size - leave_bytes))
+
+
+@pytest.fixture(scope="module")
+def mini_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.conftest import MINI
+
+    path = tmp_path_factory.mktemp("cfg") / "mini.yaml"
+    path.write_text(json.dumps(MINI))
+    return path
+
+
+def test_a_full_disk_at_sweep_start_is_one_line_and_leaves_no_directory(small_disk: Path, mini_config: Path) -> None:
+    fill(small_disk)
+    result = invoke(["sweep", str(mini_config), "--out", str(small_disk / "run"), "--no-predict"])
+    assert result.exit_code == 1
+    assert "cannot start the run (No space left on device); nothing was run" in error_line(result)
+    assert not (small_disk / "run").exists()
+
+
+def test_a_full_disk_on_resume_is_one_line_and_changes_nothing(
+    mini_run: tuple[Path, Path], small_disk: Path
+) -> None:
+    config, pristine = mini_run
+    run = Path(shutil.copytree(pristine, small_disk / "run"))
+    lines = (run / POINTS_FILE).read_text().splitlines(keepends=True)
+    (run / POINTS_FILE).write_text("".join(lines[:2]))  # two points left to run
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    fill(small_disk)
+    result = invoke(["sweep", str(config), "--resume", str(run), "--no-predict"])
+    assert result.exit_code == 1
+    assert "cannot resume the run (No space left on device); nothing was run" in error_line(result)
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+def test_a_disk_that_fills_during_the_sweep_ends_with_run_json_saying_failed(
+    small_disk: Path, mini_config: Path
+) -> None:
+    fill(small_disk, leave_bytes=18 * 4096)  # run.json, the status reserve (16 pages) and a record or two
+    result = invoke(["sweep", str(mini_config), "--out", str(small_disk / "run"), "--no-predict"])
+    assert result.exit_code == 1
+    assert "cannot write a point record (No space left on device)" in last_error(result)
+    meta = json.loads((small_disk / "run" / RUN_FILE).read_text())
+    assert meta["status"] == "failed"  # never left 'running'
+    points = small_disk / "run" / POINTS_FILE
+    assert len(points.read_text().splitlines() if points.exists() else []) < 4
+
+
+def test_final_status_written_from_the_reserve_or_one_line(
+    mini_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Simulated (monkeypatched): the disk is full exactly when the final status is written."""
+    import errno
+
+    from ckptbench.results import store
+
+    real = store.write_json_atomic
+
+    def full_after_start(path: Path, data: Any) -> None:
+        if data.get("status") != "running" and (path.parent / store.RESERVE_FILE).exists():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(store, "write_json_atomic", full_after_start)
+    result = invoke(["sweep", str(mini_config), "--out", str(tmp_path / "run"), "--no-predict"])
+    assert result.exit_code == 0, result.output  # the space held in reserve was enough
+    assert json.loads((tmp_path / "run" / RUN_FILE).read_text())["status"] == "complete"
+    assert not (tmp_path / "run" / store.RESERVE_FILE).exists()
+
+    def always_full(path: Path, data: Any) -> None:
+        if data.get("status") != "running":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(store, "write_json_atomic", always_full)
+    result = invoke(["sweep", str(mini_config), "--out", str(tmp_path / "run2"), "--no-predict"])
+    assert result.exit_code == 1
+    line = last_error(result)
+    assert "cannot write the run's final status" in line and "its 4 records are on disk" in line
+    assert len((tmp_path / "run2" / POINTS_FILE).read_text().splitlines()) == 4
+
+
+def test_a_summary_that_cannot_be_written_after_a_complete_run_is_exit_1(
+    mini_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from ckptbench.render import summary
+
+    def full(*_: Any, **__: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(summary, "write_summaries", full)
+    result = invoke(["sweep", str(mini_config), "--out", str(tmp_path / "run"), "--no-predict"])
+    assert result.exit_code == 1
+    assert "cannot write the summary (No space left on device)" in last_error(result)
+    assert json.loads((tmp_path / "run" / RUN_FILE).read_text())["status"] == "complete"

@@ -12,7 +12,7 @@ from rich.markup import escape
 from ckptbench.cli.common import ConfigArg, OutDirOpt, ResultsRootOpt, err, fail, finite, out, warn
 from ckptbench.cli.progress import SweepProgress
 from ckptbench.cli.runs import Interrupts, finish, interrupted, run_paths, summarize_run
-from ckptbench.errors import CkptbenchError, ResultsError, RunFailure
+from ckptbench.errors import CkptbenchError, RunFailure
 
 if TYPE_CHECKING:  # the sweep imports torch; the CLI stays fast to start
     from ckptbench.results.store import Run
@@ -119,7 +119,9 @@ def sweep(
         try:
             run = summarize_run(outcome.run_dir)
         except (CkptbenchError, OSError) as exc:  # the records are on disk; only the summary is missing
-            raise fail(ResultsError(f"{outcome.run_dir}: cannot write the summary ({exc})")) from None
+            # exit 1, a run failure (a full disk), not bad input
+            raise fail(RunFailure(f"{outcome.run_dir}: cannot write the summary ({_why(exc)}); the run is complete "
+                                  f"on disk: ckptbench report {outcome.run_dir} once there is space")) from None
         _report(run, outcome, config)
         finish(outcome.run_dir, outcome.clock)
     if outcome.late_signal or interrupts.late:
@@ -128,6 +130,10 @@ def sweep(
     if outcome.failure:
         again = f"ckptbench sweep {config} --resume {outcome.run_dir}"
         raise fail(RunFailure(f"{outcome.failure}; the records are in {outcome.run_dir} (retry: {again})"))
+
+
+def _why(exc: Exception) -> str:
+    return (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
 
 
 def _report(run: Run, outcome: SweepOutcome, config: Path) -> None:

@@ -22,7 +22,7 @@ from ckptbench.cli.common import (
 )
 from ckptbench.cli.progress import EstimateProgressBar, SweepProgress
 from ckptbench.cli.runs import Interrupts, interrupted, run_paths, summarize_run
-from ckptbench.errors import CkptbenchError, ConfigError
+from ckptbench.errors import CkptbenchError, ConfigError, RunFailure
 
 if TYPE_CHECKING:  # the search and the sweep import torch; the CLI stays fast to start
     from ckptbench.results.store import Run
@@ -79,7 +79,11 @@ def tune(
             raise fail(exc) from None
         except KeyboardInterrupt as exc:
             raise interrupted(exc, config) from None
-        run = summarize_run(outcome.sweep.run_dir)
+        try:
+            run = summarize_run(outcome.sweep.run_dir)
+        except (CkptbenchError, OSError) as exc:  # the records are on disk; only the summary is missing
+            why = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
+            raise fail(RunFailure(f"{outcome.sweep.run_dir}: cannot write the summary ({why})")) from None
     _show(run, options, fmt)
     err.print(f"results: {outcome.sweep.run_dir}", markup=False)
 

@@ -5,6 +5,7 @@ The run directory's lock lives in results/lock.py, the repair of a cut-off point
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -16,9 +17,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from ckptbench.config.files import read_bounded
-from ckptbench.errors import ResultsError
+from ckptbench.errors import ResultsError, RunFailure
 from ckptbench.results.json_text import MAX_DEPTH, TooDeep, loads_bounded, loads_object_fields
-from ckptbench.results.lock import lock_run_dir, writer_alive
+from ckptbench.results.lock import LOCK_FILE, lock_run_dir, writer_alive
 from ckptbench.results.meta import checked_meta
 from ckptbench.results.record import PointRecord
 from ckptbench.results.repair import MAX_POINTS_BYTES, repair_points_file
@@ -29,6 +30,8 @@ POINTS_FILE = "points.jsonl"
 # A bound on what a reader loads (a damaged run must not exhaust the host; points.jsonl's is MAX_POINTS_BYTES):
 # run.json holds the config and the environment, a few KiB.
 MAX_RUN_FILE_BYTES = 64 * 2**20
+RESERVE_FILE = ".reserve"  # disk space held by a writer for run.json's final status (RunWriter)
+RESERVE_BYTES = 64 * 2**10
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -69,17 +72,25 @@ class RunWriter:
     """Appends one JSON line per finished point, flushed and synced as it finishes.
 
     The writer holds an exclusive lock on the run directory, so two sweeps never write to the
-    same run, whether it is new (``--out``) or resumed.
+    same run, whether it is new (``--out``) or resumed. It also holds a little disk space in reserve
+    (RESERVE_FILE), given up only to write run.json's status when the disk is full, so that a run on a
+    full disk still ends saying how it ended instead of 'running'.
     """
 
     def __init__(self, run_dir: Path, meta: dict[str, Any]) -> None:
         self.run_dir = run_dir
-        self._lock = lock_run_dir(run_dir)
+        self._lock = None
         try:
+            self._lock = lock_run_dir(run_dir)
             if (run_dir / RUN_FILE).exists():  # checked under the lock: no race with another --out
                 raise ResultsError(f"{run_dir}: already holds a run; choose another --out (nothing changed)")
             self.meta = {"schema_version": SCHEMA_VERSION, **meta}
             write_json_atomic(run_dir / RUN_FILE, self.meta)
+            self.hold_reserve()
+        except OSError as exc:  # a full disk, a quota: no run was started, and none is left half-made
+            self.close()
+            _unmake(run_dir)
+            raise RunFailure(f"{run_dir}: cannot start the run ({exc.strerror or exc}); nothing was run") from None
         except BaseException:
             self.close()
             raise
@@ -100,6 +111,14 @@ class RunWriter:
             raise
         return writer
 
+    def hold_reserve(self) -> None:
+        """Hold the space that writing run.json's status needs (OSError when even that is not free)."""
+        size = max(RESERVE_BYTES, 2 * (self.run_dir / RUN_FILE).stat().st_size)
+        with open(self.run_dir / RESERVE_FILE, "wb") as fh:  # written, not truncated: a sparse file holds nothing
+            fh.write(bytes(size))
+            fh.flush()
+            os.fsync(fh.fileno())
+
     def append(self, record: PointRecord) -> None:
         line = json.dumps(record.to_json(), sort_keys=True)
         with open(self.run_dir / POINTS_FILE, "a", encoding="utf-8") as fh:
@@ -108,15 +127,35 @@ class RunWriter:
             os.fsync(fh.fileno())
 
     def set_status(self, status: str, **extra: Any) -> None:
-        """Mark the run complete / interrupted / failed in run.json (atomically)."""
+        """Mark the run complete / interrupted / failed in run.json (atomically); on a full disk, with the
+        space held in reserve."""
         self.meta.update(status=status, **extra)
-        write_json_atomic(self.run_dir / RUN_FILE, self.meta)
+        try:
+            write_json_atomic(self.run_dir / RUN_FILE, self.meta)
+        except OSError:
+            reserve = self.run_dir / RESERVE_FILE
+            if not reserve.exists():
+                raise
+            reserve.unlink()
+            write_json_atomic(self.run_dir / RUN_FILE, self.meta)
 
     def close(self) -> None:
-        """Release the run directory's lock."""
+        """Release the run directory's lock (and the space held in reserve)."""
         if self._lock is not None:
+            with contextlib.suppress(OSError):
+                (self.run_dir / RESERVE_FILE).unlink(missing_ok=True)
             os.close(self._lock)
             self._lock = None
+
+
+def _unmake(run_dir: Path) -> None:
+    """Remove what a run that could not start left (its lock, its reserve, a half-written temporary file)
+    and the folder when nothing else is in it: a failed start leaves no run directory holding only '.lock'."""
+    with contextlib.suppress(OSError):
+        for path in run_dir.iterdir():
+            if path.name in (LOCK_FILE, RESERVE_FILE) or path.name.startswith(f".{RUN_FILE}."):
+                path.unlink()
+        run_dir.rmdir()  # fails, as it should, when anything else is there
 
 
 @dataclass

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench.config.schema import SweepConfig
-from ckptbench.errors import ResultsError
+from ckptbench.errors import ResultsError, RunFailure
 from ckptbench.results.paths import check_writable_dir
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import RUN_FILE, Run, RunWriter, create_run_dir, load_run, resolve_run_path
@@ -71,7 +71,10 @@ def _open_run(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a truncated last line is reported through Run.warnings
         check_resumable(cfg, load_run(resume), environment)  # before the lock: change nothing if refused
-        writer = RunWriter.reopen(resume)
+        try:
+            writer = RunWriter.reopen(resume)
+        except OSError as exc:  # the repair of a cut-off last line could not be written
+            raise RunFailure(f"{resume}: cannot resume the run ({exc.strerror or exc}); nothing was run") from None
         try:
             run = load_run(resume)
             check_resumable(cfg, run, environment)
@@ -80,7 +83,12 @@ def _open_run(
             raise
     history = [*run.meta.get("resumes", []), {"at": _now(), "git_sha": environment["git_sha"], **options}]
     writer.meta = run.meta
-    writer.set_status("running", resumes=history)
+    try:
+        writer.hold_reserve()
+        writer.set_status("running", resumes=history)
+    except OSError as exc:  # a full disk: run.json is written whole or not at all, so it is as it was
+        writer.close()
+        raise RunFailure(f"{resume}: cannot resume the run ({exc.strerror or exc}); nothing was run") from None
     return writer, run
 
 

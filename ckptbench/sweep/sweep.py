@@ -337,7 +337,13 @@ def _finish_status(
     if failure:
         extra["failure"] = failure
     with _signals_deferred():  # the status and `ended` change together: a signal finds both or neither
-        writer.set_status(status, finished_points=len(held), **extra)
+        try:
+            writer.set_status(status, finished_points=len(held), **extra)
+        except OSError as exc:  # even with the space held in reserve: the records are on disk all the same
+            raise RunFailure(
+                f"{writer.run_dir}: cannot write the run's final status to run.json ({exc.strerror or exc}); "
+                f"its {len(held)} records are on disk (free some space and finish with --resume)"
+            ) from None
         ended.append(status)
 
 
