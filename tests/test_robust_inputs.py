@@ -298,3 +298,114 @@ def test_a_summary_that_cannot_be_written_after_a_complete_run_is_exit_1(
     assert result.exit_code == 1
     assert "cannot write the summary (No space left on device)" in last_error(result)
     assert json.loads((tmp_path / "run" / RUN_FILE).read_text())["status"] == "complete"
+
+
+# --- 5. model overrides and sizes refused before anything runs ----------------------------------------------
+
+
+def mini_with(tmp_path: Path, **changes: Any) -> Path:
+    """MINI with top-level fields replaced; ``overrides`` (a dict) is merged into model.overrides."""
+    from tests.conftest import MINI
+
+    data = json.loads(json.dumps(MINI))
+    data["model"]["overrides"].update(changes.pop("overrides", {}))
+    data.update(changes)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        ({"hidden_act": "nosuch"}, "model.overrides.hidden_act: not an activation transformers knows"),
+        ({"hidden_act": "gelu_neww"}, "did you mean 'gelu_new'?"),
+        ({"attention_dropout": 2.0}, "model.overrides.attention_dropout: Input should be less than or equal to 1"),
+        ({"pad_token_id": 1000}, "model.overrides.pad_token_id: pad_token_id (1000) must be a token of the vocab"),
+        ({"pad_token_id": -1}, "model.overrides.pad_token_id: Input should be greater than or equal to 0"),
+        ({"return_dict": False}, "model.overrides.return_dict: must be true"),
+        ({"rope_parameters": {"rope_type": "nosuch", "rope_theta": 1e4}}, "model.overrides: transformers cannot build"),
+    ],
+    ids=["hidden-act", "hidden-act-hint", "dropout", "pad-beyond-vocab", "pad-negative", "return-dict", "rope"],
+)
+def test_model_overrides_transformers_rejects_are_refused_before_the_sweep(
+    tmp_path: Path, overrides: dict[str, Any], says: str
+) -> None:
+    config = mini_with(tmp_path, overrides=overrides)
+    result = invoke(["sweep", str(config), "--out", str(tmp_path / "run"), "--no-predict"])
+    assert result.exit_code == 2
+    assert says in error_line(result)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_activations_named_are_transformers_own() -> None:
+    from transformers.activations import ACT2FN
+
+    from ckptbench.config.model import ACTIVATIONS
+
+    assert set(ACTIVATIONS) <= set(ACT2FN)
+
+
+@pytest.mark.parametrize("command", ["estimate", "sweep", "layouts"])
+def test_sizes_whose_products_overflow_int64_are_refused(tmp_path: Path, command: str) -> None:
+    config = mini_with(
+        tmp_path, overrides={"vocab_size": 2**24, "max_position_embeddings": 2**24},
+        sweep={"layout": ["none"], "batch_size": [2**20], "seq_len": [2**24], "precision": ["fp32"]},
+    )
+    out = ["--out", str(tmp_path / "run"), "--no-predict"] if command == "sweep" else []
+    result = invoke([command, str(config), *out])
+    assert result.exit_code == 2
+    assert "sweep: a step of batch 1048576 x seq_len 16777216 x micro_batches 1" in error_line(result)
+    assert "FLOPs overflow an int64" in error_line(result)
+
+
+def test_the_largest_real_steps_are_not_refused(tmp_path: Path) -> None:
+    """LLaMA-7B at batch 64 x 8192 x 16 micro-batches (8.4M tokens): well within the bound."""
+    from ckptbench.config.load import parse_config
+
+    cfg = parse_config({"name": "x", "model": {"preset": "llama-7b", "overrides": {"max_position_embeddings": 8192}},
+                        "sweep": {"layout": ["all"], "batch_size": [64], "seq_len": [8192], "precision": ["bf16"],
+                                  "micro_batches": [16]}})
+    assert cfg.points_list()[0].tokens == 64 * 8192 * 16
+
+
+def test_micro_batches_in_the_thousands_are_refused(tmp_path: Path) -> None:
+    config = mini_with(tmp_path, sweep={"layout": ["none"], "batch_size": [1], "seq_len": [8],
+                                        "precision": ["fp32"], "micro_batches": [5000]})
+    result = invoke(["estimate", str(config)])
+    assert result.exit_code == 2
+    assert "sweep.micro_batches.0: Input should be less than or equal to 1024" in error_line(result)
+
+
+# --- 6. unbounded work from allowed values -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("lora", "targets", "says"),
+    [
+        (["r999999"], None, "sweep.lora: r999999: a LoRA rank above the width of q_proj (32)"),
+        (["r16"], ["nosuch"], "lora.target_modules.0: 'nosuch' names no module of the model that LoRA can adapt"),
+        (["r16"], ["q_projj"], "did you mean 'q_proj'?"),
+        (["r16"], ["layers.1.mlp.up_proj"], "lora.target_modules.0: 'layers.1.mlp.up_proj' names no module"),
+    ],
+    ids=["rank-beyond-width", "no-such-module", "hint", "layer-beyond-model"],
+)
+def test_lora_ranks_and_targets_are_checked_against_the_model(
+    tmp_path: Path, lora: list[str], targets: list[str] | None, says: str
+) -> None:
+    changes: dict[str, Any] = {"sweep": {"layout": ["none"], "batch_size": [1], "seq_len": [8], "precision": ["fp32"],
+                                         "lora": lora}}
+    if targets is not None:
+        changes["lora"] = {"target_modules": targets}
+    result = invoke(["sweep", str(mini_with(tmp_path, **changes)), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2
+    assert says in error_line(result)
+
+
+@pytest.mark.parametrize("targets", [["q_proj", "v_proj"], ["self_attn.o_proj", "model.layers.0.mlp.down_proj"],
+                                     ["lm_head"], ["layers.0.self_attn.k_proj"]])
+def test_lora_targets_that_name_modules_of_the_model_are_accepted(targets: list[str]) -> None:
+    from ckptbench.config.model import check_lora
+
+    check_lora({"hidden_size": 32, "intermediate_size": 64, "vocab_size": 64, "num_hidden_layers": 1,
+                "num_attention_heads": 2}, targets, [16, 32])
