@@ -409,3 +409,22 @@ def test_lora_targets_that_name_modules_of_the_model_are_accepted(targets: list[
 
     check_lora({"hidden_size": 32, "intermediate_size": 64, "vocab_size": 64, "num_hidden_layers": 1,
                 "num_attention_heads": 2}, targets, [16, 32])
+
+
+def test_batch_max_on_a_cpu_without_a_memory_cap_is_refused(tmp_path: Path) -> None:
+    sweep = {"layout": ["none"], "batch_size": "max", "seq_len": [8], "precision": ["fp32"]}
+    result = invoke(["sweep", str(mini_with(tmp_path, sweep=sweep)), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2
+    assert "sweep.batch_size: max on a CPU needs memory_cap_gib" in error_line(result)
+    assert not (tmp_path / "run").exists()
+    capped = mini_with(tmp_path, sweep=sweep, memory_cap_gib=0.01)
+    assert invoke(["layouts", str(capped)]).exit_code == 0  # with a cap the search is bounded: accepted
+
+
+def test_a_large_config_says_it_is_being_read_before_the_estimate_starts(tmp_path: Path) -> None:
+    config = mini_with(tmp_path)
+    config.write_text(config.read_text() + "\n" + ("# padding\n" * 120_000))  # 1.2 MB: as 20,000 points would be
+    result = invoke(["estimate", str(config)])
+    assert result.exit_code == 0, result.output
+    first = result.stderr.splitlines()[0]
+    assert first.startswith(f"reading the config {config} (1.1 MiB) and expanding its points"), result.stderr

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -100,6 +102,21 @@ def path_option(value: str | None, *, option: str) -> Path | None:
 def warn(text: str) -> None:
     """One yellow warning line on stderr."""
     err.print(f"[yellow]warning:[/yellow] {escape(text)}", soft_wrap=True)
+
+
+BIG_INPUT_BYTES = 2**20  # a config this large (thousands of explicit points) takes seconds to read and expand
+
+
+@contextlib.contextmanager
+def reading(path: Path, *, what: str = "the config") -> Iterator[None]:
+    """While a command reads ``path`` before its own progress starts: a spinner on a terminal, and for a large
+    input one line on stderr first, so that a minute of parsing and expanding is never silent."""
+    with contextlib.suppress(OSError):
+        if path.is_file() and path.stat().st_size > BIG_INPUT_BYTES:
+            err.print(f"reading {what} {escape(str(path))} ({path.stat().st_size / 2**20:.1f} MiB) and expanding "
+                      "its points ...", soft_wrap=True)
+    with err.status(f"reading {escape(str(path))} ..."):
+        yield
 
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,

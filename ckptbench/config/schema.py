@@ -264,6 +264,13 @@ def check_cpu_compatible(cfg: SweepConfig) -> None:
         found = sorted({getattr(p, axis) for p in points if bad(getattr(p, axis))})
         if found:
             raise ValueError(f"{_field_of(cfg, axis, found[0])}: {found[0]} {why}")
+    if cfg.sweep.batch_size == "max" and cfg.memory_cap_gib is None:
+        # The search doubles the batch until memory runs out: on a CPU that is the host's (b=128 took 5.4 GB
+        # and the machine with it), not a card's; the tracker enforces a cap like a smaller card would.
+        raise ValueError(
+            "sweep.batch_size: max on a CPU needs memory_cap_gib (the search doubles the batch until memory runs "
+            "out, and on a CPU that is the host's memory), e.g. memory_cap_gib: 0.5"
+        )
 
 
 def _field_of(cfg: SweepConfig, axis: str, value: Any) -> str:
