@@ -428,3 +428,64 @@ def test_a_large_config_says_it_is_being_read_before_the_estimate_starts(tmp_pat
     assert result.exit_code == 0, result.output
     first = result.stderr.splitlines()[0]
     assert first.startswith(f"reading the config {config} (1.1 MiB) and expanding its points"), result.stderr
+
+
+# --- 7. names rendered as markup -----------------------------------------------------------------------------
+
+MARKUP_NAMES = ["a[/]b", "[bold]x", "$\\frac{1}$"]
+
+
+def named_run(tmp_path: Path, name: str, *, folder: str = "run") -> Path:
+    """The few fixture run, named ``name`` in run.json and with it as model.overrides.architectures."""
+    run = Path(shutil.copytree(FIXTURES / "runs" / "few", tmp_path / folder))
+    meta = json.loads((run / RUN_FILE).read_text())
+    meta["name"] = name
+    meta["config"]["model"]["overrides"] = {"architectures": [name]}
+    (run / RUN_FILE).write_text(json.dumps(meta))
+    records = [json.loads(line) for line in (run / POINTS_FILE).read_text().splitlines()]
+    for r in records:
+        r["key"]["model"] = f"tiny+architectures=['{name}']"
+    (run / POINTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run
+
+
+@pytest.mark.parametrize("name", MARKUP_NAMES, ids=["close-tag", "bold", "mathtext"])
+def test_names_that_look_like_markup_are_shown_as_given(tmp_path: Path, name: str) -> None:
+    run = named_run(tmp_path, name)
+    result = invoke(["recommend", str(run), "--budget", "1"])
+    assert result.exit_code == 0 and f"{name}: Under 1.00 GiB" in result.stdout  # neither a crash nor vanished
+    result = invoke(["report", str(run), "--out", str(tmp_path / "report"), "--no-estimate"])
+    assert result.exit_code == 0, result.output
+    assert {p.name for p in (tmp_path / "report").iterdir()} >= {"report.md", "peak_memory.png", "tradeoff.png"}
+    assert f"# ckptbench report: {name}" in (tmp_path / "report" / "report.md").read_text()
+    result = invoke(["compare", str(FIXTURES / "runs" / "few"), str(run)])
+    assert result.exit_code == 0 and f"added (only in run): none b=1 s=64 fp32 model=tiny+architectures=['{name}']" \
+        in result.output
+
+
+@pytest.mark.parametrize("name", MARKUP_NAMES, ids=["close-tag", "bold", "mathtext"])
+def test_a_config_whose_overrides_look_like_markup_is_shown_as_given(tmp_path: Path, name: str) -> None:
+    result = invoke(["layouts", str(mini_with(tmp_path, overrides={"architectures": [name]}))])
+    assert result.exit_code == 0
+    assert f"tiny+architectures={[name]}" in result.stdout.replace("\n", "")  # the list as Python writes it
+
+
+def test_a_run_directory_whose_name_is_not_utf8_is_reported_whole(tmp_path: Path) -> None:
+    folder = os.fsdecode(b"run-\xff")
+    run = Path(shutil.copytree(FIXTURES / "runs" / "few", tmp_path / folder))
+    meta = json.loads((run / RUN_FILE).read_text())
+    del meta["name"]  # the title is the folder's name
+    (run / RUN_FILE).write_text(json.dumps(meta))
+    result = invoke(["report", str(run), "--out", str(tmp_path / "report"), "--no-estimate"])
+    assert result.exit_code == 0, result.output
+    assert "# ckptbench report: run-\ufffd" in (tmp_path / "report" / "report.md").read_text()
+    assert invoke(["compare", str(run), str(run)]).exit_code == 0
+
+
+def test_an_unknown_field_whose_name_holds_a_bracket_is_named(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text('name: x\nmodel: {preset: tiny}\n"lay[out]": [none]\n')
+    assert error_line(invoke(["layouts", str(config)])) == f"error: {config}: unknown field 'lay[out]'"
+    config.write_text('name: x\nmodel: {preset: tiny}\nsweep: {"seq[len": [8]}\n')
+    assert error_line(invoke(["layouts", str(config)])) == (
+        f"error: {config}: unknown field 'sweep.seq[len'; did you mean 'seq_len'?")

@@ -22,9 +22,21 @@ from ckptbench.errors import ConfigError
 MAX_CONFIG_BYTES = 16 * 2**20  # a config is a few KiB; 100,000 explicit points fit in a few MiB
 
 
-def _format_loc(loc: tuple[Any, ...]) -> str:
-    # Union members appear in pydantic locations as type tags ('list[int]', "literal['max']"): not fields.
-    parts = [str(x) for x in loc if not (isinstance(x, str) and ("[" in x or "(" in x))]
+def _format_loc(loc: tuple[Any, ...], data: Any = None) -> str:
+    """The dotted field path of a pydantic location. Union members appear in it as type tags ('list[int]',
+    "literal['max']"): not fields. A part that is a key (or index) of the data given is a field whatever its
+    characters (a misspelt field 'a[b' is named as such, not as '(top level)')."""
+    parts, node = [], data
+    for x in loc:
+        if isinstance(node, dict) and x in node:
+            parts.append(str(x))
+            node = node[x]
+        elif isinstance(node, list) and isinstance(x, int) and 0 <= x < len(node):
+            parts.append(str(x))
+            node = node[x]
+        elif not (isinstance(x, str) and ("[" in x or "(" in x)):
+            parts.append(str(x))
+            node = None
     return ".".join(parts) or "(top level)"
 
 
@@ -49,9 +61,9 @@ def _closest(word: Any, choices: list[str]) -> str:
     return f"; did you mean {hint[0]!r}?" if hint else ""
 
 
-def _error_line(source: str, err: Mapping[str, Any]) -> str:
+def _error_line(source: str, err: Mapping[str, Any], data: Any = None) -> str:
     loc = tuple(err.get("loc", ()))
-    where = _format_loc(loc)
+    where = _format_loc(loc, data)
     kind = err.get("type")
     if kind == "extra_forbidden":
         return f"{source}: unknown field {where!r}{_closest(loc[-1], _fields_at(loc)) if loc else ''}"
@@ -83,7 +95,7 @@ def parse_config(data: Any, *, source: str = "config") -> SweepConfig:
         # The resolved config is stored as JSON in every run: it must round-trip.
         json.dumps(cfg.model_dump(mode="json"))
     except ValidationError as exc:
-        raise ConfigError(_one_line(_error_line(source, exc.errors()[0]))) from None
+        raise ConfigError(_one_line(_error_line(source, exc.errors()[0], data))) from None
     except (ValueError, TypeError, RecursionError, PydanticSerializationError):
         # Only free-form fields (model.overrides) can hold such values: a recursive YAML alias, bytes.
         raise ConfigError(

@@ -19,6 +19,7 @@ from matplotlib.ticker import FuncFormatter
 from matplotlib.transforms import blended_transform_factory
 
 from ckptbench.render.plot_style import PlotData, is_number, save, suptitle
+from ckptbench.render.text import plain_text
 from ckptbench.results.store import Run
 from ckptbench.units import SizeUnit
 
@@ -71,6 +72,7 @@ def _width(data: PlotData) -> float:
     return min(16.0, max(9.0, 0.35 * len(data.layouts) * max(len(data.batches), 2)))
 
 
+@plain_text
 def plot_peak_memory(run: Run, path: Path, *, budget_bytes: int | None = None, size: SizeUnit | None = None) -> Path:
     """Grouped bars: peak reserved memory per layout and batch size, with the budget and the card."""
     data = PlotData(run, size=size)
@@ -92,6 +94,7 @@ def plot_peak_memory(run: Run, path: Path, *, budget_bytes: int | None = None, s
     return save(fig, path)
 
 
+@plain_text
 def plot_speed(run: Run, path: Path, *, size: SizeUnit | None = None) -> Path:
     """Throughput of each point relative to `none` at the same batch size (and other axes): one dot per
     point, so a batch-8 step of 1.8 s does not squash the difference between 388 and 493 ms at batch 2."""

@@ -13,6 +13,7 @@ from rich.text import Text
 from ckptbench.analysis.recommend import Recommendation
 from ckptbench.render.recommend import markdown_pareto, pareto_rows
 from ckptbench.render.tables import markdown_table
+from ckptbench.render.text import rich_safe
 from ckptbench.results.store import Run
 from ckptbench.units import fmt_bytes
 
@@ -101,11 +102,11 @@ def dropped_rows(search: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def _rich(rows: Sequence[dict[str, str]], columns: Sequence[str], title: str, wrap: Sequence[str] = ()) -> Table:
-    table = Table(title=title, header_style="bold", title_justify="left")
+    table = Table(title=rich_safe(title), header_style="bold", title_justify="left")
     for col in columns:
         table.add_column(col, justify="right" if col in _RIGHT else "left", no_wrap=col not in wrap, overflow="fold")
     for row in rows:
-        table.add_row(*(row[c] for c in columns))
+        table.add_row(*(Text(row[c]) for c in columns))  # cells hold user strings: never markup
     return table
 
 

@@ -169,14 +169,15 @@ class Run:
 
     @property
     def name(self) -> str:
-        """The directory name: what identifies the run on the command line (compare, --resume)."""
-        return self.path.name
+        """The directory name: what identifies the run on the command line (compare, --resume); bytes that
+        are not UTF-8 shown as U+FFFD (a name is printed, plotted and written into report.md)."""
+        return shown_name(self.path.name)
 
     @property
     def title(self) -> str:
         """The run's own name (run.json ``name``, the config's name) for titles; else the directory name."""
         name = self.meta.get("name")
-        return name if isinstance(name, str) and name else self.path.name
+        return shown_name(name) if isinstance(name, str) and name else self.name
 
     @property
     def config(self) -> dict[str, Any]:
@@ -212,6 +213,25 @@ class Run:
         if len(models) < 2:
             return None
         return ", ".join(f"{name} ({n})" for name, n in sorted(models.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def shown_name(text: str) -> str:
+    """``text`` as it can be printed and written: a file name's undecodable bytes (held by Python as lone
+    surrogates) and any lone surrogate become U+FFFD, instead of a UnicodeEncodeError half-way through a report."""
+    if not _has_surrogates(text):
+        return text
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # a surrogate that stands for no byte (JSON's "\ud800")
+        return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _has_surrogates(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def resolve_run_path(ref: str | Path, *, results_root: Path = Path("results")) -> Path:
