@@ -28,10 +28,8 @@ def _format_loc(loc: tuple[Any, ...], data: Any = None) -> str:
     characters (a misspelt field 'a[b' is named as such, not as '(top level)')."""
     parts, node = [], data
     for x in loc:
-        if isinstance(node, dict) and x in node:
-            parts.append(str(x))
-            node = node[x]
-        elif isinstance(node, list) and isinstance(x, int) and 0 <= x < len(node):
+        in_dict = isinstance(node, dict) and x in node
+        if in_dict or (isinstance(node, list) and isinstance(x, int) and 0 <= x < len(node)):
             parts.append(str(x))
             node = node[x]
         elif not (isinstance(x, str) and ("[" in x or "(" in x)):
