@@ -489,3 +489,63 @@ def test_an_unknown_field_whose_name_holds_a_bracket_is_named(tmp_path: Path) ->
     config.write_text('name: x\nmodel: {preset: tiny}\nsweep: {"seq[len": [8]}\n')
     assert error_line(invoke(["layouts", str(config)])) == (
         f"error: {config}: unknown field 'sweep.seq[len'; did you mean 'seq_len'?")
+
+
+# --- 8. tune and sweep runs are not mixed --------------------------------------------------------------------
+
+
+def test_an_interrupted_tune_names_tune_to_finish_it(
+    mini_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ckptbench.sweep import tuning
+    from ckptbench.sweep.sweep import SweepInterrupted
+
+    run = Path(shutil.copytree(FIXTURES / "runs" / "few", tmp_path / "run"))
+
+    def stopped(*_: Any, **__: Any) -> None:
+        raise SweepInterrupted(run, finished=3, total=0)  # tune's search has no total known in advance
+
+    monkeypatch.setattr(tuning, "run_tune", stopped)
+    result = invoke(["tune", str(mini_config), "--budget", "1", "--allow", "lora"])
+    assert result.exit_code == 130
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"interrupted: 3 points are on disk in {run}; finish with: ckptbench tune {mini_config} --budget 1 "
+        f"--headroom 5% --allow lora --resume {run}")
+
+
+def test_each_run_records_the_command_that_wrote_it(mini_run: tuple[Path, Path]) -> None:
+    from tests.conftest import quiet_load
+
+    _, run = mini_run
+    assert json.loads((run / RUN_FILE).read_text())["command"] == "sweep"
+    assert quiet_load(run).command == "sweep"
+
+
+@pytest.mark.parametrize(
+    ("meta", "command"),
+    [({}, "sweep"), ({"tune": {"budget_bytes": 1}}, "tune"), ({"command": "tune"}, "tune"),
+     ({"command": "sweep"}, "sweep"), ({"command": 5}, "sweep")],
+    ids=["old-sweep", "old-tune", "tune", "sweep", "damaged"],
+)
+def test_runs_without_the_field_infer_their_command(tmp_path: Path, meta: dict[str, Any], command: str) -> None:
+    from ckptbench.results.store import Run
+
+    assert Run(path=tmp_path, meta=meta, points=[]).command == command
+
+
+def test_resume_refuses_a_run_of_the_other_command(mini_run: tuple[Path, Path], tmp_path: Path) -> None:
+    config, pristine = mini_run
+    sweep_run = Path(shutil.copytree(pristine, tmp_path / "sweep-run"))
+    before = (sweep_run / POINTS_FILE).read_bytes()
+    result = invoke(["tune", str(config), "--budget", "1", "--resume", str(sweep_run)])
+    assert result.exit_code == 2
+    assert error_line(result) == (
+        f"error: --resume {sweep_run}: written by ckptbench sweep, not tune; continue it with ckptbench sweep "
+        f"CONFIG --resume {sweep_run}, or start a new run")
+    tune_run = Path(shutil.copytree(pristine, tmp_path / "tune-run"))
+    meta = json.loads((tune_run / RUN_FILE).read_text())
+    (tune_run / RUN_FILE).write_text(json.dumps({**meta, "command": "tune"}))
+    result = invoke(["sweep", str(config), "--resume", str(tune_run), "--no-predict"])
+    assert result.exit_code == 2
+    assert "written by ckptbench tune, not sweep; continue it with ckptbench tune CONFIG" in error_line(result)
+    assert (sweep_run / POINTS_FILE).read_bytes() == before == (tune_run / POINTS_FILE).read_bytes()

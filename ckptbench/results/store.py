@@ -180,6 +180,15 @@ class Run:
         return shown_name(name) if isinstance(name, str) and name else self.name
 
     @property
+    def command(self) -> str:
+        """The command that wrote the run, 'sweep' or 'tune' (run.json ``command``; runs written before it was
+        recorded: 'tune' when they hold tune's options, else 'sweep')."""
+        written = self.meta.get("command")
+        if written in ("sweep", "tune"):
+            return str(written)
+        return "tune" if "tune" in self.meta else "sweep"
+
+    @property
     def config(self) -> dict[str, Any]:
         return self.meta.get("config") or {}
 
@@ -274,7 +283,7 @@ def load_run(ref: str | Path, *, results_root: Path = Path("results")) -> Run:
     if run.meta.get("status") == "running" and writer_alive(path) is False:
         run.meta["status"] = "interrupted"  # in memory only: a reader never writes the run
         _skip(run, f"{path}: run.json says 'running' but no ckptbench process holds the run: it was "
-                   f"interrupted (killed?); finish it with: ckptbench sweep CONFIG --resume {path}")
+                   f"interrupted (killed?); finish it with: ckptbench {run.command} CONFIG --resume {path}")
     _read_points(run)
     run.points = latest_per_key(run.points)
     return run

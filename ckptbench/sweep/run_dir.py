@@ -41,10 +41,11 @@ def start_run(
     environment: dict[str, Any], options: dict[str, Any], num_points: int, meta: dict[str, Any] | None = None,
 ) -> tuple[RunWriter, dict[str, PointRecord], list[str]]:
     """The writer of a new or reopened run, the points it already holds and the notes of loading it."""
+    command = str((meta or {}).get("command", "sweep"))
     if resume is not None:
-        writer, run = _open_run(cfg, resume=resume, environment=environment, options=options)
+        writer, run = _open_run(cfg, resume=resume, environment=environment, options=options, command=command)
         return writer, done_records(run), run.warnings
-    fields = {"num_points": num_points, "options": options, **(meta or {})}
+    fields = {"num_points": num_points, "options": options, "command": command, **(meta or {})}
     return _new_run(cfg, out=out, results_root=results_root, environment=environment, meta=fields), {}, []
 
 
@@ -65,19 +66,19 @@ def _prepare_dir(cfg: SweepConfig, out: Path | None, results_root: Path) -> Path
 
 
 def _open_run(
-    cfg: SweepConfig, *, resume: Path, environment: dict[str, Any], options: dict[str, Any]
+    cfg: SweepConfig, *, resume: Path, environment: dict[str, Any], options: dict[str, Any], command: str
 ) -> tuple[RunWriter, Run]:
     """Lock an existing run, re-read it under the lock, check it still matches, and mark it running."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a truncated last line is reported through Run.warnings
-        check_resumable(cfg, load_run(resume), environment)  # before the lock: change nothing if refused
+        check_resumable(cfg, load_run(resume), environment, command=command)  # before the lock: change nothing
         try:
             writer = RunWriter.reopen(resume)
         except OSError as exc:  # the repair of a cut-off last line could not be written
             raise RunFailure(f"{resume}: cannot resume the run ({exc.strerror or exc}); nothing was run") from None
         try:
             run = load_run(resume)
-            check_resumable(cfg, run, environment)
+            check_resumable(cfg, run, environment, command=command)
         except BaseException:
             writer.close()
             raise
