@@ -7,8 +7,10 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,14 +33,14 @@ def invoke(args: list[str]) -> Any:
     return result
 
 
-def bounded_cli(args: list[str], *, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+def bounded_cli(args: list[str], *, timeout_s: float = 60, columns: str = "200") -> subprocess.CompletedProcess[str]:
     """``python -m ckptbench ARGS`` in a process of at most 2 GiB of address space and ``timeout_s``: an
     unbounded read fails the test (MemoryError or the timeout) instead of taking the machine with it."""
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
 
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "COLUMNS": "200"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "COLUMNS": columns}
     try:
         return subprocess.run([sys.executable, "-m", "ckptbench", *args], capture_output=True, text=True,
                               timeout=timeout_s, preexec_fn=limit, env=env, check=False)
@@ -549,3 +551,88 @@ def test_resume_refuses_a_run_of_the_other_command(mini_run: tuple[Path, Path], 
     assert result.exit_code == 2
     assert "written by ckptbench tune, not sweep; continue it with ckptbench tune CONFIG" in error_line(result)
     assert (sweep_run / POINTS_FILE).read_bytes() == before == (tune_run / POINTS_FILE).read_bytes()
+
+
+# --- 9. Ctrl-C, COLUMNS=0, a killed --isolate sweep, tune's paths ----------------------------------------------
+
+
+def test_ctrl_c_to_a_local_executor_sweep_is_one_line_and_no_traceback(mini_config: Path, tmp_path: Path) -> None:
+    """As a terminal sends it: SIGINT to the whole process group (the sweep and submitit's controllers)."""
+    from tests.test_cluster import _jobs_alive
+
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "CKPTBENCH_TEST_HANG": "layout=all",
+           "CKPTBENCH_ENABLE_TEST_HOOKS": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "ckptbench", "sweep", str(mini_config), "--out", str(run),
+                             "--no-predict", "--executor", "local", "--jobs", "2"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not _jobs_alive(run):
+        time.sleep(0.2)
+    while time.monotonic() < deadline and len(_points(run)) < 2:  # 'none' at b=1, 2; 'all' hangs in its job
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert [line for line in err.splitlines() if line.startswith("interrupted:")] == [err.strip().splitlines()[-1]]
+    deadline = time.monotonic() + 30
+    while _jobs_alive(run) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _jobs_alive(run) == []  # the hung job ended with the sweep
+
+
+def _points(run: Path) -> list[str]:
+    return (run / POINTS_FILE).read_text().splitlines() if (run / POINTS_FILE).exists() else []
+
+
+@pytest.mark.parametrize("columns", ["0", "-1", "abc"])
+def test_a_columns_that_is_no_positive_width_does_not_silence_errors(tmp_path: Path, columns: str) -> None:
+    """A process of its own: the consoles read COLUMNS when they are made, at import."""
+    result = bounded_cli(["sweep", str(tmp_path / "missing.yaml")], columns=columns)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: {tmp_path / 'missing.yaml'}: no such config file"
+    result = bounded_cli(["layouts", str(mini_with(tmp_path))], columns=columns)
+    assert result.returncode == 0 and "decoder layers" in result.stdout
+
+
+def test_the_folders_a_killed_isolate_sweep_left_are_removed_by_the_next(
+    mini_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    from ckptbench.config.load import load_config
+    from ckptbench.sweep.sweep import run_sweep
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1",
+           "CKPTBENCH_TEST_HANG": "layout=all", "CKPTBENCH_ENABLE_TEST_HOOKS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "ckptbench", "sweep", str(mini_config), "--out",
+                             str(tmp_path / "killed"), "--no-predict", "--isolate"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and len(_points(tmp_path / "killed")) < 2:  # 'all' then hangs
+        time.sleep(0.3)
+    while time.monotonic() < deadline and not list(tmp.glob("ckptbench-point-*")):
+        time.sleep(0.1)
+    proc.kill()
+    proc.wait()
+    left = list(tmp.glob(f"ckptbench-point-{proc.pid}-*"))
+    assert left, "the killed sweep left its point's folder (SIGKILL runs no cleanup)"
+    alive = tmp / f"ckptbench-point-{os.getpid()}-mine"  # a live process's folder is never touched
+    alive.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    run_sweep(load_config(mini_config), out=tmp_path / "next", predict=False)
+    assert not any(p.exists() for p in left) and alive.exists()
+
+
+def test_tune_refuses_an_unwritable_out_before_estimating(mini_config: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    start = time.monotonic()
+    result = invoke(["tune", str(mini_config), "--budget", "1", "--out", str(blocker / "run")])
+    assert result.exit_code == 2
+    assert error_line(result) == f"error: --out {blocker / 'run'}: {blocker} exists and is not a directory"
+    assert "estimate" not in result.output and time.monotonic() - start < 10

@@ -7,7 +7,7 @@ import math
 import os
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -49,9 +49,35 @@ class _Stdout(Console):
         self._width, self._height = new_size
 
 
+class _Environ(Mapping[str, str]):
+    """os.environ as the consoles read it, live, except that COLUMNS or LINES that is not a positive number is
+    unset: rich took COLUMNS=0 as a width of 0 and printed nothing at all, errors included."""
+
+    _SIZES = ("COLUMNS", "LINES")
+
+    def __getitem__(self, name: str) -> str:
+        value = os.environ[name]
+        if name in self._SIZES and not (value.strip().isdigit() and int(value) > 0):
+            raise KeyError(name)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name in os.environ if name in self or name not in self._SIZES)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __contains__(self, name: object) -> bool:
+        try:
+            self[name]  # type: ignore[index]
+        except KeyError:
+            return False
+        return True
+
+
 # Tables go to stdout (fitted to its width: render/tables.py); progress, warnings and errors to stderr.
-out = _Stdout(highlight=False, soft_wrap=False)
-err = Console(stderr=True, highlight=False)
+out = _Stdout(highlight=False, soft_wrap=False, _environ=_Environ())
+err = Console(stderr=True, highlight=False, _environ=_Environ())
 
 
 # click's base classes, reached through typer's public BadParameter: typer >= 0.2x vendors its own click.

@@ -27,6 +27,7 @@ from ckptbench.measure.progress import Progress
 from ckptbench.measure.runner import Runner, Search
 from ckptbench.processes.fanout import Fanout, attach_pool, make_fanout
 from ckptbench.processes.launch import FreshProcesses
+from ckptbench.processes.workdirs import remove_stale_workdirs
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import RunWriter
 from ckptbench.search.searches import make_searches
@@ -249,6 +250,7 @@ def make_runner(
             "or use --executor local"
         )
     check_model_builds(cfg)
+    remove_stale_workdirs()  # what a killed sweep left in the temporary directory (SIGKILL runs no cleanup)
     if cluster is not None and cluster.executor != "none":
         fanout, environment = make_fanout(cfg, cluster, timeout_s=timeout_s)
         return fanout.runner, fanout, environment
