@@ -71,7 +71,15 @@ def fmt_bytes(n: float | None) -> str:
     """A lone size in a message: GiB for a GiB and more, MiB below. Tables use ``SizeUnit``."""
     if n is None:
         return "-"
-    return f"{n / GIB:.2f} GiB" if abs(n) >= GIB else f"{n / MIB:.2f} MiB"
+    return f"{_over(n, GIB):.2f} GiB" if abs(n) >= GIB else f"{_over(n, MIB):.2f} MiB"
+
+
+def _over(n: float, scale: int) -> float:
+    """``n / scale``, infinite instead of an OverflowError for an integer beyond a float (a damaged record)."""
+    try:
+        return n / scale
+    except OverflowError:
+        return math.inf if n > 0 else -math.inf
 
 
 @dataclass(frozen=True)
@@ -91,14 +99,14 @@ class SizeUnit:
         """'1.23 GiB' ('+1.23 GiB' when signed); '-' for a missing size; never '-0.00'."""
         if n is None or n != n:
             return "-"
-        value = n / self.scale
-        if round(value, 2) == 0:
+        value = _over(n, self.scale)
+        if math.isfinite(value) and round(value, 2) == 0:
             return f"0.00 {self.name}"
         return f"{value:{'+' if signed else ''}.2f} {self.name}"
 
     def value(self, n: float) -> float:
         """``n`` bytes in this unit (for plot axes)."""
-        return n / self.scale
+        return _over(n, self.scale)
 
 
 GIB_UNIT = SizeUnit("GiB", GIB)

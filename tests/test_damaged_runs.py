@@ -19,6 +19,24 @@ from tests.conftest import copy_run, quiet_load
 Record = dict[str, Any]
 
 
+class _Deep:
+    """A JSON value nested 5,000 deep: json.dumps would recurse, so it is written as text (see damage)."""
+
+    TEXT = "[" * 5000 + "]" * 5000
+
+
+DEEP = _Deep()
+
+
+def _dumps(record: Any) -> str:
+    """json.dumps, with a _Deep value written as its text."""
+    if isinstance(record, dict) and any(isinstance(v, _Deep) for v in record.values()):
+        plain = {k: v for k, v in record.items() if not isinstance(v, _Deep)}
+        deep = ", ".join(f"{json.dumps(k)}: {v.TEXT}" for k, v in record.items() if isinstance(v, _Deep))
+        return json.dumps(plain)[:-1] + ", " + deep + "}"
+    return json.dumps(record)
+
+
 def commands(run: Path, config: Path, tmp: Path) -> dict[str, list[str]]:
     """Every command that reads a run, with the arguments that make it read all of it."""
     return {
@@ -45,7 +63,7 @@ def lines_of(run: Path) -> list[str]:
 def damage(run: Path, line: int, change: Callable[[Record], Any]) -> None:
     """Replace record ``line`` (1-based) of points.jsonl by what ``change`` makes of it."""
     lines = lines_of(run)
-    lines[line - 1] = json.dumps(change(json.loads(lines[line - 1])))
+    lines[line - 1] = _dumps(change(json.loads(lines[line - 1])))
     (run / POINTS_FILE).write_text("\n".join(lines) + "\n")
 
 
@@ -77,6 +95,16 @@ RECORD_CASES: list[tuple[str, Callable[[Record], Any], bool]] = [
     ("only-a-key", lambda r: {"key": r["key"]}, False),
     ("losses-are-words", _with(losses=["x"]), False),
     ("not-an-object", lambda r: [r], False),
+    # issue 22: values that crashed the plots, units.py, render/compare.py or json itself
+    ("batch-is-a-word", _key(lambda k: {**k, "batch_size": "two"}), False),
+    ("batch-is-nan", _key(lambda k: {**k, "batch_size": float("nan")}), False),
+    ("batch-is-true", _key(lambda k: {**k, "batch_size": True}), False),
+    ("extra-key-is-nan", _key(lambda k: {**k, "new_axis": float("nan")}), False),
+    ("context-is-10-to-4000", _with(context_bytes=10**4000), False),
+    ("times-are-subnormal", _with(step_times_s=[5e-324] * 3), False),
+    ("times-are-huge", _with(step_times_s=[1e308] * 3), False),
+    ("warmup-is-huge", _with(warmup_times_s=[1e308]), False),
+    ("nested-5000-deep", _with(plan=DEEP), False),
     ("no-step-times", _without("step_times_s"), True),
     ("no-peaks", _without("peak_allocated_bytes", "peak_reserved_bytes"), True),
     ("key-lacks-a-field", _key(lambda k: {f: v for f, v in k.items() if f != "seq_len"}), True),
@@ -123,7 +151,7 @@ def test_every_reading_command_takes_all_damaged_records_at_once(mini_run: tuple
     config, pristine = mini_run
     run = copy_run(pristine, tmp_path / "run")
     good = lines_of(run)
-    bad = [json.dumps(change(json.loads(good[1]))) for _, change, _ in RECORD_CASES]
+    bad = [_dumps(change(json.loads(good[1]))) for _, change, _ in RECORD_CASES]
     (run / POINTS_FILE).write_text("\n".join([good[0], *bad, *good[2:]]) + "\n")
     before = quiet_load(run)
     assert len(before.warnings) == sum(not valid for *_, valid in RECORD_CASES)
@@ -165,6 +193,8 @@ META_CASES = [
     ("config-null", "config", None, (0, 0, 0, 2, 2), "holds no config"),
     ("environment-a-list", "environment", [1], (0, 0, 0, 0, 2), "measured with device_type None"),
     ("searches-damaged", "searches", [{"kind": "batch_max", "answer": {"num_checkpointed": 3}}], (0, 0, 0, 0, 0), ""),
+    ("options-nested-5000-deep", "options", DEEP, (0, 0, 0, 0, 0), ""),
+    ("unknown-field-nested-5000-deep", "zz_new", DEEP, (0, 0, 0, 0, 0), ""),
 ]
 
 
@@ -175,15 +205,17 @@ def test_a_damaged_run_json_field_is_dropped_with_a_warning(
     config, pristine = mini_run
     run = copy_run(pristine, tmp_path / "run")
     meta = json.loads((run / RUN_FILE).read_text())
-    (run / RUN_FILE).write_text(json.dumps({**meta, field: value}))
+    (run / RUN_FILE).write_text(_dumps({**meta, field: value}))
     loaded = quiet_load(run)
     assert field not in loaded.meta and any(f"ignored field {field!r}" in w for w in loaded.warnings)
     assert len(loaded.points) == 4
     for (name, args), code in zip(commands(run, config, tmp_path).items(), codes, strict=True):
         result = invoke(args)
         assert result.exit_code == code, (name, result.stderr)
-        if code == 2:
-            assert len(result.stderr.strip().splitlines()) == 1 and why in result.stderr, result.stderr
+        if code == 2:  # one error line, after the warning that names the dropped field
+            lines = result.stderr.strip().splitlines()
+            errors = [line for line in lines if not line.startswith("warning: ")]
+            assert len(errors) == 1 and why in errors[0], result.stderr
     assert len(quiet_load(run).points) == 4  # still readable, every record still there
 
 
@@ -229,3 +261,30 @@ def test_a_truncated_line_that_ends_in_a_newline_no_longer_corrupts_the_run(
     assert lines_of(run)[:2] == lines[:2] and len(lines_of(run)) == 4
     for name in ("resume", "compare", "recommend"):  # and the run stays whole for every later command
         assert invoke(commands(run, config, tmp_path)[name]).exit_code == 0
+
+
+def test_records_reduced_to_key_and_status_are_reported_and_plotted(
+    mini_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    config, pristine = mini_run
+    run = copy_run(pristine, tmp_path / "run")
+    bare = [{"key": r["key"], "status": r["status"]} for r in map(json.loads, lines_of(run))]
+    (run / POINTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in bare))
+    assert len(quiet_load(run).points) == 4  # valid records: nothing is skipped ...
+    for name, args in commands(run, config, tmp_path).items():
+        if name != "resume":  # ... and every reader draws and prints them (resume would measure them again)
+            assert invoke(args).exit_code == 0, name
+    assert {p.name for p in (tmp_path / "report").glob("*.png")} >= {"peak_memory.png", "speed.png"}
+
+
+@pytest.mark.parametrize("name", ["recommend", "report", "estimate", "compare"])
+def test_a_skipped_record_is_one_clean_warning_line(mini_run: tuple[Path, Path], tmp_path: Path, name: str) -> None:
+    config, pristine = mini_run
+    run = copy_run(pristine, tmp_path / "run")
+    damage(run, 2, _key(lambda k: {**k, "batch_size": "two"}))
+    args = ["compare", str(run), str(pristine)] if name == "compare" else commands(run, config, tmp_path)[name]
+    result = invoke(args)
+    assert result.exit_code == 0, result.stderr
+    named = [line for line in result.stderr.splitlines() if "line 2" in line]
+    assert len(named) == 1 and named[0].startswith("warning: ") and "batch_size must be int" in named[0], named
+    assert "UserWarning" not in result.stderr and "store.py" not in result.stderr

@@ -25,8 +25,10 @@ from tests.conftest import copy_run
 
 RECORD_FIELDS = ["key", "status", "reason", "step_times_s", "losses", "warmup_losses", "peak_allocated_bytes",
                  "peak_reserved_bytes", "memory", "loss_check", "tokens_per_step", "model_flops_per_step",
-                 "peak_tflops", "plan", "num_checkpointed", "predicted_peak_allocated_bytes"]
-KEY_FIELDS = ["model", "layout", "batch_size", "seq_len", "precision", "optimizer", "compile", "new_axis"]
+                 "peak_tflops", "plan", "num_checkpointed", "predicted_peak_allocated_bytes",
+                 "context_bytes", "warmup_times_s", "hardware_flops_per_step"]
+KEY_FIELDS = ["model", "layout", "batch_size", "seq_len", "precision", "optimizer", "compile", "new_axis",
+              "batch_size", "seq_len"]
 # The fields every reader leans on come up more often: with a dozen examples each is damaged several times.
 META_FIELDS = ["config", "environment", "searches", "status", "resumes"] * 3 + [
     "schema_version", "options", "num_points", "finished_points", "name", "sweep_wall_s", "created_at"]
@@ -40,13 +42,17 @@ values = st.recursive(
     max_leaves=6,
 )
 # A wrong type is what damage usually leaves; drawn first, they are tried within a dozen examples.
-wrong = st.sampled_from([None, 5, -1, "x", [1], [], True, 1.5, float("nan"), 10**30, {"a": 1}, {}])
+# DEEP stands for a value nested 5,000 deep (json.dumps would recurse: it is put in as text, see _dumps).
+DEEP = "<deep>"
+wrong = st.sampled_from([None, 5, -1, "x", [1], [], True, 1.5, float("nan"), 10**30, {"a": 1}, {},
+                         10**4000, 5e-324, [5e-324], 1e308, [1e308], DEEP, "[/]", "$\\frac{1}$"])
 damaged = wrong | values
 # One damage: (where, what, position, field, value or text). Positions are fractions of the file/list.
 points_damage = st.one_of(
     st.tuples(st.just("cut"), st.floats(0, 1), st.sampled_from(["", "\n", "\n\n", " \n"])),
     st.tuples(st.just("line"), st.floats(0, 1), values.map(lambda v: json.dumps(v))),
     st.tuples(st.just("line"), st.floats(0, 1), st.text(max_size=30)),
+    st.tuples(st.just("line"), st.floats(0, 1), st.just("[" * 5000 + "]" * 5000)),
     st.tuples(st.just("field"), st.floats(0, 1), st.sampled_from(RECORD_FIELDS), damaged),
     st.tuples(st.just("key"), st.floats(0, 1), st.sampled_from(KEY_FIELDS), damaged),
     st.tuples(st.just("drop"), st.floats(0, 1), st.sampled_from(RECORD_FIELDS)),
@@ -57,6 +63,10 @@ meta_damage = st.one_of(
     st.tuples(st.just("meta-drop"), st.sampled_from(META_FIELDS)),
     st.tuples(st.just("meta-cut"), st.floats(0, 1)),
 )
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value).replace(json.dumps(DEEP), "[" * 5000 + "]" * 5000)
 
 
 def _at(items: list[Any], where: float) -> int:
@@ -77,7 +87,7 @@ def _damage_points(data: bytes, op: tuple[Any, ...]) -> bytes:
     else:
         try:
             record = json.loads(lines[i])
-        except ValueError:
+        except (ValueError, RecursionError):
             return data
         if not isinstance(record, dict):
             return data
@@ -87,7 +97,7 @@ def _damage_points(data: bytes, op: tuple[Any, ...]) -> bytes:
             record["key"][op[2]] = op[3]
         else:
             record.pop(op[2], None)
-        lines[i] = json.dumps(record)
+        lines[i] = _dumps(record)
     return "\n".join(lines).encode()
 
 
@@ -96,7 +106,7 @@ def _damage_meta(data: bytes, op: tuple[Any, ...]) -> bytes:
         return data[: int(op[1] * len(data))]
     try:
         meta = json.loads(data)
-    except ValueError:  # already cut by an earlier damage
+    except (ValueError, RecursionError):  # already cut (or nested deep) by an earlier damage
         return data
     if not isinstance(meta, dict):
         return data
@@ -104,7 +114,7 @@ def _damage_meta(data: bytes, op: tuple[Any, ...]) -> bytes:
         meta[op[1]] = op[2]
     else:
         meta.pop(op[1], None)
-    return json.dumps(meta).encode()
+    return _dumps(meta).encode()
 
 
 def valid_lines(run: Path) -> list[bytes]:
@@ -113,7 +123,7 @@ def valid_lines(run: Path) -> list[bytes]:
     for line in (run / POINTS_FILE).read_bytes().split(b"\n"):
         try:
             PointRecord.read(json.loads(line))
-        except (ValueError, ValidationError):
+        except (ValueError, ValidationError, RecursionError):
             continue
         found.append(line)
     return found

@@ -47,6 +47,7 @@ def answers_cmd(
                           *(["--measured-only"] if measured_only else []),
                           *(["--out", str(out_file)] if out_file else [])])
     try:
+        _check_outputs(out_file, readme)  # before the runs are read: nothing is judged for a file never written
         answers = _answers(runs, budget=budget, headroom=headroom, predict=not measured_only)
         done = publish_answers(answers, out=out_file, readme=readme, command=command)
     except CkptbenchError as exc:
@@ -63,6 +64,18 @@ def answers_cmd(
         err.print(line, markup=False, soft_wrap=True)
     # stdout: the whole Markdown, or, when it went to a file, the short table the README carries
     typer.echo(done.markdown if out_file is None else verdict_table(answers, link=str(out_file)), nl=False)
+
+
+def _check_outputs(out_file: Path | None, readme: Path | None) -> None:
+    """--out and --readme may not name a run's own files (nor --out the README it also rewrites)."""
+    from ckptbench.render.answers import PLOT_FILE
+    from ckptbench.results.paths import check_not_run_file
+
+    if out_file is not None:
+        check_not_run_file(out_file, option="--out")
+        check_not_run_file(out_file.parent / PLOT_FILE, option="--out")
+    if readme is not None:
+        check_not_run_file(readme, option="--readme")
 
 
 def _answers(runs: list[str], *, budget: str, headroom: str, predict: bool) -> Answers:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
+import warnings
+from collections.abc import Iterator, Mapping
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -46,9 +49,35 @@ class _Stdout(Console):
         self._width, self._height = new_size
 
 
+class _Environ(Mapping[str, str]):
+    """os.environ as the consoles read it, live, except that COLUMNS or LINES that is not a positive number is
+    unset: rich took COLUMNS=0 as a width of 0 and printed nothing at all, errors included."""
+
+    _SIZES = ("COLUMNS", "LINES")
+
+    def __getitem__(self, name: str) -> str:
+        value = os.environ[name]
+        if name in self._SIZES and not (value.strip().isdigit() and int(value) > 0):
+            raise KeyError(name)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name in os.environ if name in self or name not in self._SIZES)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __contains__(self, name: object) -> bool:
+        try:
+            self[name]  # type: ignore[index]
+        except KeyError:
+            return False
+        return True
+
+
 # Tables go to stdout (fitted to its width: render/tables.py); progress, warnings and errors to stderr.
-out = _Stdout(highlight=False, soft_wrap=False)
-err = Console(stderr=True, highlight=False)
+out = _Stdout(highlight=False, soft_wrap=False, _environ=_Environ())
+err = Console(stderr=True, highlight=False, _environ=_Environ())
 
 
 # click's base classes, reached through typer's public BadParameter: typer >= 0.2x vendors its own click.
@@ -101,6 +130,28 @@ def warn(text: str) -> None:
     err.print(f"[yellow]warning:[/yellow] {escape(text)}", soft_wrap=True)
 
 
+BIG_INPUT_BYTES = 2**20  # a config this large (thousands of explicit points) takes seconds to read and expand
+
+
+@contextlib.contextmanager
+def reading(path: Path, *, what: str = "the config") -> Iterator[None]:
+    """While a command reads ``path`` before its own progress starts: a spinner on a terminal, and for a large
+    input one line on stderr first, so that a minute of parsing and expanding is never silent."""
+    with contextlib.suppress(OSError):
+        if path.is_file() and path.stat().st_size > BIG_INPUT_BYTES:
+            err.print(f"reading {what} {escape(str(path))} ({path.stat().st_size / 2**20:.1f} MiB) and expanding "
+                      "its points ...", soft_wrap=True)
+    with err.status(f"reading {escape(str(path))} ..."):
+        yield
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """Python's warnings (a skipped record of a damaged run, a library's note) as one ``warning:`` line on
+    stderr, instead of 'store.py:215: UserWarning:' and the source line."""
+    warn(" ".join(str(message).split()))
+
+
 def _no_flag_types(params: list[Any]) -> list[Any]:
     # typer's rich help prints '<bool>' as the type of every flag (--help included), but a flag takes
     # no value. An empty metavar is shown instead (duck-typed: typer 0.2x vendors its own click).
@@ -129,8 +180,10 @@ class Group(TyperGroup):
         if kwargs.get("standalone_mode", True) is False:
             return super().main(*args, **kwargs)
         try:
-            # Not standalone: click hands us its errors and exit codes instead of printing and exiting.
-            code = super().main(*args, **{**kwargs, "standalone_mode": False})
+            with warnings.catch_warnings():  # restores Python's own display when the command returns
+                warnings.showwarning = _show_warning
+                # Not standalone: click hands us its errors and exit codes instead of printing and exiting.
+                code = super().main(*args, **{**kwargs, "standalone_mode": False})
         except ClickException as exc:
             if type(exc).__name__ == "NoArgsIsHelpError":  # no command given: the help was the answer
                 sys.exit(getattr(exc, "exit_code", EXIT_BAD_INPUT))

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ckptbench.cli.common import BudgetOpt, Format, FormatOpt, err, fail, out, warn
+from ckptbench.cli.common import BudgetOpt, Format, FormatOpt, err, fail, out, reading, warn
 from ckptbench.cli.progress import EstimateProgressBar
 from ckptbench.errors import CkptbenchError, ConfigError
 
@@ -76,7 +76,8 @@ def estimate(
     from ckptbench.units import parse_size
 
     try:
-        cfg, measured = load_input(source)
+        with reading(source):  # 99,999 explicit points take a minute to read and expand, before any trace
+            cfg, measured = load_input(source)
         if parallel is not None:
             cfg = with_parallel(cfg, parallel)
         reserved = measured_reserved(source)

@@ -6,6 +6,7 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from ckptbench import __version__
 from ckptbench.cli.advise import AdviseCommand, advise_cmd
@@ -69,5 +70,5 @@ def main() -> None:
     try:
         app()
     except CkptbenchError as exc:  # safety net: commands convert their own errors
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         sys.exit(exc.exit_code)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -104,8 +105,11 @@ def finish(run_dir: Path, clock: SweepClock | None) -> None:
     gc.freeze()
 
 
-def interrupted(exc: KeyboardInterrupt, config: Path) -> typer.Exit:
-    """Say what is on disk after Ctrl-C/SIGTERM (and write the partial summaries); exit code 130."""
+def interrupted(exc: KeyboardInterrupt, config: Path, *, again: str | None = None) -> typer.Exit:
+    """Say what is on disk after Ctrl-C/SIGTERM (and write the partial summaries); exit code 130.
+
+    ``again``: the command that continues the run, up to ``--resume RUN`` (default: ckptbench sweep CONFIG);
+    a tune run names tune and its options, whose searches have no total of points known in advance."""
     # A SweepInterrupted once the run directory exists: it says where and how far.
     run_dir, finished, total = (getattr(exc, name, None) for name in ("run_dir", "finished", "total"))
     if run_dir is None:
@@ -115,10 +119,11 @@ def interrupted(exc: KeyboardInterrupt, config: Path) -> typer.Exit:
         summarize_run(run_dir)
     with contextlib.suppress(Exception):  # the command's wall time is a nicety here
         finish(run_dir, getattr(exc, "clock", None))
+    again = again or shlex.join(["ckptbench", "sweep", str(config)])
+    counted = f"{finished} of {total} points are" if total else f"{finished} point{'s are' if finished != 1 else ' is'}"
     err.print(
-        f"[yellow]interrupted:[/yellow] {finished} of {total} points are on disk in "
-        f"{escape(str(run_dir))}; finish with: ckptbench sweep {escape(str(config))} "
-        f"--resume {escape(str(run_dir))}",
+        f"[yellow]interrupted:[/yellow] {counted} on disk in {escape(str(run_dir))}; finish with: "
+        f"{escape(again)} --resume {escape(shlex.quote(str(run_dir)))}",
         soft_wrap=True,
     )
     return typer.Exit(130)

@@ -12,7 +12,7 @@ from rich.markup import escape
 from ckptbench.cli.common import ConfigArg, OutDirOpt, ResultsRootOpt, err, fail, finite, out, warn
 from ckptbench.cli.progress import SweepProgress
 from ckptbench.cli.runs import Interrupts, finish, interrupted, run_paths, summarize_run
-from ckptbench.errors import CkptbenchError, ConfigError, ResultsError, RunFailure
+from ckptbench.errors import CkptbenchError, ConfigError, RunFailure
 
 if TYPE_CHECKING:  # the sweep imports torch; the CLI stays fast to start
     from ckptbench.config.schema import SweepConfig
@@ -125,7 +125,9 @@ def sweep(
         try:
             run = summarize_run(outcome.run_dir)
         except (CkptbenchError, OSError) as exc:  # the records are on disk; only the summary is missing
-            raise fail(ResultsError(f"{outcome.run_dir}: cannot write the summary ({exc})")) from None
+            # exit 1, a run failure (a full disk), not bad input
+            raise fail(RunFailure(f"{outcome.run_dir}: cannot write the summary ({_why(exc)}); the run is complete "
+                                  f"on disk: ckptbench report {outcome.run_dir} once there is space")) from None
         _report(run, outcome, config)
         finish(outcome.run_dir, outcome.clock)
     if outcome.late_signal or interrupts.late:
@@ -171,6 +173,8 @@ def _next_steps(run: Run) -> str:
     where = escape(str(run.path))
     return (f"next: ckptbench report {where} --budget {budget} (report.md and plots); "
             f"ckptbench recommend {where} --budget {budget} (the fastest point that fits)")
+def _why(exc: Exception) -> str:
+    return (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
 
 
 def _report(run: Run, outcome: SweepOutcome, config: Path) -> None:

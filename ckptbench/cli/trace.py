@@ -63,8 +63,10 @@ def trace_allocator(
     # Each point ran in its own process from an empty allocator: its record is a fresh-process measurement.
     (folder / "records.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
     for rec in records:
-        err.print(f"{rec.get('trace_file') or 'no trace'}: {rec.get('status', 'error')} {rec.get('reason') or ''}")
-    out.print(json.dumps([{k: r.get(k) for k in ("key", "status", "trace_file")} for r in records], indent=2))
+        err.print(f"{rec.get('trace_file') or 'no trace'}: {rec.get('status', 'error')} {rec.get('reason') or ''}",
+                  markup=False)
+    out.print(json.dumps([{k: r.get(k) for k in ("key", "status", "trace_file")} for r in records], indent=2),
+              markup=False)
 
 
 def _snapshot_default(trace: Path) -> Path:

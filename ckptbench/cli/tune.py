@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -22,7 +24,7 @@ from ckptbench.cli.common import (
 from ckptbench.cli.progress import EstimateProgressBar, SweepProgress
 from ckptbench.cli.recommend import RequiredBudgetOpt
 from ckptbench.cli.runs import Interrupts, interrupted, run_paths, summarize_run
-from ckptbench.errors import CkptbenchError, ConfigError
+from ckptbench.errors import CkptbenchError, ConfigError, RunFailure
 
 if TYPE_CHECKING:  # the search and the sweep import torch; the CLI stays fast to start
     from ckptbench.results.store import Run
@@ -69,8 +71,9 @@ def tune(
             out_path, results, resume_dir = run_paths(out_dir, results_root, resume)
             cfg = load_config(config)
             options = _options(budget, headroom, seq_len, max_points, time_budget, allow, fmt)
-            from ckptbench.sweep.tuning import run_tune
+            from ckptbench.sweep.tuning import check_tune_paths, run_tune
 
+            check_tune_paths(out=out_path, resume=resume_dir, results_root=results)  # before the bars and estimates
             with EstimateProgressBar(err) as estimating, SweepProgress(0) as progress:
                 outcome = run_tune(cfg, options, out=out_path, results_root=results, resume=resume_dir,
                                    on_progress=progress.update, on_estimate=estimating.update)
@@ -78,10 +81,21 @@ def tune(
         except CkptbenchError as exc:
             raise fail(exc) from None
         except KeyboardInterrupt as exc:
-            raise interrupted(exc, config) from None
-        run = summarize_run(outcome.sweep.run_dir)
+            raise interrupted(exc, config, again=_again(config, budget, headroom, seq_len, allow)) from None
+        try:
+            run = summarize_run(outcome.sweep.run_dir)
+        except (CkptbenchError, OSError) as exc:  # the records are on disk; only the summary is missing
+            why = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
+            raise fail(RunFailure(f"{outcome.sweep.run_dir}: cannot write the summary ({why})")) from None
     _show(run, options, fmt)
     err.print(f"results: {outcome.sweep.run_dir}", markup=False)
+
+
+def _again(config: Path, budget: str | None, headroom: str, seq_len: int | None, allow: str | None) -> str:
+    """The tune command that continues this search (its options; --resume RUN follows)."""
+    args = ["ckptbench", "tune", str(config), "--budget", str(budget), "--headroom", headroom]
+    args += [*(["--seq-len", str(seq_len)] if seq_len is not None else []), *(["--allow", allow] if allow else [])]
+    return shlex.join(args)
 
 
 def _options(budget: str | None, headroom: str, seq_len: int | None, max_points: int | None,

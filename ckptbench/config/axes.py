@@ -25,7 +25,8 @@ LORA_PATTERN = r"^(none|r[1-9][0-9]{0,5})$"  # ranks up to 999999
 # naming the field, instead of failing inside torch in every point.
 MAX_BATCH = 2**20
 MAX_SEQ_LEN = 2**24
-MAX_MICRO_BATCHES = 2**16
+MAX_MICRO_BATCHES = 1024  # gradient accumulation steps per optimizer step: far above real use; the estimate
+# traced every one of them (minutes and gigabytes for thousands)
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH)]
 SeqLen = Annotated[int, Field(ge=1, le=MAX_SEQ_LEN)]
 MicroBatches = Annotated[int, Field(ge=1, le=MAX_MICRO_BATCHES)]

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
 from ckptbench.config.axes import _shown
+from ckptbench.config.files import read_bounded
 from ckptbench.config.model import CONFIG_DIR
 from ckptbench.config.schema import SweepConfig
 from ckptbench.config.yaml_text import check_expanded_size, read_yaml
@@ -22,9 +23,19 @@ from ckptbench.errors import ConfigError
 MAX_CONFIG_BYTES = 16 * 2**20  # a config is a few KiB; 100,000 explicit points fit in a few MiB
 
 
-def _format_loc(loc: tuple[Any, ...]) -> str:
-    # Union members appear in pydantic locations as type tags ('list[int]', "literal['max']"): not fields.
-    parts = [str(x) for x in loc if not (isinstance(x, str) and ("[" in x or "(" in x))]
+def _format_loc(loc: tuple[Any, ...], data: Any = None) -> str:
+    """The dotted field path of a pydantic location. Union members appear in it as type tags ('list[int]',
+    "literal['max']"): not fields. A part that is a key (or index) of the data given is a field whatever its
+    characters (a misspelt field 'a[b' is named as such, not as '(top level)')."""
+    parts, node = [], data
+    for x in loc:
+        in_dict = isinstance(node, dict) and x in node
+        if in_dict or (isinstance(node, list) and isinstance(x, int) and 0 <= x < len(node)):
+            parts.append(str(x))
+            node = node[x]
+        elif not (isinstance(x, str) and ("[" in x or "(" in x)):
+            parts.append(str(x))
+            node = None
     return ".".join(parts) or "(top level)"
 
 
@@ -49,9 +60,9 @@ def _closest(word: Any, choices: list[str]) -> str:
     return f"; did you mean {hint[0]!r}?" if hint else ""
 
 
-def _error_line(source: str, err: Mapping[str, Any]) -> str:
+def _error_line(source: str, err: Mapping[str, Any], data: Any = None) -> str:
     loc = tuple(err.get("loc", ()))
-    where = _format_loc(loc)
+    where = _format_loc(loc, data)
     kind = err.get("type")
     if kind == "extra_forbidden":
         return f"{source}: unknown field {where!r}{_closest(loc[-1], _fields_at(loc)) if loc else ''}"
@@ -86,7 +97,7 @@ def parse_config(data: Any, *, source: str = "config", config_dir: Path | None =
         # The resolved config is stored as JSON in every run: it must round-trip.
         json.dumps(cfg.model_dump(mode="json"))
     except ValidationError as exc:
-        raise ConfigError(_one_line(_error_line(source, exc.errors()[0]))) from None
+        raise ConfigError(_one_line(_error_line(source, exc.errors()[0], data))) from None
     except (ValueError, TypeError, RecursionError, PydanticSerializationError):
         # Only free-form fields (model.overrides) can hold such values: a recursive YAML alias, bytes.
         raise ConfigError(
@@ -114,9 +125,7 @@ def load_config(path: str | Path) -> SweepConfig:
     """Read and validate a YAML config file."""
     p = Path(path)
     try:
-        if p.is_file() and p.stat().st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{p}: larger than {MAX_CONFIG_BYTES // 2**20} MiB; a config is a few KiB")
-        text = p.read_text(encoding="utf-8")
+        text = read_bounded(p, limit_bytes=MAX_CONFIG_BYTES, what="a config file").decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{p}: no such config file") from None
     except IsADirectoryError:

@@ -31,6 +31,12 @@ from ckptbench.config.axes import AttnImpl, _shown, _Strict
 from ckptbench.config.families import DEFAULT_MODEL_TYPE, FAMILIES, Family, family_of
 from ckptbench.config.presets import PRESETS, preset_names
 
+# transformers' ACT2FN names (5.x; tests/test_robust_inputs.py holds this list to the installed one).
+ACTIVATIONS = frozenset({
+    "gelu", "gelu_10", "gelu_accurate", "gelu_fast", "gelu_new", "gelu_python", "gelu_python_tanh",
+    "gelu_pytorch_tanh", "hardswish", "laplace", "leaky_relu", "linear", "mish", "prelu", "quick_gelu", "relu",
+    "relu2", "relu6", "sigmoid", "silu", "sqrtsoftplus", "swish", "tanh", "xielu",
+})
 MAX_LAYERS = 4096  # far above any real LLaMA; keeps layout expansion cheap for absurd inputs
 # Far above any real model (LLaMA-3 405B: hidden 16384, vocab 128256) and far below where a tensor's
 # element count overflows int64 (a size of 10**25 would only fail inside torch, in every point).
@@ -54,6 +60,29 @@ class LlamaShape(BaseModel):
     head_dim: _Size | None = None  # None: hidden_size / num_attention_heads
     max_position_embeddings: _Size
     initializer_range: float = Field(default=0.02, ge=0)  # the std of the initial weights
+    # The activation of the MLP, by its name in transformers' ACT2FN (an unknown one failed in every point).
+    hidden_act: str = "silu"
+    attention_dropout: float = Field(default=0.0, ge=0, le=1)  # a probability (2.0 failed at the first step)
+    # The embedding's padding row: a token of the vocabulary, or None (out of it, building the model failed).
+    pad_token_id: Annotated[int, Field(strict=True, ge=0)] | None = None
+    # The training step reads the loss from the model's output object: a tuple (False) has no .loss.
+    return_dict: bool = True
+
+    @field_validator("return_dict")
+    @classmethod
+    def _output_object(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError("must be true: the training step reads the loss from the model's output object")
+        return value
+
+    @field_validator("hidden_act")
+    @classmethod
+    def _known_activation(cls, value: str) -> str:
+        if value not in ACTIVATIONS:
+            hint = difflib.get_close_matches(value, sorted(ACTIVATIONS), n=1)
+            extra = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise ValueError(f"not an activation transformers knows{extra} (allowed: {', '.join(sorted(ACTIVATIONS))})")
+        return value
 
     @model_validator(mode="after")
     def _heads_fit(self) -> LlamaShape:
@@ -66,6 +95,11 @@ class LlamaShape(BaseModel):
             raise ValueError(f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})")
         if (self.head_dim or self.hidden_size // heads) % 2:  # rotary embeddings rotate pairs of channels
             raise ValueError(f"the head size ({self.head_dim or self.hidden_size // heads}) must be even")
+        if self.pad_token_id is not None and self.pad_token_id >= self.vocab_size:
+            raise ValueError(
+                f"pad_token_id ({self.pad_token_id}) must be a token of the vocabulary (below vocab_size "
+                f"{self.vocab_size}) or null"
+            )
         return self
 
 
@@ -91,10 +125,12 @@ def check_model_shape(resolved: dict[str, Any], overrides: dict[str, Any]) -> No
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = [str(x) for x in err.get("loc", ())]
+        msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+        if not loc and msg.startswith("pad_token_id"):
+            loc = ["pad_token_id"]
         if not loc:  # the heads check: name the field the user changed
             heads_fields = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim")
             loc = [next((f for f in heads_fields if f in overrides), "num_attention_heads")]
-        msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
         given = f" (got {_shown(err.get('input'))})" if err.get("loc") else ""
         raise ValueError(f"model.overrides.{'.'.join(loc)}: {msg}{given}") from None
 
@@ -248,3 +284,82 @@ class LoraSpec(_Strict):
 
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
     alpha: float = Field(default=16.0, gt=0)
+
+
+# -- what a point asks of the model: bounded work, LoRA adapters that exist and fit ----------------------------
+
+# Hardware FLOPs of one step are stored in every record as an int64, and tensors made from batch x seq x vocab
+# count their elements in int64: a step whose FLOPs (bounded above) fit an int64 keeps every product within it.
+MAX_STEP_FLOPS = 2**63 - 1
+
+
+def _dims(resolved: dict[str, Any]) -> dict[str, int]:
+    d, heads = int(resolved["hidden_size"]), int(resolved["num_attention_heads"])
+    head_dim = int(resolved.get("head_dim") or d // heads)
+    return {"d": d, "ff": int(resolved["intermediate_size"]), "vocab": int(resolved["vocab_size"]),
+            "layers": int(resolved["num_hidden_layers"]), "q": heads * head_dim,
+            "kv": int(resolved.get("num_key_value_heads") or heads) * head_dim}
+
+
+def step_flops_bound(resolved: dict[str, Any], *, tokens: int, seq_len: int) -> int:
+    """An upper bound of the hardware FLOPs of one step over ``tokens`` tokens (train/flops.py's count: 6N per
+    token, attention scores, one more forward of everything recomputed, the LM head once more)."""
+    n = _dims(resolved)
+    layer = n["d"] * (2 * n["q"] + 2 * n["kv"]) + 3 * n["d"] * n["ff"] + 2 * n["d"]
+    params = n["layers"] * layer + n["d"] * n["vocab"]
+    return tokens * (10 * params + 16 * n["layers"] * max(n["d"], n["q"]) * seq_len)
+
+
+# The modules of transformers' LlamaForCausalLM that LoRA can adapt (peft wraps Linear and Embedding layers),
+# with (in, out) features; peft matches a target by the module's name or a dotted suffix of it.
+_LORA_MODULES = {
+    "q_proj": ("self_attn", "d", "q"), "k_proj": ("self_attn", "d", "kv"), "v_proj": ("self_attn", "d", "kv"),
+    "o_proj": ("self_attn", "q", "d"), "gate_proj": ("mlp", "d", "ff"), "up_proj": ("mlp", "d", "ff"),
+    "down_proj": ("mlp", "ff", "d"),
+}
+
+
+def _lora_width(target: str, n: dict[str, int]) -> int | None:
+    """The smaller side of the module ``target`` names (a name or dotted suffix), or None when no module of
+    the model has that name."""
+    parts = target.split(".")
+    if target in ("lm_head", "embed_tokens", "model.embed_tokens"):
+        return min(n["d"], n["vocab"])
+    if parts[-1] not in _LORA_MODULES:
+        return None
+    parent, a, b = _LORA_MODULES[parts[-1]]
+    full = ["model", "layers", "<i>", parent, parts[-1]]
+    prefix = parts[:-1]
+    for i in range(len(full) - 1):  # the suffix must be a tail of model.layers.<i>.<parent>.<name>
+        tail = full[i:-1]
+        if len(tail) == len(prefix) and all(
+            want == got or (want == "<i>" and got.isdigit() and int(got) < n["layers"]) for want, got in zip(
+                tail, prefix, strict=True)
+        ):
+            return min(n[a], n[b])
+    return min(n[a], n[b]) if not prefix else None
+
+
+def check_lora(resolved: dict[str, Any], targets: list[str], ranks: list[int]) -> None:
+    """ValueError('lora.target_modules...' or a rank too large) unless every target names a module of the
+    model that LoRA can adapt and every rank is at most the smallest width among the targets."""
+    n = _dims(resolved)
+    widths: dict[str, int] = {}
+    for i, target in enumerate(targets):
+        width = _lora_width(target, n)
+        if width is None:
+            known = sorted([*_LORA_MODULES, "lm_head", "embed_tokens"])
+            hint = difflib.get_close_matches(target.split(".")[-1], known, n=1)
+            extra = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise ValueError(
+                f"lora.target_modules.{i}: {_shown(target)} names no module of the model that LoRA can adapt"
+                f"{extra} (allowed: {', '.join(known)}, or a dotted path ending in one)"
+            )
+        widths[target] = width
+    for rank in ranks:
+        target, width = min(widths.items(), key=lambda kv: kv[1])
+        if rank > width:
+            raise ValueError(
+                f"r{rank}: a LoRA rank above the width of {target} ({width}) adds nothing but memory; "
+                f"use at most r{width}"
+            )

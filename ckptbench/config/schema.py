@@ -11,8 +11,16 @@ from ckptbench.config.axes import MAX_BATCH, DeviceName, OptimizerName, PointSpe
 from ckptbench.config.cluster import ClusterSpec
 from ckptbench.config.grid import Point, expand, search_templates
 from ckptbench.config.layouts import LayoutPlan, parse_layout
-from ckptbench.config.model import LoraSpec, ModelSpec, attention_refusal, check_model_shape
-from ckptbench.config.parallel import sharding_conflict
+from ckptbench.config.model import (
+    MAX_STEP_FLOPS,
+    LoraSpec,
+    ModelSpec,
+    attention_refusal,
+    check_lora,
+    check_model_shape,
+    step_flops_bound,
+)
+from ckptbench.config.parallel import sharding_conflict, world_size
 from ckptbench.errors import LayoutError
 
 MAX_SEED = 2**32 - 1
@@ -107,6 +115,7 @@ class SweepConfig(_Strict):
             _check_parallel(self)
         if self.device == "cpu":
             check_cpu_compatible(self)
+        _check_work(self, resolved)
         return self
 
     def axis_values(self) -> dict[str, list[Any]]:
@@ -191,6 +200,37 @@ def _check_grid_size(cfg: SweepConfig) -> None:
         raise ValueError(f"sweep: {parts} points, more than {MAX_GRID_POINTS}; split it into several")
 
 
+def _check_work(cfg: SweepConfig, resolved: dict[str, Any]) -> None:
+    """The largest step of the config (the axes' largest values together; a batch_size: max search at
+    search_max_batch) stays within int64 FLOPs, which its record stores; LoRA adapters name modules of the
+    model and fit its width."""
+    values = cfg.axis_values()
+    specs = list(cfg.points)
+
+    def largest(axis: str, default: int) -> int:
+        found = [*values[axis], *(getattr(p, axis) for p in specs if getattr(p, axis, None) is not None)]
+        return max((int(v) for v in found), default=default)
+
+    batch = max(largest("batch_size", 1), cfg.search_max_batch if cfg.sweep.batch_size == "max" else 1)
+    seq, micro = largest("seq_len", 1), largest("micro_batches", 1)
+    ranks_of = [world_size(v) for v in [*values["parallel"], *(p.parallel for p in specs if p.parallel)]]
+    tokens = batch * seq * micro * max(ranks_of, default=1)
+    if step_flops_bound(resolved, tokens=tokens, seq_len=seq) > MAX_STEP_FLOPS:
+        raise ValueError(
+            f"sweep: a step of batch {batch} x seq_len {seq} x micro_batches {micro} on this model is more work "
+            "than a record can count (its FLOPs overflow an int64); lower batch_size, seq_len, micro_batches "
+            "or the model's sizes"
+        )
+    loras = sorted({str(v) for v in [*values["lora"], *(p.lora for p in specs if p.lora)] if v != "none"})
+    if loras:
+        try:
+            check_lora(resolved, list(cfg.lora.target_modules), sorted(int(v[1:]) for v in loras))
+        except ValueError as exc:
+            rank = max(loras, key=lambda v: int(v[1:]))
+            where = "" if str(exc).startswith("lora.") else f"{_field_of(cfg, 'lora', rank)}: "
+            raise ValueError(f"{where}{exc}") from None
+
+
 def _check_seq_lens(cfg: SweepConfig, max_pos: Any) -> None:
     if isinstance(max_pos, bool) or not isinstance(max_pos, int):
         return
@@ -245,6 +285,13 @@ def check_cpu_compatible(cfg: SweepConfig) -> None:
         found = sorted({getattr(p, axis) for p in points if bad(getattr(p, axis))})
         if found:
             raise ValueError(f"{_field_of(cfg, axis, found[0])}: {found[0]} {why}")
+    if cfg.sweep.batch_size == "max" and cfg.memory_cap_gib is None:
+        # The search doubles the batch until memory runs out: on a CPU that is the host's (b=128 took 5.4 GB
+        # and the machine with it), not a card's; the tracker enforces a cap like a smaller card would.
+        raise ValueError(
+            "sweep.batch_size: max on a CPU needs memory_cap_gib (the search doubles the batch until memory runs "
+            "out, and on a CPU that is the host's memory), e.g. memory_cap_gib: 0.5"
+        )
 
 
 def _field_of(cfg: SweepConfig, axis: str, value: Any) -> str:

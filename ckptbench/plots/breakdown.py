@@ -18,7 +18,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ckptbench.estimator.record import CATEGORIES, PART_NAMES, Estimate
-from ckptbench.plots.style import PlotData, empty_note, save, short_axis, suptitle
+from ckptbench.plots.style import PlotData, empty_note, plain_text, save, short_axis, suptitle
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 from ckptbench.units import SizeUnit
@@ -51,6 +51,7 @@ def breakdown_points(run: Run) -> list[PointRecord]:
     return [p for p in run.points if p.ok and {k: p.key.get(k) for k in shape} == shape]
 
 
+@plain_text
 def plot_breakdown(
     run: Run, path: Path, *, budget_bytes: int | None = None, size: SizeUnit | None = None,
     estimates: Sequence[Estimate] = (),
@@ -59,6 +60,7 @@ def plot_breakdown(
     return save(breakdown_figure(run, budget_bytes=budget_bytes, size=size, estimates=estimates), path)
 
 
+@plain_text
 def breakdown_figure(
     run: Run, *, budget_bytes: int | None = None, size: SizeUnit | None = None, estimates: Sequence[Estimate] = ()
 ) -> Figure:

@@ -10,7 +10,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ckptbench.analysis.layer_series import CellSeries, Series
-from ckptbench.plots.style import empty_note
+from ckptbench.plots.style import empty_note, plain_text
 from ckptbench.units import GIB
 
 FAMILY_STYLE = {"first": ("#4c72b0", "o"), "last": ("#dd8452", "s"), "every": ("#55a868", "^"),
@@ -84,6 +84,7 @@ def _saving_panel(ax: Axes, cells: Sequence[CellSeries]) -> None:
     ax.legend(fontsize=7)
 
 
+@plain_text
 def plot_layers(cells: Sequence[CellSeries], path: Path, *, title: str, limit_bytes: int | None = None) -> Path:
     """Top: peak reserved against k per cell; bottom: median step time; right: saving per layer against batch."""
     shown = _pick(cells)

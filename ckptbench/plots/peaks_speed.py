@@ -18,9 +18,14 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 from matplotlib.transforms import blended_transform_factory
 
-from ckptbench.plots.style import PlotData, is_number, save, suptitle
+from ckptbench.plots.style import PlotData, is_number, plain_text, save, suptitle
 from ckptbench.results.store import Run
 from ckptbench.units import SizeUnit
+
+
+def _scaled(n: Any, data: PlotData) -> float | None:
+    """A size in the plot's unit; None for a point that recorded none (an ok record may lack its peaks)."""
+    return n / data.scale if is_number(n) else None
 
 
 def _grouped_bars(
@@ -66,6 +71,7 @@ def _width(data: PlotData) -> float:
     return min(16.0, max(9.0, 0.35 * len(data.layouts) * max(len(data.batches), 2)))
 
 
+@plain_text
 def plot_peak_memory(run: Run, path: Path, *, budget_bytes: int | None = None, size: SizeUnit | None = None) -> Path:
     """Grouped bars: peak reserved memory per layout and batch size, with the budget and the card."""
     data = PlotData(run, size=size)
@@ -74,7 +80,7 @@ def plot_peak_memory(run: Run, path: Path, *, budget_bytes: int | None = None, s
     axes = fig.subplots(len(facets), 1, squeeze=False)[:, 0]
     total = run.environment.get("gpu_total_memory_bytes")
     for ax, (label, rows) in zip(axes, facets, strict=True):
-        _grouped_bars(ax, data, rows, lambda r: r["peak_reserved_bytes"] / data.scale)
+        _grouped_bars(ax, data, rows, lambda r: _scaled(r["peak_reserved_bytes"], data))
         ax.set_ylabel(f"peak reserved ({data.unit})")
         ax.set_title(label or None, fontsize=10)
         if total:
@@ -87,6 +93,7 @@ def plot_peak_memory(run: Run, path: Path, *, budget_bytes: int | None = None, s
     return save(fig, path)
 
 
+@plain_text
 def plot_speed(run: Run, path: Path, *, size: SizeUnit | None = None) -> Path:
     """Throughput of each point relative to `none` at the same batch size (and other axes): one dot per
     point, so a batch-8 step of 1.8 s does not squash the difference between 388 and 493 ms at batch 2."""

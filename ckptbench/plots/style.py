@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import statistics
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
+import matplotlib as mpl
 from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -98,3 +101,21 @@ def save(fig: Figure, path: Path) -> Path:
 def empty_note(ax: Axes, text: str) -> None:
     """A centred grey note on axes that have nothing to show."""
     ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=11, color="#777777")
+
+
+# matplotlib reads '$...$' in a text as math: a ValueError for '$\\frac{1}$' in a run name, after half a report was
+# written. Texts drawn inside plain_text are drawn as given.
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def plain_text(draw: Callable[P, R]) -> Callable[P, R]:
+    """A plotting function whose texts are drawn as given: no mathtext ($...$) in the titles, labels, legends
+    and notes it creates (ckptbench draws no formulas; its texts hold names a user chose)."""
+
+    @functools.wraps(draw)
+    def drawn(*args: P.args, **kwargs: P.kwargs) -> R:
+        with mpl.rc_context({"text.parse_math": False}):  # read by each Text when it is created
+            return draw(*args, **kwargs)
+
+    return drawn

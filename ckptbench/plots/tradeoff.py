@@ -13,19 +13,21 @@ from matplotlib.lines import Line2D
 
 from ckptbench.analysis.recommend import Recommendation, RecommendCandidate, candidates, pareto_front
 from ckptbench.plots.labels import Label, place_labels
-from ckptbench.plots.style import PlotData, empty_note, save, suptitle
+from ckptbench.plots.style import PlotData, empty_note, plain_text, save, suptitle
 from ckptbench.results.store import Run
 from ckptbench.units import SizeUnit
 
 BEST_RING = 420.0  # area (points^2) of the ring around the recommended point
 
 
+@plain_text
 def plot_tradeoff(run: Run, path: Path, *, rec: Recommendation | None = None, size: SizeUnit | None = None) -> Path:
     """Scatter of needed memory (peak reserved + CUDA context) against tokens/s, the Pareto front, the budget
     and the winner."""
     return save(tradeoff_figure(run, rec=rec, size=size), path)
 
 
+@plain_text
 def tradeoff_figure(run: Run, *, rec: Recommendation | None = None, size: SizeUnit | None = None) -> Figure:
     """The scatter as a Figure: one colour and marker per layout, marker size by batch, labels that never overlap."""
     data = PlotData(run, size=size)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ckptbench.estimator.recorded import FORMAT, VERSION
+from ckptbench.processes.workdirs import workdir
 
 if TYPE_CHECKING:
     from ckptbench.config.schema import SweepConfig
@@ -116,7 +117,6 @@ def trace_points(cfg: SweepConfig, out_dir: Path, *, gpu_name: str | None = None
 
     Returns each point's record (as the child wrote it) with ``trace_file`` set.
     """
-    import tempfile
 
     from ckptbench.processes.launch import point_request, run_child
 
@@ -124,7 +124,7 @@ def trace_points(cfg: SweepConfig, out_dir: Path, *, gpu_name: str | None = None
     for point in cfg.points_list():
         path = out_dir / trace_file_name(point.key)
         request = {**point_request(cfg, point, gpu_name=gpu_name, known=[]), "allocator_trace": str(path)}
-        with tempfile.TemporaryDirectory(prefix="ckptbench-trace-") as tmp:
+        with workdir("trace") as tmp:
             record = run_child(request, workdir=Path(tmp), timeout_s=None)  # with the point's allocator settings
         out.append({**(record or {}), "trace_file": path.name if path.exists() else None})
     return out

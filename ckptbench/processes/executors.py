@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Sequence
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -54,6 +56,21 @@ class Pool(Protocol):
     def can_start(self, world_size: int, before: Sequence[int] = ()) -> bool: ...
     def submit(self, fn: JobFunction, batch: list[Request], timeout_s: float | None) -> list[Submitted]: ...
     def release(self, done: Submitted) -> None: ...
+
+
+@contextlib.contextmanager
+def _interrupts_not_inherited() -> Iterator[None]:
+    """Start submitit's local controller (and through it the job) with Ctrl-C ignored: a terminal's Ctrl-C
+    reaches the whole process group, and each controller printed KeyboardInterrupt tracebacks (four for two
+    jobs). The sweep handles Ctrl-C alone; its jobs end when it is gone (run_point_job's watch_pid)."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers are the main thread's
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # an ignored signal stays ignored across exec
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @dataclass
@@ -98,7 +115,8 @@ class LocalPool:
                 timeout_min=self.timeout_min, gpus_per_node=len(gpus), visible_gpus=gpus, name="ckptbench"
             )
             # The job ends when this process is gone: a local job must not outlive a killed sweep.
-            out.append(Submitted(self.executor.submit(fn, item.request, timeout_s, os.getpid()), slots))
+            with _interrupts_not_inherited():
+                out.append(Submitted(self.executor.submit(fn, item.request, timeout_s, os.getpid()), slots))
         return out
 
     def release(self, done: Submitted) -> None:

@@ -7,7 +7,6 @@ import torch themselves, and returns what they wrote.
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 from ckptbench.measure import faults
 from ckptbench.processes.launch import run_child
+from ckptbench.processes.workdirs import workdir
 
 
 def run_point_job(request: dict[str, Any], timeout_s: float | None, watch_pid: int | None = None) -> dict[str, Any]:
@@ -28,7 +28,7 @@ def run_point_job(request: dict[str, Any], timeout_s: float | None, watch_pid: i
     if watch_pid is not None:
         _end_with(watch_pid)
     job_id = _job_id()
-    with tempfile.TemporaryDirectory(prefix="ckptbench-job-") as tmp:
+    with workdir("job") as tmp:
         # The point's processes end themselves when this job's process is gone (processes/point_process.py).
         result = run_child({**request, "parent_pid": os.getpid()}, workdir=Path(tmp), timeout_s=timeout_s)
     return {**(result or {}), "job_id": job_id}
@@ -53,5 +53,16 @@ def _end_with(pid: int) -> None:
                 os._exit(3)  # the point's processes follow: they watch this one
             except PermissionError:
                 pass  # it exists (owned by someone else: not ours to judge)
+            if _ended(pid):  # exited, not yet reaped by its parent (a zombie answers signal 0)
+                os._exit(3)
 
     threading.Thread(target=watch, daemon=True, name="ckptbench-sweep-watch").start()
+
+
+def _ended(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits only to be reaped (state Z in /proc; False where there is none)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]

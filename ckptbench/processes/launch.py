@@ -18,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from ckptbench.config.parallel import parse_parallel
 from ckptbench.config.schema import SweepConfig
 from ckptbench.measure.environment import available_cpus, host_state
 from ckptbench.processes.ranks import merge_ranks
+from ckptbench.processes.workdirs import workdir
 from ckptbench.results.store import write_json_atomic
 
 # Allowance for a point process to start (imports, CUDA context) before --point-timeout applies.
@@ -54,7 +54,7 @@ class FreshProcesses:
     def measure(self, point: Point, base: dict[str, Any], *, known: Sequence[dict[str, Any]]) -> dict[str, Any]:
         """Run a point in a fresh process: the fields of its record (an error record if it failed)."""
         request = point_request(self.cfg, point, gpu_name=self.gpu_name, known=known)
-        with tempfile.TemporaryDirectory(prefix="ckptbench-point-") as tmp:
+        with workdir("point") as tmp:
             child = run_child(request, workdir=Path(tmp), timeout_s=self.timeout_s)
         return child_fields(base, child)
 

@@ -14,6 +14,7 @@ from ckptbench.answers.evidence import Cite
 from ckptbench.answers.predictions import Pred
 from ckptbench.answers.ranges import CardRow, saving_per_layer
 from ckptbench.answers.verdicts import Answer, Verdict
+from ckptbench.config.files import read_bounded_text
 from ckptbench.errors import ResultsError
 from ckptbench.render.answers_text import TITLES, intro, predictions_section, transfer_section
 from ckptbench.render.layer_report import interval_table, ordering_table, split_table
@@ -196,6 +197,7 @@ def replace_readme_block(text: str, block: str) -> str:
 
 
 DEFAULT_ANSWERS = Path("docs/answers.md")
+MAX_README_BYTES = 16 * 2**20  # a README is a few hundred KiB at most; /dev/zero or a FIFO is refused
 
 
 @dataclass
@@ -214,7 +216,8 @@ def publish_answers(answers: Answers, *, out: Path | None, readme: Path | None, 
     new_readme = None
     if readme is not None:  # links relative to the README: to the written file, or to docs/answers.md
         link = os.path.relpath(out or DEFAULT_ANSWERS, readme.resolve().parent)
-        new_readme = replace_readme_block(readme.read_text(encoding="utf-8"), readme_block(answers, link=link))
+        text = read_bounded_text(readme, limit_bytes=MAX_README_BYTES, what="a README (Markdown)")
+        new_readme = replace_readme_block(text, readme_block(answers, link=link))
     files: list[Path] = []
     if out is None:
         markdown = answers_markdown(answers, command=command, plot_name=None)

@@ -22,6 +22,8 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from ckptbench.render.text import rich_safe
+
 # A rich table with the default box and padding: one edge, then per column 2 padding + 1 rule.
 _EDGE, _PER_COLUMN = 1, 3
 # Wrapped text breaks after a space or a comma, so that '0,2,4,...,30' never splits a number.
@@ -189,7 +191,8 @@ class FitTable:
         captions = [self.caption] if self.caption else []
         if fit.left_out:
             captions.append(f"not shown at {width} columns: {', '.join(fit.left_out)} ({self.complete_hint})")
-        table = Table(title=self.title, caption="\n".join(captions) or None, header_style="bold",
+        table = Table(title=rich_safe(self.title) if self.title else None,
+                      caption=rich_safe("\n".join(captions)) or None, header_style="bold",
                       title_justify=self.title_justify)
         for col, w in zip(fit.columns, fit.widths, strict=True):
             table.add_column(col.name, justify="right" if col.numeric else "left", width=w,

@@ -13,6 +13,8 @@ import tempfile
 from pathlib import Path
 
 from ckptbench.errors import ConfigError
+from ckptbench.results.lock import LOCK_FILE
+from ckptbench.results.store import POINTS_FILE, RUN_FILE
 
 _NAME_MAX, _PATH_MAX = 255, 4096  # Linux's limits, used where pathconf cannot tell
 
@@ -63,6 +65,7 @@ def check_writable_dir(path: Path, *, option: str) -> None:
             f"{option} {_shown(path)}: the name {_shown(Path(long))} is {len(os.fsencode(long))} bytes long, "
             f"more than the file system allows ({name_max})"
         )
+    check_not_run_file(path, option=option)
     existing = _nearest_existing(path, option)
     try:  # the only test that holds for root, read-only mounts and /proc alike: try it
         os.rmdir(tempfile.mkdtemp(prefix=".ckptbench-write-test-", dir=existing))
@@ -70,3 +73,27 @@ def check_writable_dir(path: Path, *, option: str) -> None:
         raise ConfigError(
             f"{option} {_shown(path)}: cannot create a folder in {_shown(existing)} ({exc.strerror or exc})"
         ) from None
+
+
+# What a run directory is made of (results/store.py, results/lock.py, render/summary.py): no command's
+# output may land on one of these inside a run directory, or a report would replace the records it reads.
+RUN_OWN_FILES = frozenset({RUN_FILE, POINTS_FILE, "summary.csv", "summary.md", LOCK_FILE})
+
+
+def check_not_run_file(path: Path, *, option: str) -> None:
+    """ConfigError (one line, naming ``option``) when writing ``path`` would replace a file of a run directory
+    (run.json, points.jsonl, its summaries or lock), through a symbolic link too: results are never overwritten
+    by a command's output."""
+    for candidate in {path.absolute(), _resolved(path)}:
+        if candidate.name in RUN_OWN_FILES and (candidate.parent / RUN_FILE).is_file():
+            raise ConfigError(
+                f"{option} {_shown(path)}: that is {candidate.name} of the run in {_shown(candidate.parent)}; "
+                "a command never writes over a run's own files (choose another file)"
+            )
+
+
+def _resolved(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: the file will not be written either
+        return path.absolute()

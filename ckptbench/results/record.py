@@ -11,21 +11,27 @@ record survives a round trip through a reader that does not know them.
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails
 
-from ckptbench.config.grid import filled_key, key_id
+from ckptbench.config.grid import KEY_AXES, filled_key, key_id
 
 Status = Literal["ok", "oom", "error", "skipped"]
 # Counts stay within int64: a damaged 10**400 would overflow every float statistic made from it.
 _MAX = 2**63 - 1
 Count = Annotated[int, Field(ge=0, le=_MAX)]
 Bytes = Count
-Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+# Durations stay within what a run can take (a damaged 1e308 s overflows every rate made from it) ...
+Seconds = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
+# ... and a measured step lasts at least a nanosecond (below any clock's resolution; a subnormal 5e-324 s
+# made tokens/s infinite) and at most a million seconds.
+StepSeconds = Annotated[float, Field(ge=1e-9, le=1e6, allow_inf_nan=False)]
 Scalar = str | bool | int | float
+_AXIS_KINDS = {axis.name: axis.kind for axis in KEY_AXES}
 
 
 # The validation context of a read (PointRecord.read): unknown fields are kept instead of refused.
@@ -102,8 +108,8 @@ class RankRecord(_Record):
     gpu_index: int | None = None
     peak_allocated_bytes: Bytes | None = None
     peak_reserved_bytes: Bytes | None = None
-    step_times_s: list[Seconds] = Field(default_factory=list)
-    warmup_times_s: list[Seconds] = Field(default_factory=list)
+    step_times_s: list[StepSeconds] = Field(default_factory=list)
+    warmup_times_s: list[StepSeconds] = Field(default_factory=list)
     wall_s: Seconds | None = None
 
 
@@ -113,9 +119,9 @@ class PointRecord(_Record):
     key: dict[str, Scalar] = Field(min_length=1)
     status: Status
     reason: str | None = None
-    warmup_times_s: list[Seconds] = Field(default_factory=list)
+    warmup_times_s: list[StepSeconds] = Field(default_factory=list)
     warmup_losses: list[float] = Field(default_factory=list)
-    step_times_s: list[Seconds] = Field(default_factory=list)
+    step_times_s: list[StepSeconds] = Field(default_factory=list)
     losses: list[float] = Field(default_factory=list)
     peak_allocated_bytes: Bytes | None = None
     peak_reserved_bytes: Bytes | None = None
@@ -156,7 +162,7 @@ class PointRecord(_Record):
     allocator_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF in the measuring process ('' when unset)
     # GPU memory the process held outside the caching allocator at the end of the window (CUDA context,
     # library kernels; other processes on the card count too): total - free - reserved.
-    context_bytes: int | None = None
+    context_bytes: Annotated[int, Field(ge=-_MAX, le=_MAX)] | None = None
     model_rebuilt: bool = False
     fatal: bool = False  # the device was unusable after this point
     # Where the point ran: the host, the GPU model and its index on that host (None on CPU).
@@ -189,6 +195,14 @@ class PointRecord(_Record):
         (compare, --resume)."""
         if not all(isinstance(k, str) and k for k in key):
             raise ValueError("key fields must be non-empty names")
+        for name, value in key.items():  # a value every reader can sort, group and match on
+            kind = _AXIS_KINDS.get(name)
+            if kind is not None and type(value) is not kind:
+                raise ValueError(f"{name} must be {kind.__name__}, got {value!r}")
+            if isinstance(value, int) and kind is int and not 1 <= value <= _MAX:
+                raise ValueError(f"{name} must be a positive count, got {value!r}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
         return filled_key(key)
 
     # -- identity -------------------------------------------------------------------------
@@ -247,7 +261,8 @@ class PointRecord(_Record):
     @property
     def tokens_per_s(self) -> float | None:
         med = self.median_step_time_s
-        return (self.tokens_per_step or 0) / med if med else None
+        # No tokens recorded is no rate (a made-up 0 tok/s divided the speed plot by zero).
+        return self.tokens_per_step / med if med and self.tokens_per_step else None
 
     def _utilisation(self, flops: int | None) -> float | None:
         med = self.median_step_time_s

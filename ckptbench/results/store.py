@@ -5,6 +5,7 @@ The run directory's lock lives in results/lock.py, the repair of a cut-off point
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -15,15 +16,22 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ckptbench.errors import ResultsError
-from ckptbench.results.lock import lock_run_dir, writer_alive
+from ckptbench.config.files import read_bounded
+from ckptbench.errors import ResultsError, RunFailure
+from ckptbench.results.json_text import MAX_DEPTH, TooDeep, loads_bounded, loads_object_fields
+from ckptbench.results.lock import LOCK_FILE, lock_run_dir, writer_alive
 from ckptbench.results.meta import checked_meta
 from ckptbench.results.record import PointRecord
-from ckptbench.results.repair import repair_points_file
+from ckptbench.results.repair import MAX_POINTS_BYTES, repair_points_file
 
 SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
 POINTS_FILE = "points.jsonl"
+# A bound on what a reader loads (a damaged run must not exhaust the host; points.jsonl's is MAX_POINTS_BYTES):
+# run.json holds the config and the environment, a few KiB.
+MAX_RUN_FILE_BYTES = 64 * 2**20
+RESERVE_FILE = ".reserve"  # disk space held by a writer for run.json's final status (RunWriter)
+RESERVE_BYTES = 64 * 2**10
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -64,17 +72,25 @@ class RunWriter:
     """Appends one JSON line per finished point, flushed and synced as it finishes.
 
     The writer holds an exclusive lock on the run directory, so two sweeps never write to the
-    same run, whether it is new (``--out``) or resumed.
+    same run, whether it is new (``--out``) or resumed. It also holds a little disk space in reserve
+    (RESERVE_FILE), given up only to write run.json's status when the disk is full, so that a run on a
+    full disk still ends saying how it ended instead of 'running'.
     """
 
     def __init__(self, run_dir: Path, meta: dict[str, Any]) -> None:
         self.run_dir = run_dir
-        self._lock = lock_run_dir(run_dir)
+        self._lock = None
         try:
+            self._lock = lock_run_dir(run_dir)
             if (run_dir / RUN_FILE).exists():  # checked under the lock: no race with another --out
                 raise ResultsError(f"{run_dir}: already holds a run; choose another --out (nothing changed)")
             self.meta = {"schema_version": SCHEMA_VERSION, **meta}
             write_json_atomic(run_dir / RUN_FILE, self.meta)
+            self.hold_reserve()
+        except OSError as exc:  # a full disk, a quota: no run was started, and none is left half-made
+            self.close()
+            _unmake(run_dir)
+            raise RunFailure(f"{run_dir}: cannot start the run ({exc.strerror or exc}); nothing was run") from None
         except BaseException:
             self.close()
             raise
@@ -95,6 +111,14 @@ class RunWriter:
             raise
         return writer
 
+    def hold_reserve(self) -> None:
+        """Hold the space that writing run.json's status needs (OSError when even that is not free)."""
+        size = max(RESERVE_BYTES, 2 * (self.run_dir / RUN_FILE).stat().st_size)
+        with open(self.run_dir / RESERVE_FILE, "wb") as fh:  # written, not truncated: a sparse file holds nothing
+            fh.write(bytes(size))
+            fh.flush()
+            os.fsync(fh.fileno())
+
     def append(self, record: PointRecord) -> None:
         line = json.dumps(record.to_json(), sort_keys=True)
         with open(self.run_dir / POINTS_FILE, "a", encoding="utf-8") as fh:
@@ -103,15 +127,35 @@ class RunWriter:
             os.fsync(fh.fileno())
 
     def set_status(self, status: str, **extra: Any) -> None:
-        """Mark the run complete / interrupted / failed in run.json (atomically)."""
+        """Mark the run complete / interrupted / failed in run.json (atomically); on a full disk, with the
+        space held in reserve."""
         self.meta.update(status=status, **extra)
-        write_json_atomic(self.run_dir / RUN_FILE, self.meta)
+        try:
+            write_json_atomic(self.run_dir / RUN_FILE, self.meta)
+        except OSError:
+            reserve = self.run_dir / RESERVE_FILE
+            if not reserve.exists():
+                raise
+            reserve.unlink()
+            write_json_atomic(self.run_dir / RUN_FILE, self.meta)
 
     def close(self) -> None:
-        """Release the run directory's lock."""
+        """Release the run directory's lock (and the space held in reserve)."""
         if self._lock is not None:
+            with contextlib.suppress(OSError):
+                (self.run_dir / RESERVE_FILE).unlink(missing_ok=True)
             os.close(self._lock)
             self._lock = None
+
+
+def _unmake(run_dir: Path) -> None:
+    """Remove what a run that could not start left (its lock, its reserve, a half-written temporary file)
+    and the folder when nothing else is in it: a failed start leaves no run directory holding only '.lock'."""
+    with contextlib.suppress(OSError):
+        for path in run_dir.iterdir():
+            if path.name in (LOCK_FILE, RESERVE_FILE) or path.name.startswith(f".{RUN_FILE}."):
+                path.unlink()
+        run_dir.rmdir()  # fails, as it should, when anything else is there
 
 
 @dataclass
@@ -125,14 +169,24 @@ class Run:
 
     @property
     def name(self) -> str:
-        """The directory name: what identifies the run on the command line (compare, --resume)."""
-        return self.path.name
+        """The directory name: what identifies the run on the command line (compare, --resume); bytes that
+        are not UTF-8 shown as U+FFFD (a name is printed, plotted and written into report.md)."""
+        return shown_name(self.path.name)
 
     @property
     def title(self) -> str:
         """The run's own name (run.json ``name``, the config's name) for titles; else the directory name."""
         name = self.meta.get("name")
-        return name if isinstance(name, str) and name else self.path.name
+        return shown_name(name) if isinstance(name, str) and name else self.name
+
+    @property
+    def command(self) -> str:
+        """The command that wrote the run, 'sweep' or 'tune' (run.json ``command``; runs written before it was
+        recorded: 'tune' when they hold tune's options, else 'sweep')."""
+        written = self.meta.get("command")
+        if written in ("sweep", "tune"):
+            return str(written)
+        return "tune" if "tune" in self.meta else "sweep"
 
     @property
     def config(self) -> dict[str, Any]:
@@ -170,6 +224,25 @@ class Run:
         return ", ".join(f"{name} ({n})" for name, n in sorted(models.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+def shown_name(text: str) -> str:
+    """``text`` as it can be printed and written: a file name's undecodable bytes (held by Python as lone
+    surrogates) and any lone surrogate become U+FFFD, instead of a UnicodeEncodeError half-way through a report."""
+    if not _has_surrogates(text):
+        return text
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # a surrogate that stands for no byte (JSON's "\ud800")
+        return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _has_surrogates(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def resolve_run_path(ref: str | Path, *, results_root: Path = Path("results")) -> Path:
     """A run directory given as a path or as a run name under ``results/``."""
     p = Path(ref)
@@ -186,7 +259,9 @@ def load_run(ref: str | Path, *, results_root: Path = Path("results")) -> Run:
     """Read run.json and points.jsonl; tolerate a truncated last line with a warning."""
     path = resolve_run_path(ref, results_root=results_root)
     try:
-        meta = json.loads((path / RUN_FILE).read_text(encoding="utf-8"))
+        text = read_bounded(path / RUN_FILE, limit_bytes=MAX_RUN_FILE_BYTES, what="a run's run.json",
+                            error=ResultsError).decode("utf-8")
+        meta, too_deep = loads_object_fields(text)  # a field nested thousands deep costs only itself
     except (OSError, ValueError) as exc:
         raise ResultsError(f"{path / RUN_FILE}: unreadable ({exc.__class__.__name__}: {exc})") from None
     if not isinstance(meta, dict):
@@ -200,13 +275,15 @@ def load_run(ref: str | Path, *, results_root: Path = Path("results")) -> Run:
             f"use ckptbench {meta.get('ckptbench_version', '?')} to read it"
         )
     run = Run(path=path, meta={}, points=[])
+    for name in too_deep:
+        _skip(run, f"{path / RUN_FILE}: ignored field {name!r} (nested more than {MAX_DEPTH} levels deep)")
     run.meta, notes = checked_meta(meta, source=str(path / RUN_FILE))
     for note in notes:
         _skip(run, note)
     if run.meta.get("status") == "running" and writer_alive(path) is False:
         run.meta["status"] = "interrupted"  # in memory only: a reader never writes the run
         _skip(run, f"{path}: run.json says 'running' but no ckptbench process holds the run: it was "
-                   f"interrupted (killed?); finish it with: ckptbench sweep CONFIG --resume {path}")
+                   f"interrupted (killed?); finish it with: ckptbench {run.command} CONFIG --resume {path}")
     _read_points(run)
     run.points = latest_per_key(run.points)
     return run
@@ -225,7 +302,8 @@ def _read_points(run: Run) -> None:
     if not pfile.exists():
         return
     try:
-        lines = pfile.read_bytes().split(b"\n")  # bytes: one damaged byte costs its line, not the run
+        data = read_bounded(pfile, limit_bytes=MAX_POINTS_BYTES, what="a run's points.jsonl", error=ResultsError)
+        lines = data.split(b"\n")  # bytes: one damaged byte costs its line, not the run
     except OSError as exc:
         raise ResultsError(f"{pfile}: unreadable ({exc.__class__.__name__})") from None
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
@@ -234,7 +312,10 @@ def _read_points(run: Run) -> None:
         if not line.strip():
             continue
         try:
-            data = json.loads(line)
+            data = loads_bounded(line)
+        except TooDeep as exc:
+            _skip(run, f"{pfile}: ignored line {i + 1} (JSON {exc})")
+            continue
         except ValueError:
             if i == last:
                 _skip(run, f"{pfile}: ignored a truncated last line (line {i + 1}; the run was cut off mid-write)")
@@ -261,4 +342,4 @@ def _skip(run: Run, message: str) -> None:
 def _first_problem(exc: ValidationError) -> str:
     err = exc.errors()[0]
     where = ".".join(str(x) for x in err.get("loc", ())) or "record"
-    return f"{where}: {err.get('msg', 'invalid')}"
+    return f"{where}: {str(err.get('msg', 'invalid')).removeprefix('Value error, ')}"

@@ -54,8 +54,19 @@ def _resolved(stored: Any) -> Any:
         return stored  # not valid any more: compared as it is, and the difference is named
 
 
-def check_resumable(cfg: SweepConfig, run: Run, environment: dict[str, Any]) -> None:
-    """Raise ConfigError (one line) unless ``run`` can be continued with ``cfg`` on this machine."""
+def check_command(run: Run, command: str) -> None:
+    """ConfigError unless ``run`` was written by ``command`` ('sweep' or 'tune'): a sweep's grid run into a tune
+    run, or tune's search appended to a sweep, would make a run that is neither."""
+    if run.command != command:
+        raise ConfigError(
+            f"--resume {run.path}: written by ckptbench {run.command}, not {command}; continue it with "
+            f"ckptbench {run.command} CONFIG --resume {run.path}, or start a new run"
+        )
+
+
+def check_resumable(cfg: SweepConfig, run: Run, environment: dict[str, Any], *, command: str = "sweep") -> None:
+    """Raise ConfigError (one line) unless ``run`` can be continued by ``command`` with ``cfg`` on this machine."""
+    check_command(run, command)
     if not run.config:
         raise ConfigError(
             f"--resume {run.path}: its run.json holds no config to check this one against; start a new run"

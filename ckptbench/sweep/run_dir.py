@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench.config.schema import SweepConfig
-from ckptbench.errors import ResultsError
+from ckptbench.errors import ResultsError, RunFailure
 from ckptbench.results.paths import check_writable_dir
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import RUN_FILE, Run, RunWriter, create_run_dir, load_run, resolve_run_path
@@ -41,10 +41,11 @@ def start_run(
     environment: dict[str, Any], options: dict[str, Any], num_points: int, meta: dict[str, Any] | None = None,
 ) -> tuple[RunWriter, dict[str, PointRecord], list[str]]:
     """The writer of a new or reopened run, the points it already holds and the notes of loading it."""
+    command = str((meta or {}).get("command", "sweep"))
     if resume is not None:
-        writer, run = _open_run(cfg, resume=resume, environment=environment, options=options)
+        writer, run = _open_run(cfg, resume=resume, environment=environment, options=options, command=command)
         return writer, done_records(run), run.warnings
-    fields = {"num_points": num_points, "options": options, **(meta or {})}
+    fields = {"num_points": num_points, "options": options, "command": command, **(meta or {})}
     return _new_run(cfg, out=out, results_root=results_root, environment=environment, meta=fields), {}, []
 
 
@@ -65,22 +66,30 @@ def _prepare_dir(cfg: SweepConfig, out: Path | None, results_root: Path) -> Path
 
 
 def _open_run(
-    cfg: SweepConfig, *, resume: Path, environment: dict[str, Any], options: dict[str, Any]
+    cfg: SweepConfig, *, resume: Path, environment: dict[str, Any], options: dict[str, Any], command: str
 ) -> tuple[RunWriter, Run]:
     """Lock an existing run, re-read it under the lock, check it still matches, and mark it running."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a truncated last line is reported through Run.warnings
-        check_resumable(cfg, load_run(resume), environment)  # before the lock: change nothing if refused
-        writer = RunWriter.reopen(resume)
+        check_resumable(cfg, load_run(resume), environment, command=command)  # before the lock: change nothing
+        try:
+            writer = RunWriter.reopen(resume)
+        except OSError as exc:  # the repair of a cut-off last line could not be written
+            raise RunFailure(f"{resume}: cannot resume the run ({exc.strerror or exc}); nothing was run") from None
         try:
             run = load_run(resume)
-            check_resumable(cfg, run, environment)
+            check_resumable(cfg, run, environment, command=command)
         except BaseException:
             writer.close()
             raise
     history = [*run.meta.get("resumes", []), {"at": _now(), "git_sha": environment["git_sha"], **options}]
     writer.meta = run.meta
-    writer.set_status("running", resumes=history)
+    try:
+        writer.hold_reserve()
+        writer.set_status("running", resumes=history)
+    except OSError as exc:  # a full disk: run.json is written whole or not at all, so it is as it was
+        writer.close()
+        raise RunFailure(f"{resume}: cannot resume the run ({exc.strerror or exc}); nothing was run") from None
     return writer, run
 
 

@@ -8,6 +8,7 @@ import contextlib
 import shutil
 import signal
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from ckptbench.measure.progress import Progress
 from ckptbench.measure.runner import Runner, Search
 from ckptbench.processes.fanout import Fanout, attach_pool, make_fanout
 from ckptbench.processes.launch import FreshProcesses
+from ckptbench.processes.workdirs import remove_stale_workdirs
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import RunWriter
 from ckptbench.search.searches import make_searches
@@ -210,6 +212,33 @@ def _check_options(*, out: Path | None, resume: Path | None, isolate: bool, time
         raise ConfigError(f"--point-timeout must be a positive number of seconds, got {timeout_s:g}")
 
 
+def check_model_builds(cfg: SweepConfig) -> None:
+    """ConfigError unless transformers builds the model: its own checks of the overrides (a rope_scaling it
+    does not know, ...) run here on the meta device, in milliseconds and no memory, before anything runs,
+    instead of failing in every point."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from ckptbench.train.model import llama_config
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # transformers' notes on the config: the error, if any, says it
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            AutoModelForCausalLM.from_config(llama_config(cfg.model))  # the family's own class
+    except ConfigError:
+        raise
+    except Exception as exc:  # transformers raises what it raises: KeyError, AssertionError, ValueError
+        why = " ".join(str(exc).split())[:200]
+        raise ConfigError(
+            f"model.overrides: transformers cannot build this model ({type(exc).__name__}: {why})"
+        ) from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
 def make_runner(
     cfg: SweepConfig, *, isolate: bool, timeout_s: float | None, cluster: ClusterSpec | None = None
 ) -> tuple[Runner, Fanout | None, dict[str, Any]]:
@@ -220,6 +249,8 @@ def make_runner(
             "--executor slurm: no Slurm here (sbatch is not on PATH); run the sweep from a Slurm login node, "
             "or use --executor local"
         )
+    check_model_builds(cfg)
+    remove_stale_workdirs()  # what a killed sweep left in the temporary directory (SIGKILL runs no cleanup)
     if cluster is not None and cluster.executor != "none":
         fanout, environment = make_fanout(cfg, cluster, timeout_s=timeout_s)
         return fanout.runner, fanout, environment
@@ -337,7 +368,13 @@ def _finish_status(
     if failure:
         extra["failure"] = failure
     with _signals_deferred():  # the status and `ended` change together: a signal finds both or neither
-        writer.set_status(status, finished_points=len(held), **extra)
+        try:
+            writer.set_status(status, finished_points=len(held), **extra)
+        except OSError as exc:  # even with the space held in reserve: the records are on disk all the same
+            raise RunFailure(
+                f"{writer.run_dir}: cannot write the run's final status to run.json ({exc.strerror or exc}); "
+                f"its {len(held)} records are on disk (free some space and finish with --resume)"
+            ) from None
         ended.append(status)
 
 
