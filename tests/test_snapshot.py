@@ -149,3 +149,16 @@ def test_snapshot_from_refuses_in_one_line(tmp_path: Path, make: Any, args: list
     assert result.exit_code == 2 and message in result.stderr, result.output
     assert len(result.stderr.strip().splitlines()) == 1
     assert (trace.read_bytes() if trace.exists() else None) == before
+
+
+def test_a_snapshot_never_replaces_a_runs_own_file(tmp_path: Path) -> None:
+    import shutil
+
+    run = Path(shutil.copytree(ROOT / "results" / "h200-gpu-check-2" / "check", tmp_path / "run",
+                               ignore=shutil.ignore_patterns("report")))
+    before = (run / "run.json").read_bytes()
+    result = CliRunner().invoke(app, ["estimate", str(ROOT / "configs" / "tiny.yaml"), "--gpu", "h200",
+                                      "--snapshot", str(run / "run.json")])
+    assert result.exit_code == 2
+    assert "never writes over a run's own files" in result.output
+    assert (run / "run.json").read_bytes() == before

@@ -93,6 +93,10 @@ def estimate(
                  "measurements and the error columns are left out")
             measured, reserved = {}, {}
         budget_bytes = parse_size(budget) if budget is not None else None
+        if snapshot is not None:  # checked before the estimate: never over a run's own files
+            from ckptbench.results.paths import check_not_run_file
+
+            check_not_run_file(snapshot, option="--snapshot")
         with EstimateProgressBar(err) as bar:
             estimates = estimate_config(
                 cfg, target=target, budget_bytes=budget_bytes, method="full" if full else "fast",
