@@ -99,19 +99,12 @@ class Answers:
     @property
     def held(self) -> dict[tuple[str, str, str], int]:
         """What the runs measured: (model, seq_len, precision) -> ok points, most points first."""
-        counts: dict[tuple[str, str, str], int] = {}
-        for run in self.runs:
-            for rec in run.points:
-                if rec.ok:
-                    cell = (str(rec.key.get("model")), str(rec.key.get("seq_len")), str(rec.key.get("precision")))
-                    counts[cell] = counts.get(cell, 0) + 1
-        return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+        return held_cells(self.runs)
 
     @property
     def in_scope(self) -> bool:
         """Whether the runs hold any point of the claims' cell (the scope's model, seq_len, precision)."""
-        s = self.scope
-        return (s.model, str(s.seq_len), s.precision) in self.held
+        return holds_scope(self.runs, self.scope)
 
     @property
     def unjudged(self) -> list[int]:
@@ -171,3 +164,19 @@ def answer_claims(runs: Sequence[Run], *, budget: Budget, scope: Scope | None = 
     labels = {c.label for c in series.values()}
     splits = tuple(s for s in memory_splits(merged_run(runs)) if s.cell in labels)
     return Answers(tuple(runs), budget, scope, answers, tuple(card_rows(ctx)), series, splits, transfer_of(runs), pr)
+
+
+def held_cells(runs: Sequence[Run]) -> dict[tuple[str, str, str], int]:
+    """What the runs measured: (model, seq_len, precision) -> ok points, most points first."""
+    counts: dict[tuple[str, str, str], int] = {}
+    for run in runs:
+        for rec in run.points:
+            if rec.ok:
+                cell = (str(rec.key.get("model")), str(rec.key.get("seq_len")), str(rec.key.get("precision")))
+                counts[cell] = counts.get(cell, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def holds_scope(runs: Sequence[Run], scope: Scope) -> bool:
+    """Whether the runs hold any ok point of the claims' cell (the scope's model, seq_len, precision)."""
+    return (scope.model, str(scope.seq_len), scope.precision) in held_cells(runs)

@@ -79,7 +79,7 @@ def _check_outputs(out_file: Path | None, readme: Path | None) -> None:
 
 
 def _answers(runs: list[str], *, budget: str, headroom: str, predict: bool) -> Answers:
-    from ckptbench.answers.claims import answer_claims
+    from ckptbench.answers.claims import answer_claims, holds_scope
     from ckptbench.answers.evidence import Scope
     from ckptbench.answers.verdicts import Budget
     from ckptbench.results.store import load_run
@@ -88,11 +88,8 @@ def _answers(runs: list[str], *, budget: str, headroom: str, predict: bool) -> A
     budget_bytes = parse_size(budget)
     limit = Budget(budget_bytes, parse_headroom(headroom, budget_bytes=budget_bytes))
     loaded = [load_run(r) for r in runs]
-    # The predictions are of the claims' own setup (LLaMA-7B's thread): only for runs that hold a point of it
-    scope = Scope()
-    held = any((p.key.get("model"), p.key.get("seq_len"), p.key.get("precision"))
-               == (scope.model, scope.seq_len, scope.precision) for run in loaded for p in run.points)
-    predictions = _predictions(loaded, limit) if predict and held else None
+    # The predictions are of the claims' own setup (LLaMA-7B's thread): only for runs in its scope
+    predictions = _predictions(loaded, limit) if predict and holds_scope(loaded, Scope()) else None
     return answer_claims(loaded, budget=limit, predictions=predictions)
 
 
