@@ -101,6 +101,7 @@ def estimate(
     budget_gib: float | None = None,
     full: bool = False,
     on_progress: Callable[[EstimateProgress], None] | None = None,
+    workers: int | None = None,
 ) -> list[Estimate]:
     """Predict, without a GPU, each point's peak allocated (and, on CUDA, reserved) memory (``ckptbench estimate``).
 
@@ -109,7 +110,8 @@ def estimate(
     (default: the device the config's sweep would run on). ``gpu``: the card whose allocator is replayed
     (``"h200"`` by default, ``"h100-80gb"``, ``"a100-80gb"``, ...). The budget each estimate is judged
     against is ``budget_gib``; for a whole config without it, the card's memory when ``gpu`` is given,
-    else the config's ``memory_cap_gib``. ``full``: trace the whole model for every point (slow).
+    else the config's ``memory_cap_gib``. ``full``: trace the whole model for every point (slow). ``workers``:
+    the processes the traces and points are spread over (default: one per core; the estimates do not depend on it).
     """
     from ckptbench.estimator.api import estimate_config, estimate_points, resolve_target
     from ckptbench.units import parse_size
@@ -119,9 +121,9 @@ def estimate(
     method: Literal["fast", "full"] = "full" if full else "fast"
     if points is None:
         return estimate_config(cfg, target=target, budget_bytes=budget_bytes, gpu=gpu, method=method,
-                               on_progress=on_progress)
+                               on_progress=on_progress, workers=workers)
     return estimate_points(cfg, points, target=resolve_target(cfg, target), method=method, budget_bytes=budget_bytes,
-                           gpu=gpu, on_progress=on_progress)
+                           gpu=gpu, on_progress=on_progress, workers=workers)
 
 
 def load_run(run: str | Path, *, results_root: Path = Path("results")) -> Run:

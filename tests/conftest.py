@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import warnings
 from collections.abc import Iterator
@@ -14,6 +15,12 @@ import torch
 
 from ckptbench.config.load import parse_config
 from ckptbench.config.schema import SweepConfig
+from ckptbench.estimator.workers import WORKERS_ENV
+
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # pytest-xdist already runs one worker per core: estimates (and the commands tests start) stay in their process,
+    # instead of forking more workers onto busy cores. tests/test_speed.py asks for workers explicitly.
+    os.environ.setdefault(WORKERS_ENV, "1")
 
 
 def tiny_data(**overrides: Any) -> dict[str, Any]:

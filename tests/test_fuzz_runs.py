@@ -155,7 +155,7 @@ def cached_estimates() -> Any:
         return real(cfg, target=target, budget_bytes=budget, method=method, gpu=gpu, default_gpu=default_gpu)
 
     def estimate_config(cfg: Any, *, target: Any = None, budget_bytes: Any = None, method: str = "fast",
-                        gpu: Any = None, default_gpu: Any = None, on_progress: Any = None) -> Any:
+                        gpu: Any = None, default_gpu: Any = None, on_progress: Any = None, workers: Any = None) -> Any:
         return cached(cfg.model_dump_json(), target, budget_bytes, method, gpu, default_gpu)
 
     return estimate_config

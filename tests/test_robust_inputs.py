@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -601,7 +602,6 @@ def test_a_columns_that_is_no_positive_width_does_not_silence_errors(tmp_path: P
 def test_the_folders_a_killed_isolate_sweep_left_are_removed_by_the_next(
     mini_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tempfile
 
     from ckptbench.config.load import load_config
     from ckptbench.sweep.sweep import run_sweep
@@ -630,10 +630,13 @@ def test_the_folders_a_killed_isolate_sweep_left_are_removed_by_the_next(
 
 
 def test_tune_refuses_an_unwritable_out_before_estimating(mini_config: Path, tmp_path: Path) -> None:
-    blocker = tmp_path / "file"
+    # A short folder: the message shortens a path over 80 characters (pytest-xdist's tmp_path can be longer).
+    short = Path(tempfile.mkdtemp(prefix="ckpt-"))
+    blocker = short / "file"
     blocker.write_text("")
     start = time.monotonic()
     result = invoke(["tune", str(mini_config), "--budget", "1", "--out", str(blocker / "run")])
     assert result.exit_code == 2
     assert error_line(result) == f"error: --out {blocker / 'run'}: {blocker} exists and is not a directory"
     assert "estimate" not in result.output and time.monotonic() - start < 10
+    shutil.rmtree(short)

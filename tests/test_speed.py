@@ -175,3 +175,58 @@ def test_quick_commands_import_no_torch(args: list[str]) -> None:
                           check=False, env={"PYTHONPATH": str(ROOT), "COLUMNS": "120", "PATH": ""})
     last = done.stdout.strip().splitlines()[-1]
     assert last == "HEAVY:", (last, done.stderr[-2000:])
+
+
+# -- the estimate's workers ------------------------------------------------------------------------------
+def _square_or_fail(i: int) -> int:
+    if i == 3:
+        raise KeyError(f"piece {i}")
+    return i * i
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_pieces_give_every_result_once_whatever_the_workers(workers: int) -> None:
+    from ckptbench.estimator.workers import map_pieces
+
+    got = list(map_pieces(lambda i: i * i, 7, workers=workers))
+    assert sorted(got) == [(i, i * i) for i in range(7)]
+    if workers == 1:
+        assert got == sorted(got)  # here, in order
+
+
+def test_a_piece_failing_in_a_worker_raises_its_own_error_here() -> None:
+    from ckptbench.estimator.workers import map_pieces
+
+    with pytest.raises(KeyError, match="piece 3"):
+        dict(map_pieces(_square_or_fail, 6, workers=2))
+
+
+def test_worker_count_is_bounded_by_the_pieces_and_refuses_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckptbench.estimator.workers import WORKERS_ENV, available_cores, worker_count
+
+    monkeypatch.delenv(WORKERS_ENV, raising=False)
+    assert worker_count(None, 1000) == available_cores()
+    monkeypatch.setenv(WORKERS_ENV, "3")
+    assert worker_count(None, 1000) == 3 and worker_count(None, 2) == 2
+    monkeypatch.setenv(WORKERS_ENV, "zero")  # not a positive number: the cores
+    assert worker_count(None, 1000) == available_cores()
+    assert worker_count(8, 3) == 3 and worker_count(8, 0) == 1
+    with pytest.raises(ValueError):
+        worker_count(0, 5)
+
+
+def test_estimates_and_progress_do_not_depend_on_the_workers() -> None:
+    """The traces and the points spread over forked workers give the estimates one process gives, in order."""
+    from ckptbench.estimator.api import estimate_points
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(device="cuda", sweep={"layout": ["none", "all", "every:2"], "batch_size": [1, 2, 3],
+                                            "seq_len": [32, 64], "precision": ["bf16", "fp32"]})
+    points = cfg.points_list()
+    heard: dict[int | None, list[Any]] = {}
+    out = {w: estimate_points(cfg, points, workers=w, on_progress=heard.setdefault(w, []).append) for w in (1, 2)}
+    assert out[1] == out[2] and [e.point for e in out[2]] == points
+    assert all(e.reserved is not None and e.peak_bytes for e in out[1])
+    serial = heard[1]
+    assert [p.done for p in serial] == list(range(len(serial))) and serial[-1].label == "done"
+    assert [p.done for p in heard[2]] == [p.done for p in serial] and heard[2][-1].label == "done"

@@ -53,12 +53,9 @@ class Predictor:
 def run_traces(
     estimator: Estimator, points: Sequence[Point], on_progress: Callable[[EstimateProgress], None] | None
 ) -> None:
-    """Run the traces ``points`` need, together, reporting each (a trace that ran is not run again)."""
-    jobs = estimator.jobs(points)
-    for i, (label, job) in enumerate(jobs):
-        if on_progress is not None:
-            on_progress(EstimateProgress(i, len(jobs), label))
-        job()
+    """Run the traces ``points`` need, together, reporting each (a trace that ran is not run again), spread
+    over the cores."""
+    estimator.run_traces(points, on_progress=on_progress)
 
 
 def smallest(fits: Callable[[int], bool], lo: int, hi: int) -> int | None:

@@ -75,9 +75,16 @@ class _Environ(Mapping[str, str]):
         return True
 
 
+def _live(console: Console) -> Console:
+    """rich reads COLUMNS and LINES once, when a console is made (at import): forget what it read, so that each
+    print reads them again (COLUMNS set after the import: pytest-xdist starts its workers with COLUMNS=80)."""
+    console._width = console._height = None
+    return console
+
+
 # Tables go to stdout (fitted to its width: render/tables.py); progress, warnings and errors to stderr.
-out = _Stdout(highlight=False, soft_wrap=False, _environ=_Environ())
-err = Console(stderr=True, highlight=False, _environ=_Environ())
+out = _live(_Stdout(highlight=False, soft_wrap=False, _environ=_Environ()))
+err = _live(Console(stderr=True, highlight=False, _environ=_Environ()))
 
 
 # click's base classes, reached through typer's public BadParameter: typer >= 0.2x vendors its own click.

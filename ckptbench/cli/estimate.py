@@ -61,6 +61,12 @@ def estimate(
                      help="Also write each point's predicted allocator timeline as a torch.cuda.memory._snapshot() "
                           "pickle (one file per point): open it at https://pytorch.org/memory_viz."),
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option("--workers", metavar="N", min=1,
+                     help="Processes the traces and points are spread over (default: one per core this process may "
+                          "use; 1: this process alone). The estimates do not depend on it."),
+    ] = None,
 ) -> None:
     """Predict, without a GPU, each point's peak allocated and reserved memory and what it is made of.
 
@@ -100,7 +106,7 @@ def estimate(
         with EstimateProgressBar(err) as bar:
             estimates = estimate_config(
                 cfg, target=target, budget_bytes=budget_bytes, method="full" if full else "fast",
-                gpu=card if gpu is not None else None, default_gpu=card, on_progress=bar.update,
+                gpu=card if gpu is not None else None, default_gpu=card, on_progress=bar.update, workers=workers,
             )
         times = None
         if times_from:

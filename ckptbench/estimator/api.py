@@ -47,6 +47,7 @@ from ckptbench.estimator.record import CATEGORIES, Estimate, EstimateProgress, R
 from ckptbench.estimator.replay import fast_steps, full_steps, predict_reserved
 from ckptbench.estimator.trace import StepTrace, trace_optimizer, trace_step
 from ckptbench.estimator.tracker import GRADS, OPTIMIZER_STATE, PARAMS
+from ckptbench.estimator.workers import map_pieces, worker_count
 from ckptbench.train.model import uniform_layers
 from ckptbench.train.unavailable import TechniqueUnavailable
 from ckptbench.units import GIB
@@ -55,6 +56,9 @@ Target = Literal["cpu", "cuda"]
 Method = Literal["fast", "full"]
 
 Job = tuple[str, Callable[[], None]]
+
+# What a trace leaves in the Estimator (a worker's trace is sent back as the new entries of these).
+_TRACE_STORES = ("_costs", "_optim", "_full", "_traces", "_failed")
 
 
 @dataclass
@@ -108,6 +112,48 @@ class Estimator:
                 label = _label(p, f"{len(key[-1])}-layer model")
                 jobs.append((label, self._guarded(key, self._trace_short, p)))
         return jobs
+
+    def run_traces(
+        self, points: Sequence[Point], *, on_progress: Callable[[EstimateProgress], None] | None = None,
+        workers: int | None = None,
+    ) -> int:
+        """Run the traces ``points`` still need (each once), on ``workers`` forked workers (None: as many as
+        there are cores: estimator/workers.py); ``on_progress`` hears of each before it ends. Returns how many ran."""
+        jobs = self.jobs(points)
+
+        def run(i: int) -> dict[str, dict[Any, Any]]:
+            before = {name: set(getattr(self, name)) for name in _TRACE_STORES}
+            jobs[i][1]()
+            return {name: {k: v for k, v in getattr(self, name).items() if k not in before[name]}
+                    for name in _TRACE_STORES}
+
+        def report(done: int) -> None:  # names the next job in order (the one running, when they run here)
+            if on_progress is not None and done < len(jobs):
+                on_progress(EstimateProgress(done, len(jobs), jobs[done][0]))
+
+        report(0)
+        for done, (_, made) in enumerate(map_pieces(run, len(jobs), workers=workers), start=1):
+            for name, new in made.items():
+                getattr(self, name).update(new)
+            report(done)
+        return len(jobs)
+
+    def estimate_each(
+        self, points: Sequence[Point], *, budget_bytes: int | None = None, budget_is_cap: bool = False,
+        workers: int | None = None,
+    ) -> list[Estimate]:
+        """``estimate`` of every point (their traces must have run), on ``workers`` forked workers (None: as
+        many as there are cores), in the points' order."""
+        n = worker_count(workers, len(points))
+        parts = 1 if n == 1 else min(len(points), 4 * n)  # a few parts per worker: they finish together
+        bounds = [(len(points) * i // parts, len(points) * (i + 1) // parts) for i in range(parts)]
+
+        def run(i: int) -> list[Estimate]:
+            lo, hi = bounds[i]
+            return [self.estimate(p, budget_bytes=budget_bytes, budget_is_cap=budget_is_cap) for p in points[lo:hi]]
+
+        done: dict[int, list[Estimate]] = dict(map_pieces(run, parts, workers=n))
+        return [e for i in range(parts) for e in done[i]]
 
     def _guarded(self, key: Any, trace: Callable[[Point], None], point: Point) -> Callable[[], None]:
         def run() -> None:
@@ -237,22 +283,21 @@ def estimate_points(
     gpu: GpuModel | str | None = None,
     on_progress: Callable[[EstimateProgress], None] | None = None,
     rank: int = 0,
+    workers: int | None = None,
 ) -> list[Estimate]:
     """Predict the measured-window peak of each point (a sharded point: of ``rank``); ``on_progress``
     hears of every trace.
 
     On a CUDA target the caching allocator is replayed on ``gpu`` (a card's key or model; default
-    the H200, where the predictions were validated) for the peak reserved memory.
+    the H200, where the predictions were validated) for the peak reserved memory. The traces, then
+    the points, are spread over ``workers`` forked workers (None: one per core; 1: none); the
+    estimates do not depend on it.
     """
     est = Estimator(cfg, target=target, method=method, rank=rank, gpu=card(gpu) if target == "cuda" else None)
-    jobs = est.jobs(points)
-    for i, (label, job) in enumerate(jobs):
-        if on_progress is not None:
-            on_progress(EstimateProgress(i, len(jobs), label))
-        job()
+    ran = est.run_traces(points, on_progress=on_progress, workers=workers)
     if on_progress is not None:
-        on_progress(EstimateProgress(len(jobs), len(jobs), "done"))
-    return [est.estimate(p, budget_bytes=budget_bytes, budget_is_cap=budget_is_cap) for p in points]
+        on_progress(EstimateProgress(ran, ran, "done"))
+    return est.estimate_each(points, budget_bytes=budget_bytes, budget_is_cap=budget_is_cap, workers=workers)
 
 
 def card(gpu: GpuModel | str | None) -> GpuModel:
@@ -278,8 +323,10 @@ def estimate_config(
     default_gpu: GpuModel | None = None,
     method: Method = "fast",
     on_progress: Callable[[EstimateProgress], None] | None = None,
+    workers: int | None = None,
 ) -> list[Estimate]:
-    """Estimate every point of ``cfg`` (in execution order) against a budget.
+    """Estimate every point of ``cfg`` (in execution order) against a budget, on ``workers`` processes (None:
+    one per core).
 
     The budget is ``budget_bytes`` (a card's memory), else the card ``gpu`` names (its total memory;
     the config's memory cap, an emulated smaller card, is then dropped), else the config's memory cap
@@ -294,7 +341,7 @@ def estimate_config(
         budget_bytes, is_cap = int(cfg.memory_cap_gib * GIB), True
     return estimate_points(
         cfg, cfg.points_list(), target=resolve_target(cfg, target), method=method, gpu=gpu or default_gpu,
-        budget_bytes=budget_bytes, budget_is_cap=is_cap, on_progress=on_progress,
+        budget_bytes=budget_bytes, budget_is_cap=is_cap, on_progress=on_progress, workers=workers,
     )
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_leaves
 
 from ckptbench.estimator.device_model import KernelModel
@@ -41,6 +42,8 @@ from ckptbench.estimator.record import CATEGORIES
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _UNSCALE = torch.ops.aten._amp_foreach_non_finite_check_and_unscale_.default
+_DEVICE = torch.ops.prim.device.default
+_META = torch.device("meta")
 
 
 class StepTracker(CountingMode):
@@ -228,6 +231,11 @@ class StepTracker(CountingMode):
         if self.pending_label is not None:
             label, self.pending_label = self.pending_label, None
             self.mark(label)
+        if func is _DEVICE and type(args[0]) is FakeTensor:
+            # A tensor's device, asked about two thirds of a step's dispatches (autograd, checkpointing): answered
+            # as FakeTensor answers it, without the trip back through the dispatcher (no storage, no scratch).
+            self._touch()
+            return _META if args[0].fake_mode.in_kernel_invocation else args[0].fake_device
         if func is _LOCAL_SCALAR:
             return self._scalar(args[0])
         if func is _UNSCALE:

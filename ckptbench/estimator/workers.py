@@ -1,0 +1,97 @@
+"""Spread an estimate's independent pieces of work (its traces, then its points) over the cores this process may use.
+
+Each piece is a call ``task(i)`` that returns a picklable result; the workers are forked, so they start with the
+parent's state (the imported torch and transformers, the traces already run) and nothing but the index and the
+result crosses a pipe. Where forking is not available (not Linux), inside a worker, with one core or one piece, the
+calls run in this process, in order. A piece that fails in a worker is run again here, so that its error is raised
+as it would have been without workers (the worker's exception may not survive pickling).
+
+The results do not depend on the number of workers: every piece is a pure function of the parent's state.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+R = TypeVar("R")
+
+_task: Callable[[int], Any] | None = None  # the forked workers' task (set before the fork, inherited)
+_in_worker = False
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+WORKERS_ENV = "CKPTBENCH_WORKERS"  # the default number of workers (unset: the available cores)
+
+
+def default_workers() -> int:
+    """``CKPTBENCH_WORKERS`` when it is a positive number, else the available cores."""
+    value = os.environ.get(WORKERS_ENV, "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else available_cores()
+
+
+def worker_count(requested: int | None, pieces: int) -> int:
+    """How many workers ``pieces`` pieces get: ``requested`` (None: ``default_workers()``), at most one per piece."""
+    wanted = default_workers() if requested is None else requested
+    if wanted < 1:
+        raise ValueError(f"workers must be at least 1, not {wanted}")
+    return max(1, min(wanted, pieces))
+
+
+def can_fork() -> bool:
+    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods() and not _in_worker
+
+
+@dataclass(frozen=True)
+class _Failed:
+    error: str
+
+
+def _mark_worker() -> None:
+    global _in_worker
+    _in_worker = True
+
+
+def _call(index: int) -> tuple[int, Any]:
+    assert _task is not None
+    try:
+        return index, _task(index)
+    except Exception as exc:  # run again in the parent, which raises it in full
+        return index, _Failed(f"{type(exc).__name__}: {exc}")
+
+
+def map_pieces(task: Callable[[int], R], count: int, *, workers: int | None = None) -> Iterator[tuple[int, R]]:
+    """``(i, task(i))`` for i in 0..count-1, as each finishes (in order when they run here).
+
+    ``workers`` None: as many as the available cores; 1: in this process.
+    """
+    n = worker_count(workers, count)
+    if n <= 1 or not can_fork():
+        for i in range(count):
+            yield i, task(i)
+        return
+    global _task
+    previous, _task = _task, task
+    try:
+        with warnings.catch_warnings():
+            # Python 3.12+ warns about forking a process with threads (rich's refresh thread, torch's pools): the
+            # workers only run the task, which takes no lock another thread may hold.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pool = multiprocessing.get_context("fork").Pool(n, initializer=_mark_worker)
+        with pool:
+            for i, result in pool.imap_unordered(_call, range(count)):
+                yield i, (task(i) if isinstance(result, _Failed) else result)
+    finally:
+        _task = previous
