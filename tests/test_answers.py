@@ -69,7 +69,8 @@ def test_readme_carries_the_generated_verdict_table(generated: tuple[str, str, A
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert generated[1] in readme
     # Right after the two set-up commands, which stay first.
-    assert readme.index("python -m pytest -q -n auto --dist loadfile\n```") < readme.index(README_BEGIN) < readme.index("## Commands")
+    tests_command = readme.index("python -m pytest -q -n auto --dist loadfile\n```")
+    assert tests_command < readme.index(README_BEGIN) < readme.index("## Commands")
 
 
 def test_every_claim_has_a_verdict_and_open_claims_name_a_stage(generated: tuple[str, str, Answers]) -> None:

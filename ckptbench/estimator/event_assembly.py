@@ -53,6 +53,7 @@ class ShortTemplate:
         self.outputs = self._roles(trace)
         self.role = {eid: (label, i) for label, eids in self.outputs.items() for i, eid in enumerate(eids)}
         self.middle = {c: i for i, c in reversed(list(enumerate(classes))) if 0 < i < self.last}
+        self._holds: dict[str, bool] = {}
 
     @staticmethod
     def _roles(trace: StepTrace) -> dict[str, list[int]]:
@@ -73,9 +74,11 @@ class ShortTemplate:
 
     def holds_input(self, cls: str) -> bool:
         """Whether a (middle) layer of the class keeps its input until its backward."""
-        t = self.middle[cls]
-        eids = self.outputs.get(make_label("fwd", t - 1, 0), [])
-        return any(self._freed_in_bwd(eid, t) for eid in eids)
+        if cls not in self._holds:
+            t = self.middle[cls]
+            eids = self.outputs.get(make_label("fwd", t - 1, 0), [])
+            self._holds[cls] = any(self._freed_in_bwd(eid, t) for eid in eids)
+        return self._holds[cls]
 
     def _freed_in_bwd(self, eid: int, layer: int) -> bool:
         return any(op != ALLOC and key == eid for op, key, _ in self.segments.get(make_label("bwd", layer, 0), []))
@@ -89,6 +92,12 @@ class EventAssembler:
         self.layer_of = [template.template_layer(j, full) for j in range(self.n)]
         self.out = StepEvents()
         self.keys: dict[tuple[str, int], int] = {}  # (full label, template event id) -> key
+        self._placed: dict[str, list[tuple[str, str, int]]] = {}  # full label -> the releases freed at its end
+        for kk in range(self.micro):
+            tm = min(kk, template.micro_batches - 1)
+            for where, what, eid in template.releases:
+                if parse_label(where)[2] == tm:
+                    self._placed.setdefault(self._placement(where, what, kk), []).append((where, what, eid))
 
     def run(self, optimizer_step: Sequence[tuple[int, int, int]]) -> StepEvents:
         """The step: start, every micro-batch, the optimizer step (given, whole model), zero_grad."""
@@ -204,9 +213,7 @@ class EventAssembler:
             return []
         tm = min(kk, self.tmpl.micro_batches - 1)
         keys: list[tuple[int, int]] = []
-        for where, what, eid in self.tmpl.releases:
-            if parse_label(where)[2] != tm or self._placement(where, what, kk) != label:
-                continue
+        for _, _, eid in self._placed.get(label, ()):  # those of micro-batch kk placed here (__init__)
             mk, ml, mm = parse_label(self.tmpl.alloc_at[eid])
             if ml is not None or mm is None:
                 raise AssemblyError(f"a shared tensor made in {self.tmpl.alloc_at[eid]}")
@@ -237,8 +244,23 @@ def assemble_step(
     optimizer_step: Sequence[tuple[int, int, int]],
 ) -> StepEvents:
     """The full model's step (layer classes ``full``) from a short trace with layer classes ``classes``."""
-    template = ShortTemplate(trace, classes, max(1, min(micro_batches, 2)))
-    return EventAssembler(template, full, micro_batches).run(optimizer_step)
+    return EventAssembler(short_template(trace, classes, micro_batches), full, micro_batches).run(optimizer_step)
+
+
+_TEMPLATES: dict[tuple[int, tuple[str, ...], int], tuple[StepTrace, ShortTemplate]] = {}
+
+
+def short_template(trace: StepTrace, classes: Sequence[str], micro_batches: int) -> ShortTemplate:
+    """The template of a short trace, prepared once for every point that copies it (the last few are kept)."""
+    key = (id(trace), tuple(classes), max(1, min(micro_batches, 2)))
+    hit = _TEMPLATES.get(key)
+    if hit is not None and hit[0] is trace:  # the trace itself, not another one at a reused address
+        return hit[1]
+    template = ShortTemplate(trace, classes, key[2])
+    if len(_TEMPLATES) >= 16:
+        _TEMPLATES.pop(next(iter(_TEMPLATES)))
+    _TEMPLATES[key] = (trace, template)
+    return template
 
 
 FullEvent = tuple[int, int, int]  # (op, key, nbytes)

@@ -89,13 +89,15 @@ class _Run:
 
     def step(self, events: StepEvents) -> tuple[list[Block], list[Block]]:
         """Replay one step; what it leaves allocated: (optimizer state it created, the rest: the loss)."""
-        malloc, free = self.allocator.malloc, self.allocator.free
+        alloc = self.allocator
+        malloc = alloc._malloc_fast if alloc._fast else alloc.malloc  # what malloc would call, called directly
+        free = alloc.free
         live: dict[int, Block] = {}
         index = 0
         try:
             for index, (op, key, nbytes) in enumerate(events.events):  # noqa: B007 (index: where it failed)
                 if op == ALLOC:
-                    live[key] = malloc(nbytes)
+                    live[key] = malloc(nbytes, 0)
                 else:
                     free(live.pop(key))
         except AllocatorOOM as oom:
