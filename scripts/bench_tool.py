@@ -4,8 +4,9 @@ Measures, in one run so that every figure can be read as a ratio to the others o
 busy) machine:
 
 - ``estimate`` of the 66-point ``configs/llama7b.yaml`` and the 704-point
-  ``configs/llama7b-estimate-grid.yaml``, in this process: the traces, the estimates, the allocator
-  replay's share (the estimates with the replay minus without it), seconds per point;
+  ``configs/llama7b-estimate-grid.yaml`` as a user gets it (``estimate_points``, on every core), then in one
+  process: the traces, the estimates, the allocator replay's share (the estimates with the replay minus
+  without it), seconds per point;
 - each command's start-up: ``--help``, ``compare``, ``recommend`` and ``answers`` on committed runs, and
   ``estimate`` of ``configs/tiny.yaml`` (its whole command), each as a fresh process, next to a bare
   ``python -c pass`` and to the import of the torch-free package;
@@ -78,30 +79,41 @@ def calibration_s() -> float:
 
 
 def bench_estimate(config: str) -> dict[str, Any]:
-    """Traces, estimates (with and without the allocator replay) and seconds per point of one config."""
+    """One config's estimate as a user gets it (``estimate_points``: on every core), then taken apart in one
+    process: the traces, the estimates, the allocator replay's share (the estimates with the card's replay
+    minus the same estimates without a card), seconds per point."""
     from ckptbench.config.load import load_config
     from ckptbench.estimator import api
+    from ckptbench.estimator.workers import worker_count
 
     cfg = load_config(ROOT / config)
     points = cfg.points_list()
+    warm = load_config(ROOT / "configs" / "tiny.yaml")  # what a process pays once (lazy imports), paid before
+    api.estimate_points(warm, warm.points_list()[:1], target="cuda", workers=1)
     start = time.perf_counter()
     estimates = api.estimate_points(cfg, points, target="cuda")
     total = time.perf_counter() - start
-    # The replay's share: the same estimator without a card replays nothing (traces already done).
-    est = api.Estimator(cfg, target="cuda", gpu=None)
+    est = api.Estimator(cfg, target="cuda", gpu=api.card(None))
     t0 = time.perf_counter()
-    for _, job in est.jobs(points):
-        job()
-    traces = time.perf_counter() - t0
+    traces = est.run_traces(points, workers=1)
+    traces_s = time.perf_counter() - t0
     t1 = time.perf_counter()
-    for p in points:
-        est.estimate(p)
-    no_replay = time.perf_counter() - t1
-    replay = max(total - traces - no_replay, 0.0)
+    serial = est.estimate_each(points, workers=1)
+    estimates_s = time.perf_counter() - t1
+    bare = api.Estimator(cfg, target="cuda", gpu=None)  # the same traces, no card: nothing replayed
+    for name in ("_costs", "_optim", "_full", "_traces", "_failed", "_classes"):
+        setattr(bare, name, getattr(est, name))
+    t2 = time.perf_counter()
+    bare.estimate_each(points, workers=1)
+    no_replay = time.perf_counter() - t2
+    replay = max(estimates_s - no_replay, 0.0)
+    one_process = traces_s + estimates_s
     return {
-        "config": config, "points": len(points), "traces": len(est.jobs([])) or _count_traces(cfg, points),
-        "total_s": total, "traces_s": traces, "estimates_without_replay_s": no_replay, "replay_s": replay,
-        "replay_share": replay / total if total else None, "per_point_s": total / len(points),
+        "config": config, "points": len(points), "traces": traces, "workers": worker_count(None, traces),
+        "total_s": total, "identical_in_one_process": serial == estimates,
+        "one_process_s": one_process, "traces_s": traces_s, "estimates_s": estimates_s,
+        "estimates_without_replay_s": no_replay, "replay_s": replay,
+        "replay_share": replay / one_process if one_process else None, "per_point_s": total / len(points),
         "ooms": sum(1 for e in estimates if e.reserved is not None and e.reserved.oom is not None),
     }
 
@@ -123,6 +135,7 @@ def startup() -> dict[str, Any]:
         "recommend": ["-m", "ckptbench", "recommend", run2, "--budget", "80"],
         "answers": ["-m", "ckptbench", "answers", run2, run1],
         "estimate tiny": ["-m", "ckptbench", "estimate", "configs/tiny.yaml"],
+        "estimate llama7b (66 points)": ["-m", "ckptbench", "estimate", "configs/llama7b.yaml"],
         "import torch": ["-c", "import torch"],
     }
     out = {name: timed_command(args) for name, args in commands.items()}
@@ -216,11 +229,13 @@ def markdown(result: dict[str, Any]) -> str:
                  f"python {m['python']}, torch {m['torch']}; git {m['git_sha']}; "
                  f"calibration unit {result['calibration_s']:.3f} s.")
     lines.append("")
-    lines.append("| estimate | points | traces | total s | traces s | replay s | replay share | s/point |")
-    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    lines.append("| estimate | points | traces | total s | s/point | workers | one process s | traces s | replay s "
+                 "| replay share |")
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for e in result.get("estimate", []):
-        lines.append(f"| {e['config']} | {e['points']} | {e['traces']} | {e['total_s']:.1f} | {e['traces_s']:.1f} | "
-                     f"{e['replay_s']:.1f} | {e['replay_share']:.0%} | {e['per_point_s']:.3f} |")
+        lines.append(f"| {e['config']} | {e['points']} | {e['traces']} | {e['total_s']:.1f} | {e['per_point_s']:.3f} "
+                     f"| {e.get('workers', 1)} | {e.get('one_process_s', e['total_s']):.1f} | {e['traces_s']:.1f} "
+                     f"| {e['replay_s']:.1f} | {e['replay_share']:.0%} |")
     lines.append("")
     lines.append("| command (fresh process) | best s | x python | imports torch |")
     lines.append("| --- | ---: | ---: | --- |")

@@ -132,7 +132,14 @@ class Estimator:
                 on_progress(EstimateProgress(done, len(jobs), jobs[done][0]))
 
         report(0)
-        for done, (_, made) in enumerate(map_pieces(run, len(jobs), workers=workers), start=1):
+        if not jobs:
+            return 0
+        # The first trace runs here: what any first trace pays once (transformers' lazy imports of the model's
+        # module, fake-tensor caches) is then paid once, before the workers fork, not once per worker.
+        jobs[0][1]()
+        report(1)
+        rest = map_pieces(lambda i: run(i + 1), len(jobs) - 1, workers=workers)
+        for done, (_, made) in enumerate(rest, start=2):
             for name, new in made.items():
                 getattr(self, name).update(new)
             report(done)
