@@ -1,0 +1,91 @@
+"""Gradient accumulation without replaying (or tracing) every micro-batch: the shortcut's estimates are
+byte-identical to the full way's for every count, and a large count finishes quickly."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import pytest
+
+from ckptbench.config.grid import Point
+from ckptbench.config.schema import SweepConfig
+from ckptbench.estimator import replay as replay_module
+from ckptbench.estimator.api import Estimator
+from ckptbench.estimator.gpus import gpu_model
+from ckptbench.estimator.record import Estimate
+from tests.conftest import tiny_config
+
+COUNTS = [1, 2, 3, 4, 5, 8]
+LAYOUTS = ["none", "all", "every:2@attn"]
+
+
+def _config(device: str, **sweep: Any) -> SweepConfig:
+    axes = {"layout": LAYOUTS, "batch_size": [2], "seq_len": [32], "precision": ["bf16"], **sweep}
+    return tiny_config(device=device, sweep=axes)
+
+
+def _with_micro(points: list[Point], count: int) -> list[Point]:
+    return [dataclasses.replace(p, micro_batches=count) for p in points]
+
+
+def _estimates(cfg: SweepConfig, points: list[Point], *, skip: bool, monkeypatch: pytest.MonkeyPatch,
+               est: Estimator) -> list[Estimate]:
+    """Estimates of ``points`` from ``est`` (its traces run); ``skip=False``: every micro-batch replayed."""
+    original = replay_module.replay_point
+
+    def replay(*args: Any, **kwargs: Any) -> Any:
+        return original(*args, **{**kwargs, "skip_repeats": skip})
+
+    monkeypatch.setattr(replay_module, "replay_point", replay)
+    try:
+        return [est.estimate(p) for p in points]
+    finally:
+        monkeypatch.setattr(replay_module, "replay_point", original)
+
+
+def _traced(cfg: SweepConfig, points: list[Point], *, method: str) -> Estimator:
+    est = Estimator(cfg, target="cuda", method=method, gpu=gpu_model("h200"))  # type: ignore[arg-type]
+    for _, job in est.jobs(points):
+        job()
+    return est
+
+
+def _same(a: list[Estimate], b: list[Estimate]) -> None:
+    for x, y in zip(a, b, strict=True):
+        assert x == y, (x.point.layout, x.point.micro_batches)
+
+
+@pytest.mark.parametrize("allocator", ["default", "expandable_segments", "garbage_collection_threshold:0.5"])
+def test_replay_skipping_repeated_micro_batches_is_exact(allocator: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = _config("cuda", allocator=[allocator])
+    if allocator.startswith("garbage"):  # garbage collection needs a memory fraction: a cap
+        cfg = cfg.model_copy(update={"memory_cap_gib": 1.0})
+    points = [p for count in COUNTS for p in _with_micro(cfg.points_list(), count)]
+    est = _traced(cfg, points, method="fast")  # one short trace (2 micro-batches) serves every count
+    new = _estimates(cfg, points, skip=True, monkeypatch=monkeypatch, est=est)
+    old = _estimates(cfg, points, skip=False, monkeypatch=monkeypatch, est=est)
+    _same(new, old)
+    assert all(e.reserved is not None and e.reserved.peak_reserved_bytes for e in new)
+
+
+def test_replay_skipping_on_a_full_trace_is_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole model traced with its micro-batches (the 'full' method: each count traced)."""
+    cfg = _config("cuda", layout=["every:2"])
+    points = [p for count in (3, 5) for p in _with_micro(cfg.points_list(), count)]
+    est = _traced(cfg, points, method="full")
+    _same(_estimates(cfg, points, skip=True, monkeypatch=monkeypatch, est=est),
+          _estimates(cfg, points, skip=False, monkeypatch=monkeypatch, est=est))
+
+
+def test_a_large_count_replays_quickly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """256 micro-batches: the replay stops at the first repeated micro-batch (the time is printed)."""
+    cfg = _config("cuda", layout=["all"])
+    points = _with_micro(cfg.points_list(), 256)
+    est = _traced(cfg, points, method="fast")
+    began = time.perf_counter()
+    new = _estimates(cfg, points, skip=True, monkeypatch=monkeypatch, est=est)
+    print(f"256 micro-batches: estimate with the replay in {time.perf_counter() - began:.2f} s")
+    old = _estimates(cfg, points, skip=False, monkeypatch=monkeypatch, est=est)
+    _same(new, old)
