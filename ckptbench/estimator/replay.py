@@ -134,7 +134,7 @@ class _Run:
                 _add_counters(self.allocator, now_counters, counters, repeats)
                 moved = {}
                 for key, block in live.items():
-                    made = plan.origin.get(key)
+                    made = plan.origin.get(key) if key in plan.freed else None
                     if made is None:
                         moved[key] = block
                     else:
@@ -148,7 +148,8 @@ class _Run:
 
     def _state(self, plan: MicroPlan, micro: int, live: dict[int, Block]) -> tuple[Any, ...]:
         """The allocator at the end of micro-batch ``micro``: what decides how the next one replays, with the
-        live blocks named by (micro-batches ago, request within it) rather than by key."""
+        live blocks that a later micro-batch frees named by (micro-batches ago, request within it) rather than by
+        key (the others, such as the gradients accumulated in place, stay the same blocks to the end)."""
         alloc = self.allocator
         pools = []
         for small in (True, False):
@@ -157,11 +158,13 @@ class _Run:
                 (s, b.addr, b.size, b.requested, b.segment.addr, b.segment.size, pool.searches - b.gc_base)
                 for s in sorted(pool.free) for b in pool.free[s]
             )
-            unmapped = tuple((s, b.addr, b.size, b.segment.addr) for s in sorted(pool.unmapped) for b in pool.unmapped[s])
+            unmapped = tuple(
+                (s, b.addr, b.size, b.segment.addr) for s in sorted(pool.unmapped) for b in pool.unmapped[s]
+            )
             pools.append((free, unmapped))
         named = []
         for key, b in live.items():
-            made = plan.origin.get(key)
+            made = plan.origin.get(key) if key in plan.freed else None  # a later micro-batch frees it
             name: tuple[int, ...] = (-1, key) if made is None else (micro - made[0], made[1])
             named.append((name, b.addr, b.size, b.requested, b.segment.addr, b.segment.size, b.mapped))
         named.sort()
@@ -181,6 +184,7 @@ class MicroPlan:
 
     ``starts[k]``: the first event of micro-batch k (``starts[-1]``: where the last one ends);
     ``keys[k]``: the keys micro-batch k allocates, in order; ``origin``: key -> (micro-batch, position);
+    ``freed``: the keys freed inside the micro-batches;
     ``periodic_from``: the first micro-batch from which every micro-batch makes the same requests (sizes,
     and frees of the same position of the same micro-batch back, or of the same key made before them).
     """
@@ -189,6 +193,7 @@ class MicroPlan:
     keys: tuple[tuple[int, ...], ...]
     origin: dict[int, tuple[int, int]]
     periodic_from: int
+    freed: frozenset[int] = frozenset()  # keys some micro-batch frees
 
     @classmethod
     def of(cls, events: StepEvents) -> MicroPlan:
@@ -207,6 +212,7 @@ class MicroPlan:
         origin: dict[int, tuple[int, int]] = {}
         keys: list[tuple[int, ...]] = []
         shapes: list[tuple[Any, ...]] = []
+        freed: set[int] = set()
         for m in range(len(starts) - 1):
             made: list[int] = []
             shape: list[Any] = []
@@ -216,6 +222,7 @@ class MicroPlan:
                     made.append(key)
                     shape.append(nbytes)
                 else:
+                    freed.add(key)
                     at = origin.get(key)
                     shape.append(("g", key) if at is None else ("r", m - at[0], at[1]))
             keys.append(tuple(made))
@@ -223,7 +230,7 @@ class MicroPlan:
         periodic = len(shapes) - 1
         while periodic > 0 and shapes[periodic - 1] == shapes[-1]:
             periodic -= 1
-        return cls(tuple(starts), tuple(keys), origin, periodic)
+        return cls(tuple(starts), tuple(keys), origin, periodic, frozenset(freed))
 
 
 def _counters(alloc: CachingAllocator) -> tuple[int, int, int, int]:
