@@ -120,31 +120,39 @@ class _Run:
         """Replay up to the end of the micro-batches, skipping repeats; the event index reached."""
         starts, n = plan.starts, len(plan.starts) - 1  # starts[n]: where the micro-batches end
         self._replay(events, 0, starts[0], live)
-        before: tuple[Any, ...] | None = None
-        counters = _counters(self.allocator)
-        for m in range(n):
+        history: list[tuple[tuple[Any, ...], tuple[int, ...]]] = []  # (state, counters) after each micro-batch
+        m, skipped = 0, False
+        while m < n:
             self._replay(events, starts[m], starts[m + 1], live)
-            if m + 1 >= n:
-                break
-            now, now_counters = self._state(plan, m, live), _counters(self.allocator)
-            if before is not None and now == before and plan.periodic_from <= m:
-                # Micro-batch m started where m-1 did (blocks renamed one micro-batch on) and every later one
-                # makes the same requests: each repeats m exactly, so only the counters grow.
-                repeats = n - 1 - m
-                _add_counters(self.allocator, now_counters, counters, repeats)
-                moved = {}
-                for key, block in live.items():
-                    made = plan.origin.get(key) if key in plan.freed else None
-                    if made is None:
-                        moved[key] = block
-                    else:
-                        micro, local = made
-                        moved[plan.keys[micro + repeats][local]] = block
-                live.clear()
-                live.update(moved)
-                return starts[n]
-            before, counters = now, now_counters
+            if not skipped and m + 1 < n:
+                now = (self._state(plan, m, live), _counters(self.allocator))
+                for period in (1, 2):  # a state that recurs every micro-batch, or every other (double buffers)
+                    if len(history) < period or history[-period][0] != now[0] or plan.periodic_from > m - period + 1:
+                        continue
+                    # Micro-batch m ended where m - period did (blocks renamed on), and every later micro-batch
+                    # makes the same requests: the next ones repeat the last ``period``, so only counters grow.
+                    repeats = (n - 1 - m) // period
+                    _add_counters(self.allocator, now[1], history[-period][1], repeats)
+                    self._rename(plan, live, repeats * period)
+                    m, skipped = m + repeats * period, True
+                    break
+                history.append(now)
+            m += 1
         return starts[n]
+
+    @staticmethod
+    def _rename(plan: MicroPlan, live: dict[int, Block], shift: int) -> None:
+        """Live blocks a later micro-batch frees, renamed to the keys ``shift`` micro-batches on."""
+        moved = {}
+        for key, block in live.items():
+            made = plan.origin.get(key) if key in plan.freed else None
+            if made is None:
+                moved[key] = block
+            else:
+                micro, local = made
+                moved[plan.keys[micro + shift][local]] = block
+        live.clear()
+        live.update(moved)
 
     def _state(self, plan: MicroPlan, micro: int, live: dict[int, Block]) -> tuple[Any, ...]:
         """The allocator at the end of micro-batch ``micro``: what decides how the next one replays, with the
