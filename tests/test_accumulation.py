@@ -141,5 +141,6 @@ def test_skipping_a_synthetic_stream_is_exact(seed: int) -> None:
     conf = rng.choice(["", "expandable_segments:True", "garbage_collection_threshold:0.6", "max_split_size_mb:20"])
     process = ProcessModel(warmup_steps=1, measured_steps=3, workspaces=(), build=(3 * 2**20,), batch_bytes=512)
     limit = DeviceLimit(rng.choice([150, 250, 2000]) * 2**20, 1.0, 0)
-    runs = [replay_point(step, step, process, parse_alloc_conf(conf), limit, skip_repeats=skip) for skip in (True, False)]
+    settings = parse_alloc_conf(conf)
+    runs = [replay_point(step, step, process, settings, limit, skip_repeats=skip) for skip in (True, False)]
     assert runs[0] == runs[1]
