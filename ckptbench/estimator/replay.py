@@ -270,7 +270,14 @@ def replay_point(
     """Replay a point's process; the measured window's peaks, or where it runs out of memory."""
     run = _Run(settings, limit)
     stats = run.allocator.stats
-    plans = {id(first): MicroPlan.of(first), id(steady): MicroPlan.of(steady)} if skip_repeats else {}
+    plans: dict[int, MicroPlan] = {}
+    if skip_repeats:
+        plans[id(steady)] = plan = MicroPlan.of(steady)
+        # the first step differs only from its optimizer step on (StepEvents.with_optimizer): the same plan
+        end = plan.starts[-1] if plan.starts else 0
+        bounds = [b for b in steady.bounds if b[0] <= end]
+        same = first.events[:end] == steady.events[:end] and first.bounds[: len(bounds)] == bounds
+        plans[id(first)] = plan if same else MicroPlan.of(first)
     try:
         try:
             run.keep(process.workspaces)
