@@ -1,5 +1,5 @@
-"""Gradient accumulation without replaying (or tracing) every micro-batch: the shortcut's estimates are
-byte-identical to the full way's for every count, and a large count finishes quickly."""
+"""Gradient accumulation without replaying every micro-batch through the allocator (estimator/replay.py skips the
+micro-batches that repeat the last replayed one): byte-identical to the full replay for every count and setting."""
 
 from __future__ import annotations
 
