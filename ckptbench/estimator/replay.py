@@ -15,9 +15,8 @@ The process a sweep runs a point in (measure/runner.py, measure/window.py), fres
 The allocator state carries over from step to step, as on the GPU. Within a step, once the allocator ends a
 micro-batch where it ended the previous one (or the one before: double buffers), and the micro-batches left make
 the same requests, they would repeat it exactly: they are skipped, their counters added (``MicroPlan``).
-The first request the
-allocator cannot serve is the predicted out-of-memory error: which step, which segment of the
-step (estimator/trace.py labels), how large a segment it tried to reserve.
+The first request the allocator cannot serve is the predicted out-of-memory error: which step, which segment of
+the step (estimator/trace.py labels), how large a segment it tried to reserve.
 """
 
 from __future__ import annotations
