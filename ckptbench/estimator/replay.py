@@ -12,9 +12,11 @@ The process a sweep runs a point in (measure/runner.py, measure/window.py), fres
    losses the runner keeps are freed when the warm-up ends;
 5. ``reset_peak_memory_stats``, then the measured steps: the peaks and the retries counted here.
 
-The allocator state carries over from step to step, as on the GPU. The first request the
-allocator cannot serve is the predicted out-of-memory error: which step, which segment of the
-step (estimator/trace.py labels), how large a segment it tried to reserve.
+The allocator state carries over from step to step, as on the GPU. Within a step, once the allocator ends a
+micro-batch where it ended the previous one (or the one before: double buffers), and the micro-batches left make
+the same requests, they would repeat it exactly: they are skipped, their counters added (``MicroPlan``).
+The first request the allocator cannot serve is the predicted out-of-memory error: which step, which segment of
+the step (estimator/trace.py labels), how large a segment it tried to reserve.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import bisect
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ckptbench.config.alloc_conf import AllocatorSettings, axis_to_conf, parse_alloc_conf
 from ckptbench.config.grid import Point
@@ -87,29 +90,173 @@ class _Run:
     def keep(self, sizes: Sequence[int]) -> list[Block]:
         return [self.allocator.malloc(n) for n in sizes if n > 0]
 
-    def step(self, events: StepEvents) -> tuple[list[Block], list[Block]]:
-        """Replay one step; what it leaves allocated: (optimizer state it created, the rest: the loss)."""
-        alloc = self.allocator
-        malloc = alloc._malloc_fast if alloc._fast else alloc.malloc  # what malloc would call, called directly
-        free = alloc.free
+    def step(self, events: StepEvents, plan: MicroPlan | None = None) -> tuple[list[Block], list[Block]]:
+        """Replay one step; what it leaves allocated: (optimizer state it created, the rest: the loss).
+
+        With a ``plan`` (the step's micro-batches), micro-batches that would repeat the last replayed one
+        exactly are skipped (``MicroPlan``): the allocator ends where the full replay would, with the same
+        peaks and counters."""
         live: dict[int, Block] = {}
-        index = 0
+        position = 0
+        if plan is not None and plan.starts:
+            position = self._micro_batches(events, plan, live)
+        self._replay(events, position, len(events.events), live)
+        state = events.keys_made_in("opt")
+        return [b for k, b in live.items() if k in state], [b for k, b in live.items() if k not in state]
+
+    def _replay(self, events: StepEvents, begin: int, end: int, live: dict[int, Block]) -> None:
+        """Replay events ``begin``..``end`` (exclusive) of a step into ``live``."""
+        malloc, free = self.allocator.malloc, self.allocator.free
+        index = begin
         try:
-            for index, (op, key, nbytes) in enumerate(events.events):  # noqa: B007 (index: where it failed)
+            for index in range(begin, end):
+                op, key, nbytes = events.events[index]
                 if op == ALLOC:
-                    live[key] = malloc(nbytes, 0)
+                    live[key] = malloc(nbytes)
                 else:
                     free(live.pop(key))
         except AllocatorOOM as oom:
             raise _Stopped(self._where(events, index), oom) from None
-        state = events.keys_made_in("opt")
-        return [b for k, b in live.items() if k in state], [b for k, b in live.items() if k not in state]
+
+    def _micro_batches(self, events: StepEvents, plan: MicroPlan, live: dict[int, Block]) -> int:
+        """Replay up to the end of the micro-batches, skipping repeats; the event index reached."""
+        starts, n = plan.starts, len(plan.starts) - 1  # starts[n]: where the micro-batches end
+        self._replay(events, 0, starts[0], live)
+        history: list[tuple[tuple[Any, ...], tuple[int, ...]]] = []  # (state, counters) after each micro-batch
+        m, skipped = 0, False
+        while m < n:
+            self._replay(events, starts[m], starts[m + 1], live)
+            if not skipped and m + 1 < n:
+                now = (self._state(plan, m, live), _counters(self.allocator))
+                for period in (1, 2):  # a state that recurs every micro-batch, or every other (double buffers)
+                    if len(history) < period or history[-period][0] != now[0] or plan.periodic_from > m - period + 1:
+                        continue
+                    # Micro-batch m ended where m - period did (blocks renamed on), and every later micro-batch
+                    # makes the same requests: the next ones repeat the last ``period``, so only counters grow.
+                    repeats = (n - 1 - m) // period
+                    _add_counters(self.allocator, now[1], history[-period][1], repeats)
+                    self._rename(plan, live, repeats * period)
+                    m, skipped = m + repeats * period, True
+                    break
+                history.append(now)
+            m += 1
+        return starts[n]
+
+    @staticmethod
+    def _rename(plan: MicroPlan, live: dict[int, Block], shift: int) -> None:
+        """Live blocks a later micro-batch frees, renamed to the keys ``shift`` micro-batches on."""
+        moved = {}
+        for key, block in live.items():
+            made = plan.origin.get(key) if key in plan.freed else None
+            if made is None:
+                moved[key] = block
+            else:
+                micro, local = made
+                moved[plan.keys[micro + shift][local]] = block
+        live.clear()
+        live.update(moved)
+
+    def _state(self, plan: MicroPlan, micro: int, live: dict[int, Block]) -> tuple[Any, ...]:
+        """The allocator at the end of micro-batch ``micro``: what decides how the next one replays, with the
+        live blocks that a later micro-batch frees named by (micro-batches ago, request within it) rather than by
+        key (the others, such as the gradients accumulated in place, stay the same blocks to the end)."""
+        alloc = self.allocator
+        pools = []
+        for small in (True, False):
+            pool = alloc.pools[small]
+            free = tuple(
+                (s, b.addr, b.size, b.requested, b.segment.addr, b.segment.size, pool.searches - b.gc_base)
+                for s in sorted(pool.free) for b in pool.free[s]
+            )
+            unmapped = tuple(
+                (s, b.addr, b.size, b.segment.addr) for s in sorted(pool.unmapped) for b in pool.unmapped[s]
+            )
+            pools.append((free, unmapped))
+        named = []
+        for key, b in live.items():
+            made = plan.origin.get(key) if key in plan.freed else None  # a later micro-batch frees it
+            name: tuple[int, ...] = (-1, key) if made is None else (micro - made[0], made[1])
+            named.append((name, b.addr, b.size, b.requested, b.segment.addr, b.segment.size, b.mapped))
+        named.sort()
+        stats = alloc.stats
+        return (stats.allocated, stats.reserved, alloc._next_addr, len(alloc._addresses), tuple(pools), tuple(named))
 
     @staticmethod
     def _where(events: StepEvents, index: int) -> str:
         starts = [start for start, _ in events.bounds]
         at = bisect.bisect_right(starts, index) - 1
         return events.bounds[at][1] if at >= 0 else ""
+
+
+@dataclass(frozen=True)
+class MicroPlan:
+    """A step's micro-batches in its request stream, for skipping repeats.
+
+    ``starts[k]``: the first event of micro-batch k (``starts[-1]``: where the last one ends);
+    ``keys[k]``: the keys micro-batch k allocates, in order; ``origin``: key -> (micro-batch, position);
+    ``freed``: the keys freed inside the micro-batches;
+    ``periodic_from``: the first micro-batch from which every micro-batch makes the same requests (sizes,
+    and frees of the same position of the same micro-batch back, or of the same key made before them).
+    """
+
+    starts: tuple[int, ...]
+    keys: tuple[tuple[int, ...], ...]
+    origin: dict[int, tuple[int, int]]
+    periodic_from: int
+    freed: frozenset[int] = frozenset()  # keys some micro-batch frees
+
+    @classmethod
+    def of(cls, events: StepEvents) -> MicroPlan:
+        starts: list[int] = []
+        end = None
+        for index, label in events.bounds:
+            _, _, micro = label.partition("@")
+            if micro:
+                if int(micro) == len(starts):
+                    starts.append(index)
+            elif starts and end is None:
+                end = index
+        if not starts:
+            return cls((), (), {}, 0)
+        starts.append(end if end is not None else len(events.events))
+        origin: dict[int, tuple[int, int]] = {}
+        keys: list[tuple[int, ...]] = []
+        shapes: list[tuple[Any, ...]] = []
+        freed: set[int] = set()
+        for m in range(len(starts) - 1):
+            made: list[int] = []
+            shape: list[Any] = []
+            for op, key, nbytes in events.events[starts[m] : starts[m + 1]]:
+                if op == ALLOC:
+                    origin[key] = (m, len(made))
+                    made.append(key)
+                    shape.append(nbytes)
+                else:
+                    freed.add(key)
+                    at = origin.get(key)
+                    shape.append(("g", key) if at is None else ("r", m - at[0], at[1]))
+            keys.append(tuple(made))
+            shapes.append(tuple(shape))
+        periodic = len(shapes) - 1
+        while periodic > 0 and shapes[periodic - 1] == shapes[-1]:
+            periodic -= 1
+        return cls(tuple(starts), tuple(keys), origin, periodic, frozenset(freed))
+
+
+def _counters(alloc: CachingAllocator) -> tuple[int, int, int, int]:
+    stats = alloc.stats
+    return stats.num_alloc_retries, stats.num_ooms, stats.num_device_alloc, stats.num_device_free
+
+
+def _add_counters(alloc: CachingAllocator, now: tuple[int, ...], before: tuple[int, ...], times: int) -> None:
+    """Count ``times`` more repeats of what happened between ``before`` and ``now``."""
+    stats = alloc.stats
+    grow = [(a - b) * times for a, b in zip(now, before, strict=True)]
+    stats.num_alloc_retries += grow[0]
+    stats.num_ooms += grow[1]
+    stats.num_device_alloc += grow[2]
+    stats.num_device_free += grow[3]
+    # the peaks: a repeat reaches exactly those the repeated micro-batch reached
 
 
 class _Stopped(Exception):
@@ -119,11 +266,20 @@ class _Stopped(Exception):
 
 
 def replay_point(
-    first: StepEvents, steady: StepEvents, process: ProcessModel, settings: AllocatorSettings, limit: DeviceLimit
+    first: StepEvents, steady: StepEvents, process: ProcessModel, settings: AllocatorSettings, limit: DeviceLimit,
+    *, skip_repeats: bool = True,
 ) -> ReplayResult:
     """Replay a point's process; the measured window's peaks, or where it runs out of memory."""
     run = _Run(settings, limit)
     stats = run.allocator.stats
+    plans: dict[int, MicroPlan] = {}
+    if skip_repeats:
+        plans[id(steady)] = plan = MicroPlan.of(steady)
+        # the first step differs only from its optimizer step on (StepEvents.with_optimizer): the same plan
+        end = plan.starts[-1] if plan.starts else 0
+        bounds = [b for b in steady.bounds if b[0] <= end]
+        same = first.events[:end] == steady.events[:end] and first.bounds[: len(bounds)] == bounds
+        plans[id(first)] = plan if same else MicroPlan.of(first)
     try:
         try:
             run.keep(process.workspaces)
@@ -134,7 +290,8 @@ def replay_point(
         losses: list[Block] = []
         for i in range(process.warmup_steps):
             run.phase = f"warm-up step {i + 1}"
-            _, returned = run.step(first if i == 0 else steady)  # the optimizer state stays
+            events = first if i == 0 else steady
+            _, returned = run.step(events, plans.get(id(events)))  # the optimizer state stays
             losses += returned
         for block in losses:  # the warm-up losses, dropped when the warm-up returns
             run.allocator.free(block)
@@ -143,7 +300,7 @@ def replay_point(
         before = run.allocator.large_pool_state()
         for i in range(process.measured_steps):
             run.phase = f"measured step {i + 1}"
-            run.step(steady)
+            run.step(steady, plans.get(id(steady)))
             after = run.allocator.large_pool_state()
             if after == before:
                 # A repeat: every later step replays the same blocks in the large pool (the small pool only
@@ -205,10 +362,13 @@ def allocator_settings(point: Point) -> AllocatorSettings:
 
 
 def predict_reserved(
-    cfg: SweepConfig, point: Point, steps: tuple[StepEvents, StepEvents], optim: StepTrace, gpu: GpuModel
+    cfg: SweepConfig, point: Point, steps: tuple[StepEvents, StepEvents], optim: StepTrace, gpu: GpuModel,
+    *, skip_repeats: bool = True,
 ) -> ReplayResult:
-    """Replay the point's process on ``gpu``: peaks of the measured window, or where it runs out."""
+    """Replay the point's process on ``gpu``: peaks of the measured window, or where it runs out.
+    ``skip_repeats=False`` replays every micro-batch (the reference the skipping is tested against)."""
     first, steady = steps
     return replay_point(
-        first, steady, process_model(cfg, point, optim, gpu), allocator_settings(point), device_limit(cfg, gpu)
+        first, steady, process_model(cfg, point, optim, gpu), allocator_settings(point), device_limit(cfg, gpu),
+        skip_repeats=skip_repeats,
     )
