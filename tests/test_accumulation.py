@@ -144,3 +144,175 @@ def test_skipping_a_synthetic_stream_is_exact(seed: int) -> None:
     settings = parse_alloc_conf(conf)
     runs = [replay_point(step, step, process, settings, limit, skip_repeats=skip) for skip in (True, False)]
     assert runs[0] == runs[1]
+
+
+# -- compact steps: a few micro-batches held, the rest stood for ---------------------------------------------
+@pytest.mark.parametrize("seed", range(60))
+def test_a_compact_synthetic_step_replays_as_the_whole_step(seed: int) -> None:
+    """Held micro-batches and the count they stand for give the whole step's replay, OOM labels included,
+    or say that their micro-batches never repeat (the estimator then replays the whole step)."""
+    count = random.Random(seed).choice([18, 19, 20, 27, 40, 41, 100])
+    whole = _random_step(random.Random(seed), count)
+    held = replay_module.held_micro_batches(count)
+    compact = _random_step(random.Random(seed), held)
+    compact.extra_micro_batches = count - held
+    rng = random.Random(seed + 1000)
+    conf = rng.choice(["", "expandable_segments:True", "garbage_collection_threshold:0.6", "max_split_size_mb:20"])
+    process = ProcessModel(warmup_steps=1, measured_steps=3, workspaces=(), build=(3 * 2**20,), batch_bytes=512)
+    limit = DeviceLimit(rng.choice([60, 150, 250, 2000]) * 2**20, 1.0, 0)
+    settings = parse_alloc_conf(conf)
+    expected = replay_point(whole, whole, process, settings, limit, skip_repeats=False)
+    try:
+        got = replay_point(compact, compact, process, settings, limit)
+    except replay_module.StreamTooShort:
+        return  # never repeats within the held micro-batches: the whole step is replayed instead (tested below)
+    assert got == expected
+
+
+def test_most_compact_synthetic_steps_need_no_whole_replay() -> None:
+    """The fallback is the exception: most random periodic streams repeat within 16 or 17 micro-batches (those
+    that keep a block of every micro-batch to the end never do)."""
+    fell_back = 0
+    for seed in range(60):
+        count = random.Random(seed).choice([18, 19, 20, 27, 40, 41, 100])
+        held = replay_module.held_micro_batches(count)
+        compact = _random_step(random.Random(seed), held)
+        compact.extra_micro_batches = count - held
+        process = ProcessModel(warmup_steps=1, measured_steps=3, workspaces=(), build=(), batch_bytes=512)
+        try:
+            replay_point(compact, compact, process, parse_alloc_conf(""), DeviceLimit(2000 * 2**20, 1.0, 0))
+        except replay_module.StreamTooShort:
+            fell_back += 1
+    assert fell_back <= 6
+
+
+def test_a_compact_step_without_skipping_is_refused() -> None:
+    step = _random_step(random.Random(1), 8)
+    step.extra_micro_batches = 4
+    process = ProcessModel(warmup_steps=1, measured_steps=1, workspaces=(), build=(), batch_bytes=512)
+    with pytest.raises(replay_module.StreamTooShort):
+        replay_point(step, step, process, parse_alloc_conf(""), DeviceLimit(2**30, 1.0, 0), skip_repeats=False)
+
+
+@pytest.mark.parametrize("allocator", ["default", "expandable_segments"])
+def test_estimates_of_many_micro_batches_equal_the_whole_step(allocator: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The estimator holds 16 or 17 micro-batches of a long accumulation: the same estimates, peak labels and
+    OOM included, as assembling and replaying every micro-batch."""
+    cfg = _config("cuda", allocator=[allocator])
+    points = [p for count in (18, 19, 24, 61) for p in _with_micro(cfg.points_list(), count)]
+    est = _traced(cfg, points, method="fast")
+    compact = [est.estimate(p) for p in points]
+    monkeypatch.setattr(replay_module, "held_micro_batches", lambda count: count)  # hold them all
+    whole = [est.estimate(p) for p in points]
+    _same(compact, whole)
+    capped = cfg.model_copy(update={"memory_cap_gib": 0.004})  # 4 MiB: out of memory in the step
+    est_capped = _traced(capped, points[:3], method="fast")
+    ooms = [est_capped.estimate(p) for p in points[:3]]
+    monkeypatch.undo()
+    assert [est_capped.estimate(p) for p in points[:3]] == ooms
+
+
+def test_a_thousand_micro_batches_hold_sixteen() -> None:
+    """micro_batches 1024 is assembled and replayed with 16 of them held (the others stood for)."""
+    cfg = _config("cuda", layout=["all"])
+    (point,) = _with_micro(cfg.points_list(), 1024)
+    est = _traced(cfg, [point], method="fast")
+    key = est._short_key(point)
+    optim = est._optim[next(iter(est._optim))]
+    first, steady = replay_module.fast_steps(est._traces[key], key[-1], est.classes(point), 1024, optim, compact=True)
+    assert steady.extra_micro_batches == first.extra_micro_batches == 1008
+    assert sum(1 for _, label in steady.bounds if label.startswith("pre@")) == 16
+    (estimate,) = [est.estimate(point)]
+    assert estimate.reserved is not None and estimate.reserved.peak_reserved_bytes
+    assert estimate.peak_at is not None
+
+
+# -- the byte model's peak over many micro-batches, without walking each ------------------------------------
+def _walk_all(costs: Any, optimizer: Any, classes: list[str], micro_batches: int) -> Any:
+    """estimator/assembly.py's ``assemble`` as it was: every micro-batch walked (the reference)."""
+    from ckptbench.estimator.assembly import Peak, Step
+    from ckptbench.estimator.tracker import add
+
+    named = [("start", costs.begin)]
+    for k in range(micro_batches):
+        named += costs.micro[min(k, len(costs.micro) - 1)].named_steps(classes, k)
+    named += [("opt", Step.of(optimizer.get("opt"))), ("zero", Step.of(optimizer.get("zero")))]
+    start = add(costs.start, add(optimizer.static, costs.static, -1))
+    level, peak, where = start, start, "start"
+    for label, step in named:
+        candidate = add(level, step.rise)
+        if sum(candidate) > sum(peak):
+            peak, where = candidate, label
+        level = add(level, step.delta)
+    return Peak(peak, where, costs.retained)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_peak_over_many_micro_batches_is_the_walked_one(seed: int) -> None:
+    """Later micro-batches that leave more, the same or less behind: the closed form finds the walk's peak
+    and the segment where it is first reached."""
+    from ckptbench.estimator.assembly import Step, assemble
+    from ckptbench.estimator.tracker import StepSegment
+
+    rng = random.Random(seed)
+
+    def vec(lo: int, hi: int) -> tuple[int, ...]:
+        return tuple(rng.randint(lo, hi) for _ in range(7))
+
+    def step() -> Step:
+        start = vec(0, 50)
+        end = tuple(s + rng.randint(-8, 10) for s in start)
+        peak = tuple(max(s, e) + rng.randint(0, 20) for s, e in zip(start, end, strict=True))
+        return Step.of(StepSegment("x", start, peak, end))
+
+    class Micro:
+        def __init__(self) -> None:
+            self.steps = [step() for _ in range(rng.randint(1, 4))]
+
+        def named_steps(self, classes: list[str], micro: int) -> list[tuple[str, Step]]:
+            return [(f"s{i}@{micro}", st) for i, st in enumerate(self.steps)]
+
+    class Costs:
+        def __init__(self) -> None:
+            self.begin, self.micro = step(), (Micro(), Micro())
+            self.start, self.static, self.retained = vec(100, 200), vec(0, 50), vec(0, 3)
+
+    class Optim:
+        def __init__(self) -> None:
+            self.static, self.segments = vec(0, 50), {"opt": step(), "zero": step()}
+
+        def get(self, label: str) -> Any:
+            s = self.segments[label]
+            return StepSegment(label, (0,) * 7, s.rise, s.delta)
+
+    costs, optim = Costs(), Optim()
+    for count in range(1, 25):
+        assert assemble(costs, optim, [], count) == _walk_all(costs, optim, [], count), count  # type: ignore[arg-type]
+
+
+def _retrying_step(count: int) -> StepEvents:
+    """Micro-batches that each free a cached segment and retry, twice (max_split_size_mb:50 keeps a cached
+    130 MiB segment from serving 100 MiB and the reverse; 200 MiB hold only one of them)."""
+    step = StepEvents()
+    step.begin("start")
+    for k in range(count):
+        step.begin(f"pre@{k}")
+        for size in (100 * 2**20, 130 * 2**20):
+            step.free(step.alloc(size))
+    step.begin("opt")
+    step.begin("zero")
+    return step
+
+
+def test_micro_batches_that_retry_never_repeat_and_fall_back_to_the_whole_step() -> None:
+    """A retry releases segments and maps new ones (new addresses): the allocator never ends a micro-batch where
+    it ended another, so nothing is skipped and a compact step says so (the estimator replays the whole one)."""
+    process = ProcessModel(warmup_steps=1, measured_steps=2, workspaces=(), build=(), batch_bytes=512)
+    settings, limit = parse_alloc_conf("max_split_size_mb:50"), DeviceLimit(200 * 2**20, 1.0, 0)
+    whole = replay_point(_retrying_step(40), _retrying_step(40), process, settings, limit, skip_repeats=False)
+    assert whole.num_alloc_retries == 80  # every micro-batch of the measured step retries twice
+    assert replay_point(_retrying_step(40), _retrying_step(40), process, settings, limit) == whole
+    compact = _retrying_step(16)
+    compact.extra_micro_batches = 24
+    with pytest.raises(replay_module.StreamTooShort):
+        replay_point(compact, compact, process, settings, limit)

@@ -44,7 +44,7 @@ from ckptbench.estimator.assembly import (
 from ckptbench.estimator.event_assembly import AssemblyError
 from ckptbench.estimator.gpus import DEFAULT_GPU, GpuModel, gpu_model
 from ckptbench.estimator.record import CATEGORIES, Estimate, EstimateProgress, Reserved
-from ckptbench.estimator.replay import fast_steps, full_steps, predict_reserved
+from ckptbench.estimator.replay import StreamTooShort, fast_steps, full_steps, predict_reserved
 from ckptbench.estimator.trace import StepTrace, trace_optimizer, trace_step
 from ckptbench.estimator.tracker import GRADS, OPTIMIZER_STATE, PARAMS
 from ckptbench.estimator.workers import map_pieces, worker_count
@@ -233,14 +233,18 @@ class Estimator:
         optim = self._optim[_optim_key(point)]
         try:
             if self.method == "full":
-                steps = full_steps(self._traces[trace_key], optim)
+                result = predict_reserved(self.cfg, point, full_steps(self._traces[trace_key], optim), optim, self.gpu)
             else:
                 trace, classes = self._traces[trace_key], trace_key[-1]
-                steps = fast_steps(trace, classes, self.classes(point), point.micro_batches, optim)
+                try:  # many micro-batches: held in part (the replay skips their repeats), else all of them
+                    steps = fast_steps(trace, classes, self.classes(point), point.micro_batches, optim, compact=True)
+                    result = predict_reserved(self.cfg, point, steps, optim, self.gpu)
+                except StreamTooShort:
+                    steps = fast_steps(trace, classes, self.classes(point), point.micro_batches, optim)
+                    result = predict_reserved(self.cfg, point, steps, optim, self.gpu)
         except AssemblyError as exc:
             notes.append(f"reserved memory not predicted: {exc} (try --full)")
             return None
-        result = predict_reserved(self.cfg, point, steps, optim, self.gpu)
         ok = result.oom is None
         return Reserved(
             peak_reserved_bytes=result.peak_reserved_bytes if ok else None,

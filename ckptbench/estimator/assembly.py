@@ -246,18 +246,41 @@ def assemble(costs: StepCosts, optimizer: StepTrace, classes: Sequence[str], mic
     Micro-batches after the first accumulate into existing gradients, so they reuse the costs
     of the short model's second micro-batch.
     """
-    named = [("start", costs.begin)]
-    for k in range(micro_batches):
-        named += costs.micro[min(k, len(costs.micro) - 1)].named_steps(classes, k)
-    named += [("opt", Step.of(optimizer.get("opt"))), ("zero", Step.of(optimizer.get("zero")))]
     start = add(costs.start, add(optimizer.static, costs.static, -1))
-    level, peak, where = start, start, "start"
-    for label, step in named:
-        candidate = add(level, step.rise)
-        if sum(candidate) > sum(peak):
-            peak, where = candidate, label
-        level = add(level, step.delta)
-    return Peak(peak, where, costs.retained)
+    walk = _Walk(start)
+    walk.through([("start", costs.begin)])
+    for k in range(min(micro_batches, 2)):
+        walk.through(costs.micro[min(k, len(costs.micro) - 1)].named_steps(classes, k))
+    if micro_batches > 2:
+        # Micro-batches 1, 2, ... take the same steps: each moves the level by the same vector. Rising, only the
+        # last can hold the peak (each step of it is above the same step of any before); else the first did.
+        later, before = costs.micro[-1], walk.level
+        rise = add(before, walk.level_before_last_micro, -1)
+        if sum(rise) > 0:
+            walk.level = add(before, rise, micro_batches - 3)
+            walk.through(later.named_steps(classes, micro_batches - 1))
+        else:
+            walk.level = add(before, rise, micro_batches - 2)
+    walk.through([("opt", Step.of(optimizer.get("opt"))), ("zero", Step.of(optimizer.get("zero")))])
+    return Peak(walk.peak, walk.where, costs.retained)
+
+
+class _Walk:
+    """The level and the first highest point of a step walked segment by segment."""
+
+    def __init__(self, start: Vector) -> None:
+        self.level, self.peak, self.where = start, start, "start"
+        self.level_before_last_micro = start
+
+    def through(self, named: Sequence[tuple[str, Step]]) -> None:
+        self.level_before_last_micro = self.level
+        level, peak, where = self.level, self.peak, self.where
+        for label, step in named:
+            candidate = add(level, step.rise)
+            if sum(candidate) > sum(peak):
+                peak, where = candidate, label
+            level = add(level, step.delta)
+        self.level, self.peak, self.where = level, peak, where
 
 
 def describe_segment(label: str) -> str:

@@ -291,6 +291,9 @@ class StepEvents:
     bounds: list[tuple[int, str]] = field(default_factory=list)  # (index of the first event, label)
     workspaces: set[int] = field(default_factory=set)
     next_key: int = 0
+    # Micro-batches the step stands for beyond those it holds: repeats of its later ones, which the replay
+    # skips without their requests (estimator/replay.py, ``fast_steps(compact=True)``).
+    extra_micro_batches: int = 0
 
     def begin(self, label: str) -> None:
         self.bounds.append((len(self.events), label))
@@ -334,7 +337,8 @@ class StepEvents:
     def with_optimizer(self, optimizer_step: Sequence[tuple[int, int, int]]) -> StepEvents:
         """The same step with another optimizer step (the first one, which creates the state)."""
         at, start, end = self._segment_at("opt")
-        out = StepEvents(list(self.events[:start]), list(self.bounds[:at]), set(self.workspaces), self.next_key)
+        out = StepEvents(list(self.events[:start]), list(self.bounds[:at]), set(self.workspaces), self.next_key,
+                         self.extra_micro_batches)
         out.add_optimizer(optimizer_step)
         shift = len(out.events) - end
         out.events += self.events[end:]

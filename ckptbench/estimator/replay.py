@@ -98,6 +98,8 @@ class _Run:
         peaks and counters."""
         live: dict[int, Block] = {}
         position = 0
+        if events.extra_micro_batches and (plan is None or not plan.starts):
+            raise StreamTooShort("a compact step needs its micro-batch plan")
         if plan is not None and plan.starts:
             position = self._micro_batches(events, plan, live)
         self._replay(events, position, len(events.events), live)
@@ -106,13 +108,15 @@ class _Run:
 
     def _replay(self, events: StepEvents, begin: int, end: int, live: dict[int, Block]) -> None:
         """Replay events ``begin``..``end`` (exclusive) of a step into ``live``."""
-        malloc, free = self.allocator.malloc, self.allocator.free
+        alloc = self.allocator
+        malloc = alloc._malloc_fast if alloc._fast else alloc.malloc  # what malloc would call, called directly
+        free = alloc.free
+        stream = events.events if begin == 0 and end == len(events.events) else events.events[begin:end]
         index = begin
         try:
-            for index in range(begin, end):
-                op, key, nbytes = events.events[index]
+            for index, (op, key, nbytes) in enumerate(stream, start=begin):  # noqa: B007 (index: where it failed)
                 if op == ALLOC:
-                    live[key] = malloc(nbytes)
+                    live[key] = malloc(nbytes, 0)
                 else:
                     free(live.pop(key))
         except AllocatorOOM as oom:
@@ -134,12 +138,15 @@ class _Run:
                     # Micro-batch m ended where m - period did (blocks renamed on), and every later micro-batch
                     # makes the same requests: the next ones repeat the last ``period``, so only counters grow.
                     repeats = (n - 1 - m) // period
-                    _add_counters(self.allocator, now[1], history[-period][1], repeats)
+                    # A compact step (extra micro-batches, an even number) holds fewer of these repeats.
+                    _add_counters(self.allocator, now[1], history[-period][1], repeats + plan.extra // period)
                     self._rename(plan, live, repeats * period)
                     m, skipped = m + repeats * period, True
                     break
                 history.append(now)
             m += 1
+        if plan.extra and not skipped:
+            raise StreamTooShort(f"no repeat among the {n} micro-batches held of {n + plan.extra}")
         return starts[n]
 
     @staticmethod
@@ -183,6 +190,8 @@ class _Run:
 
     @staticmethod
     def _where(events: StepEvents, index: int) -> str:
+        # A compact step's held micro-batches after a skip repeat replayed ones from the same state: no request in
+        # them can fail, so a failing request's micro-batch is numbered as in the whole step.
         starts = [start for start, _ in events.bounds]
         at = bisect.bisect_right(starts, index) - 1
         return events.bounds[at][1] if at >= 0 else ""
@@ -204,6 +213,7 @@ class MicroPlan:
     origin: dict[int, tuple[int, int]]
     periodic_from: int
     freed: frozenset[int] = frozenset()  # keys some micro-batch frees
+    extra: int = 0  # micro-batches the step stands for beyond those it holds (StepEvents.extra_micro_batches)
 
     @classmethod
     def of(cls, events: StepEvents) -> MicroPlan:
@@ -217,7 +227,7 @@ class MicroPlan:
             elif starts and end is None:
                 end = index
         if not starts:
-            return cls((), (), {}, 0)
+            return cls((), (), {}, 0, extra=events.extra_micro_batches)
         starts.append(end if end is not None else len(events.events))
         origin: dict[int, tuple[int, int]] = {}
         keys: list[tuple[int, ...]] = []
@@ -240,7 +250,7 @@ class MicroPlan:
         periodic = len(shapes) - 1
         while periodic > 0 and shapes[periodic - 1] == shapes[-1]:
             periodic -= 1
-        return cls(tuple(starts), tuple(keys), origin, periodic, frozenset(freed))
+        return cls(tuple(starts), tuple(keys), origin, periodic, frozenset(freed), events.extra_micro_batches)
 
 
 def _counters(alloc: CachingAllocator) -> tuple[int, int, int, int]:
@@ -259,6 +269,10 @@ def _add_counters(alloc: CachingAllocator, now: tuple[int, ...], before: tuple[i
     # the peaks: a repeat reaches exactly those the repeated micro-batch reached
 
 
+class StreamTooShort(Exception):
+    """A compact step's held micro-batches never repeat: replay the whole step instead."""
+
+
 class _Stopped(Exception):
     def __init__(self, segment: str, oom: AllocatorOOM) -> None:
         super().__init__(segment)
@@ -273,6 +287,8 @@ def replay_point(
     run = _Run(settings, limit)
     stats = run.allocator.stats
     plans: dict[int, MicroPlan] = {}
+    if not skip_repeats and (first.extra_micro_batches or steady.extra_micro_batches):
+        raise StreamTooShort("a compact step is replayed by skipping its repeats")
     if skip_repeats:
         plans[id(steady)] = plan = MicroPlan.of(steady)
         # the first step differs only from its optimizer step on (StepEvents.with_optimizer): the same plan
@@ -322,12 +338,29 @@ def optimizer_steps(optim: StepTrace) -> tuple[list[tuple[int, int, int]], list[
 
 
 def fast_steps(
-    short: StepTrace, short_classes: Sequence[str], full_classes: Sequence[str], micro_batches: int, optim: StepTrace
+    short: StepTrace, short_classes: Sequence[str], full_classes: Sequence[str], micro_batches: int, optim: StepTrace,
+    *, compact: bool = False,
 ) -> tuple[StepEvents, StepEvents]:
-    """The first warm-up step and a later step of the full model, from a short model's trace."""
+    """The first warm-up step and a later step of the full model, from a short model's trace.
+
+    ``compact``: hold only ``held_micro_batches(micro_batches)`` micro-batches and stand for the rest
+    (``StepEvents.extra_micro_batches``): the replay skips repeats of the micro-batches without their
+    requests, or raises StreamTooShort when the held ones never repeat (then replay the whole step)."""
     first_opt, opt = optimizer_steps(optim)
-    steady = assemble_step(short, short_classes, full_classes, micro_batches, opt)
+    held = held_micro_batches(micro_batches) if compact else micro_batches
+    steady = assemble_step(short, short_classes, full_classes, held, opt)
+    steady.extra_micro_batches = micro_batches - held
     return steady.with_optimizer(first_opt), steady
+
+
+COMPACT_FROM = 18  # micro-batches from which a compact step holds fewer of them
+COMPACT_HELD = 16  # (or 17): enough for the allocator to settle (an LLaMA step repeats from its 3rd)
+
+
+def held_micro_batches(micro_batches: int) -> int:
+    """The micro-batches a compact step holds: all below COMPACT_FROM, else 16 or 17, of the same parity (so the
+    ones left out are whole periods of a repeat every micro-batch or every other one)."""
+    return micro_batches if micro_batches < COMPACT_FROM else COMPACT_HELD + micro_batches % 2
 
 
 def full_steps(trace: StepTrace, optim: StepTrace) -> tuple[StepEvents, StepEvents]:
