@@ -20,6 +20,7 @@ from ckptbench.analysis.compare_notes import (
     power_notes,
     run_notes,
 )
+from ckptbench.analysis.mann_whitney import mann_whitney_ps
 from ckptbench.analysis.marks import (
     NEWLY_OOM,
     NO_LONGER_OOM,
@@ -99,7 +100,12 @@ def compare_runs(
     if differences and not allow_different:
         raise NotComparableRuns(f"compare refused: {differences[0]} (--allow-different compares them anyway)")
     labels = point_labels([rec.key for rec in (*base_pts.values(), *new_pts.values())])
-    points = [compare_point(base_pts[k], new_pts[k], thresholds=thresholds, label=labels[k]) for k in matched]
+    # The step times' p-values of every point both sides ran, in a few vectorised scipy calls.
+    both_ok = [k for k in matched if base_pts[k].status == new_pts[k].status == "ok"]
+    p_values = dict(zip(both_ok, mann_whitney_ps([(base_pts[k].step_times_s, new_pts[k].step_times_s)
+                                                  for k in both_ok]), strict=True))
+    points = [compare_point(base_pts[k], new_pts[k], thresholds=thresholds, label=labels[k],
+                            p_value=p_values.get(k, ...)) for k in matched]
     cpu = "cpu" in (base.environment.get("device_type"), new.environment.get("device_type"))
     points = family_marks(points, [(base_pts[k], new_pts[k]) for k in matched], cpu=cpu, thresholds=thresholds)
     mixed = [f"{side} run {run.name}" for side, run in (("base", base), ("new", new)) if run.mixed_gpus]
