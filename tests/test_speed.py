@@ -225,13 +225,15 @@ def test_mann_whitney_of_many_points_is_bitwise_the_one_point_p_value(seed: int)
 def _nested(rng: random.Random, depth: int = 0) -> Any:
     r = rng.random()
     if depth < 4 and r < 0.2:
-        return {rng.choice(["a", "b", "é", "\n", '"q"', "z" * 3]): _nested(rng, depth + 1) for _ in range(rng.randint(0, 4))}
+        names = ["a", "b", "é", "\n", '"q"', "z" * 3]
+        return {rng.choice(names): _nested(rng, depth + 1) for _ in range(rng.randint(0, 4))}
     if depth < 4 and r < 0.4:
         return [_nested(rng, depth + 1) for _ in range(rng.randint(0, 4))]
     if depth < 4 and r < 0.45:
         return tuple(_nested(rng, depth + 1) for _ in range(rng.randint(0, 3)))
     if depth < 4 and r < 0.5:  # keys that are not strings, written as JSON writes them
-        return {rng.choice([1, 2.5, True, None, False, 1e300]): _nested(rng, depth + 1) for _ in range(rng.randint(0, 2))}
+        keys = [1, 2.5, True, None, False, 1e300]
+        return {rng.choice(keys): _nested(rng, depth + 1) for _ in range(rng.randint(0, 2))}
     return rng.choice([None, True, False, 0, -1, 2**70, 1.5, -0.0, float("nan"), float("inf"), -float("inf"),
                        1e16, 1e-7, 0.1, "x", "\u00fc\u2028", "", "a\\b"])
 

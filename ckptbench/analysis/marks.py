@@ -91,7 +91,7 @@ class PointChange:
 
 def compare_point(
     base: PointRecord, new: PointRecord, *, thresholds: Thresholds, label: str = "",
-    p_value: float | None | EllipsisType = ...,
+    p_value: float | EllipsisType | None = ...,
 ) -> PointChange:
     """Compare one point; a status change (ok <-> oom, error, skipped) decides the mark on its own.
     ``p_value``: the step times' Mann-Whitney p-value when already computed (verdict.time_verdict)."""
@@ -156,7 +156,7 @@ def _values(rec: PointRecord) -> dict[str, Any]:
 
 
 def _compare_ok(
-    base: PointRecord, new: PointRecord, *, thresholds: Thresholds, p_value: float | None | EllipsisType
+    base: PointRecord, new: PointRecord, *, thresholds: Thresholds, p_value: float | EllipsisType | None
 ) -> list[MetricChange]:
     b_stats, n_stats = _values(base), _values(new)
     # One verdict on the step-time samples; tokens/s and MFU are the median step time inverted, so they

@@ -79,7 +79,7 @@ def mann_whitney_p(base_s: list[float], new_s: list[float]) -> float | None:
 
 def time_verdict(
     base_s: list[float], new_s: list[float], *, time_rtol: float, alpha: float,
-    p_value: float | None | EllipsisType = ...,
+    p_value: float | EllipsisType | None = ...,
 ) -> TimeVerdict:
     """Judge the new step times against the base ones (see the module docstring for the rules);
     ``p_value``: their ``mann_whitney_p`` when already computed (analysis/mann_whitney.py, many points at

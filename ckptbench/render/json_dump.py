@@ -30,7 +30,7 @@ def _flat_encoder(newline: str) -> Callable[[Any], str]:
         if make is None:  # no C accelerator: the standard encoder, same text
             enc = std.encode
         else:
-            c_encode = make(None, std.default, json.encoder.encode_basestring_ascii, None, ": ",  # type: ignore[attr-defined]
+            c_encode = make(None, std.default, json.encoder.encode_basestring_ascii, None, ": ",
                             "," + newline, True, False, True)
 
             def enc(value: Any, c_encode: Any = c_encode, std: json.JSONEncoder = std) -> str:
@@ -97,8 +97,8 @@ def _encode_list(value: list[Any] | tuple[Any, ...], newline: str, parts: list[s
 def _key_text(key: Any) -> str:
     """A dict key as the standard encoder writes it (strings as they are, numbers and constants as text)."""
     if isinstance(key, str):
-        return json.encoder.encode_basestring_ascii(key)  # type: ignore[attr-defined]
+        return json.encoder.encode_basestring_ascii(key)
     # float keys as floats are written, True/False/None as JSON constants, ints as ints: then quoted
     if key is True or key is False or key is None or isinstance(key, int | float):
-        return json.encoder.encode_basestring_ascii(json.dumps(key))  # type: ignore[attr-defined]
+        return json.encoder.encode_basestring_ascii(json.dumps(key))
     raise TypeError(f"keys must be str, int, float, bool or None, not {key.__class__.__name__}")
