@@ -77,6 +77,7 @@ class Comparison:
 
 
 _ATOMS = frozenset({str, int, float, bool, type(None)})
+_DATACLASS_FIELDS: dict[type, tuple[str, ...] | None] = {}  # by type: its field names, None: not a dataclass
 
 
 def as_plain(value: Any) -> Any:
@@ -89,8 +90,14 @@ def as_plain(value: Any) -> Any:
         return [v if type(v) in _ATOMS else as_plain(v) for v in value]
     if kind is dict:
         return {as_plain(k): v if type(v) in _ATOMS else as_plain(v) for k, v in value.items()}
-    if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: as_plain(getattr(value, f.name)) for f in fields(value)}
+    names = _DATACLASS_FIELDS.get(kind, ())
+    if names == ():
+        names = _DATACLASS_FIELDS[kind] = tuple(f.name for f in fields(value)) if is_dataclass(value) else None
+    if names is not None:
+        own = getattr(value, "__dict__", None)
+        if own is not None and tuple(own) == names:  # a plain instance: its attributes are its fields, in order
+            return {k: v if type(v) in _ATOMS else as_plain(v) for k, v in own.items()}
+        return {name: as_plain(getattr(value, name)) for name in names}
     return asdict(_Boxed(value))["value"]  # anything else exactly as asdict treats it (tuples, copies)
 
 

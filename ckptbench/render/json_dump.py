@@ -18,6 +18,7 @@ _INDENT = "  "
 # Exact types the C encoder writes as the pure-Python one does with no container inside.
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 _encoders: dict[str, Callable[[Any], str]] = {}
+_ascii: Callable[[str], str] = json.encoder.encode_basestring_ascii  # what the encoders write strings with
 
 
 def _flat_encoder(newline: str) -> Callable[[Any], str]:
@@ -69,10 +70,14 @@ def _encode_dict(value: dict[Any, Any], newline: str, parts: list[str]) -> None:
         return
     sep = "{" + inner
     for key, item in sorted(value.items()):  # as the standard encoder (TypeError on keys that do not compare)
-        parts.append(sep)
-        parts.append(_key_text(key))
-        parts.append(": ")
-        _encode(item, inner, parts)
+        kind = type(item)
+        if kind is str:  # the most common value: straight to the C string encoder
+            parts.append(sep + _key_text(key) + ": " + _ascii(item))
+        elif kind in _SCALARS:
+            parts.append(sep + _key_text(key) + ": " + _flat_encoder(inner)(item))
+        else:
+            parts.append(sep + _key_text(key) + ": ")
+            _encode(item, inner, parts)
         sep = "," + inner
     parts.append(newline + "}")
 
@@ -96,6 +101,8 @@ def _encode_list(value: list[Any] | tuple[Any, ...], newline: str, parts: list[s
 
 def _key_text(key: Any) -> str:
     """A dict key as the standard encoder writes it (strings as they are, numbers and constants as text)."""
+    if type(key) is str:
+        return _ascii(key)
     if isinstance(key, str):
         return json.encoder.encode_basestring_ascii(key)
     # float keys as floats are written, True/False/None as JSON constants, ints as ints: then quoted
