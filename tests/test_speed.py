@@ -154,27 +154,151 @@ try:
     app(sys.argv[1:], standalone_mode=False)
 except SystemExit:
     pass
-heavy = sorted(m for m in ("torch", "transformers") if m in sys.modules)
+heavy = sorted(m for m in ("torch", "transformers", "scipy", "matplotlib", "pandas") if m in sys.modules)
 print("HEAVY:" + ",".join(heavy))
 """
 _RUN2 = "results/h200-gpu-check-2/check"
 _RUN1 = "results/h200-gpu-check-1/axes"
 
 
-@pytest.mark.parametrize("args", [
-    ["--help"],
-    ["compare", _RUN2, _RUN2, "--format", "json"],
-    ["recommend", _RUN2, "--budget", "80"],
+@pytest.mark.parametrize(("args", "allowed"), [
+    (["--help"], ""),
+    (["compare", "--help"], ""),
+    # compare computes Mann-Whitney p-values (scipy) of the points' step times: nothing heavier
+    (["compare", _RUN2, _RUN2, "--format", "json"], "scipy"),
+    (["recommend", _RUN2, "--budget", "80"], ""),
     # answers predicts the points no run measured with the estimator (torch): --measured-only reads runs alone
-    ["answers", _RUN2, _RUN1, "--measured-only"],
-], ids=["help", "compare", "recommend", "answers"])
-def test_quick_commands_import_no_torch(args: list[str]) -> None:
-    """What reads committed runs starts without torch or transformers (estimate, advise and answers' predictions
-    import them when they predict)."""
+    (["answers", _RUN2, _RUN1, "--measured-only"], ""),
+], ids=["help", "compare-help", "compare", "recommend", "answers"])
+def test_quick_commands_import_nothing_heavy(args: list[str], allowed: str) -> None:
+    """What reads committed runs starts without torch, transformers, matplotlib or pandas (estimate, advise and
+    answers' predictions import the first two when they predict, report and answers --out the third when they
+    plot), and without scipy unless it computes a statistic."""
     done = subprocess.run([sys.executable, "-c", _PROBE, *args], cwd=ROOT, capture_output=True, text=True,
                           check=False, env={"PYTHONPATH": str(ROOT), "COLUMNS": "120", "PATH": ""})
     last = done.stdout.strip().splitlines()[-1]
-    assert last == "HEAVY:", (last, done.stderr[-2000:])
+    assert last == f"HEAVY:{allowed}", (last, done.stderr[-2000:])
+
+
+def test_the_cli_and_compare_modules_import_nothing_heavy() -> None:
+    """Importing the CLI, the compare command and what it calls defers scipy to the first p-value."""
+    code = ("import sys, ckptbench.cli.main, ckptbench.cli.compare, ckptbench.analysis.compare, "
+            "ckptbench.analysis.mann_whitney, ckptbench.render.compare, ckptbench.render.json_dump; "
+            "print(sorted({'torch', 'transformers', 'scipy', 'matplotlib', 'pandas', 'numpy'} "
+            "& {m.split('.')[0] for m in sys.modules}))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False,
+                          env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert done.stdout.strip() == "[]", done.stderr[-2000:]
+
+
+# -- compare: many points at once, exactly as one point at a time ---------------------------------------
+def _samples(rng: random.Random, n: int, kind: int) -> list[Any]:
+    if kind == 0:  # ties
+        return [rng.choice([1.0, 1.5, 2.0]) for _ in range(n)]
+    if kind == 1:  # all equal
+        return [0.25] * n
+    if kind == 2:  # ints (a hand-edited record), ties too
+        return [rng.choice([1, 2, 3]) for _ in range(n)]
+    if kind == 3:  # zeros of both signs and subnormals: equal floats that print differently
+        return [rng.choice([0.0, -0.0, 5e-324, 1e-300]) for _ in range(n)]
+    return [rng.lognormvariate(0, 0.1) for _ in range(n)]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_mann_whitney_of_many_points_is_bitwise_the_one_point_p_value(seed: int) -> None:
+    """Grouped 2-D scipy calls give each point's p-value bit for bit, across the exact and asymptotic methods
+    ('auto' picks by size and ties), empty sides, and samples that are not plain floats."""
+    from ckptbench.analysis.mann_whitney import mann_whitney_ps
+    from ckptbench.analysis.verdict import mann_whitney_p
+
+    rng = random.Random(seed)
+    pairs: list[tuple[list[Any], list[Any]]] = []
+    for _ in range(400):
+        kind = rng.randrange(6)
+        sizes = [0, 1, 2, 3, 3, 3, 4, 7, 8, 9, 10, 25]
+        pairs.append((_samples(rng, rng.choice(sizes), kind), _samples(rng, rng.choice(sizes), kind)))
+    pairs.append(([1.0, 2.0, True], [1.0, 2.0, 3.0]))  # a bool: the one-point call decides
+    fast = mann_whitney_ps(pairs)
+    assert [repr(p) for p in fast] == [repr(mann_whitney_p(b, n)) for b, n in pairs]
+
+
+def _nested(rng: random.Random, depth: int = 0) -> Any:
+    r = rng.random()
+    if depth < 4 and r < 0.2:
+        names = ["a", "b", "é", "\n", '"q"', "z" * 3]
+        return {rng.choice(names): _nested(rng, depth + 1) for _ in range(rng.randint(0, 4))}
+    if depth < 4 and r < 0.4:
+        return [_nested(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+    if depth < 4 and r < 0.45:
+        return tuple(_nested(rng, depth + 1) for _ in range(rng.randint(0, 3)))
+    if depth < 4 and r < 0.5:  # keys that are not strings, written as JSON writes them
+        keys = [1, 2.5, True, None, False, 1e300]
+        return {rng.choice(keys): _nested(rng, depth + 1) for _ in range(rng.randint(0, 2))}
+    return rng.choice([None, True, False, 0, -1, 2**70, 1.5, -0.0, float("nan"), float("inf"), -float("inf"),
+                       1e16, 1e-7, 0.1, "x", "\u00fc\u2028", "", "a\\b"])
+
+
+def test_json_dump_writes_what_json_dumps_writes() -> None:
+    import json
+
+    from ckptbench.render.json_dump import dumps_indented
+
+    def outcome(dump: Any, value: Any) -> str:
+        try:
+            return str(dump(value))
+        except TypeError as exc:  # keys that do not sort (None and True): refused alike
+            return f"TypeError {exc}"
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        value = _nested(rng)
+        assert outcome(dumps_indented, value) == outcome(lambda v: json.dumps(v, indent=2, sort_keys=True), value)
+    with pytest.raises(TypeError):
+        dumps_indented({"a": [object()]})
+
+
+def test_comparison_dict_is_asdict() -> None:
+    import dataclasses
+
+    from ckptbench.analysis.compare import compare_refs
+
+    comp = compare_refs(ROOT / _RUN2, ROOT / "results/h200-gpu-check-1/check", allow_different=True)
+    expected = {"schema": "ckptbench.compare/1", **dataclasses.asdict(comp)}
+    assert repr(comp.to_dict()) == repr(expected)
+
+
+# -- report: a label's box guessed at another place lies inside the measured one ---------------------------
+def test_label_guess_lies_inside_the_measured_box() -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from ckptbench.plots.labels import _GAP, _extents, _FirstPlace, _places
+
+    fig = Figure(figsize=(6, 4), dpi=100)
+    ax = fig.subplots()
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 10)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    pixels = fig.dpi / 72
+    rng = random.Random(2)
+    for text in ["none b=1", "every:2 b=16 s=4096 bf16", "x", "first:16\nsecond line"]:
+        x, y, radius = rng.uniform(1, 9), rng.uniform(1, 9), rng.uniform(3, 12)
+        own = tuple(float(v) for v in ax.transData.transform((x, y)))
+        first = None
+        for dx, dy, ha, va, dist in _places(radius):
+            note = ax.annotate(text, (x, y), xytext=(dx * dist, dy * dist), textcoords="offset points", ha=ha,
+                               va=va, fontsize=7.5)
+            box = _extents(note.get_window_extent(renderer).padded(_GAP * pixels))
+            note.remove()
+            if first is None:
+                first = _FirstPlace.of(box, own, (dx * dist * pixels, dy * dist * pixels), ha, va, pad=_GAP * pixels)
+                assert first is not None
+                continue
+            guess = first.box_at(dx * dist * pixels, dy * dist * pixels, ha, va)
+            assert box[0] < guess[0] and box[1] < guess[1] and guess[2] < box[2] and guess[3] < box[3]
+            assert max(abs(g - b) for g, b in zip(guess, box, strict=True)) == pytest.approx(1.0, abs=1e-6)
 
 
 # -- the estimate's workers ------------------------------------------------------------------------------

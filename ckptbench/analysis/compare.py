@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from ckptbench.analysis.compare_notes import (
     power_notes,
     run_notes,
 )
+from ckptbench.analysis.mann_whitney import mann_whitney_ps
 from ckptbench.analysis.marks import (
     NEWLY_OOM,
     NO_LONGER_OOM,
@@ -72,7 +73,39 @@ class Comparison:
     gate_errors: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": "ckptbench.compare/1", **asdict(self)}
+        return {"schema": "ckptbench.compare/1", **as_plain(self)}
+
+
+_ATOMS = frozenset({str, int, float, bool, type(None)})
+_DATACLASS_FIELDS: dict[type, tuple[str, ...] | None] = {}  # by type: its field names, None: not a dataclass
+
+
+def as_plain(value: Any) -> Any:
+    """``dataclasses.asdict`` of a dataclass (and of what it holds), the same dicts and lists, without its
+    deep copy of every number and string (immutable: shared instead); linear and quick for 20,000 points."""
+    kind = type(value)
+    if kind in _ATOMS:
+        return value
+    if kind is list:
+        return [v if type(v) in _ATOMS else as_plain(v) for v in value]
+    if kind is dict:
+        return {as_plain(k): v if type(v) in _ATOMS else as_plain(v) for k, v in value.items()}
+    names = _DATACLASS_FIELDS.get(kind, ())
+    if names == ():
+        names = _DATACLASS_FIELDS[kind] = tuple(f.name for f in fields(value)) if is_dataclass(value) else None
+    if names is not None:
+        own = getattr(value, "__dict__", None)
+        if own is not None and tuple(own) == names:  # a plain instance: its attributes are its fields, in order
+            return {k: v if type(v) in _ATOMS else as_plain(v) for k, v in own.items()}
+        return {name: as_plain(getattr(value, name)) for name in names}
+    return asdict(_Boxed(value))["value"]  # anything else exactly as asdict treats it (tuples, copies)
+
+
+@dataclass
+class _Boxed:
+    """One value, for ``asdict``'s own treatment of what ``as_plain`` does not handle itself."""
+
+    value: Any
 
 
 def compare_runs(
@@ -99,7 +132,12 @@ def compare_runs(
     if differences and not allow_different:
         raise NotComparableRuns(f"compare refused: {differences[0]} (--allow-different compares them anyway)")
     labels = point_labels([rec.key for rec in (*base_pts.values(), *new_pts.values())])
-    points = [compare_point(base_pts[k], new_pts[k], thresholds=thresholds, label=labels[k]) for k in matched]
+    # The step times' p-values of every point both sides ran, in a few vectorised scipy calls.
+    both_ok = [k for k in matched if base_pts[k].status == new_pts[k].status == "ok"]
+    p_values = dict(zip(both_ok, mann_whitney_ps([(base_pts[k].step_times_s, new_pts[k].step_times_s)
+                                                  for k in both_ok]), strict=True))
+    points = [compare_point(base_pts[k], new_pts[k], thresholds=thresholds, label=labels[k],
+                            p_value=p_values.get(k, ...)) for k in matched]
     cpu = "cpu" in (base.environment.get("device_type"), new.environment.get("device_type"))
     points = family_marks(points, [(base_pts[k], new_pts[k]) for k in matched], cpu=cpu, thresholds=thresholds)
     mixed = [f"{side} run {run.name}" for side, run in (("base", base), ("new", new)) if run.mixed_gpus]
@@ -206,19 +244,23 @@ _LABEL_PREFIX = {"layout": "", "batch_size": "b=", "seq_len": "s=", "precision":
 
 def point_labels(keys: list[dict[str, Any]]) -> dict[str, str]:
     """Short display labels by key text: layout, batch, seq, precision, plus any field that varies."""
-    # One pass over the keys: every field's values (a key without the field counts as "None"), fields in
-    # the order they first appear; a field varies when it takes two values. Linear in the points.
-    values: dict[str, set[str]] = {}
-    counts: dict[str, int] = {}
+    # Fields in the order they first appear; a field varies when its values' texts (a key without the field
+    # counts as "None") take two values. The keys of a run share a few field lists: each list is walked once,
+    # and each field's values are collected by one comprehension. Linear in the points.
+    shapes: dict[tuple[str, ...], int] = {}
     for key in keys:
-        for k, v in key.items():
-            values.setdefault(k, set()).add(str(v))
-            counts[k] = counts.get(k, 0) + 1
-    for k, seen in values.items():
-        if counts[k] < len(keys):
-            seen.add("None")
+        shape = tuple(key)
+        shapes[shape] = shapes.get(shape, 0) + 1
+    order = list(dict.fromkeys(k for shape in shapes for k in shape))
     names: list[str] = list(_LABEL_PREFIX)
-    names += [k for k, seen in values.items() if k not in _LABEL_PREFIX and len(seen) > 1]
+    for k in order:
+        if k in _LABEL_PREFIX:
+            continue
+        seen = {str(key[k]) for key in keys if k in key}
+        if sum(n for shape, n in shapes.items() if k in shape) < len(keys):
+            seen.add("None")
+        if len(seen) > 1:
+            names.append(k)
     labels = {}
     for key in keys:
         parts = [f"{_LABEL_PREFIX.get(n, n + '=')}{key[n]}" for n in names if n in key]

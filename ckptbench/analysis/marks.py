@@ -7,6 +7,7 @@ judges step times.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from types import EllipsisType
 from typing import Any
 
 from ckptbench.analysis.verdict import (
@@ -89,13 +90,15 @@ class PointChange:
 
 
 def compare_point(
-    base: PointRecord, new: PointRecord, *, thresholds: Thresholds, label: str = ""
+    base: PointRecord, new: PointRecord, *, thresholds: Thresholds, label: str = "",
+    p_value: float | EllipsisType | None = ...,
 ) -> PointChange:
-    """Compare one point; a status change (ok <-> oom, error, skipped) decides the mark on its own."""
+    """Compare one point; a status change (ok <-> oom, error, skipped) decides the mark on its own.
+    ``p_value``: the step times' Mann-Whitney p-value when already computed (verdict.time_verdict)."""
     b_status, n_status = base.status, new.status
     key = base.key
     if b_status == "ok" and n_status == "ok":
-        metrics = _compare_ok(base, new, thresholds=thresholds)
+        metrics = _compare_ok(base, new, thresholds=thresholds, p_value=p_value)
         return PointChange(key, key_id(key), label, b_status, n_status, point_mark(metrics), metrics)
     if b_status == n_status == "oom":
         mark = UNCHANGED
@@ -152,12 +155,15 @@ def _values(rec: PointRecord) -> dict[str, Any]:
     return {name: getattr(rec, name) for name, _, _ in METRICS}
 
 
-def _compare_ok(base: PointRecord, new: PointRecord, *, thresholds: Thresholds) -> list[MetricChange]:
+def _compare_ok(
+    base: PointRecord, new: PointRecord, *, thresholds: Thresholds, p_value: float | EllipsisType | None
+) -> list[MetricChange]:
     b_stats, n_stats = _values(base), _values(new)
     # One verdict on the step-time samples; tokens/s and MFU are the median step time inverted, so they
     # share it (slower steps are fewer tokens/s: worse for both).
     verdict = time_verdict(
-        base.step_times_s, new.step_times_s, time_rtol=thresholds.time_rtol, alpha=thresholds.alpha
+        base.step_times_s, new.step_times_s, time_rtol=thresholds.time_rtol, alpha=thresholds.alpha,
+        p_value=p_value,
     )
     out = []
     for name, unit, kind in METRICS:

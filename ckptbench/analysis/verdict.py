@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, replace
+from types import EllipsisType
 
 MANN_WHITNEY = "mann-whitney"
 RANGES_DISJOINT = "ranges disjoint"
@@ -76,10 +77,15 @@ def mann_whitney_p(base_s: list[float], new_s: list[float]) -> float | None:
     return 1.0 if math.isnan(p) else p  # all samples tied: no evidence of a change
 
 
-def time_verdict(base_s: list[float], new_s: list[float], *, time_rtol: float, alpha: float) -> TimeVerdict:
-    """Judge the new step times against the base ones (see the module docstring for the rules)."""
+def time_verdict(
+    base_s: list[float], new_s: list[float], *, time_rtol: float, alpha: float,
+    p_value: float | EllipsisType | None = ...,
+) -> TimeVerdict:
+    """Judge the new step times against the base ones (see the module docstring for the rules);
+    ``p_value``: their ``mann_whitney_p`` when already computed (analysis/mann_whitney.py, many points at
+    once), computed here when left out."""
     n, m = len(base_s), len(new_s)
-    p = mann_whitney_p(base_s, new_s)
+    p = mann_whitney_p(base_s, new_s) if isinstance(p_value, EllipsisType) else p_value
     counts = f"n={n}/{m}"
     if p is None:
         return TimeVerdict(NOT_COMPARABLE, None, None, n, m, f"no step times on one side ({counts})")

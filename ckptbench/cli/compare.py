@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 
 from ckptbench.cli.common import Format, FormatOpt, ResultsOpt, err, fail, finite, out, warn
+from ckptbench.cli.gc_pause import gc_paused
 from ckptbench.errors import EXIT_BAD_INPUT, EXIT_REGRESSION, CkptbenchError
 
 if TYPE_CHECKING:  # imported when a comparison is made: the CLI stays fast to start
@@ -82,12 +83,13 @@ def compare(
     oom = fail_oom or fail_memory is not None or fail_time is not None
     gates = Gates(memory_pct=fail_memory, time_pct=fail_time, new_oom=oom)
     thresholds = Thresholds(memory_rtol=memory_tolerance / 100, time_rtol=time_noise / 100)
-    try:
-        comp = compare_refs(run_a, run_b, results_root=results_root, thresholds=thresholds, gates=gates,
-                            allow_mixed_gpus=allow_mixed_gpus, allow_different=allow_different)
-    except CkptbenchError as exc:
-        raise fail(exc) from None
-    _print_comparison(comp, fmt, only_changed=only_changed)
+    with gc_paused():  # two large runs read and compared: linear, not slowed by the cyclic collector
+        try:
+            comp = compare_refs(run_a, run_b, results_root=results_root, thresholds=thresholds, gates=gates,
+                                allow_mixed_gpus=allow_mixed_gpus, allow_different=allow_different)
+        except CkptbenchError as exc:
+            raise fail(exc) from None
+        _print_comparison(comp, fmt, only_changed=only_changed)
     if comp.gate_failures:  # a regression found outranks a gate that could not be judged
         raise typer.Exit(EXIT_REGRESSION)
     if comp.gate_errors:

@@ -9,6 +9,7 @@ import typer
 
 from ckptbench.analysis.recommend import DEFAULT_HEADROOM
 from ckptbench.cli.common import BudgetOpt, Format, HeadroomOpt, RunArg, SeqLenOpt, err, fail, out, path_option, warn
+from ckptbench.cli.gc_pause import gc_paused
 from ckptbench.errors import CkptbenchError, ConfigError, ResultsError
 
 if TYPE_CHECKING:  # the estimator imports torch; the CLI stays fast to start
@@ -118,7 +119,8 @@ def report_cmd(
         target = target or default_out_dir(loaded)
         check_writable_dir(target, option="--out")  # before the estimates are traced and the plots drawn
         estimates = _breakdown_estimates(loaded) if estimate else []
-        files = write_report(loaded, out_dir=target, rec=rec, estimates=estimates)
+        with gc_paused():  # thousands of plot artists: not walked again and again by the cyclic collector
+            files = write_report(loaded, out_dir=target, rec=rec, estimates=estimates)
     except CkptbenchError as exc:
         raise fail(exc) from None
     except OSError as exc:

@@ -62,10 +62,19 @@ def place_labels(
     for px, py, _ in marks:
         centres.add((px, py, px, py))
     placed = []
+    pixels = fig.dpi / 72
     for label in labels:
         own = tuple(float(v) for v in ax.transData.transform((label.x, label.y)))
         note: Annotation | None = None
+        first: _FirstPlace | None = None
         for dx, dy, ha, va, dist in _places(label.radius):
+            if first is not None:
+                # Where the text would be, from its size at the first place: a place whose box, shrunk by a
+                # pixel, already leaves the axes or overlaps something is refused without asking matplotlib
+                # (the exact box holds the shrunk one, so it would be refused too); the others are measured.
+                guess = first.box_at(dx * dist * pixels, dy * dist * pixels, ha, va)
+                if not _within(guess, inside) or taken.overlaps(guess):
+                    continue
             if note is None:
                 note = ax.annotate(label.text, (label.x, label.y), xytext=(dx * dist, dy * dist),
                                    textcoords="offset points", ha=ha, va=va, fontsize=fontsize, color="#222222",
@@ -74,7 +83,9 @@ def place_labels(
                 note.xyann = (dx * dist, dy * dist)
                 note.set_horizontalalignment(ha)
                 note.set_verticalalignment(va)
-            box = _extents(note.get_window_extent(renderer).padded(_GAP * fig.dpi / 72))  # labels never touch
+            box = _extents(note.get_window_extent(renderer).padded(_GAP * pixels))  # labels never touch
+            if first is None:
+                first = _FirstPlace.of(box, own, (dx * dist * pixels, dy * dist * pixels), ha, va, pad=_GAP * pixels)
             if _within(box, inside) and not taken.overlaps(box) and _nearest(box, own, centres):
                 taken.add(box)
                 placed.append(note)
@@ -86,6 +97,44 @@ def place_labels(
 
 
 Box = tuple[float, float, float, float]  # x0, y0, x1, y1 in display pixels
+
+_ALIGN = {"left": 0.0, "bottom": 0.0, "center": 0.5, "right": 1.0, "top": 1.0}
+_SHRINK = 1.0  # pixels: far more than the rounding between a guessed and a measured box
+
+
+@dataclass(frozen=True)
+class _FirstPlace:
+    """A label's padded box measured at its first place, from which its box at any other place is guessed:
+    the text keeps its size, the offset moves it, and the alignment shifts it by a share of the text's width
+    or height (left/bottom 0, center 1/2, right/top 1)."""
+
+    x0: float  # the padded box's lower-left corner with the offset and the alignment shift taken out
+    y0: float
+    width: float  # of the padded box
+    height: float
+    pad: float
+
+    @classmethod
+    def of(
+        cls, box: Box, own: tuple[float, ...], offset: tuple[float, float], ha: str, va: str, *, pad: float
+    ) -> _FirstPlace | None:
+        """None when the measured box is not where that model puts it (``pad`` pixels around the text at the
+        anchor plus the offset; an anchor matplotlib does not draw has a unit box): then no place is guessed,
+        every one is measured."""
+        width, height = box[2] - box[0], box[3] - box[1]
+        x0 = box[0] - offset[0] + _ALIGN[ha] * (width - 2 * pad)
+        y0 = box[1] - offset[1] + _ALIGN[va] * (height - 2 * pad)
+        if not (width > 2 * _SHRINK and height > 2 * _SHRINK):
+            return None
+        if not (abs(x0 + pad - own[0]) < _SHRINK / 4 and abs(y0 + pad - own[1]) < _SHRINK / 4):
+            return None
+        return cls(x0, y0, width, height, pad)
+
+    def box_at(self, off_x: float, off_y: float, ha: str, va: str) -> Box:
+        """The box at another place, shrunk by ``_SHRINK`` pixels on every side (inside the exact one)."""
+        x0 = self.x0 + off_x - _ALIGN[ha] * (self.width - 2 * self.pad)
+        y0 = self.y0 + off_y - _ALIGN[va] * (self.height - 2 * self.pad)
+        return x0 + _SHRINK, y0 + _SHRINK, x0 + self.width - _SHRINK, y0 + self.height - _SHRINK
 
 
 class _Grid:

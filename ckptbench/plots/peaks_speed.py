@@ -28,15 +28,24 @@ def _scaled(n: Any, data: PlotData) -> float | None:
     return n / data.scale if is_number(n) else None
 
 
+def first_rows(rows: list[dict[str, Any]]) -> dict[tuple[Any, Any], dict[str, Any]]:
+    """The first row of each (layout, batch size): what a scan for the first match would find, in one pass."""
+    cells: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for r in rows:
+        cells.setdefault((r["layout"], r["batch_size"]), r)
+    return cells
+
+
 def _grouped_bars(
     ax: Axes, data: PlotData, rows: list[dict[str, Any]], value: Any, *, err: Any = None
 ) -> None:
     """One group per layout, one bar per batch size; non-ok points leave a labelled slot."""
     layouts = [lay for lay in data.layouts if any(r["layout"] == lay for r in rows)]
     width = 0.8 / max(len(data.batches), 1)
+    cells = first_rows(rows)
     for j, batch in enumerate(data.batches):
         for i, lay in enumerate(layouts):
-            row = next((r for r in rows if r["layout"] == lay and r["batch_size"] == batch), None)
+            row = cells.get((lay, batch))
             if row is None:
                 continue
             x = i - 0.4 + width * (j + 0.5)
@@ -129,10 +138,11 @@ def speed_references(rows: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
 def _relative_dots(ax: Axes, data: PlotData, rows: list[dict[str, Any]], refs: dict[Any, dict[str, Any]]) -> None:
     layouts = [lay for lay in data.layouts if any(r["layout"] == lay for r in rows)]
     width = 0.8 / max(len(data.batches), 1)
+    cells = first_rows(rows)
     below = blended_transform_factory(ax.transData, ax.transAxes)
     for j, batch in enumerate(data.batches):
         for i, lay in enumerate(layouts):
-            row = next((r for r in rows if r["layout"] == lay and r["batch_size"] == batch), None)
+            row = cells.get((lay, batch))
             x = i - 0.4 + width * (j + 0.5)
             if row is None:
                 continue

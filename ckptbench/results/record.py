@@ -11,8 +11,10 @@ record survives a round trip through a reader that does not know them.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -38,6 +40,22 @@ _AXIS_KINDS = {axis.name: axis.kind for axis in KEY_AXES}
 _READING = {"ckptbench_read": True}
 
 
+@functools.cache
+def _nested_fields(cls: type[BaseModel]) -> tuple[str, ...]:
+    """The fields of a record class whose values can hold records (``memory``, ``ranks``): the only ones
+    ``unknown_fields`` needs to look into (all of them, per read, cost as much as the read itself)."""
+    return tuple(name for name, info in cls.model_fields.items() if _may_hold_record(info.annotation))
+
+
+def _may_hold_record(annotation: Any) -> bool:
+    """Whether a field's type names a record class (or anything, ``Any``), inside unions and lists too."""
+    if annotation is Any:
+        return True
+    if isinstance(annotation, type) and issubclass(annotation, _Record):
+        return True
+    return any(_may_hold_record(arg) for arg in typing.get_args(annotation))
+
+
 class _Record(BaseModel):
     # "allow" stores the unknown fields of a read (and dumps them back); the validator below refuses
     # them everywhere else, with pydantic's own extra_forbidden error at each one's location.
@@ -57,7 +75,7 @@ class _Record(BaseModel):
         """The fields kept from a read that this ckptbench does not declare, dotted inside nested
         records ('memory.x', 'ranks.x'), sorted."""
         names = set(self.model_extra or {})
-        for name in type(self).model_fields:
+        for name in _nested_fields(type(self)):
             value = getattr(self, name)
             for part in value if isinstance(value, list) else [value]:
                 if isinstance(part, _Record):
@@ -206,9 +224,10 @@ class PointRecord(_Record):
         return filled_key(key)
 
     # -- identity -------------------------------------------------------------------------
-    @property
+    @functools.cached_property
     def key_id(self) -> str:
-        """The key as stable text (the same as ``Point.key_id``)."""
+        """The key as stable text (the same as ``Point.key_id``); computed once (a frozen record's key does not
+        change: reading and comparing two 20,000-point runs asks for it 200,000 times)."""
         return key_id(self.key)
 
     @property
