@@ -269,6 +269,11 @@ def _add_counters(alloc: CachingAllocator, now: tuple[int, ...], before: tuple[i
     # the peaks: a repeat reaches exactly those the repeated micro-batch reached
 
 
+def _micro_batch_count(events: StepEvents) -> int:
+    """How many micro-batches a step's segments are numbered with ('pre@0', 'fwd:3@1', ...)."""
+    return len({label.partition("@")[2] for _, label in events.bounds} - {""})
+
+
 class StreamTooShort(Exception):
     """A compact step's held micro-batches never repeat: replay the whole step instead."""
 
@@ -289,7 +294,7 @@ def replay_point(
     plans: dict[int, MicroPlan] = {}
     if not skip_repeats and (first.extra_micro_batches or steady.extra_micro_batches):
         raise StreamTooShort("a compact step is replayed by skipping its repeats")
-    if skip_repeats:
+    if skip_repeats and (steady.extra_micro_batches or _micro_batch_count(steady) >= 3):  # fewer: none to skip
         plans[id(steady)] = plan = MicroPlan.of(steady)
         # the first step differs only from its optimizer step on (StepEvents.with_optimizer): the same plan
         end = plan.starts[-1] if plan.starts else 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -62,6 +63,9 @@ class _Failed:
 def _mark_worker() -> None:
     global _in_worker
     _in_worker = True
+    # Ctrl-C reaches the whole process group: the parent alone answers it (it stops the pool); a worker's own
+    # KeyboardInterrupt would print a traceback per worker.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _call(index: int) -> tuple[int, Any]:
