@@ -131,7 +131,8 @@ def compare_runs(
     differences = run_differences(base, new, matched=len(matched))
     if differences and not allow_different:
         raise NotComparableRuns(f"compare refused: {differences[0]} (--allow-different compares them anyway)")
-    labels = point_labels([rec.key for rec in (*base_pts.values(), *new_pts.values())])
+    records = (*base_pts.values(), *new_pts.values())
+    labels = point_labels([rec.key for rec in records], ids=[rec.key_id for rec in records])
     # The step times' p-values of every point both sides ran, in a few vectorised scipy calls.
     both_ok = [k for k in matched if base_pts[k].status == new_pts[k].status == "ok"]
     p_values = dict(zip(both_ok, mann_whitney_ps([(base_pts[k].step_times_s, new_pts[k].step_times_s)
@@ -242,8 +243,9 @@ def _listed(rec: PointRecord, labels: dict[str, str]) -> dict[str, Any]:
 _LABEL_PREFIX = {"layout": "", "batch_size": "b=", "seq_len": "s=", "precision": ""}
 
 
-def point_labels(keys: list[dict[str, Any]]) -> dict[str, str]:
-    """Short display labels by key text: layout, batch, seq, precision, plus any field that varies."""
+def point_labels(keys: list[dict[str, Any]], *, ids: list[str] | None = None) -> dict[str, str]:
+    """Short display labels by key text: layout, batch, seq, precision, plus any field that varies.
+    ``ids``: each key's ``key_id`` when the caller already has it (a record's is computed once)."""
     # Fields in the order they first appear; a field varies when its values' texts (a key without the field
     # counts as "None") take two values. The keys of a run share a few field lists: each list is walked once,
     # and each field's values are collected by one comprehension. Linear in the points.
@@ -261,10 +263,10 @@ def point_labels(keys: list[dict[str, Any]]) -> dict[str, str]:
             seen.add("None")
         if len(seen) > 1:
             names.append(k)
+    prefixes = [(n, _LABEL_PREFIX.get(n, n + "=")) for n in names]
     labels = {}
-    for key in keys:
-        parts = [f"{_LABEL_PREFIX.get(n, n + '=')}{key[n]}" for n in names if n in key]
-        labels[key_id(key)] = " ".join(parts)
+    for key, kid in zip(keys, ids if ids is not None else map(key_id, keys), strict=True):
+        labels[kid] = " ".join([f"{prefix}{key[n]}" for n, prefix in prefixes if n in key])
     return labels
 
 

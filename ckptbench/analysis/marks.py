@@ -22,7 +22,6 @@ from ckptbench.analysis.verdict import (
     family_verdicts,
     time_verdict,
 )
-from ckptbench.config.grid import key_id
 from ckptbench.results.record import PointRecord
 
 # Marks, per metric and per point (worse, better, within noise, too few samples, not comparable: verdict.py).
@@ -99,7 +98,7 @@ def compare_point(
     key = base.key
     if b_status == "ok" and n_status == "ok":
         metrics = _compare_ok(base, new, thresholds=thresholds, p_value=p_value)
-        return PointChange(key, key_id(key), label, b_status, n_status, point_mark(metrics), metrics)
+        return PointChange(key, base.key_id, label, b_status, n_status, point_mark(metrics), metrics)
     if b_status == n_status == "oom":
         mark = UNCHANGED
     elif b_status == "ok" and n_status == "oom":
@@ -110,7 +109,7 @@ def compare_point(
         mark = NOT_COMPARABLE
     note = status_note(base.reason, new.reason)
     metrics = _status_metrics(base, new, mark)
-    return PointChange(key, key_id(key), label, b_status, n_status, mark, metrics, note)
+    return PointChange(key, base.key_id, label, b_status, n_status, mark, metrics, note)
 
 
 def short_reason(reason: str, *, limit: int = 160) -> str:
@@ -253,10 +252,22 @@ def family_marks(
     out = list(changes)
     for (i, _), verdict in zip(judged, family_verdicts(evidence, time_rtol=thresholds.time_rtol,
                                                        alpha=thresholds.alpha), strict=True):
+        # Only what the family changes is copied: most points keep their own verdict (a metric, and a point,
+        # whose values would not change stays the same object; 20,000 copies cost more than the verdicts).
         metrics = [
-            replace(m, mark=verdict.mark if m.mark != NOT_COMPARABLE else m.mark, evidence=verdict.evidence)
-            if m.metric in _TIME_METRICS else m
+            _rejudged(m, verdict) if m.metric in _TIME_METRICS else m
             for m in changes[i].metrics
         ]
-        out[i] = replace(changes[i], metrics=metrics, mark=point_mark(metrics))
+        mark = point_mark(metrics)
+        unchanged = mark == changes[i].mark and all(a is b for a, b in zip(metrics, changes[i].metrics, strict=True))
+        if not unchanged:
+            out[i] = replace(changes[i], metrics=metrics, mark=mark)
     return out
+
+
+def _rejudged(m: MetricChange, verdict: TimeVerdict) -> MetricChange:
+    """A time metric with the family's verdict (mark and evidence); itself when they are what it holds."""
+    mark = verdict.mark if m.mark != NOT_COMPARABLE else m.mark
+    if mark == m.mark and verdict.evidence == m.evidence:
+        return m
+    return replace(m, mark=mark, evidence=verdict.evidence)

@@ -73,7 +73,7 @@ def place_labels(
                 # pixel, already leaves the axes or overlaps something is refused without asking matplotlib
                 # (the exact box holds the shrunk one, so it would be refused too); the others are measured.
                 guess = first.box_at(dx * dist * pixels, dy * dist * pixels, ha, va)
-                if not _within(guess, inside) or taken.overlaps(guess):
+                if not _within(guess, inside) or taken.overlaps(guess) or _surely_nearer_another(guess, own, centres):
                     continue
             if note is None:
                 note = ax.annotate(label.text, (label.x, label.y), xytext=(dx * dist, dy * dist),
@@ -213,6 +213,18 @@ def _nearest(box: Box, own: tuple[float, ...], centres: _Grid) -> bool:
     within that distance of the box (plus a pixel against rounding) can be nearer."""
     mine = _distance(box, own[0], own[1])
     return all(_distance(box, px, py) >= mine for px, py, _, _ in centres.near(box, mine + 1.0)
+               if (px, py) != (own[0], own[1]))
+
+
+def _surely_nearer_another(guess: Box, own: tuple[float, ...], centres: _Grid) -> bool:
+    """Whether the exact box of a guessed place is nearer to another point than to its own, whatever the exact
+    box: it holds the guess (shrunk by ``_SHRINK``) and lies inside the guess grown by twice that, so it is at
+    most ``_distance(guess, p)`` from a point p and at least ``_distance(grown, own)`` from its own; when some
+    point is nearer than that, ``_nearest`` would refuse the measured box (the measurement is skipped)."""
+    x0, y0, x1, y1 = guess
+    grow = 2 * _SHRINK
+    least = _distance((x0 - grow, y0 - grow, x1 + grow, y1 + grow), own[0], own[1])
+    return any(_distance(guess, px, py) < least for px, py, _, _ in centres.near(guess, least + 1.0)
                if (px, py) != (own[0], own[1]))
 
 

@@ -17,6 +17,7 @@ from typing import Any
 _INDENT = "  "
 # Exact types the C encoder writes as the pure-Python one does with no container inside.
 _SCALARS = frozenset({str, int, float, bool, type(None)})
+_STR = frozenset({str})
 _encoders: dict[str, Callable[[Any], str]] = {}
 _ascii: Callable[[str], str] = json.encoder.encode_basestring_ascii  # what the encoders write strings with
 
@@ -64,7 +65,8 @@ def _encode_dict(value: dict[Any, Any], newline: str, parts: list[str]) -> None:
         parts.append("{}")
         return
     inner = newline + _INDENT
-    if all(type(k) is str for k in value) and all(type(v) in _SCALARS for v in value.values()):
+    # (set.issuperset over map(type, ...): the all(...) of a generator, without a Python frame per item)
+    if _STR.issuperset(map(type, value)) and _SCALARS.issuperset(map(type, value.values())):
         text = _flat_encoder(inner)(value)  # '{"a": 1,<inner>"b": 2}'
         parts.append("{" + inner + text[1:-1] + newline + "}")
         return
@@ -87,7 +89,7 @@ def _encode_list(value: list[Any] | tuple[Any, ...], newline: str, parts: list[s
         parts.append("[]")
         return
     inner = newline + _INDENT
-    if all(type(v) in _SCALARS for v in value):
+    if _SCALARS.issuperset(map(type, value)):
         text = _flat_encoder(inner)(list(value))
         parts.append("[" + inner + text[1:-1] + newline + "]")
         return

@@ -74,13 +74,15 @@ class _Record(BaseModel):
     def unknown_fields(self) -> list[str]:
         """The fields kept from a read that this ckptbench does not declare, dotted inside nested
         records ('memory.x', 'ranks.x'), sorted."""
-        names = set(self.model_extra or {})
+        names = set(self.model_extra or ())
         for name in _nested_fields(type(self)):
             value = getattr(self, name)
-            for part in value if isinstance(value, list) else [value]:
+            for part in value if isinstance(value, list) else (value,):
                 if isinstance(part, _Record):
-                    names.update(f"{name}.{inner}" for inner in part.unknown_fields())
-        return sorted(names)
+                    inner = part.unknown_fields()
+                    if inner:  # (most records have none: no set update, no text per read)
+                        names.update(f"{name}.{field}" for field in inner)
+        return sorted(names) if names else []
 
 
 class PointMemory(_Record):

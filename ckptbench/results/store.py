@@ -208,9 +208,10 @@ class Run:
         """How many measured points ran on each GPU model (a point's own record, else the run's GPU);
         more than one model means the run mixes cards (a fanned-out sweep on a mixed cluster)."""
         counts: dict[str, int] = {}
+        run_gpu = self.environment.get("gpu_name")  # looked up once, not per point
         for rec in self.points:
             if rec.status in ("ok", "oom"):
-                name = rec.gpu_name or self.environment.get("gpu_name")
+                name = rec.gpu_name or run_gpu
                 if name:
                     counts[name] = counts.get(name, 0) + 1
         return counts
