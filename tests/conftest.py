@@ -119,3 +119,42 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# One --isolate sweep (a fresh process per point: each imports torch) read by tests of two files: the loss
+# check's reference in isolated points (tests/test_loss_check.py) and the host judged where the point processes
+# ran (tests/test_host_timing.py). The load average reads 99 while it runs, so every point is busy.
+ISOLATED_BUSY = tiny_data(
+    model={"preset": "tiny", "overrides": {"num_hidden_layers": 2}},
+    measured_steps=1,
+    sweep={"layout": ["none", "all"], "batch_size": [2], "seq_len": [64], "precision": ["fp32"]},
+)
+
+
+@pytest.fixture(scope="session")
+def isolated_busy_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The SweepOutcome of ISOLATED_BUSY run with --isolate on a machine whose load average reads 99.0;
+    read it, never change it."""
+    from ckptbench.measure import environment
+    from ckptbench.sweep.sweep import run_sweep
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(environment, "load_average", lambda: 99.0)
+        patch.setattr(environment, "busy_warning", _REAL_BUSY_WARNING)  # whatever quiet_host did before
+        patch.setattr(environment, "spread_warning", lambda step_times_s: None)
+        try:
+            return run_sweep(parse_config(ISOLATED_BUSY), out=tmp_path_factory.mktemp("iso") / "run", isolate=True,
+                             predict=False)
+        finally:
+            torch.set_num_threads(before)
+
+
+def _real_busy_warning() -> Any:
+    from ckptbench.measure import environment
+
+    return environment.busy_warning
+
+
+_REAL_BUSY_WARNING = _real_busy_warning()  # at import, before any test's fixture replaces it

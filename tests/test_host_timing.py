@@ -109,14 +109,13 @@ def test_a_busy_machine_is_warned_about_and_recorded(tmp_path: Path, monkeypatch
 
 
 @pytest.mark.host_warnings
-def test_points_in_their_own_processes_are_judged_where_those_ran(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_points_in_their_own_processes_are_judged_where_those_ran(isolated_busy_run: Any) -> None:
     """--isolate (and sharded points, fanned-out jobs): the process that started the point's processes
-    judges the host as they end (processes/launch.py), not the point's own process."""
-    monkeypatch.setattr("ckptbench.measure.environment.load_average", lambda: 99.0)
-    monkeypatch.setattr("ckptbench.measure.environment.spread_warning", lambda step_times_s: None)
-    outcome = run_sweep(tiny_config(sweep=AXES), out=tmp_path / "r", predict=False, isolate=True)
+    judges the host as they end (processes/launch.py), not the point's own process.
+
+    conftest's isolated_busy_run: two points run with --isolate while the load average reads 99.0 in the
+    sweep's process (the point processes read the real one), shared with tests/test_loss_check.py."""
+    outcome = isolated_busy_run
     assert [r.load_average_1m for r in outcome.records] == [99.0, 99.0]
     assert all(r.isolated and [w[:26] for w in r.warnings] == ["busy: load average 99.0 ab"] for r in outcome.records)
 
