@@ -40,7 +40,7 @@ def test_ctrl_c_keeps_finished_points_and_resume_completes_them(tmp_path: Path) 
     config.write_text(json.dumps(tiny_config(**CONFIG).model_dump(mode="json")))  # JSON is YAML
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        _cli(str(config), "--out", str(run_dir)),
+        _cli(str(config), "--out", str(run_dir), "--no-predict"),  # predictions play no part in what is tested
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         env=ENV,
@@ -62,7 +62,7 @@ def test_ctrl_c_keeps_finished_points_and_resume_completes_them(tmp_path: Path) 
 
     t0 = time.monotonic()
     resumed = subprocess.run(
-        _cli(str(config), "--resume", str(run_dir)),
+        _cli(str(config), "--resume", str(run_dir), "--no-predict"),
         capture_output=True,
         text=True,
         env=ENV,
@@ -79,7 +79,7 @@ def test_ctrl_c_keeps_finished_points_and_resume_completes_them(tmp_path: Path) 
     _check_timing_accumulates(finished, before=len(interrupted.points), resumed_wall=resumed_wall,
                               stderr=resumed.stderr)
 
-    reference = run_sweep(tiny_config(**CONFIG), out=tmp_path / "uninterrupted")
+    reference = run_sweep(tiny_config(**CONFIG), out=tmp_path / "uninterrupted", predict=False)
     assert _summary(finished.points) == _summary(reference.records)  # same keys, statuses and losses
 
 
