@@ -17,6 +17,8 @@ from ckptbench.results.store import POINTS_FILE, RUN_FILE
 from tests.conftest import copy_run, quiet_load
 
 Record = dict[str, Any]
+# `estimate RUN` and report's breakdown trace run.json's config once, not once per command (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("cached_estimates")
 
 
 class _Deep:
