@@ -114,18 +114,21 @@ def test_isolate_records_a_crashed_and_a_hung_point_and_goes_on(
     monkeypatch.setenv("CKPTBENCH_TEST_CRASH", "layout=all")
     monkeypatch.setenv("CKPTBENCH_TEST_HANG", "layout=every:2")
     started = time.monotonic()
-    outcome = run_sweep(tiny_config(**CONFIG), out=tmp_path / "run", isolate=True, point_timeout_s=8)
+    # A two-layer model: the ok point takes well under a second after its process is ready (the timeout
+    # starts then), so 5 s leaves room on a busy machine and the hung point costs 5 s, not 8.
+    cfg = tiny_config(**CONFIG, model={"preset": "tiny", "overrides": {"num_hidden_layers": 2}})
+    outcome = run_sweep(cfg, out=tmp_path / "run", isolate=True, point_timeout_s=5, predict=False)
     recs = {r.key["layout"]: r for r in outcome.records}
     assert [r.status for r in outcome.records] == ["ok", "error", "error"]
     assert recs["all"].reason.startswith("the point process was killed by SIGKILL; stderr: ")
     assert "CKPTBENCH_TEST_CRASH" in recs["all"].stderr_tail
-    assert recs["every:2"].reason.startswith("timed out after 8 s (--point-timeout) and was killed")
+    assert recs["every:2"].reason.startswith("timed out after 5 s (--point-timeout) and was killed")
     assert "CKPTBENCH_TEST_HANG" in recs["every:2"].reason
     assert recs["none"].isolated and recs["none"].loss_check.match is True
     run = load_run(tmp_path / "run")
     assert run.meta["status"] == "complete" and run.meta["options"] == {
         "isolate": True,
-        "point_timeout_s": 8,
+        "point_timeout_s": 5,
     }
     assert [p.status for p in run.points] == ["ok", "error", "error"]
     assert time.monotonic() - started < 240
