@@ -195,3 +195,23 @@ def cached_estimates(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(api, "estimate_config", estimate_config)
     monkeypatch.setattr(api, "estimate_points", estimate_points)
+
+
+_HOST_RATES: dict[int, float] = {}
+
+
+@pytest.fixture
+def remembered_host_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU guard's host matmul rate (0.2 s of matmuls before every CPU sweep, sweep/cpu_guard.py) measured
+    once per thread count and test session, for tests that start many sweeps of tiny configs: the guard still
+    decides on a measured rate, and every tiny sweep is far below its limit."""
+    from ckptbench.sweep import cpu_guard
+
+    real = cpu_guard.host_matmul_rate
+
+    def rate(*, threads: int, seconds: float = 0.2) -> float:
+        if threads not in _HOST_RATES:
+            _HOST_RATES[threads] = real(threads=threads, seconds=seconds)
+        return _HOST_RATES[threads]
+
+    monkeypatch.setattr(cpu_guard, "host_matmul_rate", rate)
