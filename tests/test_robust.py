@@ -42,7 +42,10 @@ AXES = {"layout": ["none", "all", "every:2"], "batch_size": [1], "seq_len": [64]
 
 
 def small(**overrides: Any) -> SweepConfig:
-    return tiny_config(**{"measured_steps": 1, "optimizer": "adamw_foreach", "sweep": AXES, **overrides})
+    # two layers: enough for 'every:2', and every claim here holds at any size
+    model = {"preset": "tiny", "overrides": {"num_hidden_layers": 2}}
+    return tiny_config(**{"measured_steps": 1, "optimizer": "adamw_foreach", "sweep": AXES, "model": model,
+                          **overrides})
 
 
 def by_layout(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
