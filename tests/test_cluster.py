@@ -41,6 +41,7 @@ def _sweep(*args: str) -> Any:
     return CliRunner().invoke(app, ["sweep", *args], catch_exceptions=False)
 
 
+@pytest.mark.slow
 def test_local_executor_on_tiny_yaml_gives_the_plain_sweeps_points(tmp_path: Path) -> None:
     # tiny.yaml's model and options on 4 of its 12 points (each fanned-out point is a fresh process that
     # imports torch): the reference layout, a sub-layer checkpointed one, and the batch chain of each.
@@ -135,6 +136,7 @@ def test_a_job_that_dies_becomes_an_error_point(tmp_path: Path, monkeypatch: pyt
     assert "CKPTBENCH_TEST_JOB_CRASH" in (by["all"].reason or "")  # the job's stderr tail
 
 
+@pytest.mark.slow
 def test_slurm_path_runs_on_submitits_debug_executor(tmp_path: Path) -> None:
     """The Slurm pool (arrays, in-flight cap, parameters) with submitit's DebugExecutor in place of Slurm."""
     cfg = tiny_config(model=TWO_LAYERS, sweep={**SMALL, "layout": ["none", "all"]}, measured_steps=1)

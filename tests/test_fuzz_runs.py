@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -136,6 +137,7 @@ def readable(run: Path) -> bool:
     return True
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(damages=st.lists(points_damage, min_size=1, max_size=3), meta=st.lists(meta_damage, max_size=2))
 def test_fuzz_damaged_runs_through_every_reading_command(

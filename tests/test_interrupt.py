@@ -35,6 +35,7 @@ def _summary(records: list[dict[str, Any]]) -> dict[str, tuple[str, list[float]]
     }
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_finished_points_and_resume_completes_them(tmp_path: Path) -> None:
     config = tmp_path / "tiny.yaml"
     config.write_text(json.dumps(tiny_config(**CONFIG).model_dump(mode="json")))  # JSON is YAML
@@ -105,6 +106,7 @@ def _check_timing_accumulates(run: Any, *, before: int, resumed_wall: float, std
     assert "start-up (interpreter, imports, config)" in summary
 
 
+@pytest.mark.slow
 def test_isolate_records_a_crashed_and_a_hung_point_and_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -575,6 +575,7 @@ def test_a_columns_that_is_no_positive_width_does_not_silence_errors(tmp_path: P
     assert result.returncode == 0 and "decoder layers" in result.stdout
 
 
+@pytest.mark.slow
 def test_the_folders_a_killed_isolate_sweep_left_are_removed_by_the_next(
     mini_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
