@@ -119,3 +119,99 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# One --isolate sweep (a fresh process per point: each imports torch) read by tests of two files: the loss
+# check's reference in isolated points (tests/test_loss_check.py) and the host judged where the point processes
+# ran (tests/test_host_timing.py). The load average reads 99 while it runs, so every point is busy.
+ISOLATED_BUSY = tiny_data(
+    model={"preset": "tiny", "overrides": {"num_hidden_layers": 2}},
+    measured_steps=1,
+    sweep={"layout": ["none", "all"], "batch_size": [2], "seq_len": [64], "precision": ["fp32"]},
+)
+
+
+@pytest.fixture(scope="session")
+def isolated_busy_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The SweepOutcome of ISOLATED_BUSY run with --isolate on a machine whose load average reads 99.0;
+    read it, never change it."""
+    from ckptbench.measure import environment
+    from ckptbench.sweep.sweep import run_sweep
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(environment, "load_average", lambda: 99.0)
+        patch.setattr(environment, "busy_warning", _REAL_BUSY_WARNING)  # whatever quiet_host did before
+        patch.setattr(environment, "spread_warning", lambda step_times_s: None)
+        try:
+            return run_sweep(parse_config(ISOLATED_BUSY), out=tmp_path_factory.mktemp("iso") / "run", isolate=True,
+                             predict=False)
+        finally:
+            torch.set_num_threads(before)
+
+
+def _real_busy_warning() -> Any:
+    from ckptbench.measure import environment
+
+    return environment.busy_warning
+
+
+_REAL_BUSY_WARNING = _real_busy_warning()  # at import, before any test's fixture replaces it
+
+
+# Estimates remembered across tests, by everything they depend on (see cached_estimates).
+_ESTIMATES: dict[tuple[str, ...], Any] = {}
+
+
+@pytest.fixture
+def cached_estimates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """estimate_config and estimate_points (what `estimate RUN` and `report`'s breakdown call) remembered per
+    config, points and options, for tests that read one run's damaged copies: the estimate depends on run.json's
+    config only, never on the records, so each command stays real in what it reads and renders and the
+    fake-tensor trace runs once per test session, not once per command. Progress callbacks are not called
+    for remembered estimates (nothing a test reads shows them)."""
+    from ckptbench.estimator import api
+
+    real_config, real_points = api.estimate_config, api.estimate_points
+
+    def estimate_config(cfg: Any, **kw: Any) -> Any:
+        options = {k: v for k, v in kw.items() if k not in ("on_progress", "workers")}
+        key = ("config", cfg.model_dump_json(), "", repr(sorted(options.items())))
+        if key not in _ESTIMATES:
+            _ESTIMATES[key] = real_config(cfg, **options)
+        return list(_ESTIMATES[key])
+
+    def estimate_points(cfg: Any, points: Any, **kw: Any) -> Any:
+        # Point by point: each point's estimate is its own (the breakdown asks for other points per damage).
+        options = {k: v for k, v in kw.items() if k not in ("on_progress", "workers")}
+        where = ("points", cfg.model_dump_json())
+        keys = [(*where, p.key_id, repr(sorted(options.items()))) for p in points]
+        missing = [p for p, key in zip(points, keys, strict=True) if key not in _ESTIMATES]
+        if missing:
+            for p, estimate in zip(missing, real_points(cfg, missing, **options), strict=True):
+                _ESTIMATES[(*where, p.key_id, repr(sorted(options.items())))] = estimate
+        return [_ESTIMATES[key] for key in keys]
+
+    monkeypatch.setattr(api, "estimate_config", estimate_config)
+    monkeypatch.setattr(api, "estimate_points", estimate_points)
+
+
+_HOST_RATES: dict[int, float] = {}
+
+
+@pytest.fixture
+def remembered_host_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU guard's host matmul rate (0.2 s of matmuls before every CPU sweep, sweep/cpu_guard.py) measured
+    once per thread count and test session, for tests that start many sweeps of tiny configs: the guard still
+    decides on a measured rate, and every tiny sweep is far below its limit."""
+    from ckptbench.sweep import cpu_guard
+
+    real = cpu_guard.host_matmul_rate
+
+    def rate(*, threads: int, seconds: float = 0.2) -> float:
+        if threads not in _HOST_RATES:
+            _HOST_RATES[threads] = real(threads=threads, seconds=seconds)
+        return _HOST_RATES[threads]
+
+    monkeypatch.setattr(cpu_guard, "host_matmul_rate", rate)

@@ -17,6 +17,9 @@ from ckptbench.results.store import POINTS_FILE, RUN_FILE
 from tests.conftest import copy_run, quiet_load
 
 Record = dict[str, Any]
+# `estimate RUN` and report's breakdown trace run.json's config once, not once per command; the CPU guard
+# measures the host once, not before every resumed sweep (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("cached_estimates", "remembered_host_rate")
 
 
 class _Deep:

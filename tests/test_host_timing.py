@@ -25,7 +25,7 @@ from ckptbench.sweep import predictions
 from ckptbench.sweep.predictions import BackgroundPredictions
 from ckptbench.sweep.sweep import run_sweep
 from ckptbench.train.step import Trainer
-from tests.conftest import tiny_config
+from tests.conftest import MINI, tiny_config
 
 REPO = Path(__file__).resolve().parent.parent
 AXES = {"layout": ["none", "all"], "batch_size": [1], "seq_len": [64], "precision": ["fp32"]}
@@ -50,8 +50,9 @@ def test_cpu_threads_hold_during_the_steps_and_are_restored(
 ) -> None:
     seen = _spy_steps(monkeypatch)
     torch.set_num_threads(before)  # the conftest fixture restores one thread afterwards
-    # One point, one measured step: two threads on a busy machine are slow (the reason for the default).
-    cfg = tiny_config(cpu_threads=threads, measured_steps=1, sweep={**AXES, "layout": ["all"]})
+    # One point, one measured step of MINI's one-layer model: two threads on a busy machine are slow (the
+    # reason for the default), in proportion to the work.
+    cfg = tiny_config(cpu_threads=threads, measured_steps=1, model=MINI["model"], sweep={**AXES, "layout": ["all"]})
     run_sweep(cfg, out=tmp_path / "r", predict=False)
     assert {t for t, _ in seen} == {threads} and len(seen) == 2  # 1 warm-up + 1 measured step
     assert torch.get_num_threads() == before
@@ -109,14 +110,13 @@ def test_a_busy_machine_is_warned_about_and_recorded(tmp_path: Path, monkeypatch
 
 
 @pytest.mark.host_warnings
-def test_points_in_their_own_processes_are_judged_where_those_ran(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_points_in_their_own_processes_are_judged_where_those_ran(isolated_busy_run: Any) -> None:
     """--isolate (and sharded points, fanned-out jobs): the process that started the point's processes
-    judges the host as they end (processes/launch.py), not the point's own process."""
-    monkeypatch.setattr("ckptbench.measure.environment.load_average", lambda: 99.0)
-    monkeypatch.setattr("ckptbench.measure.environment.spread_warning", lambda step_times_s: None)
-    outcome = run_sweep(tiny_config(sweep=AXES), out=tmp_path / "r", predict=False, isolate=True)
+    judges the host as they end (processes/launch.py), not the point's own process.
+
+    conftest's isolated_busy_run: two points run with --isolate while the load average reads 99.0 in the
+    sweep's process (the point processes read the real one), shared with tests/test_loss_check.py."""
+    outcome = isolated_busy_run
     assert [r.load_average_1m for r in outcome.records] == [99.0, 99.0]
     assert all(r.isolated and [w[:26] for w in r.warnings] == ["busy: load average 99.0 ab"] for r in outcome.records)
 
@@ -129,7 +129,7 @@ def test_unsteady_steps_are_warned_about(tmp_path: Path, monkeypatch: pytest.Mon
     def hiccup(self: Trainer, ids: torch.Tensor) -> torch.Tensor:
         count[0] += 1
         if count[0] % 4 == 0:  # the last of each point's 1 warm-up + 3 measured steps
-            time.sleep(1.0)
+            time.sleep(0.5)  # IQR 0.25 s: above 10% of any median step time below 2.5 s
         return step(self, ids)
 
     monkeypatch.setattr(Trainer, "step", hiccup)

@@ -27,7 +27,8 @@ def sweep(tmp_path: Path, name: str, *, isolate: bool = False, **overrides: Any)
     """Run a small sweep; its records by layout (each layout appears once)."""
     axes = {"layout": ["none", "all"], "batch_size": [2], "seq_len": [64], "precision": ["fp32"]}
     data: dict[str, Any] = {"model": SMALL, "measured_steps": 1, "sweep": axes, **overrides}
-    records = run_sweep(tiny_config(**data), out=tmp_path / name, isolate=isolate).records
+    # predict=False: predictions play no part in the loss check
+    records = run_sweep(tiny_config(**data), out=tmp_path / name, isolate=isolate, predict=False).records
     by_layout = {str(r.key["layout"]): r.to_json() for r in records}  # as written to points.jsonl
     assert len(by_layout) == len(records)
     return by_layout
@@ -112,8 +113,10 @@ def test_when_none_runs_out_of_memory_the_others_are_still_checked(tmp_path: Pat
     assert recs["all"]["loss_check"]["reference_losses"] == recs["first:6"]["loss_check"]["reference_losses"]
 
 
-def test_isolated_points_get_their_reference_from_the_parent(tmp_path: Path) -> None:
-    recs = sweep(tmp_path, "iso", isolate=True)
+def test_isolated_points_get_their_reference_from_the_parent(isolated_busy_run: Any) -> None:
+    # conftest's ISOLATED_BUSY: this file's small sweep of 'none' and 'all', run with --isolate, shared
+    recs = {str(r.key["layout"]): r.to_json() for r in isolated_busy_run.records}  # as written to points.jsonl
+    assert len(recs) == len(isolated_busy_run.records) == 2
     assert recs["none"]["isolated"] and recs["all"]["isolated"]
     check = recs["all"]["loss_check"]
     assert check["reference"] == "none" and check["reference_point"] == key_id(recs["none"]["key"])

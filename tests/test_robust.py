@@ -42,7 +42,10 @@ AXES = {"layout": ["none", "all", "every:2"], "batch_size": [1], "seq_len": [64]
 
 
 def small(**overrides: Any) -> SweepConfig:
-    return tiny_config(**{"measured_steps": 1, "optimizer": "adamw_foreach", "sweep": AXES, **overrides})
+    # two layers: enough for 'every:2', and every claim here holds at any size
+    model = {"preset": "tiny", "overrides": {"num_hidden_layers": 2}}
+    return tiny_config(**{"measured_steps": 1, "optimizer": "adamw_foreach", "sweep": AXES, "model": model,
+                          **overrides})
 
 
 def by_layout(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -76,7 +79,7 @@ def test_an_error_in_one_point_is_recorded_and_the_sweep_goes_on(
 ) -> None:
     monkeypatch.setenv("CKPTBENCH_ENABLE_TEST_HOOKS", "1")  # the hooks are test-only
     monkeypatch.setenv("CKPTBENCH_TEST_ERROR", "layout=all")
-    outcome = run_sweep(small(), out=tmp_path / "run")
+    outcome = run_sweep(small(), out=tmp_path / "run", predict=False)
     recs = by_layout(outcome.records)
     assert [r.status for r in outcome.records] == ["ok", "error", "ok"]
     assert recs["all"].reason == "RuntimeError: injected failure (CKPTBENCH_TEST_ERROR)"
@@ -90,7 +93,8 @@ def test_a_fatal_device_error_stops_the_sweep_and_keeps_the_results(
     monkeypatch.setenv("CKPTBENCH_ENABLE_TEST_HOOKS", "1")  # the hooks are test-only
     monkeypatch.setenv("CKPTBENCH_TEST_CUDA_ERROR", "layout=all")
     (tmp_path / "c.yaml").write_text(json.dumps(small().model_dump(mode="json")))  # JSON is YAML
-    result = CliRunner().invoke(app, ["sweep", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "run")])
+    args = ["sweep", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "run"), "--no-predict"]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 1, result.output
     line = result.stderr.strip().splitlines()[-1]
     assert "device-side assert triggered" in line and "stopped the sweep" in line and "--resume" in line
@@ -277,10 +281,10 @@ def test_resume_refuses_another_config_or_machine(tmp_path: Path) -> None:
 def test_resume_runs_only_missing_and_failed_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CKPTBENCH_ENABLE_TEST_HOOKS", "1")  # the hooks are test-only
     monkeypatch.setenv("CKPTBENCH_TEST_ERROR", "layout=all")
-    first = run_sweep(small(), out=tmp_path / "run")
+    first = run_sweep(small(), out=tmp_path / "run", predict=False)
     assert [r.status for r in first.records] == ["ok", "error", "ok"]
     monkeypatch.delenv("CKPTBENCH_TEST_ERROR")
-    again = run_sweep(small(), resume=tmp_path / "run")
+    again = run_sweep(small(), resume=tmp_path / "run", predict=False)
     assert [r.key["layout"] for r in again.records] == ["all"] and again.already_done == 2
     assert again.records[0].status == "ok" and again.records[0].loss_check.match is True
     run = load_run(tmp_path / "run")
