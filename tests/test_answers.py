@@ -19,6 +19,9 @@ from ckptbench.render.answers import README_BEGIN, README_END, answers_markdown,
 from ckptbench.results.store import load_run
 from ckptbench.units import parse_headroom, parse_size
 
+# Estimates of one config are made once per process and shared (tests/_est_shared.py).
+pytestmark = pytest.mark.usefixtures("shared_estimates")
+
 ROOT = Path(__file__).resolve().parents[1]
 ANSWERS = ROOT / "docs" / "answers.md"
 runner = CliRunner()
@@ -69,7 +72,8 @@ def test_readme_carries_the_generated_verdict_table(generated: tuple[str, str, A
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert generated[1] in readme
     # Right after the two set-up commands, which stay first.
-    assert readme.index("python -m pytest -q -n auto --dist loadfile\n```") < readme.index(README_BEGIN) < readme.index("## Commands")
+    assert (readme.index("python -m pytest -q -n auto --dist loadfile\n```") < readme.index(README_BEGIN)
+            < readme.index("## Commands"))
 
 
 def test_every_claim_has_a_verdict_and_open_claims_name_a_stage(generated: tuple[str, str, Answers]) -> None:
