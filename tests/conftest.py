@@ -119,3 +119,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# Estimates shared by the tests of one process (tests/_est_shared.py): a module opts in with
+# pytestmark = pytest.mark.usefixtures("shared_estimates").
+from tests._est_shared import shared_estimates  # noqa: E402, F401

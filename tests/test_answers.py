@@ -55,7 +55,7 @@ def regenerate(args: list[str]) -> tuple[str, str, Answers]:
 
 
 @pytest.fixture(scope="module")
-def generated() -> tuple[str, str, Answers]:
+def generated(shared_estimates: None) -> tuple[str, str, Answers]:
     return regenerate(committed_command())
 
 

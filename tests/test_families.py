@@ -37,6 +37,9 @@ from ckptbench.train.model import (
     model_shape,
 )
 
+# Estimates of one config are made once per process and shared (tests/_est_shared.py).
+pytestmark = pytest.mark.usefixtures("shared_estimates")
+
 REPO = Path(__file__).resolve().parents[1]
 QWEN3_8B_JSON = REPO / "configs" / "models" / "Qwen3-8B" / "config.json"
 # none, all, a partial layout, a granularity and per-op checkpointing: five plans whose peaks all differ.

@@ -14,6 +14,9 @@ from ckptbench.cli.main import app
 from ckptbench.render.layer_report import layer_section
 from tests.handbuilt import GIB, base_points, pt, run_of
 
+# Estimates of one config are made once per process and shared (tests/_est_shared.py).
+pytestmark = pytest.mark.usefixtures("shared_estimates")
+
 SYNTHETIC = Path(__file__).parent / "fixtures" / "report_runs" / "synthetic-h200-llama7b"
 
 

@@ -18,6 +18,9 @@ from ckptbench.plots import breakdown as breakdown_plot
 from ckptbench.plots import peaks_speed as plots
 from ckptbench.results.store import load_run
 
+# Estimates of one config are made once per process and shared (tests/_est_shared.py).
+pytestmark = pytest.mark.usefixtures("shared_estimates")
+
 RUNS = Path(__file__).parent / "fixtures" / "report_runs"
 SYNTHETIC = RUNS / "synthetic-h200-llama7b"
 TINY = RUNS / "tiny-capped"
