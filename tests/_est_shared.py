@@ -4,9 +4,11 @@ Many tests run a command (estimate, report, answers, advise) on the same committ
 run re-traced and re-replayed the same LLaMA-7B points (seconds to tens of seconds each). The fixture
 ``shared_estimates`` memoises, while a test module that asks for it runs, two entry points of the product:
 
-- ``ckptbench.estimator.api.estimate_points`` by its exact arguments (the config's JSON, the points, the
-  target, the method, the budget, the card, the rank, CUBLAS_WORKSPACE_CONFIG); ``workers`` and
-  ``on_progress`` are left out of the key (the estimates do not depend on them: estimator/api.py);
+- ``ckptbench.estimator.api.estimate_points``, each point by the exact other arguments (the config's JSON,
+  the target, the method, the budget, the card, the rank, CUBLAS_WORKSPACE_CONFIG); ``workers`` and
+  ``on_progress`` are left out of the key (the estimates do not depend on them: estimator/api.py), and so
+  are the other points asked with it (the fast path is exact per point); a call with any point not yet
+  estimated estimates all its points, as the product would;
 - the estimator behind ``answers``' claim predictions (advise/claim_predictions.py): one Estimator per
   exact (config, target, method, rank, card), and each point's prediction once per Estimator.
 
@@ -22,11 +24,13 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-_POINTS: dict[tuple[Any, ...], tuple[list[Any], list[Any]]] = {}
+_POINTS: dict[tuple[Any, ...], dict[Any, Any]] = {}  # arguments but the points -> point -> Estimate
+_HEARD: dict[tuple[Any, ...], list[Any]] = {}  # (arguments, points) -> the progress events of their estimate
 _ESTIMATORS: dict[tuple[Any, ...], Any] = {}
 _PREDICTED: dict[int, dict[Any, Any]] = {}
 _REPLAYED: set[tuple[Any, ...]] = set()  # id(shared Estimator) -> point -> PredictedPoint
@@ -43,9 +47,10 @@ def _memo_estimate_points(real: Callable[..., list[Any]]) -> Callable[..., list[
                         budget_bytes: int | None = None, budget_is_cap: bool = False, gpu: Any = None,
                         on_progress: Callable[[Any], None] | None = None, rank: int = 0,
                         workers: int | None = None) -> list[Any]:
-        key = (cfg.model_dump_json(), tuple(points), target, method, budget_bytes, budget_is_cap,
-               _card_key(target, gpu), rank, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
-        if key not in _POINTS:
+        key = (cfg.model_dump_json(), target, method, budget_bytes, budget_is_cap, _card_key(target, gpu), rank,
+               os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+        known = _POINTS.setdefault(key, {})
+        if not all(p in known for p in points):  # a miss computes every point asked, as the product does
             heard: list[Any] = []
 
             def hear(event: Any) -> None:
@@ -55,12 +60,15 @@ def _memo_estimate_points(real: Callable[..., list[Any]]) -> Callable[..., list[
 
             found = real(cfg, points, target=target, method=method, budget_bytes=budget_bytes,
                          budget_is_cap=budget_is_cap, gpu=gpu, on_progress=hear, rank=rank, workers=workers)
-            _POINTS[key] = (found, heard)
+            _HEARD[(key, tuple(points))] = heard
+            known.update(zip(points, found, strict=True))
             return copy.deepcopy(found)
-        found, heard = _POINTS[key]
-        for event in heard if on_progress is not None else ():  # the progress the first ask heard
-            on_progress(event)
-        return copy.deepcopy(found)
+        # A point's estimate does not depend on the other points asked with it (test_estimate's and
+        # test_reserved's fast-against-full tests): a point estimated before, with the same arguments, is reused.
+        if on_progress is not None:
+            for event in _HEARD.get((key, tuple(points)), []):
+                on_progress(event)  # the progress the first ask of these points heard
+        return copy.deepcopy([known[p] for p in points])
 
     return estimate_points
 
@@ -103,3 +111,18 @@ def shared_estimates() -> Iterator[None]:
         mp.setattr(claims, "Estimator", shared_estimator)
         mp.setattr(claims, "_Predictor", SharedPredictor)
         yield
+
+
+SYNTHETIC_RUN = Path(__file__).parent / "fixtures" / "report_runs" / "synthetic-h200-llama7b"
+
+
+@pytest.fixture(scope="session")
+def synthetic_report_made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """(folder, CliRunner result) of `ckptbench report SYNTHETIC --out FOLDER --budget 80`, made once per process
+    for the tests that only read it (tests/test_report_cmd.py, tests/test_layer_report.py); copy it to change it."""
+    from typer.testing import CliRunner
+
+    from ckptbench.cli.main import app
+
+    out = tmp_path_factory.mktemp("synthetic-report")
+    return out, CliRunner().invoke(app, ["report", str(SYNTHETIC_RUN), "--out", str(out), "--budget", "80"])

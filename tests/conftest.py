@@ -123,4 +123,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # Estimates shared by the tests of one process (tests/_est_shared.py): a module opts in with
 # pytestmark = pytest.mark.usefixtures("shared_estimates").
-from tests._est_shared import shared_estimates  # noqa: E402, F401
+from tests._est_shared import shared_estimates, synthetic_report_made  # noqa: E402, F401
