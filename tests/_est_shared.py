@@ -15,8 +15,9 @@ run re-traced and re-replayed the same LLaMA-7B points (seconds to tens of secon
 The first test to ask computes with the product's own code; later ones get a deep copy of that result.
 Tests that compare one estimate path with another (fast against full, a CLI against the core) call the
 functions they import by name, which the fixture does not replace, or ask for different arguments.
-The memo lives in this process only (one pytest-xdist worker), so tests stay independent of each other's
-order: a miss computes.
+A test that changes the estimator (a monkeypatched model builder) calls it by name too, so that nothing
+it makes reaches the memo. The memo lives in this process only (one pytest-xdist worker), so tests stay
+independent of each other's order: a miss computes.
 """
 
 from __future__ import annotations
