@@ -215,3 +215,6 @@ def remembered_host_rate(monkeypatch: pytest.MonkeyPatch) -> None:
         return _HOST_RATES[threads]
 
     monkeypatch.setattr(cpu_guard, "host_matmul_rate", rate)
+# Estimates shared by the tests of one process (tests/_est_shared.py): a module opts in with
+# pytestmark = pytest.mark.usefixtures("shared_estimates").
+from tests._est_shared import shared_estimates, synthetic_report_made  # noqa: E402, F401

@@ -19,6 +19,9 @@ from ckptbench.render.answers import README_BEGIN, README_END, answers_markdown,
 from ckptbench.results.store import load_run
 from ckptbench.units import parse_headroom, parse_size
 
+# Estimates of one config are made once per process and shared (tests/_est_shared.py).
+pytestmark = pytest.mark.usefixtures("shared_estimates")
+
 ROOT = Path(__file__).resolve().parents[1]
 ANSWERS = ROOT / "docs" / "answers.md"
 runner = CliRunner()
@@ -52,7 +55,7 @@ def regenerate(args: list[str]) -> tuple[str, str, Answers]:
 
 
 @pytest.fixture(scope="module")
-def generated() -> tuple[str, str, Answers]:
+def generated(shared_estimates: None) -> tuple[str, str, Answers]:
     return regenerate(committed_command())
 
 

@@ -29,6 +29,9 @@ from ckptbench.results.record import PointRecord
 from ckptbench.results.store import RunWriter, load_run
 from tests.conftest import tiny_config
 
+# Estimates of one config are made once per process and shared (tests/_est_shared.py).
+pytestmark = pytest.mark.usefixtures("shared_estimates")
+
 FIXTURES = Path(__file__).parent / "fixtures"
 GIB, MIB, KIB = 2**30, 2**20, 2**10
 
@@ -257,7 +260,7 @@ def _h200_points() -> list[Any]:
 
 
 @pytest.fixture(scope="module")
-def h200_estimates() -> Callable[[str], dict[str, Estimate]]:
+def h200_estimates(shared_estimates: None) -> Callable[[str], dict[str, Estimate]]:
     """Predictions for a committed run's points by key_id, computed once per distinct config."""
     by_config: dict[str, dict[str, Estimate]] = {}
 

@@ -37,6 +37,9 @@ from ckptbench.train.model import (
     model_shape,
 )
 
+# Estimates of one config are made once per process and shared (tests/_est_shared.py).
+pytestmark = pytest.mark.usefixtures("shared_estimates")
+
 REPO = Path(__file__).resolve().parents[1]
 QWEN3_8B_JSON = REPO / "configs" / "models" / "Qwen3-8B" / "config.json"
 # none, all, a partial layout, a granularity and per-op checkpointing: five plans whose peaks all differ.
@@ -243,8 +246,9 @@ def test_a_hand_written_qwen3_8b_config_json_estimates_like_the_preset(tmp_path:
     rows = [line for line in table.stdout.splitlines() if line.startswith("│ ")]
     assert [r.split("│")[1].strip() for r in rows] == ["none", "all"] and all(r.count("GiB") >= 4 for r in rows)
     peaks = []
-    for model in ({"config": str(QWEN3_8B_JSON)}, {"preset": "qwen3-8b"}):
-        result = _cli_estimate(tmp_path, model, "--format", "json")
+    # the preset's config is the one test_estimate_predicts_every_listed_preset estimated (shared_estimates)
+    for model, name in (({"config": str(QWEN3_8B_JSON)}, "e"), ({"preset": "qwen3-8b"}, "qwen3-8b")):
+        result = _cli_estimate(tmp_path, model, "--format", "json", name=name)
         assert result.exit_code == 0, result.output
         (point,) = json.loads(result.stdout)
         assert point["key"]["architecture"] == "qwen3"

@@ -11,6 +11,9 @@ from ckptbench.cli.main import app
 from ckptbench.errors import ConfigError
 from ckptbench.estimator.gpus import gpu_model, suggest_cards
 
+# Estimates of one config are made once per process and shared (tests/_est_shared.py).
+pytestmark = pytest.mark.usefixtures("shared_estimates")
+
 ROOT = Path(__file__).parents[1]
 TINY_CONFIG = ROOT / "tests" / "fixtures" / "estimate_tiny.yaml"
 runner = CliRunner(env={"COLUMNS": "250"})

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 from ckptbench.analysis.layer_series import family_of, layer_series, slope
 from ckptbench.analysis.memory_split import memory_splits
-from ckptbench.cli.main import app
 from ckptbench.render.layer_report import layer_section
 from tests.handbuilt import GIB, base_points, pt, run_of
-
-SYNTHETIC = Path(__file__).parent / "fixtures" / "report_runs" / "synthetic-h200-llama7b"
 
 
 def test_families_and_slope() -> None:
@@ -59,8 +56,9 @@ def test_memory_split_static_activation_cache() -> None:
     assert r.cache_bytes == int(96.0 * GIB) - int(91.0 * GIB)
 
 
-def test_report_has_the_per_layer_section(tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["report", str(SYNTHETIC), "--out", str(tmp_path), "--budget", "80"])
+def test_report_has_the_per_layer_section(synthetic_report_made: tuple[Path, Any]) -> None:
+    """`ckptbench report SYNTHETIC --out OUT --budget 80`, run once per process (tests/_est_shared.py)."""
+    tmp_path, result = synthetic_report_made
     assert result.exit_code == 0, result.output
     text = (tmp_path / "report.md").read_text(encoding="utf-8")
     section = text[text.index("## Checkpointing per layer"):]

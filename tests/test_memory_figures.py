@@ -19,6 +19,9 @@ from ckptbench.cli.main import app
 from ckptbench.render.summary import summary_markdown
 from ckptbench.results.store import load_run
 
+# Estimates of one config are made once per process and shared (tests/_est_shared.py).
+pytestmark = pytest.mark.usefixtures("shared_estimates")
+
 ROOT = Path(__file__).parents[1]
 CHECK = ROOT / "results" / "h200-gpu-check-2" / "check"
 AXES = ROOT / "results" / "h200-gpu-check-1" / "axes"

@@ -22,6 +22,9 @@ from ckptbench.plots.tradeoff import tradeoff_figure
 from ckptbench.results.store import load_run
 from ckptbench.units import GIB, MIB
 
+# Estimates of one config are made once per process and shared (tests/_est_shared.py).
+pytestmark = pytest.mark.usefixtures("shared_estimates")
+
 FIXTURES = Path(__file__).parent / "fixtures" / "report_runs"
 SYNTHETIC = FIXTURES / "synthetic-h200-llama7b"
 TINY = FIXTURES / "tiny-capped"

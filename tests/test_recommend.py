@@ -24,6 +24,9 @@ from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run, load_run
 from ckptbench.units import GIB, MIB, parse_headroom, parse_size
 
+# Estimates of one config are made once per process and shared (tests/_est_shared.py).
+pytestmark = pytest.mark.usefixtures("shared_estimates")
+
 FIXTURES = Path(__file__).parent / "fixtures"
 SYNTHETIC = FIXTURES / "report_runs" / "synthetic-h200-llama7b"
 TINY = FIXTURES / "report_runs" / "tiny-capped"

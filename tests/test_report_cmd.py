@@ -7,6 +7,7 @@ import re
 import shutil
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 from matplotlib.figure import Figure
@@ -17,6 +18,9 @@ from ckptbench.config.grid import KEY_FILLS
 from ckptbench.plots import breakdown as breakdown_plot
 from ckptbench.plots import peaks_speed as plots
 from ckptbench.results.store import load_run
+
+# Estimates of one config are made once per process and shared (tests/_est_shared.py).
+pytestmark = pytest.mark.usefixtures("shared_estimates")
 
 RUNS = Path(__file__).parent / "fixtures" / "report_runs"
 SYNTHETIC = RUNS / "synthetic-h200-llama7b"
@@ -34,9 +38,9 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 @pytest.fixture(scope="module")
-def synthetic_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("report")
-    result = runner.invoke(app, ["report", str(SYNTHETIC), "--out", str(out), "--budget", "80"])
+def synthetic_report(synthetic_report_made: tuple[Path, Any]) -> Path:
+    """`ckptbench report SYNTHETIC --out OUT --budget 80`, run once per process (tests/_est_shared.py)."""
+    out, result = synthetic_report_made
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == str(out / "report.md")
     return out

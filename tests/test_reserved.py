@@ -23,6 +23,9 @@ from ckptbench.estimator.gpus import DEFAULT_CUBLAS_WORKSPACE, GPUS, HOPPER_CUBL
 from ckptbench.estimator.trace import trace_step
 from tests.conftest import tiny_config
 
+# Estimates of one config are made once per process and shared (tests/_est_shared.py).
+pytestmark = pytest.mark.usefixtures("shared_estimates")
+
 GIB, MIB = 2**30, 2**20
 RESULTS = Path(__file__).parents[1] / "results"
 
@@ -97,8 +100,9 @@ def test_fast_events_equal_a_full_trace_at_llama7b_widths() -> None:
 
 
 @pytest.fixture(scope="module")
-def h200_check() -> dict[str, dict[str, Any]]:
-    """`ckptbench estimate results/h200-gpu-check-2/check --format json`, by layout and batch."""
+def h200_check(shared_estimates: None) -> dict[str, dict[str, Any]]:
+    """`ckptbench estimate results/h200-gpu-check-2/check --format json`, by layout and batch (the estimates
+    are shared with test_reserved_predictions_against_every_committed_h200_point's run of the same command)."""
     if not (RESULTS / "h200-gpu-check-2/check/points.jsonl").exists():
         pytest.skip("no H200 results in this checkout")
     result = CliRunner().invoke(app, ["estimate", str(RESULTS / "h200-gpu-check-2/check"), "--format", "json"])

@@ -21,6 +21,9 @@ from typer.testing import CliRunner
 from ckptbench.cli.main import app
 from ckptbench.config.load import load_config
 
+# Estimates of one config are made once per process and shared (tests/_est_shared.py).
+pytestmark = pytest.mark.usefixtures("shared_estimates")
+
 ROOT = Path(__file__).parents[1]
 Made = tuple[dict[str, Any], dict[str, Any], Path]
 
