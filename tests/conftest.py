@@ -112,6 +112,31 @@ def quiet_host(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr("ckptbench.measure.environment.spread_warning", lambda step_times_s: None)
 
 
+# Test files that read what another file's tests make once per process (session fixtures, tests/_est_shared.py):
+# under pytest-xdist's --dist loadfile they run on one worker, one after the other, so it is made once.
+SHARED_WORK = {
+    "test_answers": "answers", "test_memory_figures": "answers",  # the claims' predictions
+    "test_reserved": "h200", "test_estimate": "h200",  # estimates of the committed H200 runs
+    "test_report_cmd": "report", "test_layer_report": "report",  # report of the synthetic run
+    "test_loss_check": "isolated", "test_host_timing": "isolated",  # the --isolate sweep (isolated_busy_run)
+}
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """--dist loadfile, with the files of SHARED_WORK grouped (pytest-xdist's own xdist_group marks do not reach
+    its scheduler under pytest 9: the worker renames a test's _nodeid, which nodeid no longer reads)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedWorkScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return SHARED_WORK.get(Path(path).stem, path)
+
+    return SharedWorkScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return
