@@ -7,7 +7,8 @@ busy) machine:
   ``configs/llama7b-estimate-grid.yaml`` as a user gets it (``estimate_points``, on every core), then in one
   process: the traces, the estimates, the allocator replay's share (the estimates with the replay minus
   without it), seconds per point;
-- each command's start-up: ``--help``, ``compare``, ``recommend`` and ``answers`` on committed runs, and
+- each command's start-up: ``--help``, ``compare``, ``recommend`` and ``answers --measured-only`` (and whole, with its
+  predictions) on committed runs, and
   ``estimate`` of ``configs/tiny.yaml`` (its whole command), each as a fresh process, next to a bare
   ``python -c pass`` and to the import of the torch-free package;
 - a tiny CPU sweep (``configs/tiny.yaml``): its whole command over the time in its steps (run.json timing);
@@ -133,7 +134,8 @@ def startup() -> dict[str, Any]:
         "--help": ["-m", "ckptbench", "--help"],
         "compare": ["-m", "ckptbench", "compare", run2, run2],
         "recommend": ["-m", "ckptbench", "recommend", run2, "--budget", "80"],
-        "answers": ["-m", "ckptbench", "answers", run2, run1],
+        "answers": ["-m", "ckptbench", "answers", run2, run1, "--measured-only"],
+        "answers with predictions": ["-m", "ckptbench", "answers", run2, run1],
         "estimate tiny": ["-m", "ckptbench", "estimate", "configs/tiny.yaml"],
         "estimate llama7b (66 points)": ["-m", "ckptbench", "estimate", "configs/llama7b.yaml"],
         "import torch": ["-c", "import torch"],
