@@ -70,7 +70,7 @@ def _check_outputs(out_file: Path | None, readme: Path | None) -> None:
     """--out and --readme may not name a run's own files (nor --out the README it also rewrites); the README
     must hold the answers markers."""
     from ckptbench.config.files import read_bounded_text
-    from ckptbench.render.answers import MAX_README_BYTES, PLOT_FILE, replace_readme_block
+    from ckptbench.render.answers import MAX_README_BYTES, PLOT_FILE, readme_block_bounds
     from ckptbench.results.paths import check_not_run_file
 
     if out_file is not None:
@@ -80,7 +80,7 @@ def _check_outputs(out_file: Path | None, readme: Path | None) -> None:
         check_not_run_file(readme, option="--readme")
         # Before the predictions (tens of seconds): a README without the markers is refused at once. The
         # README is read again when the table is written (publish_answers), which refuses it as well.
-        replace_readme_block(read_bounded_text(readme, limit_bytes=MAX_README_BYTES, what="a README (Markdown)"), "")
+        readme_block_bounds(read_bounded_text(readme, limit_bytes=MAX_README_BYTES, what="a README (Markdown)"))
 
 
 def _answers(runs: list[str], *, budget: str, headroom: str, predict: bool) -> Answers:

@@ -188,11 +188,17 @@ def readme_block(answers: Answers, *, link: str) -> str:
     return f"{README_BEGIN}\n{verdict_table(answers, link=link)}{README_END}"
 
 
-def replace_readme_block(text: str, block: str) -> str:
-    """The README text with its verdict table replaced; ResultsError when the markers are missing."""
+def readme_block_bounds(text: str) -> tuple[int, int]:
+    """Where the README's verdict table starts and its end marker begins; ResultsError when the markers are missing."""
     start, end = text.find(README_BEGIN), text.find(README_END)
     if start < 0 or end < start:
         raise ResultsError(f"the README has no {README_BEGIN!r} ... {README_END!r} markers")
+    return start, end
+
+
+def replace_readme_block(text: str, block: str) -> str:
+    """The README text with its verdict table replaced; ResultsError when the markers are missing."""
+    start, end = readme_block_bounds(text)
     return text[:start] + block + text[end + len(README_END):]
 
 
