@@ -185,43 +185,6 @@ def _real_busy_warning() -> Any:
 _REAL_BUSY_WARNING = _real_busy_warning()  # at import, before any test's fixture replaces it
 
 
-# Estimates remembered across tests, by everything they depend on (see cached_estimates).
-_ESTIMATES: dict[tuple[str, ...], Any] = {}
-
-
-@pytest.fixture
-def cached_estimates(monkeypatch: pytest.MonkeyPatch) -> None:
-    """estimate_config and estimate_points (what `estimate RUN` and `report`'s breakdown call) remembered per
-    config, points and options, for tests that read one run's damaged copies: the estimate depends on run.json's
-    config only, never on the records, so each command stays real in what it reads and renders and the
-    fake-tensor trace runs once per test session, not once per command. Progress callbacks are not called
-    for remembered estimates (nothing a test reads shows them)."""
-    from ckptbench.estimator import api
-
-    real_config, real_points = api.estimate_config, api.estimate_points
-
-    def estimate_config(cfg: Any, **kw: Any) -> Any:
-        options = {k: v for k, v in kw.items() if k not in ("on_progress", "workers")}
-        key = ("config", cfg.model_dump_json(), "", repr(sorted(options.items())))
-        if key not in _ESTIMATES:
-            _ESTIMATES[key] = real_config(cfg, **options)
-        return list(_ESTIMATES[key])
-
-    def estimate_points(cfg: Any, points: Any, **kw: Any) -> Any:
-        # Point by point: each point's estimate is its own (the breakdown asks for other points per damage).
-        options = {k: v for k, v in kw.items() if k not in ("on_progress", "workers")}
-        where = ("points", cfg.model_dump_json())
-        keys = [(*where, p.key_id, repr(sorted(options.items()))) for p in points]
-        missing = [p for p, key in zip(points, keys, strict=True) if key not in _ESTIMATES]
-        if missing:
-            for p, estimate in zip(missing, real_points(cfg, missing, **options), strict=True):
-                _ESTIMATES[(*where, p.key_id, repr(sorted(options.items())))] = estimate
-        return [_ESTIMATES[key] for key in keys]
-
-    monkeypatch.setattr(api, "estimate_config", estimate_config)
-    monkeypatch.setattr(api, "estimate_points", estimate_points)
-
-
 _HOST_RATES: dict[int, float] = {}
 
 

@@ -18,8 +18,8 @@ from tests.conftest import copy_run, quiet_load
 
 Record = dict[str, Any]
 # `estimate RUN` and report's breakdown trace run.json's config once, not once per command; the CPU guard
-# measures the host once, not before every resumed sweep (tests/conftest.py)
-pytestmark = pytest.mark.usefixtures("cached_estimates", "remembered_host_rate")
+# measures the host once, not before every resumed sweep (tests/_est_shared.py, tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("shared_estimates", "remembered_host_rate")
 
 
 class _Deep:

@@ -141,10 +141,10 @@ def readable(run: Path) -> bool:
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(damages=st.lists(points_damage, min_size=1, max_size=3), meta=st.lists(meta_damage, max_size=2))
 def test_fuzz_damaged_runs_through_every_reading_command(
-    mini_run: tuple[Path, Path], cached_estimates: None, remembered_host_rate: None,
+    mini_run: tuple[Path, Path], shared_estimates: None, remembered_host_rate: None,
     damages: list[tuple[Any, ...]], meta: list[tuple[Any, ...]],
 ) -> None:
-    # cached_estimates (tests/conftest.py): the trace depends on run.json's config only, never on the damaged
+    # shared_estimates (tests/_est_shared.py): the trace depends on run.json's config only, never on the damaged
     # records, so `estimate RUN` and report's breakdown stay real in what they read and render, one trace each;
     # remembered_host_rate: the CPU guard before each resumed sweep measures the host once, not 12 times.
     config, pristine = mini_run
