@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from ckptbench.config.grid import Point
 from ckptbench.config.layouts import parse_layout
+from ckptbench.config.parallel import parse_parallel
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
 from ckptbench.estimator.assembly import (
@@ -49,6 +50,7 @@ from ckptbench.estimator.trace import StepTrace, trace_optimizer, trace_step
 from ckptbench.estimator.tracker import GRADS, OPTIMIZER_STATE, PARAMS
 from ckptbench.estimator.workers import map_pieces, worker_count
 from ckptbench.train.model import uniform_layers
+from ckptbench.train.step import param_dtype
 from ckptbench.train.unavailable import TechniqueUnavailable
 from ckptbench.units import GIB
 
@@ -100,7 +102,7 @@ class Estimator:
         jobs: list[Job] = []
         for key, p in {_optim_key(p): p for p in points}.items():
             if key not in self._optim and key not in self._failed:
-                label = f"{p.precision} {p.optimizer}: optimizer step of the whole model"
+                label = f"{key[0]} {p.optimizer}: optimizer step of the whole model"
                 jobs.append((label, self._guarded(key, self._trace_optim, p)))
         if self.method == "full":
             todo = [p for p in dict.fromkeys(points) if p not in self._full]
@@ -152,7 +154,7 @@ class Estimator:
         """``estimate`` of every point (their traces must have run), on ``workers`` forked workers (None: as
         many as there are cores), in the points' order."""
         n = worker_count(workers, len(points))
-        parts = 1 if n == 1 else min(len(points), 4 * n)  # a few parts per worker: they finish together
+        parts = 1 if n == 1 else min(len(points), 16 * n)  # many small parts per worker: they finish together
         bounds = [(len(points) * i // parts, len(points) * (i + 1) // parts) for i in range(parts)]
 
         def run(i: int) -> list[Estimate]:
@@ -275,7 +277,12 @@ def _shape_key(point: Point) -> tuple[Any, ...]:
 
 
 def _optim_key(point: Point) -> tuple[Any, ...]:
-    return (point.precision, point.optimizer, point.lora, point.optimizer_in_backward, point.optimizer_offload,
+    """What the whole model's optimizer trace depends on. Unsharded (or DDP), a precision reaches the optimizer
+    step only through the dtype its weights are stored in: fp32 and the amp precisions (fp32 weights) share one
+    trace. FSDP2's mixed-precision policy depends on the precision itself."""
+    sharded = parse_parallel(point.parallel).kind == "fsdp2"
+    precision = point.precision if sharded else f"{str(param_dtype(point.precision)).removeprefix('torch.')} weights"
+    return (precision, point.optimizer, point.lora, point.optimizer_in_backward, point.optimizer_offload,
             point.parallel)
 
 
