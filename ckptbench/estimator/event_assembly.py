@@ -28,10 +28,11 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ckptbench.estimator.events import ALLOC
+from ckptbench.estimator.events import ALLOC, FREE
 from ckptbench.estimator.trace import StepTrace
 
 GLOBAL_ORDER = ("pre", "fwd", "head", "logits", "exit", "back", "bwd", "tail")
+COPY_ALLOC, COPY_LOCAL, COPY_PLACED = range(3)  # how the assembler copies a template event (ShortTemplate.program)
 
 
 class ShortTemplate:
@@ -54,6 +55,22 @@ class ShortTemplate:
         self.role = {eid: (label, i) for label, eids in self.outputs.items() for i, eid in enumerate(eids)}
         self.middle = {c: i for i, c in reversed(list(enumerate(classes))) if 0 < i < self.last}
         self._holds: dict[str, bool] = {}
+        self._programs: dict[str, list[tuple[int, int, int, bool]]] = {}
+
+    def program(self, template: str) -> list[tuple[int, int, int, bool]]:
+        """Segment ``template``'s events as the assembler copies them: ``(COPY_ALLOC, id, bytes, workspace)``;
+        ``(COPY_LOCAL, id, 0, False)``, a free of an allocation of the same segment that hands nothing on (the
+        copy's own); ``(COPY_PLACED, id, 0, False)``, any other free, placed by the assembler's rules."""
+        found = self._programs.get(template)
+        if found is None:
+            found = self._programs[template] = [
+                (COPY_ALLOC, eid, nbytes, eid in self.workspaces) if op == ALLOC
+                else (COPY_LOCAL, eid, 0, False)
+                if self.alloc_at.get(eid) == template and eid not in self.role and eid not in self.released
+                else (COPY_PLACED, eid, 0, False)
+                for op, eid, nbytes in self.segments.get(template, [])
+            ]
+        return found
 
     @staticmethod
     def _roles(trace: StepTrace) -> dict[str, list[int]]:
@@ -91,7 +108,7 @@ class EventAssembler:
         self.tmpl, self.full, self.n, self.micro = template, list(full), len(full), micro_batches
         self.layer_of = [template.template_layer(j, full) for j in range(self.n)]
         self.out = StepEvents()
-        self.keys: dict[tuple[str, int], int] = {}  # (full label, template event id) -> key
+        self.keys: dict[str, dict[int, int]] = {}  # full label -> {template event id: key}
         self._placed: dict[str, list[tuple[str, str, int]]] = {}  # full label -> the releases freed at its end
         for kk in range(self.micro):
             tm = min(kk, template.micro_batches - 1)
@@ -120,10 +137,19 @@ class EventAssembler:
     def _segment(self, label: str, template: str) -> None:
         tmpl, out = self.tmpl, self.out
         out.begin(label)
+        own = self.keys[label] = {}
+        events, workspaces = out.events, out.workspaces
         expanded = False
-        for op, eid, nbytes in tmpl.segments.get(template, []):
-            if op == ALLOC:
-                self.keys[(label, eid)] = out.alloc(nbytes, workspace=eid in tmpl.workspaces)
+        for code, eid, nbytes, workspace in tmpl.program(template):  # StepEvents.alloc and .free, inlined
+            if code == COPY_ALLOC:
+                key = own[eid] = out.next_key
+                out.next_key = key + 1
+                events.append((ALLOC, key, nbytes))
+                if workspace:
+                    workspaces.add(key)
+                continue
+            if code == COPY_LOCAL:
+                events.append((FREE, own[eid], 0))
                 continue
             if eid in tmpl.released:
                 continue
@@ -156,7 +182,7 @@ class EventAssembler:
                 kind, layer, micro = parse_label(made)
                 if layer == self.layer_of[j]:
                     for m in self._micros(label, template, micro):
-                        self.out.free(self.keys[(make_label(kind, j, m), eid)])
+                        self.out.free(self.keys[make_label(kind, j, m)][eid])
 
     def _micros(self, label: str, template: str, made_micro: int | None) -> list[int | None]:
         """The full micro-batches an allocation of template micro-batch ``made_micro`` stands for."""
@@ -176,9 +202,9 @@ class EventAssembler:
             self._check_neighbour(tt, yk, yt)
             return [k for m in micros for k in self._role(lk, lj, yk, self.tmpl.role[eid][1], m)]
         if yt is not None and yt == tt and lj is not None:  # the same layer's forward (saved activations)
-            return [self.keys[(make_label(yk, lj, m), eid)] for m in micros]
+            return [self.keys[make_label(yk, lj, m)][eid] for m in micros]
         if yt is None and tt is None:
-            return [self.keys[(make_label(yk, None, m), eid)] for m in micros]
+            return [self.keys[make_label(yk, None, m)][eid] for m in micros]
         raise AssemblyError(f"no rule places a free in {template} of a tensor made in {made}")
 
     def _check_neighbour(self, consumer: int | None, kind: str, producer: int | None) -> None:
@@ -204,7 +230,7 @@ class EventAssembler:
         outputs = self.tmpl.outputs.get(template, [])
         if index >= len(outputs):
             raise AssemblyError(f"{template} has no output #{index}")
-        return self.keys[(make_label(kind, j, micro), outputs[index])]
+        return self.keys[make_label(kind, j, micro)][outputs[index]]
 
     def _releases_into(self, label: str) -> list[int]:
         """Keys of the shared tensors (and layer 0's input) freed at the end of full segment ``label``."""
@@ -217,7 +243,7 @@ class EventAssembler:
             mk, ml, mm = parse_label(self.tmpl.alloc_at[eid])
             if ml is not None or mm is None:
                 raise AssemblyError(f"a shared tensor made in {self.tmpl.alloc_at[eid]}")
-            keys.append((eid, self.keys[(make_label(mk, None, kk - (tm - mm)), eid)]))
+            keys.append((eid, self.keys[make_label(mk, None, kk - (tm - mm))][eid]))
         # Freed together when the holder lets go of them (a checkpoint's saved inputs, the decoder's
         # locals): CPython drops a tuple's items last to first, so the last allocated goes first.
         return [key for _, key in sorted(keys, reverse=True)]
@@ -307,7 +333,7 @@ class StepEvents:
         return key
 
     def free(self, key: int) -> None:
-        self.events.append((1, key, 0))
+        self.events.append((FREE, key, 0))
 
     def add_optimizer(self, events: Sequence[tuple[int, int, int]]) -> None:
         """The whole model's optimizer step, traced apart: its own allocations and frees."""
