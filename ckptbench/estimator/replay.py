@@ -112,14 +112,15 @@ class _Run:
         malloc = alloc._malloc_fast if alloc._fast else alloc.malloc  # what malloc would call, called directly
         free = alloc.free
         stream = events.events if begin == 0 and end == len(events.events) else events.events[begin:end]
-        index = begin
+        op, key, nbytes = ALLOC, -1, 0
         try:
-            for index, (op, key, nbytes) in enumerate(stream, start=begin):  # noqa: B007 (index: where it failed)
+            for op, key, nbytes in stream:
                 if op == ALLOC:
                     live[key] = malloc(nbytes, 0)
                 else:
                     free(live.pop(key))
         except AllocatorOOM as oom:
+            index = begin + stream.index((op, key, nbytes))  # an allocation failed: its key is unique in the step
             raise _Stopped(self._where(events, index), oom) from None
 
     def _micro_batches(self, events: StepEvents, plan: MicroPlan, live: dict[int, Block]) -> int:
