@@ -46,7 +46,7 @@ from ckptbench.estimator.event_assembly import AssemblyError
 from ckptbench.estimator.gpus import DEFAULT_GPU, GpuModel, gpu_model
 from ckptbench.estimator.record import CATEGORIES, Estimate, EstimateProgress, Reserved
 from ckptbench.estimator.replay import StreamTooShort, fast_steps, full_steps, predict_reserved
-from ckptbench.estimator.trace import StepTrace, trace_optimizer, trace_step
+from ckptbench.estimator.trace import Prepared, StepTrace, trace_optimizer, trace_step
 from ckptbench.estimator.tracker import GRADS, OPTIMIZER_STATE, PARAMS
 from ckptbench.estimator.workers import map_pieces, worker_count
 from ckptbench.train.model import uniform_layers
@@ -78,6 +78,7 @@ class Estimator:
     _traces: dict[Any, StepTrace] = field(default_factory=dict)  # short (or full) traces, for the replay
     _classes: dict[tuple[Any, ...], set[str]] = field(default_factory=dict)
     _failed: dict[Any, str] = field(default_factory=dict)
+    _prepared: Prepared = field(default_factory=dict)  # short models prepared once for traces of several shapes
 
     def __post_init__(self) -> None:
         # A model no longer than the shortest short model ([c0, c0, c0]) costs nothing more to trace
@@ -191,6 +192,7 @@ class Estimator:
         trace = trace_step(
             self.cfg, point, target=self.target, plans=plans_for(classes), num_layers=len(classes),
             micro_batches=micro, defer_shared=True, rank=self.rank, cublas_workspace_bytes=self._workspace,
+            reuse=self._prepared,
         )
         self._costs[key] = StepCosts.from_trace(trace, classes, micro)
         self._traces[key] = trace

@@ -134,6 +134,47 @@ def _prepare(
     return model, sharded, params, opt
 
 
+@dataclass
+class _Prepared:
+    """A fake model and its optimizer state as ``_prepare`` leaves them, with the fake mode they belong to."""
+
+    mode: FakeTensorMode
+    model: Any
+    sharded: Sharded
+    params: list[torch.nn.Parameter]
+    opt: torch.optim.Optimizer
+
+
+Prepared = dict[tuple[Any, ...], _Prepared]  # trace_step's ``reuse``: prepared short models, by what they depend on
+_PREPARED_KEPT = 8  # the last few are kept
+
+
+def _reuse_key(cfg: SweepConfig, point: Point, num_layers: int | None, target: str) -> tuple[Any, ...] | None:
+    """What a prepared short model depends on, or None where one is prepared for each trace: sharded points (their
+    process group is the trace's), LoRA (peft swaps fake parameters), optimizers in the backward or offloaded (hooks,
+    host copies) and activation offloading."""
+    if num_layers is None or point.parallel != "none" or point.lora != "none" or point.optimizer_in_backward:
+        return None
+    if point.optimizer_offload != "none" or point.offload != "none":
+        return None
+    return (cfg.model.model_dump_json(), cfg.seed, cfg.lr, cfg.zero_grad_to_none, num_layers, point.precision,
+            point.optimizer, target)
+
+
+def _adopt_prepared(tracker: StepTracker, prepared: _Prepared) -> None:
+    """Count a prepared model as ``_prepare`` counts the one it makes (its parameters, buffers, optimizer state and
+    kept gradients; host-resident state not)."""
+    model, params, opt = prepared.model, prepared.params, prepared.opt
+    tracker.adopt(model.parameters(), PARAMS)
+    tracker.adopt(model.buffers(), OTHER)
+    if tracker.kernels.persistent_bytes:
+        tracker.reserve(tracker.kernels.persistent_bytes, OTHER)
+    tracker.adopt([t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)], OPTIMIZER_STATE)
+    tracker.adopt([p.grad for p in params if p.grad is not None], GRADS)
+    for t in tracker.kernels.host_resident(opt):
+        tracker.forget(t)
+
+
 def trace_step(
     cfg: SweepConfig,
     point: Point,
@@ -145,21 +186,33 @@ def trace_step(
     defer_shared: bool = False,
     rank: int = 0,
     cublas_workspace_bytes: int | None = None,
+    reuse: Prepared | None = None,
 ) -> StepTrace:
     """Trace one measured step of ``point`` (optionally on a model of ``num_layers`` with ``plans``).
 
     ``defer_shared`` keeps the tensors all decoder layers receive until layer 0's backward ends
-    (see ``StepTracker.share``), as the fast path needs.
+    (see ``StepTracker.share``), as the fast path needs. ``reuse`` keeps the short models this trace prepares for
+    the next traces given it (the traces of other batch sizes and sequence lengths): preparing one (building it,
+    its optimizer state) is a fifth of a short model's trace, and a traced step leaves the model and its optimizer
+    state as it found them (the optimizer steps in place, zero_grad leaves the gradients as after preparing, every
+    wrapper is undone), so the traces are those of freshly prepared models.
     """
     if point.offload != "none" and target != "cuda":
         raise ConfigError(f"offload={point.offload}: activation offloading can only be estimated for a CUDA target")
     _check_estimable(point)
     tracker = StepTracker(_kernels(target, cublas_workspace_bytes), defer_shared=defer_shared)
+    key = _reuse_key(cfg, point, num_layers, target) if reuse is not None else None
+    prepared = reuse.pop(key, None) if reuse is not None and key is not None else None  # out until traced
     with (
-        fake_process_group(point.parallel, rank=rank) as mesh, eager_transformers(), FakeTensorMode() as mode,
-        contextlib.ExitStack() as stack,
+        fake_process_group(point.parallel, rank=rank) as mesh, eager_transformers(),
+        prepared.mode if prepared is not None else FakeTensorMode() as mode, contextlib.ExitStack() as stack,
     ):
-        model, sharded, params, opt = _prepare(cfg, point, tracker, num_layers, mode, mesh)
+        if prepared is None:
+            model, sharded, params, opt = _prepare(cfg, point, tracker, num_layers, mode, mesh)
+            prepared = _Prepared(mode, model, sharded, params, opt)
+        else:
+            _adopt_prepared(tracker, prepared)
+            model, sharded, params, opt = prepared.model, prepared.sharded, prepared.params, prepared.opt
         static = tuple(tracker.by_cat)
         if plans is None:
             plans = [parse_layout(point.layout, len(decoder_layers(model)))]
@@ -182,6 +235,10 @@ def trace_step(
             loss = trainer.step(batch)
             tracker.mark("end")
         del loss
+    if reuse is not None and key is not None:  # traced without an error: the model is as prepared again
+        if len(reuse) >= _PREPARED_KEPT:
+            reuse.pop(next(iter(reuse)))
+        reuse[key] = prepared
     return _result(tracker, static)
 
 
