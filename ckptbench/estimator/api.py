@@ -159,14 +159,24 @@ class Estimator:
         many as there are cores), in the points' order."""
         n = worker_count(workers, len(points))
         parts = 1 if n == 1 else min(len(points), 16 * n)  # many small parts per worker: they finish together
+        # The points of one trace together (a grid's layouts vary slowest): the short trace's template, prepared for
+        # copying into full steps (event_assembly.short_template), is then made once per part, not once per point.
+        trace_of: dict[Any, int] = {}
+        order = sorted(range(len(points)), key=lambda i: trace_of.setdefault(self._trace_key(points[i]), len(trace_of)))
         bounds = [(len(points) * i // parts, len(points) * (i + 1) // parts) for i in range(parts)]
 
         def run(i: int) -> list[Estimate]:
             lo, hi = bounds[i]
-            return [self.estimate(p, budget_bytes=budget_bytes, budget_is_cap=budget_is_cap) for p in points[lo:hi]]
+            return [self.estimate(points[j], budget_bytes=budget_bytes, budget_is_cap=budget_is_cap)
+                    for j in order[lo:hi]]
 
         done: dict[int, list[Estimate]] = dict(map_pieces(run, parts, workers=n))
-        return [e for i in range(parts) for e in done[i]]
+        made = dict(zip(order, (e for i in range(parts) for e in done[i]), strict=True))
+        return [made[j] for j in range(len(points))]
+
+    def _trace_key(self, point: Point) -> Any:
+        """The key of the trace ``point`` is estimated from: the point itself (``full``), else its short model's."""
+        return point if self.method == "full" else self._short_key(point)
 
     def _guarded(self, key: Any, trace: Callable[[Point], None], point: Point) -> Callable[[], None]:
         def run() -> None:
@@ -207,13 +217,13 @@ class Estimator:
     def ready(self, point: Point) -> bool:
         """Whether every trace ``point`` needs has run (or failed): ``estimate`` can answer now."""
         optim = _optim_key(point)
-        trace_key: Any = point if self.method == "full" else self._short_key(point)
+        trace_key = self._trace_key(point)
         traced = trace_key in (self._full if self.method == "full" else self._costs)
         return (optim in self._optim or optim in self._failed) and (traced or trace_key in self._failed)
 
     def estimate(self, point: Point, *, budget_bytes: int | None = None, budget_is_cap: bool = False) -> Estimate:
         """The estimate of one point (its traces must have run: see ``jobs``)."""
-        trace_key: Any = point if self.method == "full" else self._short_key(point)
+        trace_key = self._trace_key(point)
         failure: str | None = self._failed.get(_optim_key(point)) or self._failed.get(trace_key)
         if failure is not None:
             note = f"not estimated: {failure}"
