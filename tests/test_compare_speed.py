@@ -219,9 +219,22 @@ def _every_run() -> list[Path]:
     return sorted({p.parent for p in [*fixtures.rglob("points.jsonl"), *(ROOT / "results").rglob("points.jsonl")]})
 
 
-@pytest.mark.filterwarnings("ignore")  # damaged fixture runs warn about their lines, alike both ways
-def test_runs_read_in_one_pass_as_line_by_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    runs = _every_run()
+def _odd_run(dest: Path) -> Path:
+    """A run whose lines hold unknown fields (top level and nested), a damaged line, a line nested too deep, an
+    invalid record and a cut-off last line: each costs a note."""
+    run = synthetic_run(dest, 3)
+    good = (run / "points.jsonl").read_text().splitlines()
+    unknown = json.loads(good[1]) | {"zz": [1, {"a": None}]}
+    unknown["memory"]["qq"] = 2
+    deep = json.loads(good[2]) | {"deep": json.loads("[" * 70 + "]" * 70)}  # kept by a parser unbounded
+    lines = [good[0], json.dumps(unknown), "{not json", json.dumps(deep), '{"key": {}, "status": "ok"}', good[2][:40]]
+    (run / "points.jsonl").write_text("\n".join(lines))
+    return run
+
+
+@pytest.mark.filterwarnings("ignore")  # damaged runs warn about their lines, alike both ways
+def test_runs_read_in_one_pass_as_line_by_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    runs = [*_every_run(), _odd_run(tmp_path / "odd")]
     assert len(runs) > 20
     quick = {p: _loaded(p) for p in runs}
 
@@ -231,6 +244,7 @@ def test_runs_read_in_one_pass_as_line_by_line(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(store.PointRecord, "read_json", staticmethod(refuse))
     plain = {p: _loaded(p) for p in runs}
     assert quick == plain
+    assert len(plain[runs[-1]][0]) == 2 and len(plain[runs[-1]][1]) == 5  # two records, five notes
 
 
 def _loaded(path: Path) -> Any:
