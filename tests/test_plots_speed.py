@@ -1,0 +1,99 @@
+"""The plots of a 1,000-point report in seconds (issue 24): artists per layout or batch size, not per point,
+showing every point; label placement that skips hopeless labels places exactly the labels it placed before.
+
+No timings here (scripts/bench_tool.py measures them): the tests bound what is drawn and pin equalities.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from matplotlib.collections import PathCollection
+from matplotlib.container import ErrorbarContainer
+from matplotlib.figure import Figure
+from matplotlib.text import Annotation
+
+from ckptbench.analysis.recommend import candidates, recommend
+from ckptbench.plots import labels as plot_labels
+from ckptbench.plots import peaks_speed
+from ckptbench.plots.style import PlotData
+from ckptbench.plots.tradeoff import tradeoff_figure
+from ckptbench.results.store import Run, load_run
+from ckptbench.units import GIB
+from tests._synthetic_runs import synthetic_run
+
+CHECK = Path(__file__).resolve().parents[1] / "results" / "h200-gpu-check-2" / "check"
+
+
+@pytest.fixture(scope="module")
+def crowded(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """300 points: 11 layouts at batch sizes 1 to 28, most of them crowded together."""
+    return load_run(synthetic_run(tmp_path_factory.mktemp("crowded") / "run", 300))
+
+
+@pytest.mark.filterwarnings("ignore:constrained_layout not applied")
+def test_the_tradeoff_scatter_is_one_collection_per_layout_holding_every_point(crowded: Run) -> None:
+    fig = tradeoff_figure(crowded)
+    cands = candidates(crowded)
+    data = PlotData(crowded)
+    scatters = [c for c in fig.axes[0].collections if isinstance(c, PathCollection)]
+    layouts = {c.layout for c in cands}
+    assert len(scatters) == len(layouts) == 11  # not 300
+    drawn = Counter((round(float(x), 9), round(float(y), 9)) for s in scatters for x, y in s.get_offsets())
+    plotted = Counter((round(data.size.value(c.memory_bytes), 9), round(c.tokens_per_s, 9)) for c in cands)
+    assert drawn == plotted
+    # each layout keeps its colour, and each marker its batch's size
+    sizes = sorted({float(v) for s in scatters for v in s.get_sizes()})
+    assert len(sizes) == len({c.key.get("batch_size") for c in cands})
+
+
+def test_the_speed_dots_are_one_errorbar_per_batch_holding_every_ok_point(crowded: Run) -> None:
+    data = PlotData(crowded)
+    [(_, rows)] = data.facets()
+    ax = Figure().subplots()
+    peaks_speed._relative_dots(ax, data, rows, peaks_speed.speed_references(rows))
+    bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == len(data.batches) == 28
+    points = sum(len(b.lines[0].get_xdata()) for b in bars)
+    assert points == sum(1 for r in rows if r["status"] == "ok") == 300
+
+
+def test_the_peak_bars_are_drawn_per_batch_with_every_bar(crowded: Run) -> None:
+    data = PlotData(crowded)
+    [(_, rows)] = data.facets()
+    ax = Figure().subplots()
+    peaks_speed._grouped_bars(ax, data, rows, lambda r: r["peak_reserved_bytes"] / data.scale)
+    assert len(ax.containers) == 28 and len(ax.patches) == 300
+
+
+def _placed(fig: Figure) -> list[tuple[str, Any, Any, str, str]]:
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    return [(t.get_text(), tuple(round(v, 6) for v in t.get_window_extent(renderer).extents), t.xyann, t.get_ha(),
+             t.get_va()) for t in fig.axes[0].texts if isinstance(t, Annotation)]
+
+
+@pytest.mark.filterwarnings("ignore:constrained_layout not applied")  # the 28-batch legend is tall
+@pytest.mark.parametrize("which", ["crowded", "check"])
+def test_hopeless_labels_are_skipped_and_the_same_labels_placed(
+    which: str, crowded: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = crowded if which == "crowded" else load_run(CHECK)
+    rec = recommend(run, budget_bytes=80 * GIB, headroom_bytes=4 * GIB)
+    skipped: list[bool] = []
+    real = plot_labels._hopeless
+
+    def counting(*args: Any, **kwargs: Any) -> bool:
+        skipped.append(real(*args, **kwargs))
+        return skipped[-1]
+
+    monkeypatch.setattr(plot_labels, "_hopeless", counting)
+    quick = _placed(tradeoff_figure(run, rec=rec, size=rec.size))
+    monkeypatch.setattr(plot_labels, "_hopeless", lambda *a, **k: False)  # every label measured, as before
+    plain = _placed(tradeoff_figure(run, rec=rec, size=rec.size))
+    assert quick == plain
+    assert len(quick) >= 5
+    if which == "crowded":
+        assert sum(skipped) > len(skipped) // 2  # most labels of a crowded plot are never measured
