@@ -73,7 +73,15 @@ class Comparison:
     gate_errors: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": "ckptbench.compare/1", **as_plain(self)}
+        return {"schema": SCHEMA, **as_plain(self)}
+
+    def to_dict_shallow(self) -> dict[str, Any]:
+        """``to_dict`` one level deep: its values as they are, each written as ``to_dict`` has it by a writer
+        that converts the dataclasses it meets with ``plain_one_level`` (render/json_dump.py)."""
+        return {"schema": SCHEMA, **{name: getattr(self, name) for name in _field_names(type(self)) or ()}}
+
+
+SCHEMA = "ckptbench.compare/1"
 
 
 _ATOMS = frozenset({str, int, float, bool, type(None)})
@@ -99,6 +107,24 @@ def as_plain(value: Any) -> Any:
             return {k: v if type(v) in _ATOMS else as_plain(v) for k, v in own.items()}
         return {name: as_plain(getattr(value, name)) for name in names}
     return asdict(_Boxed(value))["value"]  # anything else exactly as asdict treats it (tuples, copies)
+
+
+def _field_names(kind: type) -> tuple[str, ...] | None:
+    names = _DATACLASS_FIELDS.get(kind, ())
+    if names == ():
+        names = _DATACLASS_FIELDS[kind] = tuple(f.name for f in fields(kind)) if is_dataclass(kind) else None
+    return names
+
+
+def plain_one_level(value: Any) -> Any:
+    """What ``as_plain`` makes of ``value`` (not an atom, list or dict), one level deep: a plain dataclass
+    instance's own attribute dict (its values left as they are, for the caller to convert in turn); anything
+    else ``as_plain``'s whole conversion."""
+    names = _field_names(type(value))
+    own = getattr(value, "__dict__", None)
+    if names is not None and own is not None and tuple(own) == names:
+        return own
+    return as_plain(value)
 
 
 @dataclass

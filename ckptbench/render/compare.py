@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.text import Text
 
-from ckptbench.analysis.compare import Comparison
+from ckptbench.analysis.compare import Comparison, plain_one_level
 from ckptbench.analysis.marks import NEWLY_OOM, NO_LONGER_OOM, QUIET_MARKS, MetricChange, PointChange
 from ckptbench.analysis.verdict import BETTER, NOISY, RANGES_DISJOINT, TOO_FEW, WORSE
 from ckptbench.render.json_dump import dumps_indented
@@ -291,10 +291,10 @@ def compare_csv(comp: Comparison, *, only_changed: bool = False) -> str:
 
 def compare_json(comp: Comparison, *, only_changed: bool = False) -> str:
     """The documented JSON shape (``Comparison.to_dict``), optionally without unchanged points."""
-    data = comp.to_dict()
+    data = comp.to_dict_shallow()  # the points converted as they are written, not copied first
     if only_changed:
-        data["points"] = [p for p in data["points"] if p["mark"] not in QUIET_MARKS]
-    return dumps_indented(data) + "\n"  # json.dumps(data, indent=2, sort_keys=True), quicker
+        data["points"] = [p for p in comp.points if p.mark not in QUIET_MARKS]
+    return dumps_indented(data, convert=plain_one_level) + "\n"  # json.dumps(comp.to_dict(), indent=2, ...)
 
 
 RENDERERS = {"markdown": compare_markdown, "csv": compare_csv, "json": compare_json}
