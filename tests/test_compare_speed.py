@@ -26,7 +26,7 @@ from ckptbench.analysis.compare import Comparison, compare_refs
 from ckptbench.analysis.exact_mwu import counted, exact_p, quick_mann_whitney_ps
 from ckptbench.analysis.mann_whitney import mann_whitney_ps
 from ckptbench.cli.main import app
-from ckptbench.render.compare import LISTED_MAX, TABLE_MAX_ROWS, compare_table, display_rows
+from ckptbench.render.compare import LISTED_MAX, TABLE_MAX_ROWS, compare_json, compare_table, display_rows
 from ckptbench.render.tables import FitTable
 from ckptbench.results import store
 from ckptbench.results.record import PointRecord
@@ -136,6 +136,16 @@ def test_added_and_removed_points_are_listed_up_to_the_limit_then_counted(tmp_pa
     assert removed[-1] == "removed (only in base): 15 more points (--format markdown, csv or json lists every one)"
     md = CliRunner().invoke(app, ["compare", str(base), str(new), "--format", "markdown"]).stdout
     assert sum(line.startswith("- removed (only in base)") for line in md.splitlines()) == LISTED_MAX + 15
+
+
+# -- JSON written as the comparison is met ----------------------------------------------------------------
+@pytest.mark.parametrize("new", ["base", "mem10", "oom", "grid", "few"])
+def test_json_is_the_documented_shape_written_in_one_pass(new: str, big_comp: Comparison) -> None:
+    for comp in (compare_refs(RUNS / "base", RUNS / new, allow_different=True), big_comp):
+        whole = comp.to_dict()
+        assert compare_json(comp) == json.dumps(whole, indent=2, sort_keys=True) + "\n"
+        whole["points"] = [p for p in whole["points"] if p["mark"] not in ("unchanged", "within noise")]
+        assert compare_json(comp, only_changed=True) == json.dumps(whole, indent=2, sort_keys=True) + "\n"
 
 
 # -- Mann-Whitney and Benjamini-Hochberg without scipy ----------------------------------------------------
