@@ -19,7 +19,7 @@ from matplotlib.text import Annotation
 from ckptbench.analysis.recommend import candidates, recommend
 from ckptbench.plots import labels as plot_labels
 from ckptbench.plots import peaks_speed
-from ckptbench.plots.style import PlotData
+from ckptbench.plots.style import LEGEND_BATCHES, PlotData, legend_batches
 from ckptbench.plots.tradeoff import tradeoff_figure
 from ckptbench.results.store import Run, load_run
 from ckptbench.units import GIB
@@ -97,3 +97,46 @@ def test_hopeless_labels_are_skipped_and_the_same_labels_placed(
     assert len(quick) >= 5
     if which == "crowded":
         assert sum(skipped) > len(skipped) // 2  # most labels of a crowded plot are never measured
+
+
+def _legend_texts(ax: Any) -> tuple[list[str], str]:
+    legend = ax.get_legend()
+    return [t.get_text() for t in legend.get_texts()], legend.get_title().get_text()
+
+
+def test_a_few_batch_sizes_are_all_named_and_many_are_an_even_spread() -> None:
+    assert legend_batches([1, 2, 4, 8]) == [1, 2, 4, 8]
+    many = list(range(1, 92))
+    spread = legend_batches(many)
+    assert len(spread) == LEGEND_BATCHES and spread[0] == 1 and spread[-1] == 91 and spread == sorted(spread)
+
+
+def test_the_legends_of_a_run_with_many_batch_sizes_say_how_many_they_name(crowded: Run) -> None:
+    data = PlotData(crowded)
+    [(_, rows)] = data.facets()
+    ax = Figure().subplots()
+    peaks_speed._batch_legend(ax, data, rows)
+    texts, title = _legend_texts(ax)
+    assert texts == [f"batch {b}" for b in legend_batches(data.batches)] and texts[-1] == "batch 28"
+    assert title == f"{LEGEND_BATCHES} of 28 batch sizes named (evenly spread)"
+    refs = peaks_speed.speed_references(rows)
+    refs[5] = next(r for r in rows if r["batch_size"] == 5 and r["layout"] == "all")  # 'none' did not run at 5
+    _, labels, title = peaks_speed._reference_legend(data, rows, refs)
+    assert "batch 5: vs all (none did not run)" in labels  # never hidden by the spread
+    assert len(labels) == 1 + LEGEND_BATCHES + (5 not in legend_batches(data.batches))
+    assert title == f"{len(labels) - 1} of 28 batch sizes named (evenly spread)"
+    fig = tradeoff_figure(crowded)
+    texts, _ = _legend_texts(fig.axes[0])
+    assert f"batch size (marker size; {LEGEND_BATCHES} of 28 named)" in texts
+    assert sum(t.startswith("batch ") and t[6:].isdigit() for t in texts) == LEGEND_BATCHES
+
+
+def test_the_legends_of_a_run_with_few_batch_sizes_name_every_one() -> None:
+    run = load_run(CHECK)
+    data = PlotData(run)
+    [(_, rows)] = data.facets()
+    ax = Figure().subplots()
+    peaks_speed._batch_legend(ax, data, rows)
+    assert _legend_texts(ax) == (["batch 2", "batch 8"], "")
+    texts, _ = _legend_texts(tradeoff_figure(run).axes[0])
+    assert texts[-3:] == ["batch size (marker size)", "batch 2", "batch 8"]

@@ -13,7 +13,7 @@ from matplotlib.lines import Line2D
 
 from ckptbench.analysis.recommend import Recommendation, RecommendCandidate, candidates, pareto_front
 from ckptbench.plots.labels import Label, place_labels
-from ckptbench.plots.style import PlotData, empty_note, plain_text, save, suptitle
+from ckptbench.plots.style import PlotData, empty_note, legend_batches, plain_text, save, suptitle
 from ckptbench.results.store import Run
 from ckptbench.units import SizeUnit
 
@@ -129,9 +129,11 @@ def _tradeoff_legend(ax: Axes, data: PlotData, cands: Sequence[RecommendCandidat
                               markeredgecolor="black", markersize=8))
         labels.append(lay)
     handles.append(blank)
-    labels.append("batch size (marker size)")
-    for b, s in area.items():
+    shown = legend_batches(list(area))
+    labels.append("batch size (marker size)" if len(shown) == len(area)
+                  else f"batch size (marker size; {len(shown)} of {len(area)} named)")
+    for b in shown:
         handles.append(Line2D([], [], color="#bbbbbb", marker="o", linestyle="", markeredgecolor="black",
-                              markersize=s**0.5))
+                              markersize=area[b]**0.5))
         labels.append(f"batch {b}")
     ax.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), labelspacing=0.9)
