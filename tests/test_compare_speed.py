@@ -263,3 +263,12 @@ def _loaded(path: Path) -> Any:
     except Exception as exc:  # a run that cannot be read must fail alike both ways
         return ("error", str(exc))
     return [repr(p.model_dump()) for p in run.points], run.warnings
+
+
+def test_every_gate_failure_is_printed_on_its_own_line(big: tuple[Path, Path]) -> None:
+    result = CliRunner(env={"COLUMNS": "60"}).invoke(app, ["compare", str(big[0]), str(big[1]), "--fail-time", "5",
+                                                           "--format", "json"])
+    assert result.exit_code == 3
+    failed = [line for line in result.stderr.splitlines() if line.startswith("gate failed: ")]
+    assert len(failed) == 300 and len(set(failed)) == 300  # not wrapped at 60 columns, none left out
+    assert failed[0].startswith("gate failed: none b=1 s=2048 bf16: median step time +30.00% > 5% (")
