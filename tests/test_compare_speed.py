@@ -272,3 +272,37 @@ def test_every_gate_failure_is_printed_on_its_own_line(big: tuple[Path, Path]) -
     failed = [line for line in result.stderr.splitlines() if line.startswith("gate failed: ")]
     assert len(failed) == 300 and len(set(failed)) == 300  # not wrapped at 60 columns, none left out
     assert failed[0].startswith("gate failed: none b=1 s=2048 bf16: median step time +30.00% > 5% (")
+
+
+def _steps(fn: Any) -> int:
+    """How many Python lines and calls ``fn()`` runs, loop iterations included (sys.settrace): a measure of work
+    that no busy machine bends."""
+    steps = 0
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal steps
+        steps += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        fn()
+    finally:
+        sys.settrace(None)
+    return steps
+
+
+def test_compare_is_linear_in_the_points(tmp_path: Path) -> None:
+    """Four times the points, at most four times the work (reading, comparing, JSON and the table): a step
+    quadratic in the points (one set over every key for every key, the old point_labels) makes it about 16."""
+    work = {}
+    for n in (55, 220):
+        base, new = synthetic_run(tmp_path / f"base-{n}", n), synthetic_run(tmp_path / f"new-{n}", n, scale=1.3)
+
+        def run(base: Path = base, new: Path = new) -> None:
+            comp = compare_refs(base, new)
+            compare_json(comp)
+            compare_table(comp)
+
+        work[n] = _steps(run)
+    assert work[220] < 4 * work[55], work

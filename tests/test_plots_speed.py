@@ -6,6 +6,7 @@ No timings here (scripts/bench_tool.py measures them): the tests bound what is d
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -140,3 +141,25 @@ def test_the_legends_of_a_run_with_few_batch_sizes_name_every_one() -> None:
     assert _legend_texts(ax) == (["batch 2", "batch 8"], "")
     texts, _ = _legend_texts(tradeoff_figure(run).axes[0])
     assert texts[-3:] == ["batch size (marker size)", "batch 2", "batch 8"]
+
+
+@pytest.mark.filterwarnings("ignore:constrained_layout not applied")
+def test_the_tradeoff_plot_is_at_most_linear_in_the_points(tmp_path: Path) -> None:
+    """Four times the points, at most four times the calls (drawing and placing labels)."""
+    work = {}
+    for n in (110, 440):
+        run = load_run(synthetic_run(tmp_path / f"run-{n}", n))
+        calls = 0
+
+        def count(frame: Any, event: str, arg: Any) -> None:
+            nonlocal calls
+            if event in ("call", "c_call"):
+                calls += 1
+
+        sys.setprofile(count)
+        try:
+            tradeoff_figure(run)
+        finally:
+            sys.setprofile(None)
+        work[n] = calls
+    assert work[440] < 4 * work[110], work
