@@ -28,6 +28,7 @@ import copy
 import datetime as dt
 import json
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -198,22 +199,36 @@ def synthetic_run(dest: Path, points: int, *, scale: float = 1.0) -> Path:
     return dest
 
 
+def timed_with_cpu(args: Sequence[str], *, timeout_s: float) -> dict[str, Any]:
+    """``timed_command`` once, with the process's CPU seconds (user + system) and the load at its start: on a
+    busy 2-core machine the wall time grows with the load, the CPU time much less."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load = os.getloadavg()[0]
+    out = timed_command(args, repeat=1, timeout_s=timeout_s)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    out["load_1m"] = load
+    return out
+
+
 def bench_compare(work: Path, sizes: Sequence[int], *, timeout_s: float) -> dict[str, Any]:
-    """``compare`` of two synthetic runs of each size (fresh process, JSON output)."""
+    """``compare`` of two synthetic runs of each size (fresh process): JSON output (``str(n)``) and the default
+    table (``f"{n} table"``, COLUMNS=120, what a user at a terminal waits for)."""
     out: dict[str, Any] = {}
     for n in sizes:
         base = synthetic_run(work / f"base-{n}", n)
         new = synthetic_run(work / f"new-{n}", n, scale=1.02)
-        out[str(n)] = timed_command(["-m", "ckptbench", "compare", str(base), str(new), "--format", "json"],
-                                 repeat=1, timeout_s=timeout_s)
+        out[str(n)] = timed_with_cpu(["-m", "ckptbench", "compare", str(base), str(new), "--format", "json"],
+                                     timeout_s=timeout_s)
+        out[f"{n} table"] = timed_with_cpu(["-m", "ckptbench", "compare", str(base), str(new)], timeout_s=timeout_s)
     return out
 
 
 def bench_report(work: Path, points: int, *, timeout_s: float) -> dict[str, Any]:
     """``report --no-estimate`` of a synthetic run (fresh process)."""
     run = synthetic_run(work / f"report-{points}", points)
-    return timed_command(["-m", "ckptbench", "report", str(run), "--no-estimate", "--out", str(work / "rep")],
-                         repeat=1, timeout_s=timeout_s)
+    return timed_with_cpu(["-m", "ckptbench", "report", str(run), "--no-estimate", "--out", str(work / "rep")],
+                          timeout_s=timeout_s)
 
 
 def machine() -> dict[str, Any]:
@@ -252,7 +267,11 @@ def markdown(result: dict[str, Any]) -> str:
     if "compare" in result:
         lines.append("")
         lines.append("compare (JSON, fresh process): " + ", ".join(
-            f"{n} points {_secs(c)}" for n, c in result["compare"].items()))
+            f"{n} points {_secs(c)}" for n, c in result["compare"].items() if not n.endswith(" table")))
+        tables = [(n.split()[0], c) for n, c in result["compare"].items() if n.endswith(" table")]
+        if tables:
+            lines.append("compare (table at 120 columns, fresh process): " + ", ".join(
+                f"{n} points {_secs(c)}" for n, c in tables))
     if "report" in result:
         lines.append(f"report --no-estimate of {result['report_points']} points: {_secs(result['report'])}")
     return "\n".join(lines) + "\n"
@@ -260,7 +279,10 @@ def markdown(result: dict[str, Any]) -> str:
 
 def _secs(timed: dict[str, Any]) -> str:
     best = timed.get("best_s")
-    return f"{best:.1f} s" if best is not None else f"not finished in {timed['timed_out_after_s']:.0f} s"
+    if best is None:
+        return f"not finished in {timed['timed_out_after_s']:.0f} s"
+    cpu = f" (cpu {timed['cpu_s']:.1f} s, load {timed['load_1m']:.1f})" if "cpu_s" in timed else ""
+    return f"{best:.1f} s{cpu}"
 
 
 def _step(name: str, fn: Callable[[], Any], timings: dict[str, float]) -> Any:

@@ -18,7 +18,7 @@ from ckptbench.answers.evidence import Cite
 from ckptbench.config.grid import Point
 from ckptbench.estimator.gpus import gpu_for_name
 from ckptbench.estimator.record import Estimate, Reserved
-from ckptbench.plots.tradeoff import tradeoff_figure
+from ckptbench.plots.tradeoff import by_layout, tradeoff_figure
 from ckptbench.render.recommend import pareto_rows
 from ckptbench.results.fit import measured_fits, measured_needed_bytes, reserved_upper_bound
 from ckptbench.results.record import PointRecord
@@ -85,10 +85,12 @@ def _plot(run: Run, limit: int) -> dict[str, bool]:
     ax = fig.axes[0]
     line = next(ln for ln in ax.get_lines() if str(ln.get_label()).startswith("budget"))
     x_limit = float(np.asarray(line.get_xdata())[0])
-    cands = candidates(run)  # drawn one scatter each, in this order, before the ring around the best
-    scatters = [c for c in ax.collections if isinstance(c, PathCollection)][: len(cands)]
-    xs = [float(np.asarray(s.get_offsets())[0, 0]) for s in scatters]
-    return {c.record.key_id: x <= x_limit for c, x in zip(cands, xs, strict=True)}
+    # Drawn one scatter per layout (by_layout: its points in the candidates' order), before the ring around the best.
+    groups = by_layout(candidates(run))
+    scatters = [c for c in ax.collections if isinstance(c, PathCollection)][: len(groups)]
+    return {c.record.key_id: float(x) <= x_limit
+            for group, s in zip(groups.values(), scatters, strict=True)
+            for c, (x, _) in zip(group, np.asarray(s.get_offsets()), strict=True)}
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from ckptbench.analysis.compare_notes import (
     power_notes,
     run_notes,
 )
-from ckptbench.analysis.mann_whitney import mann_whitney_ps
+from ckptbench.analysis.exact_mwu import quick_mann_whitney_ps
 from ckptbench.analysis.marks import (
     NEWLY_OOM,
     NO_LONGER_OOM,
@@ -73,7 +73,15 @@ class Comparison:
     gate_errors: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": "ckptbench.compare/1", **as_plain(self)}
+        return {"schema": SCHEMA, **as_plain(self)}
+
+    def to_dict_shallow(self) -> dict[str, Any]:
+        """``to_dict`` one level deep: its values as they are, each written as ``to_dict`` has it by a writer
+        that converts the dataclasses it meets with ``plain_one_level`` (render/json_dump.py)."""
+        return {"schema": SCHEMA, **{name: getattr(self, name) for name in _field_names(type(self)) or ()}}
+
+
+SCHEMA = "ckptbench.compare/1"
 
 
 _ATOMS = frozenset({str, int, float, bool, type(None)})
@@ -99,6 +107,24 @@ def as_plain(value: Any) -> Any:
             return {k: v if type(v) in _ATOMS else as_plain(v) for k, v in own.items()}
         return {name: as_plain(getattr(value, name)) for name in names}
     return asdict(_Boxed(value))["value"]  # anything else exactly as asdict treats it (tuples, copies)
+
+
+def _field_names(kind: type) -> tuple[str, ...] | None:
+    names = _DATACLASS_FIELDS.get(kind, ())
+    if names == ():
+        names = _DATACLASS_FIELDS[kind] = tuple(f.name for f in fields(kind)) if is_dataclass(kind) else None
+    return names
+
+
+def plain_one_level(value: Any) -> Any:
+    """What ``as_plain`` makes of ``value`` (not an atom, list or dict), one level deep: a plain dataclass
+    instance's own attribute dict (its values left as they are, for the caller to convert in turn); anything
+    else ``as_plain``'s whole conversion."""
+    names = _field_names(type(value))
+    own = getattr(value, "__dict__", None)
+    if names is not None and own is not None and tuple(own) == names:
+        return own
+    return as_plain(value)
 
 
 @dataclass
@@ -135,7 +161,7 @@ def compare_runs(
     labels = point_labels([rec.key for rec in records], ids=[rec.key_id for rec in records])
     # The step times' p-values of every point both sides ran, in a few vectorised scipy calls.
     both_ok = [k for k in matched if base_pts[k].status == new_pts[k].status == "ok"]
-    p_values = dict(zip(both_ok, mann_whitney_ps([(base_pts[k].step_times_s, new_pts[k].step_times_s)
+    p_values = dict(zip(both_ok, quick_mann_whitney_ps([(base_pts[k].step_times_s, new_pts[k].step_times_s)
                                                   for k in both_ok]), strict=True))
     points = [compare_point(base_pts[k], new_pts[k], thresholds=thresholds, label=labels[k],
                             p_value=p_values.get(k, ...)) for k in matched]

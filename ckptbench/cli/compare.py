@@ -108,7 +108,8 @@ def _print_comparison(comp: Comparison, fmt: Format, *, only_changed: bool) -> N
             out.print(renderable, soft_wrap=True)
     else:
         sys.stdout.write(RENDERERS[fmt.value](comp, only_changed=only_changed))
-    for line in comp.gate_failures:
-        err.print(f"[red]gate failed:[/red] {escape(line)}", soft_wrap=True)
-    for line in comp.gate_errors:
-        err.print(f"[red]error:[/red] {escape(line)}", soft_wrap=True)
+    # One print each: a line per failing point (20,000 of them after a slowdown), not a console call per line.
+    if comp.gate_failures:
+        err.print("\n".join(f"[red]gate failed:[/red] {escape(line)}" for line in comp.gate_failures), soft_wrap=True)
+    if comp.gate_errors:
+        err.print("\n".join(f"[red]error:[/red] {escape(line)}" for line in comp.gate_errors), soft_wrap=True)

@@ -63,8 +63,11 @@ def place_labels(
         centres.add((px, py, px, py))
     placed = []
     pixels = fig.dpi / 72
+    pad = _GAP * pixels
     for label in labels:
         own = tuple(float(v) for v in ax.transData.transform((label.x, label.y)))
+        if _hopeless(own, label.radius, pixels=pixels, pad=pad, inside=inside, taken=taken, centres=centres):
+            continue  # refused at every place whatever the text's size: not drawn, not measured
         note: Annotation | None = None
         first: _FirstPlace | None = None
         for dx, dy, ha, va, dist in _places(label.radius):
@@ -135,6 +138,29 @@ class _FirstPlace:
         x0 = self.x0 + off_x - _ALIGN[ha] * (self.width - 2 * self.pad)
         y0 = self.y0 + off_y - _ALIGN[va] * (self.height - 2 * self.pad)
         return x0 + _SHRINK, y0 + _SHRINK, x0 + self.width - _SHRINK, y0 + self.height - _SHRINK
+
+
+def _hopeless(
+    own: tuple[float, ...], radius: float, *, pixels: float, pad: float, inside: Bbox, taken: _Grid, centres: _Grid
+) -> bool:
+    """Whether every place of a label is refused whatever its text, so that it need not be measured (crowded
+    points: most labels of a 1,000-point plot). At each place the padded text box holds its core, the anchor
+    with ``pad`` around it (the anchor is a corner, or on an edge's middle, of the text box for every
+    alignment), here shrunk by ``_SHRINK`` against rounding: a core leaving the axes or overlapping something
+    means the box does too. And the text extends away from its point (the alignment puts it on the far side of
+    the anchor), so the box is as far from its own point as the core's near side, at least as far as the core
+    grown by ``_SHRINK``: ``_surely_nearer_another`` on the core refuses exactly what ``_nearest`` would refuse
+    for any box holding it. Only for a point inside the axes: matplotlib gives a label it does not draw
+    another box."""
+    if not (inside.x0 <= own[0] <= inside.x1 and inside.y0 <= own[1] <= inside.y1):
+        return False
+    half = pad - _SHRINK
+    for dx, dy, _, _, dist in _places(radius):
+        x, y = own[0] + dx * dist * pixels, own[1] + dy * dist * pixels
+        core = (x - half, y - half, x + half, y + half)
+        if _within(core, inside) and not taken.overlaps(core) and not _surely_nearer_another(core, own, centres):
+            return False
+    return True
 
 
 class _Grid:

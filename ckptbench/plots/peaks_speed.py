@@ -18,7 +18,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 from matplotlib.transforms import blended_transform_factory
 
-from ckptbench.plots.style import PlotData, is_number, plain_text, save, suptitle
+from ckptbench.plots.style import PlotData, batches_title, is_number, legend_batches, plain_text, save, suptitle
 from ckptbench.results.store import Run
 from ckptbench.units import SizeUnit
 
@@ -44,18 +44,25 @@ def _grouped_bars(
     width = 0.8 / max(len(data.batches), 1)
     cells = first_rows(rows)
     for j, batch in enumerate(data.batches):
+        xs: list[float] = []
+        heights: list[float] = []
+        errs: list[Any] = []
         for i, lay in enumerate(layouts):
             row = cells.get((lay, batch))
             if row is None:
                 continue
             x = i - 0.4 + width * (j + 0.5)
             if row["status"] == "ok" and is_number(value(row)):
-                yerr = err(row) if err is not None else None
-                ax.bar(x, value(row), width, color=data.batch_color[batch], yerr=yerr, capsize=2)
+                xs.append(x)
+                heights.append(value(row))
+                errs.append(err(row) if err is not None else None)
             else:
                 color = "#c44e52" if row["status"] == "oom" else "#777777"
                 ax.text(x, 0, f" {row['status'].upper()}", rotation=90, ha="center", va="bottom",
                         fontsize=7, color=color, fontweight="bold")
+        if xs:  # one call per batch size (its colour), not one per bar: the same bars, drawn much quicker
+            yerr = None if all(e is None for e in errs) else errs
+            ax.bar(xs, heights, width, color=data.batch_color[batch], yerr=yerr, capsize=2)
     ax.set_xticks(range(len(layouts)), layouts, rotation=30 if len(layouts) > 5 else 0, ha="right")
     ax.set_xlim(-0.6, len(layouts) - 0.4)
     ax.set_ylim(bottom=0)  # bars start at zero; OOM/SKIPPED marks sit there
@@ -65,10 +72,13 @@ def _grouped_bars(
 def _batch_legend(ax: Axes, data: PlotData, rows: list[dict[str, Any]]) -> None:
     """Any labelled lines of the axes (budget, card), then the colours of the batch sizes shown."""
     handles, labels = ax.get_legend_handles_labels()
-    shown = [b for b in data.batches if any(r["batch_size"] == b for r in rows)]
+    present = {r["batch_size"] for r in rows}
+    ran = [b for b in data.batches if b in present]
+    shown = legend_batches(ran)
     handles += [Line2D([], [], color=data.batch_color[b], marker="s", ls="", markersize=9) for b in shown]
     labels += [f"batch {b}" for b in shown]
-    ax.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              title=batches_title(len(shown), len(ran)), title_fontsize=8)
 
 
 def _hline(ax: Axes, y: float, label: str, color: str, style: str) -> None:
@@ -118,7 +128,9 @@ def plot_speed(run: Run, path: Path, *, size: SizeUnit | None = None) -> Path:
         where = f" ({label})" if label else ""
         ax.set_title(f"Throughput against `none` at the same batch size{where}; error bar: inter-quartile "
                      "range of the point's step times", fontsize=9.5)
-        ax.legend(*_reference_legend(data, rows, refs), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        handles, texts, title = _reference_legend(data, rows, refs)
+        ax.legend(handles, texts, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=title,
+                  title_fontsize=8)
     suptitle(fig, run, "Speed relative to no checkpointing")
     return save(fig, path)
 
@@ -141,6 +153,10 @@ def _relative_dots(ax: Axes, data: PlotData, rows: list[dict[str, Any]], refs: d
     cells = first_rows(rows)
     below = blended_transform_factory(ax.transData, ax.transAxes)
     for j, batch in enumerate(data.batches):
+        xs: list[float] = []
+        rels: list[float] = []
+        lows: list[float] = []
+        highs: list[float] = []
         for i, lay in enumerate(layouts):
             row = cells.get((lay, batch))
             x = i - 0.4 + width * (j + 0.5)
@@ -152,8 +168,13 @@ def _relative_dots(ax: Axes, data: PlotData, rows: list[dict[str, Any]], refs: d
                         fontsize=7, fontweight="bold", color="#c44e52" if row["status"] == "oom" else "#777777")
                 continue
             rel, (low, high) = _relative(row, ref)
-            ax.errorbar(x, rel, yerr=[[rel - low], [high - rel]], fmt="o", color=data.batch_color[batch],
-                        markersize=6, capsize=2, markeredgecolor="black", markeredgewidth=0.4)
+            xs.append(x)
+            rels.append(rel)
+            lows.append(rel - low)
+            highs.append(high - rel)
+        if xs:  # one errorbar per batch size (its colour), not one per point: the same dots, drawn much quicker
+            ax.errorbar(xs, rels, yerr=[lows, highs], fmt="o", color=data.batch_color[batch], markersize=6,
+                        capsize=2, markeredgecolor="black", markeredgewidth=0.4)
     ax.set_xticks(range(len(layouts)), layouts, rotation=30 if len(layouts) > 5 else 0,
                   ha="right" if len(layouts) > 5 else "center")
     ax.set_xlim(-0.6, len(layouts) - 0.4)
@@ -174,10 +195,16 @@ def _relative(row: dict[str, Any], ref: dict[str, Any]) -> tuple[float, tuple[fl
 
 def _reference_legend(
     data: PlotData, rows: list[dict[str, Any]], refs: dict[Any, dict[str, Any]]
-) -> tuple[list[Any], list[str]]:
+) -> tuple[list[Any], list[str], str | None]:
+    """The reference line, then each batch's colour and reference (a batch whose reference is not `none` is
+    always named; past LEGEND_BATCHES the others are an even spread), and the legend's title."""
     handles: list[Any] = [Line2D([], [], color="#555555", linestyle=":")]
     labels = ["1.00x = the reference"]
-    for batch in (b for b in data.batches if any(r["batch_size"] == b for r in rows)):
+    present = {r["batch_size"] for r in rows}
+    ran = [b for b in data.batches if b in present]
+    spread = set(legend_batches(ran))
+    named = [b for b in ran if b in spread or (refs.get(b) or {}).get("layout") != "none"]
+    for batch in named:
         ref = refs.get(batch)
         if ref is None:
             text = f"batch {batch}: nothing ran"
@@ -188,4 +215,4 @@ def _reference_legend(
         handles.append(Line2D([], [], color=data.batch_color[batch], marker="o", ls="", markersize=7,
                               markeredgecolor="black", markeredgewidth=0.4))
         labels.append(text)
-    return handles, labels
+    return handles, labels, batches_title(len(named), len(ran))

@@ -59,6 +59,26 @@ class PlotData:
         return list(groups.items())
 
 
+# A legend names at most this many batch sizes: past it (a grid of dozens of batch sizes) the colours and marker
+# sizes grow along a scale, and a legend of every one would be taller than the plot and slow to draw (issue 24).
+LEGEND_BATCHES = 12
+
+
+def legend_batches(batches: list[Any]) -> list[Any]:
+    """The batch sizes a legend names: all of them up to ``LEGEND_BATCHES``, else that many spread evenly from
+    the first to the last (the scale of their colours and sizes), in order."""
+    if len(batches) <= LEGEND_BATCHES:
+        return list(batches)
+    last = len(batches) - 1
+    picked = sorted({round(i * last / (LEGEND_BATCHES - 1)) for i in range(LEGEND_BATCHES)})
+    return [batches[i] for i in picked]
+
+
+def batches_title(shown: int, total: int) -> str | None:
+    """The title of a legend that names ``shown`` of ``total`` batch sizes (None when it names them all)."""
+    return None if shown == total else f"{shown} of {total} batch sizes named (evenly spread)"
+
+
 def describe_run(run: Run) -> str:
     """What a plot shows in one line: 'llama-7b, seq 2048, bf16, NVIDIA H200'."""
     model_spec = run.config.get("model") or {}

@@ -13,7 +13,7 @@ from matplotlib.lines import Line2D
 
 from ckptbench.analysis.recommend import Recommendation, RecommendCandidate, candidates, pareto_front
 from ckptbench.plots.labels import Label, place_labels
-from ckptbench.plots.style import PlotData, empty_note, plain_text, save, suptitle
+from ckptbench.plots.style import PlotData, empty_note, legend_batches, plain_text, save, suptitle
 from ckptbench.results.store import Run
 from ckptbench.units import SizeUnit
 
@@ -38,10 +38,12 @@ def tradeoff_figure(run: Run, *, rec: Recommendation | None = None, size: SizeUn
     if not cands:
         empty_note(ax, "no point finished ok: nothing to plot")
     area = _marker_areas(data, cands)
-    for c in cands:
-        ax.scatter(data.size.value(c.memory_bytes), c.tokens_per_s, color=data.layout_color[c.layout],
-                   marker=data.layout_marker[c.layout], s=area[c.key.get("batch_size")], edgecolor="black",
-                   linewidth=0.5, zorder=3)
+    # One scatter per layout (its colour and marker; the batch in each marker's size), not one per point: a
+    # collection per point made a 1,000-point report spend seconds in matplotlib for the same picture.
+    for lay, group in by_layout(cands).items():
+        ax.scatter([data.size.value(c.memory_bytes) for c in group], [c.tokens_per_s for c in group],
+                   color=data.layout_color[lay], marker=data.layout_marker[lay],
+                   s=[area[c.key.get("batch_size")] for c in group], edgecolor="black", linewidth=0.5, zorder=3)
     ax.step([data.size.value(c.memory_bytes) for c in front], [c.tokens_per_s for c in front], where="post",
             color="black", linewidth=1.2, zorder=2, label="Pareto front")
     if rec is not None:
@@ -57,6 +59,15 @@ def tradeoff_figure(run: Run, *, rec: Recommendation | None = None, size: SizeUn
     suptitle(fig, run, f"Memory against throughput (ok points{seq})")
     _label_points(fig, ax, data, cands, front, best=rec.best if rec is not None else None, area=area)
     return fig
+
+
+def by_layout(cands: Sequence[RecommendCandidate]) -> dict[str, list[RecommendCandidate]]:
+    """The candidates of each layout, in the order of the candidates (the layouts by first appearance): the
+    scatters the plot draws, one per layout."""
+    groups: dict[str, list[RecommendCandidate]] = {}
+    for c in cands:
+        groups.setdefault(c.layout, []).append(c)
+    return groups
 
 
 def _marker_areas(data: PlotData, cands: Sequence[RecommendCandidate]) -> dict[Any, float]:
@@ -118,9 +129,11 @@ def _tradeoff_legend(ax: Axes, data: PlotData, cands: Sequence[RecommendCandidat
                               markeredgecolor="black", markersize=8))
         labels.append(lay)
     handles.append(blank)
-    labels.append("batch size (marker size)")
-    for b, s in area.items():
+    shown = legend_batches(list(area))
+    labels.append("batch size (marker size)" if len(shown) == len(area)
+                  else f"batch size (marker size; {len(shown)} of {len(area)} named)")
+    for b in shown:
         handles.append(Line2D([], [], color="#bbbbbb", marker="o", linestyle="", markeredgecolor="black",
-                              markersize=s**0.5))
+                              markersize=area[b]**0.5))
         labels.append(f"batch {b}")
     ax.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), labelspacing=0.9)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from rich.text import Text
 
-from ckptbench.analysis.compare import Comparison
+from ckptbench.analysis.compare import Comparison, plain_one_level
 from ckptbench.analysis.marks import NEWLY_OOM, NO_LONGER_OOM, QUIET_MARKS, MetricChange, PointChange
 from ckptbench.analysis.verdict import BETTER, NOISY, RANGES_DISJOINT, TOO_FEW, WORSE
 from ckptbench.render.json_dump import dumps_indented
@@ -41,8 +42,60 @@ _STYLE = {
 }
 
 
+# The most rows the terminal table shows: a longer table does not fit a terminal (nobody reads 100,000 rows
+# scrolling past) and rich takes about half a millisecond per row (20,000 points: 100,000 rows, 50 s). Past
+# it the table keeps the changed rows (as --only-changed), of the first points up to this many rows, and
+# says what it left out; --format markdown, csv and json stay complete.
+TABLE_MAX_ROWS = 1000
+# The most points the terminal lists as added (and as removed), one line each; the rest are counted.
+LISTED_MAX = 50
+EVERY_ROW = "--format markdown, csv or json"
+
+
 def _shown(comp: Comparison, *, only_changed: bool) -> list[PointChange]:
     return [p for p in comp.points if not (only_changed and p.mark in QUIET_MARKS)]
+
+
+def _row_count(p: PointChange, *, only_changed: bool) -> int:
+    """How many table rows ``display_rows`` makes of a shown point (without making them)."""
+    if p.base_status != "ok" or p.new_status != "ok":
+        return 1
+    if not only_changed:
+        return len(p.metrics)
+    return sum(1 for m in p.metrics if m.mark not in QUIET_MARKS)
+
+
+@dataclass(frozen=True)
+class TableView:
+    """The points the terminal table shows, and what it left out to fit (``cut_note``: None when nothing)."""
+
+    points: list[PointChange]
+    only_changed: bool  # the quiet rows are hidden (asked for, or to fit)
+    cut_note: str | None
+
+
+def table_view(comp: Comparison, *, only_changed: bool = False, max_rows: int | None = TABLE_MAX_ROWS) -> TableView:
+    """Every shown point while the table has at most ``max_rows`` rows (None: no limit); past that, only the
+    changed rows, of the first points whose rows fit in ``max_rows`` (at least one point)."""
+    shown = _shown(comp, only_changed=only_changed)
+    total = sum(_row_count(p, only_changed=only_changed) for p in shown)
+    if max_rows is None or total <= max_rows:
+        return TableView(shown, only_changed, None)
+    changed = shown if only_changed else _shown(comp, only_changed=True)
+    kept: list[PointChange] = []
+    rows = 0
+    for p in changed:
+        n = _row_count(p, only_changed=True)
+        if kept and rows + n > max_rows:
+            break
+        kept.append(p)
+        rows += n
+    why = [] if only_changed else ["the unchanged and within-noise rows"]
+    if len(kept) < len(changed):
+        why.append(f"the changed rows of the last {len(changed) - len(kept):,} changed points")
+    note = (f"a table of {total:,} rows does not fit a terminal: {rows:,} shown, left out: {' and '.join(why)}; "
+            f"every row: {EVERY_ROW}")
+    return TableView(kept, True, note)
 
 
 def _memory_unit(comp: Comparison) -> SizeUnit:
@@ -63,11 +116,14 @@ def _fmt(value: float | None, unit: str, mem: SizeUnit, *, signed: bool = False)
     return "0" if round(value) == 0 else f"{value:{sign},.0f}"
 
 
-def display_rows(comp: Comparison, *, only_changed: bool = False) -> list[dict[str, str]]:
-    """One row per metric of each matched point; a status change is one 'status' row."""
+def display_rows(
+    comp: Comparison, *, only_changed: bool = False, points: list[PointChange] | None = None
+) -> list[dict[str, str]]:
+    """One row per metric of each matched point (of ``points``, when given); a status change is one 'status'
+    row."""
     mem = _memory_unit(comp)
     rows = []
-    for p in _shown(comp, only_changed=only_changed):
+    for p in _shown(comp, only_changed=only_changed) if points is None else points:
         if p.base_status != "ok" or p.new_status != "ok":
             row = {"point": p.label, "metric": "status", "base": p.base_status, "new": p.new_status}
             rows.append({**row, "delta": "-", "ratio": "-", "p": "-", "mark": p.mark})
@@ -115,17 +171,25 @@ def summary_line(comp: Comparison) -> str:
     return f"{s['matched']} matched points: {counts}; {s['added']} added, {s['removed']} removed; {time}"
 
 
-def detail_lines(comp: Comparison, *, only_changed: bool = False) -> list[str]:
-    """Why shown points failed (the OOM message), then points present on one side only, one line each."""
-    shown = _shown(comp, only_changed=only_changed)
+def detail_lines(
+    comp: Comparison, *, only_changed: bool = False, points: list[PointChange] | None = None,
+    listed_max: int | None = None,
+) -> list[str]:
+    """Why shown points (``points``, when given) failed (the OOM message), then points present on one side
+    only, one line each (the first ``listed_max`` of each side, when given, and how many more)."""
+    shown = _shown(comp, only_changed=only_changed) if points is None else points
     lines = [f"{p.label}: {p.note}" for p in shown if p.note]
     for p in shown:  # how sure each step-time change is
         step = next((m for m in p.metrics if m.metric == "median_step_time_s"), None)
         if step is not None and step.mark in (WORSE, BETTER, NOISY) and step.evidence:
             what = "not judged (noisy steps)" if step.mark == NOISY else step.mark
             lines.append(f"{p.label}: step time {what}: {step.evidence}")
-    lines += [f"added (only in {comp.new['name']}): {a['label']} [{a['status']}]" for a in comp.added]
-    lines += [f"removed (only in {comp.base['name']}): {r['label']} [{r['status']}]" for r in comp.removed]
+    for side, run, listed in (("added", comp.new, comp.added), ("removed", comp.base, comp.removed)):
+        cut = listed[:listed_max] if listed_max is not None else listed
+        lines += [f"{side} (only in {run['name']}): {item['label']} [{item['status']}]" for item in cut]
+        if len(cut) < len(listed):
+            lines.append(f"{side} (only in {run['name']}): {len(listed) - len(cut):,} more points ({EVERY_ROW} "
+                         "lists every one)")
     return lines
 
 
@@ -140,11 +204,16 @@ def warning_lines(comp: Comparison) -> list[str]:
     return env + list(comp.notes)
 
 
-def compare_table(comp: Comparison, *, only_changed: bool = False) -> list[FitTable | Text]:
-    """The table of a comparison (fitted to the terminal) followed by added/removed points and the summary."""
-    rows = display_rows(comp, only_changed=only_changed)
+def compare_table(
+    comp: Comparison, *, only_changed: bool = False, max_rows: int | None = TABLE_MAX_ROWS
+) -> list[FitTable | Text]:
+    """The table of a comparison (fitted to the terminal: its columns to the width, its rows to at most
+    ``max_rows``, saying what it left out) followed by added/removed points and the summary."""
+    view = table_view(comp, only_changed=only_changed, max_rows=max_rows)
+    rows = display_rows(comp, only_changed=view.only_changed, points=view.points)
     title = f"ckptbench compare: {comp.base['name']} -> {comp.new['name']}"
-    trailer = [Text(line) for line in trailer_lines(comp, only_changed=only_changed)]
+    details = detail_lines(comp, only_changed=view.only_changed, points=view.points, listed_max=LISTED_MAX)
+    trailer = [Text(line) for line in [*details, *([view.cut_note] if view.cut_note else []), summary_line(comp)]]
     if not rows:
         return [Text(f"{title}: no changed rows"), *trailer]
     table = FitTable(rows, TABLE_COLUMNS, title=title, styles=[_STYLE.get(row["mark"]) for row in rows],
@@ -222,10 +291,10 @@ def compare_csv(comp: Comparison, *, only_changed: bool = False) -> str:
 
 def compare_json(comp: Comparison, *, only_changed: bool = False) -> str:
     """The documented JSON shape (``Comparison.to_dict``), optionally without unchanged points."""
-    data = comp.to_dict()
+    data = comp.to_dict_shallow()  # the points converted as they are written, not copied first
     if only_changed:
-        data["points"] = [p for p in data["points"] if p["mark"] not in QUIET_MARKS]
-    return dumps_indented(data) + "\n"  # json.dumps(data, indent=2, sort_keys=True), quicker
+        data["points"] = [p for p in comp.points if p.mark not in QUIET_MARKS]
+    return dumps_indented(data, convert=plain_one_level) + "\n"  # json.dumps(comp.to_dict(), indent=2, ...)
 
 
 RENDERERS = {"markdown": compare_markdown, "csv": compare_csv, "json": compare_json}

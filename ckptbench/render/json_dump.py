@@ -43,24 +43,31 @@ def _flat_encoder(newline: str) -> Callable[[Any], str]:
     return enc
 
 
-def dumps_indented(value: Any) -> str:
-    """Exactly ``json.dumps(value, indent=2, sort_keys=True)`` (TypeError/ValueError as it raises them)."""
+Convert = Callable[[Any], Any]
+
+
+def dumps_indented(value: Any, *, convert: Convert | None = None) -> str:
+    """Exactly ``json.dumps(value, indent=2, sort_keys=True)`` (TypeError/ValueError as it raises them);
+    ``convert``: what each value that is neither a container nor a scalar (a dataclass) is written as, when it
+    is met (a dict or list, its own values converted the same way): no converted copy of the whole document."""
     parts: list[str] = []
-    _encode(value, "\n", parts)
+    _encode(value, "\n", parts, convert)
     return "".join(parts)
 
 
-def _encode(value: Any, newline: str, parts: list[str]) -> None:
+def _encode(value: Any, newline: str, parts: list[str], convert: Convert | None = None) -> None:
     """Append the text of ``value`` at the level whose line break and indent is ``newline``."""
     if isinstance(value, dict):
-        _encode_dict(value, newline, parts)
+        _encode_dict(value, newline, parts, convert)
     elif isinstance(value, list | tuple):
-        _encode_list(value, newline, parts)
+        _encode_list(value, newline, parts, convert)
+    elif convert is not None and type(value) not in _SCALARS:
+        _encode(convert(value), newline, parts, convert)
     else:  # a scalar (or what the standard encoder refuses, refused the same way)
         parts.append(_flat_encoder(newline)(value))
 
 
-def _encode_dict(value: dict[Any, Any], newline: str, parts: list[str]) -> None:
+def _encode_dict(value: dict[Any, Any], newline: str, parts: list[str], convert: Convert | None = None) -> None:
     if not value:
         parts.append("{}")
         return
@@ -79,12 +86,14 @@ def _encode_dict(value: dict[Any, Any], newline: str, parts: list[str]) -> None:
             parts.append(sep + _key_text(key) + ": " + _flat_encoder(inner)(item))
         else:
             parts.append(sep + _key_text(key) + ": ")
-            _encode(item, inner, parts)
+            _encode(item, inner, parts, convert)
         sep = "," + inner
     parts.append(newline + "}")
 
 
-def _encode_list(value: list[Any] | tuple[Any, ...], newline: str, parts: list[str]) -> None:
+def _encode_list(
+    value: list[Any] | tuple[Any, ...], newline: str, parts: list[str], convert: Convert | None = None
+) -> None:
     if not value:
         parts.append("[]")
         return
@@ -96,7 +105,7 @@ def _encode_list(value: list[Any] | tuple[Any, ...], newline: str, parts: list[s
     sep = "[" + inner
     for item in value:
         parts.append(sep)
-        _encode(item, inner, parts)
+        _encode(item, inner, parts, convert)
         sep = "," + inner
     parts.append(newline + "]")
 

@@ -312,6 +312,17 @@ def _read_points(run: Run) -> None:
     for i, line in enumerate(lines):
         if not line.strip():
             continue
+        # The quick path, for text that cannot nest too deep (MAX_DEPTH brackets at least): parsed and checked
+        # at once; anything it refuses takes the path below, which says why line by line as before.
+        if line.count(b"[") + line.count(b"{") <= MAX_DEPTH:
+            try:
+                record = PointRecord.read_json(line)
+            except ValidationError:
+                pass
+            else:
+                run.points.append(record)
+                unknown.update(record.unknown_fields())
+                continue
         try:
             data = loads_bounded(line)
         except TooDeep as exc:
