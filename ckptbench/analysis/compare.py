@@ -20,7 +20,7 @@ from ckptbench.analysis.compare_notes import (
     power_notes,
     run_notes,
 )
-from ckptbench.analysis.exact_mwu import quick_mann_whitney_ps
+from ckptbench.analysis.mann_whitney import mann_whitney_ps
 from ckptbench.analysis.marks import (
     NEWLY_OOM,
     NO_LONGER_OOM,
@@ -161,7 +161,7 @@ def compare_runs(
     labels = point_labels([rec.key for rec in records], ids=[rec.key_id for rec in records])
     # The step times' p-values of every point both sides ran, in a few vectorised scipy calls.
     both_ok = [k for k in matched if base_pts[k].status == new_pts[k].status == "ok"]
-    p_values = dict(zip(both_ok, quick_mann_whitney_ps([(base_pts[k].step_times_s, new_pts[k].step_times_s)
+    p_values = dict(zip(both_ok, mann_whitney_ps([(base_pts[k].step_times_s, new_pts[k].step_times_s)
                                                   for k in both_ok]), strict=True))
     points = [compare_point(base_pts[k], new_pts[k], thresholds=thresholds, label=labels[k],
                             p_value=p_values.get(k, ...)) for k in matched]

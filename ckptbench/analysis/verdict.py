@@ -22,8 +22,6 @@ import statistics
 from dataclasses import dataclass, replace
 from types import EllipsisType
 
-from ckptbench.analysis.bh import bh_adjusted
-
 MANN_WHITNEY = "mann-whitney"
 RANGES_DISJOINT = "ranges disjoint"
 
@@ -155,16 +153,13 @@ def range_gap(base_s: list[float], new_s: list[float], *, slower: bool) -> float
 
 
 def adjusted_p_values(p_values: list[float | None]) -> list[float | None]:
-    """Benjamini-Hochberg adjusted p-values over the points that have one (scipy's, analysis/bh.py)."""
+    """Benjamini-Hochberg adjusted p-values over the points that have one (scipy)."""
     known = [p for p in p_values if p is not None]
     if not known:
         return list(p_values)
-    quick = bh_adjusted(known)  # scipy's values without importing scipy (about a second of every compare)
-    if quick is None:
-        from scipy.stats import false_discovery_control
+    from scipy.stats import false_discovery_control
 
-        quick = [float(q) for q in false_discovery_control(known, method="bh")]
-    adjusted = iter(quick)
+    adjusted = iter(float(q) for q in false_discovery_control(known, method="bh"))
     return [None if p is None else next(adjusted) for p in p_values]
 
 
