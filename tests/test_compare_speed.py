@@ -2,15 +2,13 @@
 fits a terminal in rows too, saying what it left out.
 
 No timings here (scripts/bench_tool.py measures them): each test pins an equality with the plain rule, or a bound
-on what is built (rows, scipy not imported).
+on what is built (rows).
 """
 
 from __future__ import annotations
 
 import io
 import json
-import random
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,13 +16,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 from rich.console import Console
-from scipy.stats import false_discovery_control, mannwhitneyu
 from typer.testing import CliRunner
 
-from ckptbench.analysis.bh import bh_adjusted
 from ckptbench.analysis.compare import Comparison, compare_refs
-from ckptbench.analysis.exact_mwu import counted, exact_p, quick_mann_whitney_ps
-from ckptbench.analysis.mann_whitney import mann_whitney_ps
 from ckptbench.cli.main import app
 from ckptbench.render.compare import LISTED_MAX, TABLE_MAX_ROWS, compare_json, compare_table, display_rows
 from ckptbench.render.tables import FitTable
@@ -146,56 +140,6 @@ def test_json_is_the_documented_shape_written_in_one_pass(new: str, big_comp: Co
         assert compare_json(comp) == json.dumps(whole, indent=2, sort_keys=True) + "\n"
         whole["points"] = [p for p in whole["points"] if p["mark"] not in ("unchanged", "within noise")]
         assert compare_json(comp, only_changed=True) == json.dumps(whole, indent=2, sort_keys=True) + "\n"
-
-
-# -- Mann-Whitney and Benjamini-Hochberg without scipy ----------------------------------------------------
-def test_exact_p_values_are_scipys_bit_for_bit_for_every_counted_size() -> None:
-    rng = random.Random(7)
-    sizes = [(n1, n2) for n1 in range(1, 13) for n2 in range(1, 13) if counted(n1, n2)]
-    assert (3, 3) in sizes and (8, 8) in sizes and (10, 10) not in sizes  # scipy: asymptotic past 8 and 8
-    for n1, n2 in sizes:
-        for shift in (0.0, 0.3, -0.6, 2.0):  # from no change to disjoint ranges: every tail
-            new = [rng.random() for _ in range(n1)]
-            base = [rng.random() + shift for _ in range(n2)]
-            assert exact_p(base, new) == float(mannwhitneyu(new, base, alternative="two-sided").pvalue), (n1, n2)
-
-
-def test_quick_p_values_are_mann_whitney_ps() -> None:
-    rng = random.Random(11)
-    pairs: list[tuple[Any, Any]] = [
-        ([rng.random() for _ in range(rng.randint(0, 11))], [rng.random() + 0.2 for _ in range(rng.randint(0, 11))])
-        for _ in range(400)
-    ]
-    pairs += [([1.0, 2.0, 3.0], [1.0, 2.5, 4.0]),  # tied: scipy's asymptotic method
-              ([1, 2, 3], [4, 5, 6]), ([0.1, 0.2], [0.3, 0.4, 0.5]), ([], [1.0])]
-    assert quick_mann_whitney_ps(pairs) == mann_whitney_ps(pairs)
-
-
-def test_benjamini_hochberg_is_scipys_bit_for_bit() -> None:
-    rng = random.Random(3)
-    for _ in range(500):
-        m = rng.randint(1, 40)
-        ps = [rng.choice([rng.random(), rng.random() ** 8, 0.05, 0.1, 0.4, 1.0, 0.0]) for _ in range(m)]
-        assert bh_adjusted(ps) == [float(q) for q in false_discovery_control(ps, method="bh")], ps
-    assert bh_adjusted([0.5, 1]) is None and bh_adjusted([0.5, float("nan")]) is None
-    assert bh_adjusted([0.2, 1.5]) is None  # scipy refuses it: the caller asks scipy, which says so
-
-
-def test_compare_of_runs_with_a_few_steps_a_point_imports_no_scipy(tmp_path: Path) -> None:
-    """3 steps a point, some 30% slower (p-values, family verdicts), as the H200 runs measure: no scipy."""
-    base, new = synthetic_run(tmp_path / "base", 30), synthetic_run(tmp_path / "new", 30, scale=1.3)
-    probe = (
-        "import sys\nfrom ckptbench.cli.main import app\n"
-        f"app(['compare', {str(base)!r}, {str(new)!r}, '--format', 'json'], standalone_mode=False)\n"
-        "print('scipy' in sys.modules, 'numpy' in sys.modules)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
-    out, imported = done.stdout.rsplit("\n", 2)[:2]
-    summary = json.loads(out)["summary"]
-    assert summary["matched"] == 30 and summary["worse"] == 30
-    assert all(p["metrics"][3]["p_value"] is not None for p in json.loads(out)["points"])
-    assert imported == "False False"
 
 
 # -- reading points.jsonl in one pass ---------------------------------------------------------------------
