@@ -19,7 +19,8 @@ def workdir(kind: str) -> tempfile.TemporaryDirectory[str]:
     return tempfile.TemporaryDirectory(prefix=f"ckptbench-{kind}-{os.getpid()}-")
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (True for someone else's; False once it exited, even unreaped)."""
     try:
         os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
@@ -43,7 +44,7 @@ def remove_stale_workdirs(root: Path | None = None) -> list[Path]:
         return []
     for path in entries:
         found = _NAME.fullmatch(path.name)
-        if found is None or int(found.group(2)) == os.getpid() or _alive(int(found.group(2))):
+        if found is None or int(found.group(2)) == os.getpid() or alive(int(found.group(2))):
             continue
         shutil.rmtree(path, ignore_errors=True)
         if not path.exists():
