@@ -8,8 +8,10 @@ scratch. The child takes the launcher's environment and working directory as the
 settings, ranks, test hooks), runs in its own session (a terminal's Ctrl-C reaches the sweep only, which
 then ends it) and writes stdout and stderr to a file.
 
-The server is started once per launching process, on its first point; should it fail to start, or with
-``CKPTBENCH_FORKSERVER=0``, a point runs in ``python -m ckptbench.processes.point_process`` as before.
+A sweep starts its server on its first point (and again should it be gone); the local jobs of its fanned-out
+points (``--executor local``, on the same machine) have their points forked by the sweep's server too, through
+its address. Should the server fail to start, or with ``CKPTBENCH_FORKSERVER=0``, a point runs in ``python -m
+ckptbench.processes.point_process`` as before.
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ import contextlib
 import itertools
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import IO, Protocol
+from typing import Protocol
 
-from ckptbench.processes.workdirs import alive
+import ckptbench
+from ckptbench.processes.workdirs import alive, workdir
 
 FORKSERVER_ENV = "CKPTBENCH_FORKSERVER"
 # How long the server may take to import the point's code before points are started without it.
@@ -51,14 +55,22 @@ class Child(Protocol):
     def wait(self) -> int | None: ...
 
 
-def start(request_path: Path, *, env: dict[str, str], stderr_path: Path) -> Child:
+def enabled(env: dict[str, str]) -> bool:
+    """Whether points are forked from a fork server (POSIX, unless CKPTBENCH_FORKSERVER=0)."""
+    return env.get(FORKSERVER_ENV, "1") != "0" and hasattr(os, "fork") and hasattr(socket, "AF_UNIX")
+
+
+def start(request_path: Path, *, env: dict[str, str], stderr_path: Path, via: str | None = None) -> Child:
     """Start the point process of the request at ``request_path`` with environment ``env``, its stdout and
-    stderr going to ``stderr_path``."""
-    server = _server(env) if env.get(FORKSERVER_ENV, "1") != "0" and hasattr(os, "fork") else None
-    if server is not None:
-        child = server.fork(request_path, env=env, stderr_path=stderr_path)
-        if child is not None:
-            return child
+    stderr going to ``stderr_path``; forked by the server at address ``via`` (a local job's sweep's) or by
+    this process's own."""
+    if enabled(env):
+        # The other process's server first; this process's own (started on the first point) only without it.
+        for connect in (lambda: _link(via) if via else None, lambda: _own_link(env)):
+            link = connect()
+            child = link.fork(request_path, env=env, stderr_path=stderr_path) if link is not None else None
+            if child is not None:
+                return child
     command = [sys.executable, "-m", "ckptbench.processes.point_process", str(request_path)]
     with open(stderr_path, "wb") as err:
         # A new session: a terminal's Ctrl-C reaches the parent only, which then ends the child.
@@ -67,19 +79,27 @@ def start(request_path: Path, *, env: dict[str, str], stderr_path: Path) -> Chil
         )
 
 
+def shared_address(env: dict[str, str]) -> str | None:
+    """The address of this process's fork server (started now if need be), for the local jobs it starts;
+    None when points are not forked."""
+    if not enabled(env):
+        return None
+    link = _own_link(env)
+    return link.address if link is not None else None
+
+
 class _Forked:
     """A point process forked by the server, with Popen's pid/returncode/poll/wait (the server reaps it)."""
 
-    def __init__(self, server: _Server, pid: int) -> None:
-        self._server = server
+    def __init__(self, link: _Link, pid: int) -> None:
+        self._link = link
         self.pid = pid
 
     @property
     def returncode(self) -> int | None:
-        code = self._server.exit_codes.get(self.pid)
-        if code is None and self._server.gone and not alive(self.pid):
-            # The server ended before it could reap the child (it was killed): the child's status is lost,
-            # only that it ended is known.
+        code = self._link.exit_codes.get(self.pid)
+        if code is None and self._link.gone and not alive(self.pid):
+            # The server ended before it could tell (it was killed): only that the child ended is known.
             return LOST_EXIT_CODE
         return code
 
@@ -87,76 +107,49 @@ class _Forked:
         return self.returncode
 
     def wait(self) -> int | None:
-        with self._server.cond:
-            while self.returncode is None:
-                self._server.cond.wait(0.1)
+        while self.returncode is None:
+            with self._link.cond:
+                self._link.cond.wait(0.1)
         return self.returncode
 
 
-class _Server:
-    """The launcher's end of one fork server process."""
+class _Link:
+    """A launcher's connection to a fork server: asks it for children, hears their pids and exit statuses."""
 
-    def __init__(self, env: dict[str, str]) -> None:
-        # torch.cuda.is_available(), should an import call it, then asks NVML and leaves CUDA uninitialised:
-        # a process that initialised CUDA cannot hand it to its forks.
-        server_env = {k: v for k, v in env.items() if k not in _POINT_VARS}
-        server_env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ckptbench.processes.forkserver"],
-            # Its stderr is nobody's: a point's own output goes to the point's file; should the server fail to
-            # import, points start without it and show why in theirs.
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=server_env,
-            start_new_session=True,  # a terminal's Ctrl-C reaches the sweep only
-        )
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(address)
         self.cond = threading.Condition()
-        self.ready = False
         self.gone = False
         self.pids: dict[int, int] = {}  # request id -> pid
         self.exit_codes: dict[int, int] = {}  # pid -> exit status
         self._ids = itertools.count()
         self._write_lock = threading.Lock()
-        assert self.proc.stdout is not None
-        threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True, name="ckptbench-forkserver").start()
+        threading.Thread(target=self._read, daemon=True, name="ckptbench-forkserver").start()
 
-    def close(self) -> None:
-        """End the server (its children go on): its stdin's end tells it to."""
-        with contextlib.suppress(OSError, ValueError):
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=5)
-
-    def _read(self, out: IO[bytes]) -> None:
-        for line in out:
-            msg = json.loads(line)
-            with self.cond:
-                if msg.get("ready"):
-                    self.ready = True
-                elif "id" in msg:
-                    self.pids[msg["id"]] = msg["pid"]
-                elif "exit" in msg:
-                    self.exit_codes[msg["pid"]] = msg["exit"]
-                self.cond.notify_all()
+    def _read(self) -> None:
+        with contextlib.suppress(OSError), self.sock.makefile("rb") as lines:
+            for line in lines:
+                msg = json.loads(line)
+                with self.cond:
+                    if "id" in msg:
+                        self.pids[msg["id"]] = msg["pid"]
+                    elif "exit" in msg:
+                        self.exit_codes[msg["pid"]] = msg["exit"]
+                    self.cond.notify_all()
         with self.cond:
             self.gone = True
             self.cond.notify_all()
-        with contextlib.suppress(Exception):
-            self.proc.wait()
 
     def fork(self, request_path: Path, *, env: dict[str, str], stderr_path: Path) -> _Forked | None:
-        """Ask the server for a point process; None when the server is not (or no longer) there."""
-        with self.cond:
-            self.cond.wait_for(lambda: self.ready or self.gone, SERVER_START_TIMEOUT_S)
-            if not self.ready or self.gone:
-                return None
+        """Ask the server for a point process; None when the server is no longer there."""
         request_id = next(self._ids)
         msg = {"id": request_id, "request": str(request_path), "env": env, "cwd": os.getcwd(),
                "stderr": str(stderr_path)}
         try:
             with self._write_lock:
-                assert self.proc.stdin is not None
-                self.proc.stdin.write((json.dumps(msg) + "\n").encode())
-                self.proc.stdin.flush()
+                self.sock.sendall((json.dumps(msg) + "\n").encode())
         except OSError:
             return None
         with self.cond:
@@ -164,21 +157,88 @@ class _Server:
             pid = self.pids.pop(request_id, None)
         return None if pid is None else _Forked(self, pid)
 
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+class _Server:
+    """A fork server this process started: it lives while this process holds its stdin open."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.folder = workdir("forkserver")
+        address = str(Path(self.folder.name) / "socket")
+        # torch.cuda.is_available(), should an import call it, then asks NVML and leaves CUDA uninitialised:
+        # a process that initialised CUDA cannot hand it to its forks.
+        server_env = {k: v for k, v in env.items() if k not in _POINT_VARS}
+        server_env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+        package_root = str(Path(ckptbench.__file__).resolve().parent.parent)  # as a point process finds it
+        server_env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ckptbench.processes.forkserver", address],
+            # Its stderr is nobody's: a point's own output goes to the point's file; should the server fail to
+            # start, points start without it and show why in theirs.
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=server_env,
+            start_new_session=True,  # a terminal's Ctrl-C reaches the sweep only
+        )
+        self.link: _Link | None = None
+        ready = threading.Event()
+        threading.Thread(target=self._wait_ready, args=(ready,), daemon=True).start()
+        if ready.wait(SERVER_START_TIMEOUT_S) and self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self.link = _Link(address)
+
+    def _wait_ready(self, ready: threading.Event) -> None:
+        assert self.proc.stdout is not None
+        self.proc.stdout.readline()  # {"ready": true}, or its end when the server failed
+        ready.set()
+
+    def close(self) -> None:
+        """End the server (its children go on): its stdin's end tells it to."""
+        if self.link is not None:
+            self.link.close()
+        with contextlib.suppress(OSError, ValueError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.folder.cleanup()
+
 
 _lock = threading.Lock()
 _servers: dict[int, _Server] = {}  # by the pid of the process that started it: a fork of this one needs its own
+_links: dict[tuple[int, str], _Link] = {}
 
 
-def _server(env: dict[str, str]) -> _Server | None:
-    """This process's fork server, started on the first call (and again should it have ended)."""
+def _own_link(env: dict[str, str]) -> _Link | None:
+    """The link to this process's fork server, started on the first call and again should it have been killed;
+    None when it failed to start (this process's points then start from scratch)."""
     with _lock:
         server = _servers.get(os.getpid())
-        if server is None or server.gone:
+        if server is not None and server.link is not None and server.link.gone:  # it was killed: start another
+            _servers.pop(os.getpid()).close()
+            server = None
+        if server is None:
             try:
                 server = _servers[os.getpid()] = _Server(env)
             except OSError:
                 return None
-        return server
+        return server.link
+
+
+def _link(address: str) -> _Link | None:
+    """A link to another process's fork server (a local job's sweep's), or None when it cannot be reached."""
+    with _lock:
+        key = (os.getpid(), address)
+        link = _links.get(key)
+        if link is None or link.gone:
+            try:
+                link = _links[key] = _Link(address)
+            except OSError:
+                return None
+        return link
 
 
 @atexit.register

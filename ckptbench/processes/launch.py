@@ -115,7 +115,8 @@ def run_child(request: dict[str, Any], *, workdir: Path, timeout_s: float | None
     try:
         for rank in ranks:
             env_rank = {**env, **_rank_env(rank, len(ranks), port)}
-            procs.append(fresh.start(request_path, env=env_rank, stderr_path=_stderr_path(workdir, rank)))
+            procs.append(fresh.start(request_path, env=env_rank, stderr_path=_stderr_path(workdir, rank),
+                                     via=request.get("forkserver")))
         problem = _wait(procs, ready=workdir / "ready", timeout_s=timeout_s)
     finally:
         for proc in procs:

@@ -9,12 +9,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-KINDS = ("point", "job", "trace")
-_NAME = re.compile(r"ckptbench-(point|job|trace)-(\d+)-[A-Za-z0-9_]+")
+KINDS = ("point", "job", "trace", "forkserver")
+_NAME = re.compile(r"ckptbench-(point|job|trace|forkserver)-(\d+)-[A-Za-z0-9_]+")
 
 
 def workdir(kind: str) -> tempfile.TemporaryDirectory[str]:
-    """A temporary folder for one ``kind`` ('point', 'job', 'trace') of this process, removed when done."""
+    """A temporary folder for one ``kind`` ('point', 'job', 'trace', 'forkserver': its socket) of this process,
+    removed when done."""
     assert kind in KINDS, kind
     return tempfile.TemporaryDirectory(prefix=f"ckptbench-{kind}-{os.getpid()}-")
 
