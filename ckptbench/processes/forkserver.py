@@ -93,22 +93,22 @@ def main(address: str) -> int:
     clients: dict[int, _Client] = {}
     owners: dict[int, _Client] = {}  # child pid -> the launcher that asked for it
     while True:
-        readable, _, _ = select.select([0, listener, *(c.sock for c in clients.values())], [], [], _REAP_S)
+        readable, _, _ = select.select([0, listener.fileno(), *clients], [], [], _REAP_S)
         _reap(owners)
-        for ready in readable:
-            if ready == 0:
+        for fd in readable:
+            if fd == 0:
                 if not os.read(0, 1 << 16):
                     return 0  # the sweep that started this server is done or gone
-            elif ready is listener:
+            elif fd == listener.fileno():
                 sock, _ = listener.accept()
                 clients[sock.fileno()] = _Client(sock)
             else:
-                client = clients[ready.fileno()]
+                client = clients[fd]
                 data = b""
                 with contextlib.suppress(OSError):
                     data = client.sock.recv(1 << 16)
                 if not data:  # that launcher is gone
-                    del clients[client.sock.fileno()]
+                    del clients[fd]
                     client.sock.close()
                     continue
                 client.pending += data
