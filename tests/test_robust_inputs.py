@@ -598,11 +598,13 @@ def test_the_folders_a_killed_isolate_sweep_left_are_removed_by_the_next(
     proc.wait()
     left = list(tmp.glob(f"ckptbench-point-{proc.pid}-*"))
     assert left, "the killed sweep left its point's folder (SIGKILL runs no cleanup)"
+    server_left = list(tmp.glob(f"ckptbench-forkserver-{proc.pid}-*"))
+    assert server_left, "the killed sweep left its fork server's folder (the socket)"
     alive = tmp / f"ckptbench-point-{os.getpid()}-mine"  # a live process's folder is never touched
     alive.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     run_sweep(load_config(mini_config), out=tmp_path / "next", predict=False)
-    assert not any(p.exists() for p in left) and alive.exists()
+    assert not any(p.exists() for p in [*left, *server_left]) and alive.exists()
 
 
 def test_tune_refuses_an_unwritable_out_before_estimating(mini_config: Path, tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ckptbench.config.cluster import SlurmSpec
+from ckptbench.processes import fresh
 
 if TYPE_CHECKING:  # only a fanned-out sweep imports submitit: a plain sweep runs where it is not installed
     import submitit
@@ -116,7 +117,9 @@ class LocalPool:
             )
             # The job ends when this process is gone: a local job must not outlive a killed sweep.
             with _interrupts_not_inherited():
-                out.append(Submitted(self.executor.submit(fn, item.request, timeout_s, os.getpid()), slots))
+                # The job's point is forked by this sweep's fork server (same machine): no second import of torch.
+                request = {**item.request, "forkserver": fresh.shared_address(dict(os.environ))}
+                out.append(Submitted(self.executor.submit(fn, request, timeout_s, os.getpid()), slots))
         return out
 
     def release(self, done: Submitted) -> None:

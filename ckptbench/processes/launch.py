@@ -2,8 +2,9 @@
 apart (``--isolate``, sharded points, a search's boundary, a point with its own allocator settings) and
 what a fanned-out job runs.
 
-A point runs in ``python -m ckptbench.processes.point_process REQUEST.json`` (see that module for
-what the child does). The launcher writes the request, starts the process in its own session (a
+A point runs in a process of its own that does what ``python -m ckptbench.processes.point_process
+REQUEST.json`` does (see that module), forked from a fork server that has the imports done
+(processes/fresh.py). The launcher writes the request, starts the process in its own session (a
 terminal's Ctrl-C reaches the sweep only, which then ends the child), waits for it, enforces the
 start and ``--point-timeout`` deadlines, and turns a process that dies, hangs or exits without a
 record into a failure description with the tail of its stderr.
@@ -16,8 +17,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +29,8 @@ from ckptbench.config.grid import Point
 from ckptbench.config.parallel import parse_parallel
 from ckptbench.config.schema import SweepConfig
 from ckptbench.measure.environment import available_cpus, host_state
+from ckptbench.processes import fresh
+from ckptbench.processes.fresh import Child
 from ckptbench.processes.ranks import merge_ranks
 from ckptbench.processes.workdirs import workdir
 from ckptbench.results.store import write_json_atomic
@@ -109,12 +110,13 @@ def run_child(request: dict[str, Any], *, workdir: Path, timeout_s: float | None
         env.update(dict.fromkeys(ALLOC_CONF_VARS, alloc_conf))
     package_root = str(Path(ckptbench.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    command = [sys.executable, "-m", "ckptbench.processes.point_process", str(request_path)]
     port = _free_port() if ranks != [None] else 0
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[Child] = []
     try:
         for rank in ranks:
-            procs.append(_start(command, {**env, **_rank_env(rank, len(ranks), port)}, workdir, rank))
+            env_rank = {**env, **_rank_env(rank, len(ranks), port)}
+            procs.append(fresh.start(request_path, env=env_rank, stderr_path=_stderr_path(workdir, rank),
+                                     via=request.get("forkserver")))
         problem = _wait(procs, ready=workdir / "ready", timeout_s=timeout_s)
     finally:
         for proc in procs:
@@ -165,19 +167,11 @@ def _free_port() -> int:
         return port
 
 
-def _start(command: list[str], env: dict[str, str], workdir: Path, rank: int | None) -> subprocess.Popen[bytes]:
-    with open(_stderr_path(workdir, rank), "wb") as err:
-        # A new session: a terminal's Ctrl-C reaches the parent only, which then ends the child.
-        return subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env, start_new_session=True
-        )
-
-
 def _stderr_path(workdir: Path, rank: int | None) -> Path:
     return workdir / ("stderr.txt" if rank is None else f"stderr.rank{rank}.txt")
 
 
-def _collect(workdir: Path, rank: int | None, proc: subprocess.Popen[bytes], problem: str | None) -> dict[str, Any]:
+def _collect(workdir: Path, rank: int | None, proc: Child, problem: str | None) -> dict[str, Any]:
     """A process's record, or why it has none (with the tail of its stderr)."""
     path = result_path(workdir / "result.json", rank)
     if path.exists():  # written atomically: complete whenever it exists
@@ -190,7 +184,7 @@ def _collect(workdir: Path, rank: int | None, proc: subprocess.Popen[bytes], pro
     return {"reason": reason, "stderr_tail": tail, "exit_code": proc.returncode}
 
 
-def _wait(procs: list[subprocess.Popen[bytes]], *, ready: Path, timeout_s: float | None) -> str | None:
+def _wait(procs: list[Child], *, ready: Path, timeout_s: float | None) -> str | None:
     """Wait for the point's processes; a text saying why they were stopped, or None when all exited.
 
     Once one rank has exited, the others get RANKS_GRACE_S to follow: a rank that died leaves the
@@ -217,10 +211,14 @@ def _wait(procs: list[subprocess.Popen[bytes]], *, ready: Path, timeout_s: float
             return f"timed out after {timeout_s:g} s (--point-timeout) and was killed"
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> None:
+def _kill(proc: Child) -> None:
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # its own session: also ends anything it started
+        with contextlib.suppress(ProcessLookupError):
+            # A forked child may not have made its session yet (processes/fresh.py): the group above is then
+            # not its own, so end the process itself too.
+            os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
 
 

@@ -27,18 +27,21 @@ from ckptbench.measure.environment import intra_op_threads, placement
 from ckptbench.measure.runner import Runner
 from ckptbench.processes.alloc_trace import start_recording, write_trace
 from ckptbench.processes.launch import result_path
+from ckptbench.processes.workdirs import alive
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import write_json_atomic
 from ckptbench.train.parallel import RankInfo, init_process_group
 
 
 def _exit_with_parent(parent_pid: int) -> None:
-    """End this process when the parent sweep is gone (it was killed): never hold the GPU orphaned."""
+    """End this process when the process that launched it (the sweep, or a fanned-out job) is gone (it was
+    killed): never hold the GPU orphaned. That process is not this one's parent when the point was forked
+    from the fork server (processes/fresh.py), so it is asked for by its id."""
 
     def watch() -> None:
         while True:
             time.sleep(1.0)
-            if os.getppid() != parent_pid:
+            if not alive(parent_pid):
                 os._exit(3)
 
     threading.Thread(target=watch, daemon=True, name="ckptbench-parent-watch").start()

@@ -9,17 +9,19 @@ import shutil
 import tempfile
 from pathlib import Path
 
-KINDS = ("point", "job", "trace")
-_NAME = re.compile(r"ckptbench-(point|job|trace)-(\d+)-[A-Za-z0-9_]+")
+KINDS = ("point", "job", "trace", "forkserver")
+_NAME = re.compile(r"ckptbench-(point|job|trace|forkserver)-(\d+)-[A-Za-z0-9_]+")
 
 
 def workdir(kind: str) -> tempfile.TemporaryDirectory[str]:
-    """A temporary folder for one ``kind`` ('point', 'job', 'trace') of this process, removed when done."""
+    """A temporary folder for one ``kind`` ('point', 'job', 'trace', 'forkserver': its socket) of this process,
+    removed when done."""
     assert kind in KINDS, kind
     return tempfile.TemporaryDirectory(prefix=f"ckptbench-{kind}-{os.getpid()}-")
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (True for someone else's; False once it exited, even unreaped)."""
     try:
         os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
@@ -43,7 +45,7 @@ def remove_stale_workdirs(root: Path | None = None) -> list[Path]:
         return []
     for path in entries:
         found = _NAME.fullmatch(path.name)
-        if found is None or int(found.group(2)) == os.getpid() or _alive(int(found.group(2))):
+        if found is None or int(found.group(2)) == os.getpid() or alive(int(found.group(2))):
             continue
         shutil.rmtree(path, ignore_errors=True)
         if not path.exists():
