@@ -127,9 +127,9 @@ SHARED_WORK = {
 # the others follow in their usual order. A stale order costs time, never a result.
 LONGEST_FIRST = [
     "h200", "test_families", "test_cluster", "test_sharded", "test_robust_inputs", "test_accumulation",
-    "test_windows", "isolated", "test_speed", "test_damaged_runs", "test_advise", "test_search", "answers",
-    "test_tune", "test_interrupt", "test_fuzz_runs", "test_recommend", "report", "test_techniques", "test_axes",
-    "test_campaign", "test_fresh", "test_tables",
+    "test_windows", "isolated", "test_speed", "test_prepared_reuse", "test_damaged_runs", "test_advise",
+    "test_search", "answers", "test_tune", "test_interrupt", "test_fuzz_runs", "test_recommend", "report",
+    "test_techniques", "test_axes", "test_campaign", "test_fresh", "test_tables",
 ]
 
 

@@ -124,3 +124,33 @@ def test_without_the_server_a_point_starts_from_scratch(tmp_path: Path, monkeypa
     child = fresh.start(_request(tmp_path), env=dict(os.environ), stderr_path=tmp_path / "stderr.txt")
     assert isinstance(child, subprocess.Popen) and child.wait(timeout=300) == 0, (tmp_path / "stderr.txt").read_text()
     assert (tmp_path / "result.json").exists()
+
+
+class _FakeCuda:
+    """torch.cuda as the fork server's probe sees it: NVML's device count, and an init that may fail."""
+
+    def __init__(self, count: int, *, init_fails: bool) -> None:
+        self.count, self.init_fails, self.inits = count, init_fails, 0
+
+    def _device_count_nvml(self) -> int:
+        return self.count
+
+    def init(self) -> None:
+        self.inits += 1
+        if self.init_fails:
+            raise RuntimeError("CUDA call failed lazily at initialization (a poisoned fork)")
+
+
+@pytest.mark.parametrize(("count", "init_fails", "serves"), [(0, True, True), (-1, True, True), (2, False, True),
+                                                              (2, True, False)])
+def test_the_server_serves_only_where_its_forks_can_initialise_cuda(count: int, init_fails: bool,
+                                                                    serves: bool) -> None:
+    """With GPUs seen by NVML, a probe fork must initialise CUDA, or points start from scratch (an import that
+    called the CUDA runtime in the server would leave every forked point unable to)."""
+    from types import SimpleNamespace
+
+    from ckptbench.processes.forkserver import _forks_can_use_cuda
+
+    cuda = _FakeCuda(count, init_fails=init_fails)
+    assert _forks_can_use_cuda(SimpleNamespace(cuda=cuda)) is serves
+    assert cuda.inits == 0  # the probe initialised CUDA in its fork, never in the server

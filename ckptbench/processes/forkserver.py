@@ -75,6 +75,25 @@ def _child(request: dict[str, Any], inherited: list[int]) -> None:
         os._exit(code)
 
 
+def _forks_can_use_cuda(torch: Any) -> bool:
+    """On a machine where NVML sees GPUs, whether a fork of this process can initialise CUDA: an import that called
+    the CUDA runtime (cudaGetDeviceCount initialises it, and torch.cuda.is_initialized() does not tell) would leave
+    every forked point unable to (torch's "poison fork"). One probe fork tries, once per server."""
+    count = getattr(torch.cuda, "_device_count_nvml", lambda: -1)()
+    if count <= 0:
+        return True  # no GPU (or NVML cannot say): nothing a point could fail to initialise
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            torch.cuda.init()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
 def main(address: str) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launchers decide when points end
     # Python 3.12+ warns at every fork of a process with native threads (torch's import starts some, that hold
@@ -84,7 +103,7 @@ def main(address: str) -> int:
 
     import ckptbench.processes.point_process  # noqa: F401  (the imports every point process needs, once)
 
-    if torch.cuda.is_initialized():  # forks could not use CUDA: points start from scratch instead
+    if torch.cuda.is_initialized() or not _forks_can_use_cuda(torch):  # points start from scratch instead
         return 1
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
