@@ -24,12 +24,10 @@ Writes ``results/tool-speed/<date>-<host>[-<tag>]/bench.json`` and ``bench.md`` 
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime as dt
 import json
 import os
 import resource
-import shutil
 import socket
 import subprocess
 import sys
@@ -40,8 +38,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # the synthetic runs are the tests' (tests/_synthetic_runs.py)
+    sys.path.insert(0, str(ROOT))
+from tests._synthetic_runs import COMMITTED_RUN, synthetic_run  # noqa: E402
+
 PYTHON = sys.executable
-COMMITTED_RUN = ROOT / "results" / "h200-gpu-check-2" / "check"
 AXES_RUN = ROOT / "results" / "h200-gpu-check-1" / "axes"
 
 
@@ -176,27 +177,6 @@ def tiny_sweep(work: Path) -> dict[str, Any]:
     facts = {k: timing.get(k) for k in keys}
     steps = timing.get("steps_s")
     return {"wall_s": wall, **facts, "wall_over_steps": timing["command_wall_s"] / steps if steps else None}
-
-
-def synthetic_run(dest: Path, points: int, *, scale: float = 1.0) -> Path:
-    """A run of ``points`` points: the committed run's batch-2 record of each layout, at batch sizes 1, 2, ...
-    (activation memory and step time scaled with the batch; ``scale`` multiplies the step times)."""
-    records = [json.loads(line) for line in (COMMITTED_RUN / "points.jsonl").read_text().splitlines() if line]
-    templates = list({r["key"]["layout"]: r for r in reversed(records) if r["status"] == "ok"
-                      and r["key"]["batch_size"] == 2}.values())[::-1]
-    dest.mkdir(parents=True)
-    shutil.copy(COMMITTED_RUN / "run.json", dest / "run.json")
-    with (dest / "points.jsonl").open("w") as fh:
-        for i in range(points):
-            rec = copy.deepcopy(templates[i % len(templates)])
-            batch = 1 + i // len(templates)
-            rec["key"]["batch_size"] = batch
-            rec["step_times_s"] = [t * batch / 2 * scale * (1 + 0.001 * (i % 7)) for t in rec["step_times_s"]]
-            static = rec["memory"]["window_start_allocated_bytes"]
-            for k in ("peak_allocated_bytes", "peak_reserved_bytes"):
-                rec[k] = static + (rec[k] - static) * batch // 2
-            fh.write(json.dumps(rec, sort_keys=True) + "\n")
-    return dest
 
 
 def timed_with_cpu(args: Sequence[str], *, timeout_s: float) -> dict[str, Any]:

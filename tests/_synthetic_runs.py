@@ -1,4 +1,4 @@
-"""Large runs made from the committed H200 run, as scripts/bench_tool.py makes them: the batch-2 record of each
+"""Large runs made from the committed H200 run (for the tests and scripts/bench_tool.py): the batch-2 record of each
 layout repeated at batch sizes 1, 2, ... (activation memory and step times scaled with the batch)."""
 
 from __future__ import annotations
