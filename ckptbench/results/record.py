@@ -253,9 +253,8 @@ class PointRecord(_Record):
         return self.loss_check is not None and self.loss_check.match is False
 
     # -- derived statistics ---------------------------------------------------------------
-    @functools.cached_property
+    @property
     def median_step_time_s(self) -> float | None:
-        """Computed once (a frozen record's steps do not change; tokens/s, MFU and HFU divide by it too)."""
         return statistics.median(self.step_times_s) if self.step_times_s else None
 
     @property
