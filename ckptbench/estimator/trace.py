@@ -127,11 +127,16 @@ def _prepare(
             p.grad = torch.zeros_like(p)
         opt.step()
         opt.zero_grad(set_to_none=cfg.zero_grad_to_none)
+    _adopt_state(tracker, params, opt)
+    return model, sharded, params, opt
+
+
+def _adopt_state(tracker: StepTracker, params: list[torch.nn.Parameter], opt: torch.optim.Optimizer) -> None:
+    """Count the optimizer state and the kept gradients as such (host-resident state not: it is not device memory)."""
     tracker.adopt([t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)], OPTIMIZER_STATE)
     tracker.adopt([p.grad for p in params if p.grad is not None], GRADS)
     for t in tracker.kernels.host_resident(opt):
         tracker.forget(t)
-    return model, sharded, params, opt
 
 
 @dataclass
@@ -164,15 +169,11 @@ def _reuse_key(cfg: SweepConfig, point: Point, num_layers: int | None, target: s
 def _adopt_prepared(tracker: StepTracker, prepared: _Prepared) -> None:
     """Count a prepared model as ``_prepare`` counts the one it makes (its parameters, buffers, optimizer state and
     kept gradients; host-resident state not)."""
-    model, params, opt = prepared.model, prepared.params, prepared.opt
-    tracker.adopt(model.parameters(), PARAMS)
-    tracker.adopt(model.buffers(), OTHER)
+    tracker.adopt(prepared.model.parameters(), PARAMS)
+    tracker.adopt(prepared.model.buffers(), OTHER)
     if tracker.kernels.persistent_bytes:
         tracker.reserve(tracker.kernels.persistent_bytes, OTHER)
-    tracker.adopt([t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)], OPTIMIZER_STATE)
-    tracker.adopt([p.grad for p in params if p.grad is not None], GRADS)
-    for t in tracker.kernels.host_resident(opt):
-        tracker.forget(t)
+    _adopt_state(tracker, prepared.params, prepared.opt)
 
 
 def trace_step(
