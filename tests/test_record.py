@@ -98,3 +98,12 @@ def test_unknown_fields_of_a_newer_run_are_kept_and_named_once(tmp_path: Path) -
     assert len(run.points) == len(lines)
     assert [p.model_extra["gpu_clock_mhz"] for p in run.points] == [1980 + i for i in range(len(lines))]
     assert run.points[0].to_json()["memory"]["cuda_graph_bytes"] == 0
+
+
+def test_a_copy_with_another_key_has_its_own_key_id() -> None:
+    """key_id is computed once per record: a copy with other fields computes its own, not its original's."""
+    rec = PointRecord(key=KEY, status="ok", step_times_s=[1.0, 2.0, 3.0])
+    assert rec.key_id.count("batch_size=2") == 1
+    copy = rec.model_copy(update={"key": {**KEY, "batch_size": 4}})
+    assert "batch_size=4" in copy.key_id and "batch_size=2" in rec.key_id
+    assert rec.model_copy().key_id == rec.key_id

@@ -15,7 +15,8 @@ import functools
 import math
 import statistics
 import typing
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails
@@ -231,6 +232,16 @@ class PointRecord(_Record):
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
         return filled_key(key)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy; with ``update``, without the values this record computed once from its fields (its
+        ``functools.cached_property``s, such as ``key_id``): the copy computes its own from its fields."""
+        copied = super().model_copy(update=update, deep=deep)
+        if update:
+            for name, attr in vars(PointRecord).items():
+                if isinstance(attr, functools.cached_property):
+                    copied.__dict__.pop(name, None)
+        return copied
 
     # -- identity -------------------------------------------------------------------------
     @functools.cached_property
