@@ -60,15 +60,16 @@ class ShortTemplate:
     def program(self, template: str) -> list[tuple[int, int, int, bool]]:
         """Segment ``template``'s events as the assembler copies them: ``(COPY_ALLOC, id, bytes, workspace)``;
         ``(COPY_LOCAL, id, 0, False)``, a free of an allocation of the same segment that hands nothing on (the
-        copy's own); ``(COPY_PLACED, id, 0, False)``, any other free, placed by the assembler's rules."""
+        copy's own); ``(COPY_PLACED, id, 0, False)``, any other free, placed by the assembler's rules. The frees of
+        shared tensors (``released``) are left out: the assembler places them at a segment's end."""
         found = self._programs.get(template)
         if found is None:
             found = self._programs[template] = [
                 (COPY_ALLOC, eid, nbytes, eid in self.workspaces) if op == ALLOC
-                else (COPY_LOCAL, eid, 0, False)
-                if self.alloc_at.get(eid) == template and eid not in self.role and eid not in self.released
+                else (COPY_LOCAL, eid, 0, False) if self.alloc_at.get(eid) == template and eid not in self.role
                 else (COPY_PLACED, eid, 0, False)
                 for op, eid, nbytes in self.segments.get(template, [])
+                if op == ALLOC or eid not in self.released
             ]
         return found
 
@@ -150,8 +151,6 @@ class EventAssembler:
                 continue
             if code == COPY_LOCAL:
                 events.append((FREE, own[eid], 0))
-                continue
-            if eid in tmpl.released:
                 continue
             made = tmpl.alloc_at.get(eid)
             if made is None:
