@@ -55,6 +55,12 @@ class Child(Protocol):
     def wait(self) -> int | None: ...
 
 
+def python_path(env: dict[str, str]) -> str:
+    """``env``'s PYTHONPATH with this ckptbench's package root first: a new process imports the same code."""
+    package_root = str(Path(ckptbench.__file__).resolve().parent.parent)
+    return os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+
+
 def enabled(env: dict[str, str]) -> bool:
     """Whether points are forked from a fork server (POSIX, unless CKPTBENCH_FORKSERVER=0)."""
     return env.get(FORKSERVER_ENV, "1") != "0" and hasattr(os, "fork") and hasattr(socket, "AF_UNIX")
@@ -172,8 +178,7 @@ class _Server:
         # a process that initialised CUDA cannot hand it to its forks.
         server_env = {k: v for k, v in env.items() if k not in _POINT_VARS}
         server_env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-        package_root = str(Path(ckptbench.__file__).resolve().parent.parent)  # as a point process finds it
-        server_env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        server_env["PYTHONPATH"] = python_path(env)  # as a point process finds it
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ckptbench.processes.forkserver", address],
             # Its stderr is nobody's: a point's own output goes to the point's file; should the server fail to

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ckptbench
 from ckptbench.config.alloc_conf import axis_to_conf
 from ckptbench.config.grid import Point
 from ckptbench.config.parallel import parse_parallel
@@ -108,8 +107,7 @@ def run_child(request: dict[str, Any], *, workdir: Path, timeout_s: float | None
     alloc_conf = axis_to_conf(str(request["key"].get("allocator", "default")))
     if alloc_conf:
         env.update(dict.fromkeys(ALLOC_CONF_VARS, alloc_conf))
-    package_root = str(Path(ckptbench.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = fresh.python_path(env)
     port = _free_port() if ranks != [None] else 0
     procs: list[Child] = []
     try:
