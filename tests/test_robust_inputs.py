@@ -592,7 +592,10 @@ def test_the_folders_a_killed_isolate_sweep_left_are_removed_by_the_next(
                              str(tmp_path / "killed"), "--no-predict", "--isolate"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not list(tmp.glob("ckptbench-point-*")):
+    # The point's folder is made before its process starts, the fork server's (which forks that process) right
+    # after: killed between the two, the sweep would leave only the first. Both are there while the point hangs.
+    while time.monotonic() < deadline and not (list(tmp.glob("ckptbench-point-*"))
+                                               and list(tmp.glob("ckptbench-forkserver-*"))):
         time.sleep(0.1)
     proc.kill()
     proc.wait()
