@@ -44,6 +44,7 @@ from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
 from ckptbench.estimator.device_model import kernel_model
 from ckptbench.estimator.events import Event
+from ckptbench.estimator.fake_mode import fake_mode
 from ckptbench.estimator.segments import SegmentMarks
 from ckptbench.estimator.tracker import (
     GRADS,
@@ -206,7 +207,7 @@ def trace_step(
     prepared = reuse.pop(key, None) if reuse is not None and key is not None else None  # out until traced
     with (
         fake_process_group(point.parallel, rank=rank) as mesh, eager_transformers(),
-        prepared.mode if prepared is not None else FakeTensorMode() as mode, contextlib.ExitStack() as stack,
+        prepared.mode if prepared is not None else fake_mode() as mode, contextlib.ExitStack() as stack,
     ):
         if prepared is None:
             model, sharded, params, opt = _prepare(cfg, point, tracker, num_layers, mode, mesh)
@@ -310,7 +311,7 @@ def trace_optimizer(
     """
     _check_optimizer_estimable(point)
     tracker = StepTracker(_kernels(target, cublas_workspace_bytes))
-    with fake_process_group(point.parallel, rank=rank) as mesh, FakeTensorMode() as mode:
+    with fake_process_group(point.parallel, rank=rank) as mesh, fake_mode() as mode:
         model, _sharded, params, opt = _prepare(cfg, point, tracker, None, mode, mesh)
         static = tuple(tracker.by_cat)
         with tracker:

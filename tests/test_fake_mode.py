@@ -1,0 +1,134 @@
+"""The estimator's fake-tensor mode (estimator/fake_mode.py): its dispatch-cache key tells calls apart exactly as
+PyTorch's own key does, falls back to it for what it does not describe, and traces a step identically."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode, _CacheKeyState
+
+from ckptbench.estimator import fake_mode as fm
+from ckptbench.estimator import trace as trace_module
+from ckptbench.estimator.events import ALLOC
+from ckptbench.estimator.trace import trace_step
+from tests.conftest import tiny_config
+
+pytestmark = pytest.mark.skipif(not fm.FAST_KEY, reason="this PyTorch's FakeTensorMode has no overridable cache key")
+
+aten = torch.ops.aten
+
+
+def _calls(mode: FakeTensorMode) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+    """Calls whose tensors differ from the first in one field of PyTorch's TensorMetadata each (and some alike)."""
+    with mode:
+        base = torch.empty(4, 6)
+        grad = torch.empty(4, 6, requires_grad=True)
+        wide = torch.empty(4, 8)[:, :6]  # same sizes, other strides, a larger storage
+        offset = torch.empty(5, 6)[1:]  # same sizes and strides, storage offset 6
+        bigger = torch.empty(5, 6)[:4]  # same sizes, strides and offset: a larger storage
+        half = torch.empty(4, 6, dtype=torch.bfloat16)
+        transposed = torch.empty(6, 4).t()
+        channels = torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last)
+        plain4d = torch.empty(2, 3, 4, 5)
+        complex_ = torch.empty(4, 6, dtype=torch.complex64)
+        conj = complex_.conj()
+        neg = torch._neg_view(complex_)
+        also_base = torch.empty(4, 6)  # another tensor with the same metadata as ``base``
+    with torch.inference_mode(), mode:
+        inference = torch.empty(4, 6)
+    other = FakeTensorMode()
+    with other:
+        foreign = torch.empty(4, 6)  # another mode's tensor: PyTorch refuses to cache it
+    tensors = [base, grad, wide, offset, bigger, half, transposed, also_base, inference, foreign]
+    calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+    for t in tensors:
+        calls.append((aten.add.Tensor, (t, t), {}))
+        calls.append((aten.mul.Scalar, (t, 2), {}))
+        calls.append((aten.mul.Scalar, (t, 2.0), {}))  # 2 and 2.0 hash alike
+        calls.append((aten.sum.dim_IntList, (t, [1], True), {}))
+        calls.append((aten.sum.dim_IntList, (t, [1], False), {}))
+        calls.append((aten.sum.dim_IntList, (t, [0], False), {"dtype": torch.float64}))
+        calls.append((aten.sum.dim_IntList, (t, (0,), False), {"dtype": torch.float64}))  # a tuple, not a list
+    for t in (channels, plain4d):
+        calls.append((aten.relu.default, (t,), {}))
+    for t in (complex_, conj, neg):
+        calls.append((aten.add.Tensor, (t, t), {}))
+    calls.append((aten.add.Tensor, (base, grad), {"alpha": 2}))
+    calls.append((aten.add.Tensor, (base, grad), {"alpha": 2.0}))
+    calls.append((aten.empty.memory_format, ([4, 6],), {"dtype": torch.float32, "device": torch.device("cpu")}))
+    calls.append((aten.empty.memory_format, ([4, 6],), {"dtype": torch.bfloat16, "device": torch.device("cpu")}))
+    calls.append((aten.empty.memory_format, ([4, 6],), {"dtype": torch.float32, "device": torch.device("meta")}))
+    return calls
+
+
+def _key(mode: FakeTensorMode, make: Any, call: tuple[Any, tuple[Any, ...], dict[str, Any]]) -> Any:
+    func, args, kwargs = call
+    try:
+        return make(mode, _CacheKeyState(None), func, args, kwargs)
+    except Exception as exc:  # PyTorch's _BypassDispatchCache: this call is not cached
+        return ("not cached", type(exc).__name__, id(call))
+
+
+def test_the_fast_key_tells_calls_apart_exactly_as_pytorchs_key_does() -> None:
+    mode = fm.FastKeyFakeTensorMode()
+    calls = _calls(mode)
+    fast = [_key(mode, fm.FastKeyFakeTensorMode._cache_key, c) for c in calls]
+    slow = [_key(mode, FakeTensorMode._cache_key, c) for c in calls]
+    assert sum(k[0] is fm._MARK for k in (f.key for f in fast if not isinstance(f, tuple))) >= len(calls) - 10
+    for i, j in itertools.combinations(range(len(calls)), 2):
+        assert (fast[i] == fast[j]) == (slow[i] == slow[j]), (calls[i][0], i, j)
+    # the calls do differ: far more distinct keys than alike ones
+    assert len({f for f in fast if not isinstance(f, tuple)}) > len(calls) * 3 // 4
+
+
+def test_what_the_fast_key_does_not_describe_takes_pytorchs_key() -> None:
+    mode = fm.FastKeyFakeTensorMode()
+    with mode:
+        t = torch.empty(4, 6)
+    other = FakeTensorMode()
+    with other:
+        foreign = torch.empty(4, 6)
+    generator = torch.Generator()
+    fast = fm.FastKeyFakeTensorMode._cache_key
+    # an argument type not listed: PyTorch's key (it has no marker)
+    made = fast(mode, _CacheKeyState(None), aten.normal_.default, (t, 0.0, 1.0), {"generator": generator})
+    assert made.key[0] is not fm._MARK
+    # another mode's tensor: PyTorch's key refuses to cache, as it would without this mode
+    with pytest.raises(Exception, match="not our fake"):
+        fast(mode, _CacheKeyState(None), aten.add.Tensor, (t, foreign), {})
+
+
+def _bursts_sorted(events: Any) -> list[Any]:
+    """Events with each run of frees in one order: frees with no allocation between them come in an order that varies
+    from run to run (Python's garbage), and leave the same allocator state in any order."""
+    out: list[Any] = []
+    burst: list[Any] = []
+    for event in events:
+        if event[0] == ALLOC:
+            out += sorted(burst)
+            burst = []
+            out.append(event)
+        else:
+            burst.append(event)
+    return out + sorted(burst)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "amp_bf16"])
+def test_a_step_traces_identically_with_pytorchs_own_key(precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tiny_config(sweep={"layout": ["every:2"], "batch_size": [2], "seq_len": [32], "precision": [precision]})
+    point = cfg.points_list()[0]
+    fast = trace_step(cfg, point, target="cuda")
+    monkeypatch.setattr(trace_module, "fake_mode", FakeTensorMode)
+    slow = trace_step(cfg, point, target="cuda")
+    assert fast.events and _bursts_sorted(fast.events) == _bursts_sorted(slow.events)
+    assert fast.segments == slow.segments and fast.static == slow.static
+
+
+def test_an_older_pytorch_without_the_key_gets_the_plain_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fm, "FAST_KEY", False)
+    assert type(fm.fake_mode()) is FakeTensorMode
+    monkeypatch.setattr(fm, "FAST_KEY", True)
+    assert type(fm.fake_mode()) is fm.FastKeyFakeTensorMode
