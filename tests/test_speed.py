@@ -106,6 +106,52 @@ def test_fast_malloc_and_free_replay_exactly_as_the_general_rules(seed: int) -> 
         assert _snapshot(fast) == _snapshot(slow)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_serving_a_request_stream_in_one_loop_is_malloc_and_free_request_by_request(seed: int) -> None:
+    """``serve`` (the replay's loop, with the fast path inlined) against ``malloc``/``free`` one request at a time
+    under the general rules: the same blocks, counters and segments after every chunk of requests, and the same
+    out-of-memory error naming the same request (a small card: segments released, retries, refusals)."""
+    rng = random.Random(seed)
+    limit = DeviceLimit(2 * GIB, None if seed % 2 else 0.9, 64 * MIB)
+    fast = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True)
+    slow = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True)
+    slow._fast = False
+    live_fast: dict[int, Block] = {}
+    live_slow: dict[int, Block] = {}
+    sizes = [1, 511, 513, 4096, 300_000, MIB, MIB + 1, 3 * MIB, 9 * MIB, 12 * MIB, 40 * MIB, 200 * MIB]
+    next_key, ooms = 0, 0
+    for _ in range(120):
+        chunk: list[tuple[int, int, int]] = []
+        held = list(live_fast)
+        for _ in range(rng.randint(1, 40)):
+            if held and rng.random() < 0.45:
+                chunk.append((1, held.pop(rng.randrange(len(held))), 0))
+            else:
+                n = rng.choice(sizes) + rng.randrange(0, 4096) * rng.choice([0, 1])
+                chunk.append((0, next_key, n))
+                held.append(next_key)
+                next_key += 1
+        outcome: list[Any] = []
+        for a, live in ((fast, live_fast), (slow, live_slow)):
+            try:
+                a.serve(chunk, live)
+                outcome.append(None)
+            except AllocatorOOM as oom:
+                outcome.append((oom.request, oom.size, oom.allocated, oom.reserved))
+        assert outcome[0] == outcome[1]
+        if outcome[0] is not None:
+            ooms += 1
+            assert outcome[0][0] in chunk and outcome[0][0][0] == 0
+        assert live_fast.keys() == live_slow.keys()
+        assert all(_chain(live_fast[k]) == _chain(live_slow[k]) for k in live_fast)
+        assert _snapshot(fast) == _snapshot(slow)
+        if rng.random() < 0.2 or ooms:  # keep the card from filling up for good
+            for key in list(live_fast)[: len(live_fast) // 2]:
+                fast.free(live_fast.pop(key))
+                slow.free(live_slow.pop(key))
+            ooms = 0
+
+
 # -- plot labels: the spatial grid answers as the pairwise checks did -------------------------------------
 def test_label_grid_finds_exactly_the_overlapping_boxes() -> None:
     from matplotlib.transforms import Bbox

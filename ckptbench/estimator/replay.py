@@ -108,19 +108,12 @@ class _Run:
 
     def _replay(self, events: StepEvents, begin: int, end: int, live: dict[int, Block]) -> None:
         """Replay events ``begin``..``end`` (exclusive) of a step into ``live``."""
-        alloc = self.allocator
-        malloc = alloc._malloc_fast if alloc._fast else alloc.malloc  # what malloc would call, called directly
-        free = alloc.free
         stream = events.events if begin == 0 and end == len(events.events) else events.events[begin:end]
-        op, key, nbytes = ALLOC, -1, 0
         try:
-            for op, key, nbytes in stream:
-                if op == ALLOC:
-                    live[key] = malloc(nbytes, 0)
-                else:
-                    free(live.pop(key))
+            self.allocator.serve(stream, live)
         except AllocatorOOM as oom:
-            index = begin + stream.index((op, key, nbytes))  # an allocation failed: its key is unique in the step
+            assert oom.request is not None
+            index = begin + stream.index(oom.request)  # an allocation failed: its key is unique in the step
             raise _Stopped(self._where(events, index), oom) from None
 
     def _micro_batches(self, events: StepEvents, plan: MicroPlan, live: dict[int, Block]) -> int:
