@@ -11,6 +11,7 @@ The results do not depend on the number of workers: every piece is a pure functi
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -88,6 +89,10 @@ def map_pieces(task: Callable[[int], R], count: int, *, workers: int | None = No
         return
     global _task
     previous, _task = _task, task
+    # The parent's objects (the traces, torch's and transformers' modules) are frozen out of the garbage collector
+    # while the workers run: a collection in a worker would otherwise walk them all and write to every page it
+    # shares with the parent (copy on write): 1 to 2 of the 704-point grid's 35 CPU-seconds (issue 24).
+    gc.freeze()
     try:
         with warnings.catch_warnings():
             # Python 3.12+ warns about forking a process with threads (rich's refresh thread, torch's pools): the
@@ -99,3 +104,4 @@ def map_pieces(task: Callable[[int], R], count: int, *, workers: int | None = No
                 yield i, (task(i) if isinstance(result, _Failed) else result)
     finally:
         _task = previous
+        gc.unfreeze()
