@@ -1,5 +1,6 @@
 """The estimator's fake-tensor mode (estimator/fake_mode.py): its dispatch-cache key tells calls apart exactly as
-PyTorch's own key does, falls back to it for what it does not describe, and traces a step identically."""
+PyTorch's own key does and falls back to it for what it does not describe, its uncached `_unsafe_view` gives what
+PyTorch's path gives, and a step traces identically."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode, _CacheKeyState
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, _CacheKeyState
 
 from ckptbench.estimator import fake_mode as fm
 from ckptbench.estimator import trace as trace_module
@@ -101,6 +102,31 @@ def test_what_the_fast_key_does_not_describe_takes_pytorchs_key() -> None:
         fast(mode, _CacheKeyState(None), aten.add.Tensor, (t, foreign), {})
 
 
+def _unsafe_views(mode: FakeTensorMode) -> list[Any]:
+    with mode:
+        base = torch.empty(2, 3, 8)
+        sliced = torch.empty(3, 3, 8, dtype=torch.bfloat16)[1:]  # a storage offset
+        flat = torch.empty(6, 5)
+    return [(base, [6, 8]), (sliced, [6, -1]), (flat, [2, 3, 5]), (base.view(6, 8), [48])]
+
+
+def test_unsafe_view_is_pytorchs_own_result_without_its_uncached_path() -> None:
+    """The output of ``_unsafe_view``: a fake tensor of the mode, on its input's storage, with the sizes, strides,
+    offset, dtype and device PyTorch's own path gives."""
+    results = []
+    for mode in (fm.FastKeyFakeTensorMode(), FakeTensorMode()):
+        made = []
+        for source, size in _unsafe_views(mode):
+            with mode:
+                out = torch.ops.aten._unsafe_view.default(source, size)
+            assert type(out) is FakeTensor and out.fake_mode is mode
+            assert out.untyped_storage()._cdata == source.untyped_storage()._cdata  # no new storage: no allocation
+            made.append((out.shape, out.stride(), out.storage_offset(), out.dtype, out.device, out.requires_grad,
+                         out._base is None))
+        results.append(made)
+    assert results[0] == results[1]
+
+
 def _bursts_sorted(events: Any) -> list[Any]:
     """Events with each run of frees in one order: frees with no allocation between them come in an order that varies
     from run to run (Python's garbage), and leave the same allocator state in any order."""
@@ -117,7 +143,7 @@ def _bursts_sorted(events: Any) -> list[Any]:
 
 
 @pytest.mark.parametrize("precision", ["bf16", "amp_bf16"])
-def test_a_step_traces_identically_with_pytorchs_own_key(precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_step_traces_identically_under_pytorchs_own_mode(precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = tiny_config(sweep={"layout": ["every:2"], "batch_size": [2], "seq_len": [32], "precision": [precision]})
     point = cfg.points_list()[0]
     fast = trace_step(cfg, point, target="cuda")

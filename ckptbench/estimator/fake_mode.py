@@ -13,9 +13,16 @@ what decides the metadata of the outputs, read straight off the tensor:
 
 Anything else (symbolic sizes, a shape environment, a tensor of another mode or with a constant, a non-strided
 layout, an argument of a type not listed in ``_PLAIN``) takes PyTorch's own key, which also decides when not to cache.
-The keys start with a marker of their own, so they never meet PyTorch's in the class-wide cache. Where this PyTorch
-lacks the private ``_cache_key`` it overrides (or its signature changed), ``fake_mode()`` returns a plain
-FakeTensorMode: traces are the same, only slower.
+The keys start with a marker of their own, so they never meet PyTorch's in the class-wide cache.
+
+One op PyTorch never caches is ``aten._unsafe_view`` (its output shares its input's storage, which a cached entry cannot
+give it): every linear layer reshapes its output with one, and each took the mode's whole uncached path (constant
+propagation, decompositions, device inference) to end in the op's meta kernel. ``FastKeyFakeTensorMode`` runs that
+kernel on the input directly, as that path does, and wraps the result on the input's device; a tensor of another mode,
+with a constant or symbolic sizes, still takes PyTorch's path.
+
+Where this PyTorch lacks the private methods overridden here (or their signatures changed), ``fake_mode()`` returns a
+plain FakeTensorMode: traces are the same, only slower.
 """
 
 from __future__ import annotations
@@ -25,10 +32,11 @@ from typing import Any
 
 import torch
 from torch._subclasses import fake_tensor
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, in_kernel_invocation_manager
 
 _MARK = object()  # first element of every key made here
 _STRIDED = torch.strided
+_UNSAFE_VIEW = torch.ops.aten._unsafe_view.default
 # Arguments that enter the key as (type, value), as in PyTorch's key: 1 and 1.0 hash alike but make other dtypes.
 _PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
 
@@ -38,7 +46,18 @@ class _Fallback(Exception):
 
 
 class FastKeyFakeTensorMode(FakeTensorMode):
-    """FakeTensorMode whose dispatch-cache key is made in one pass over the arguments (see the module docstring)."""
+    """FakeTensorMode whose dispatch-cache key is made in one pass over the arguments, and whose ``_unsafe_view`` runs
+    its meta kernel directly (see the module docstring)."""
+
+    def _cached_dispatch_impl(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        if func is _UNSAFE_VIEW and not kwargs and self.shape_env is None:
+            source = args[0]
+            if (type(source) is FakeTensor and source.fake_mode is self and source.constant is None
+                    and not source._has_symbolic_sizes_strides):
+                with in_kernel_invocation_manager(self):
+                    out = _UNSAFE_VIEW(source, *args[1:])  # the meta kernel: a tensor on the input's storage
+                return FakeTensor(self, out, source.device)
+        return super()._cached_dispatch_impl(func, types, args, kwargs)
 
     def _cache_key(self, state: Any, func: Any, args: Any, kwargs: Any) -> Any:
         if self.shape_env is not None:
@@ -81,11 +100,15 @@ class FastKeyFakeTensorMode(FakeTensorMode):
 
 
 def _overridable() -> bool:
-    """Whether this PyTorch's FakeTensorMode has the key method and key class overridden here."""
-    method = getattr(FakeTensorMode, "_cache_key", None)
-    if method is None or not hasattr(fake_tensor, "_DispatchCacheKey"):
-        return False
-    return list(inspect.signature(method).parameters) == ["self", "state", "func", "args", "kwargs"]
+    """Whether this PyTorch's FakeTensorMode has the methods overridden here, with the same parameters, and the key
+    class."""
+    expected = {"_cache_key": ["self", "state", "func", "args", "kwargs"],
+                "_cached_dispatch_impl": ["self", "func", "types", "args", "kwargs"]}
+    for name, parameters in expected.items():
+        method = getattr(FakeTensorMode, name, None)
+        if method is None or list(inspect.signature(method).parameters) != parameters:
+            return False
+    return hasattr(fake_tensor, "_DispatchCacheKey")
 
 
 FAST_KEY = _overridable()
