@@ -158,3 +158,15 @@ def test_an_older_pytorch_without_the_key_gets_the_plain_mode(monkeypatch: pytes
     assert type(fm.fake_mode()) is FakeTensorMode
     monkeypatch.setattr(fm, "FAST_KEY", True)
     assert type(fm.fake_mode()) is fm.FastKeyFakeTensorMode
+
+
+def test_a_pytorch_whose_internals_differ_gets_the_plain_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The signatures can match while the internals differ: the probe of a few ops decides, and a failing one keeps
+    the traces on PyTorch's own mode instead of failing them."""
+    assert fm._works()
+
+    def broken(self: Any, *args: Any) -> Any:
+        raise AttributeError("a field this PyTorch does not have")
+
+    monkeypatch.setattr(fm.FastKeyFakeTensorMode, "_describe", broken)
+    assert not fm._works()
