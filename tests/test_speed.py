@@ -385,6 +385,27 @@ def test_worker_count_is_bounded_by_the_pieces_and_refuses_zero(monkeypatch: pyt
         worker_count(0, 5)
 
 
+def test_a_shapes_short_models_of_every_precision_are_traced_together() -> None:
+    """The trace groups a worker takes whole: one per shape with its precisions in the grid's order (the autocast ones
+    after the plain ones whose fake-tensor cache entries they use), each optimizer trace alone; ``jobs`` is them in
+    order, the first short model first."""
+    from ckptbench.estimator.api import Estimator
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(device="cuda", sweep={"layout": ["none", "all"], "batch_size": [1, 2], "seq_len": [32, 64],
+                                            "precision": ["bf16", "fp32", "amp_bf16"]})
+    est = Estimator(cfg)
+    groups = [[label for label, _ in group] for group in est._job_groups(cfg.points_list())]
+    assert [label for label, _ in est.jobs(cfg.points_list())] == [label for group in groups for label in group]
+    optimizer = [g for g in groups if "optimizer step" in g[0]]
+    assert [len(g) for g in optimizer] == [1, 1] and groups[1:3] == optimizer
+    short = [g for g in groups if g not in optimizer]
+    assert len(short) == 4 and groups[0] == short[0]
+    for group in short:
+        shapes = {label.split(":")[0].split(" ", 1)[1] for label in group}
+        assert len(shapes) == 1 and [label.split(" ")[0] for label in group] == ["bf16", "fp32", "amp_bf16"]
+
+
 def test_estimates_and_progress_do_not_depend_on_the_workers() -> None:
     """The traces and the points spread over forked workers give the estimates one process gives, in order."""
     from ckptbench.estimator.api import estimate_points
