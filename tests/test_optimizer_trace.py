@@ -40,3 +40,22 @@ def test_fsdp2_keeps_one_optimizer_trace_per_precision() -> None:
     labels = _optimizer_jobs(est, cfg.points_list())
     expected = [f"{p} adamw_fused: optimizer step of the whole model" for p in ("amp_bf16", "bf16", "fp32")]
     assert sorted(labels) == expected
+
+
+def test_an_optimizer_traces_steps_are_read_once_and_are_its_own() -> None:
+    """``optimizer_steps`` reads a trace's two optimizer steps once for every point that replays them: the same
+    requests as reading them anew, and another trace's own (not those of the trace read before it)."""
+    from ckptbench.estimator.event_assembly import segment_events
+    from ckptbench.estimator.replay import optimizer_steps
+
+    cfg = tiny_config(device="cuda", sweep=_SWEEP)
+    est = Estimator(cfg, target="cuda", gpu=card(None))
+    est.run_traces(cfg.points_list(), workers=1)
+    traces = list(est._optim.values())
+    assert len(traces) == 2
+    for optim in traces:
+        first, later = optimizer_steps(optim)
+        assert list(first) == segment_events(optim, "opt_first", exclude=optim.host) and first
+        assert list(later) == segment_events(optim, "opt")  # none for fused AdamW: it steps in place
+        assert optimizer_steps(optim)[0] is first  # read once
+    assert optimizer_steps(traces[0]) != optimizer_steps(traces[1])

@@ -331,9 +331,21 @@ def replay_point(
 TOKEN_BYTES = 8  # the batch: int64 token ids (train.step.make_batch)
 
 
-def optimizer_steps(optim: StepTrace) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
-    """The whole model's first optimizer step (creating the state) and a later one, as (op, id, bytes)."""
-    return segment_events(optim, "opt_first", exclude=optim.host), segment_events(optim, "opt")
+OptimizerSteps = tuple[tuple[tuple[int, int, int], ...], tuple[tuple[int, int, int], ...]]
+_OPTIMIZER_STEPS: dict[int, tuple[StepTrace, OptimizerSteps]] = {}
+
+
+def optimizer_steps(optim: StepTrace) -> OptimizerSteps:
+    """The whole model's first optimizer step (creating the state) and a later one, as (op, id, bytes): read once
+    per optimizer trace (the last few are kept), not once per point that replays it."""
+    hit = _OPTIMIZER_STEPS.get(id(optim))
+    if hit is not None and hit[0] is optim:  # the trace itself, not another one at a reused address
+        return hit[1]
+    steps = tuple(segment_events(optim, "opt_first", exclude=optim.host)), tuple(segment_events(optim, "opt"))
+    if len(_OPTIMIZER_STEPS) >= 8:
+        _OPTIMIZER_STEPS.pop(next(iter(_OPTIMIZER_STEPS)))
+    _OPTIMIZER_STEPS[id(optim)] = (optim, steps)
+    return steps
 
 
 def fast_steps(
