@@ -127,6 +127,25 @@ def test_unsafe_view_is_pytorchs_own_result_without_its_uncached_path() -> None:
     assert results[0] == results[1]
 
 
+def test_a_cache_hit_makes_the_tensor_pytorchs_own_path_makes() -> None:
+    """New tensors made from a cache entry (the second call of each op hits the cache): the sizes, strides, dtype,
+    device and requires_grad PyTorch's path gives, each with a storage of its own; views and in-place ops too."""
+    results = []
+    for mode in (fm.FastKeyFakeTensorMode(), FakeTensorMode()):
+        made = []
+        with mode:
+            a = torch.empty(4, 6)
+            b = torch.empty(6, 3, dtype=torch.bfloat16)
+            for _ in range(2):
+                outs = [a + a, a.t().contiguous(), a.to(torch.bfloat16) @ b, a.sum(1, keepdim=True), a[1:].view(18),
+                        torch.empty_strided((3, 4), (1, 3)), a.mul_(2), torch.empty(2, 3, requires_grad=True) * 2]
+                made.append([(o.shape, o.stride(), o.storage_offset(), o.dtype, o.device, o.requires_grad,
+                              o.untyped_storage()._cdata == a.untyped_storage()._cdata) for o in outs])
+        assert made[0] == made[1]
+        results.append(made[1])
+    assert results[0] == results[1]
+
+
 def _bursts_sorted(events: Any) -> list[Any]:
     """Events with each run of frees in one order: frees with no allocation between them come in an order that varies
     from run to run (Python's garbage), and leave the same allocator state in any order."""

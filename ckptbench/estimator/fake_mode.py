@@ -21,6 +21,9 @@ propagation, decompositions, device inference) to end in the op's meta kernel. `
 kernel on the input directly, as that path does, and wraps the result on the input's device; a tensor of another mode,
 with a constant or symbolic sizes, still takes PyTorch's path.
 
+A cache hit that makes a new tensor (not a view, not in place) is wrapped straight from the entry's metadata, without
+the checks for symbolic sizes that only a shape environment needs.
+
 Where this PyTorch lacks the private methods overridden here (or their signatures changed), ``fake_mode()`` returns a
 plain FakeTensorMode: traces are the same, only slower.
 """
@@ -58,6 +61,19 @@ class FastKeyFakeTensorMode(FakeTensorMode):
                     out = _UNSAFE_VIEW(source, *args[1:])  # the meta kernel: a tensor on the input's storage
                 return FakeTensor(self, out, source.device)
         return super()._cached_dispatch_impl(func, types, args, kwargs)
+
+    def _get_output_tensor_from_cache_entry(self, state: Any, entry: Any, key: Any, func: Any, args: Any) -> Any:
+        # A cache hit that makes a new tensor (no view, no in-place op, no symbols, no conjugate or negative bit): the
+        # empty meta tensor of the cached metadata, wrapped as PyTorch's own path wraps it; anything else takes it.
+        metadata = entry.metadata
+        if (metadata is None or entry.inplace_idx is not None or entry.view_idx is not None
+                or self.shape_env is not None
+                or metadata.is_conj or metadata.is_neg or metadata.layout is not _STRIDED):
+            return super()._get_output_tensor_from_cache_entry(state, entry, key, func, args)
+        with in_kernel_invocation_manager(self):
+            empty = torch.empty_strided(metadata.shape, metadata.stride, dtype=metadata.dtype, layout=_STRIDED,
+                                        device="meta", requires_grad=metadata.requires_grad)
+        return FakeTensor(self, empty, metadata.device)
 
     def _cache_key(self, state: Any, func: Any, args: Any, kwargs: Any) -> Any:
         if self.shape_env is not None:
@@ -103,7 +119,8 @@ def _overridable() -> bool:
     """Whether this PyTorch's FakeTensorMode has the methods overridden here, with the same parameters, and the key
     class."""
     expected = {"_cache_key": ["self", "state", "func", "args", "kwargs"],
-                "_cached_dispatch_impl": ["self", "func", "types", "args", "kwargs"]}
+                "_cached_dispatch_impl": ["self", "func", "types", "args", "kwargs"],
+        "_get_output_tensor_from_cache_entry": ["self", "state", "entry", "key", "func", "args"]}
     for name, parameters in expected.items():
         method = getattr(FakeTensorMode, name, None)
         if method is None or list(inspect.signature(method).parameters) != parameters:
