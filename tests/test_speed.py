@@ -52,6 +52,7 @@ def _snapshot(a: CachingAllocator) -> tuple[Any, ...]:
     pools = tuple(
         (small, stream, tuple((b.addr, b.size, b.gc_base) for b in a.pools[small].free[stream]))
         for small in (True, False) for stream in sorted(a.pools[small].free)
+        if len(a.pools[small].free[stream])  # an empty list of cached blocks is none (serve makes stream 0's at once)
     )
     return (s.allocated, s.reserved, s.peak_allocated, s.peak_reserved, s.num_alloc_retries, s.num_ooms,
             s.num_device_alloc, s.num_device_free, tuple(s.segment_events), pools)
@@ -71,36 +72,39 @@ def _chain(block: Block) -> tuple[tuple[int, int, bool], ...]:
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_fast_malloc_and_free_replay_exactly_as_the_general_rules(seed: int) -> None:
-    """Default settings take the inlined fast path; forcing the general path must give the same blocks,
-    counters, segments and out-of-memory errors after every request (on a small card, so that segments
-    are released, retries counted and requests refused too)."""
+def test_serving_one_request_at_a_time_replays_exactly_as_the_general_rules(seed: int) -> None:
+    """Default settings take ``serve``'s inlined fast path; the general rules (malloc -> get_free_block ->
+    alloc_found_block; free_block) must give the same blocks, counters, segments and out-of-memory errors after every
+    request (on a small card, so that segments are released, retries counted and requests refused too)."""
     rng = random.Random(seed)
     limit = DeviceLimit(2 * GIB, None if seed % 2 else 0.9, 64 * MIB)
     fast = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True)
     slow = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True)
     assert fast._fast
-    slow._fast = False  # the general rules (malloc -> get_free_block -> alloc_found_block; free_block)
-    live: list[tuple[Block, Block]] = []
+    slow._fast = False
+    live: dict[int, Block] = {}
+    held: dict[int, Block] = {}
     sizes = [1, 511, 513, 4096, 300_000, MIB, MIB + 1, 3 * MIB, 9 * MIB, 12 * MIB, 40 * MIB, 200 * MIB]
-    for _ in range(1500):
-        if live and rng.random() < 0.45:
-            fb, sb = live.pop(rng.randrange(len(live)))
-            fast.free(fb)
-            slow.free(sb)
+    for key in range(1500):
+        if held and rng.random() < 0.45:
+            gone = rng.choice(list(held))
+            fast.serve([(1, gone, 0)], live)
+            slow.free(held.pop(gone))
         else:
             n = rng.choice(sizes) + rng.randrange(0, 4096) * rng.choice([0, 1])
-            stream = rng.choice([0, 0, 0, 1])
             outcome: list[Any] = []
-            for a in (fast, slow):
-                try:
-                    outcome.append(a.malloc(n, stream=stream))
-                except AllocatorOOM as oom:
-                    outcome.append(("oom", oom.size, oom.allocated, oom.reserved))
+            try:
+                fast.serve([(0, key, n)], live)
+                outcome.append(live[key])
+            except AllocatorOOM as oom:
+                outcome.append(("oom", oom.size, oom.allocated, oom.reserved))
+            try:
+                outcome.append(held.setdefault(key, slow.malloc(n)))
+            except AllocatorOOM as oom:
+                outcome.append(("oom", oom.size, oom.allocated, oom.reserved))
             if isinstance(outcome[0], Block):
                 assert isinstance(outcome[1], Block)
                 assert _chain(outcome[0]) == _chain(outcome[1])
-                live.append((outcome[0], outcome[1]))
             else:
                 assert outcome[0] == outcome[1]
         assert _snapshot(fast) == _snapshot(slow)

@@ -269,7 +269,7 @@ class CachingAllocator:
         self.gc_on = settings.garbage_collection_threshold > 0 and limit.fraction is not None
         self._divisions = any(settings.roundup_power2_divisions)
         # The default settings (no expandable segments, garbage collection, max_split_size or power-of-two
-        # rounding) take malloc's and free's inlined fast paths: the same rules, fewer calls (issue 24).
+        # rounding) take ``serve``'s inlined fast path: the same rules, fewer calls (issue 24).
         self._fast = not (settings.expandable_segments or self.gc_on or self._divisions
                           or settings.max_split_size is not None)
 
@@ -295,9 +295,8 @@ class CachingAllocator:
 
     # -- malloc / free ---------------------------------------------------------------------------
     def malloc(self, requested: int, stream: int = 0) -> Block:
-        """DeviceCachingAllocator::malloc: a block for ``requested`` bytes, or AllocatorOOM."""
-        if self._fast:
-            return self._malloc_fast(requested, stream)
+        """DeviceCachingAllocator::malloc: a block for ``requested`` bytes, or AllocatorOOM (``serve`` is the same
+        rules, with the default settings' fast path inlined, for a stream of requests)."""
         size = self.round_size(requested)
         pool = self.pools[size <= SMALL_SIZE]
         alloc_size = self.allocation_size(size)
@@ -306,40 +305,6 @@ class CachingAllocator:
             self.stats.num_ooms += 1
             raise AllocatorOOM(alloc_size, allocated=self.stats.allocated, reserved=self.stats.reserved)
         return self._use(pool, block, size, requested)
-
-    def _malloc_fast(self, requested: int, stream: int) -> Block:
-        """``malloc`` under the default settings, with get_free_block and alloc_found_block inlined."""
-        size = MIN_BLOCK if requested < MIN_BLOCK else -(-requested // MIN_BLOCK) * MIN_BLOCK
-        small = size <= SMALL_SIZE
-        pool = self.pools[small]
-        free = pool.free.get(stream)
-        if free is None or not free.keys:
-            return self._malloc_new(pool, size, requested, stream)
-        keys = free.keys
-        index = bisect.bisect_left(keys, size << 64)
-        if index >= len(keys):
-            return self._malloc_new(pool, size, requested, stream)
-        block = free.blocks.pop(keys[index])
-        del keys[index]
-        remaining = block.size - size
-        if remaining >= MIN_BLOCK if small else remaining > SMALL_SIZE:  # should_split
-            addr = block.addr + size
-            rest = Block(addr, remaining, block.segment)
-            nxt = block.next
-            rest.prev, rest.next = block, nxt
-            if nxt is not None:
-                nxt.prev = rest
-            block.next, block.size = rest, size
-            rest.gc_base = pool.searches
-            key = (remaining << 64) | addr
-            bisect.insort(keys, key)
-            free.blocks[key] = rest
-        block.allocated, block.requested = True, requested
-        stats = self.stats
-        stats.allocated += block.size
-        if stats.allocated > stats.peak_allocated:
-            stats.peak_allocated = stats.allocated
-        return block
 
     def serve(self, requests: Sequence[tuple[int, int, int]], live: dict[int, Block]) -> None:
         """Serve ``(op, key, bytes)`` requests on stream 0 in order: ALLOC allocates ``bytes`` into ``live[key]``, any
@@ -486,35 +451,9 @@ class CachingAllocator:
         block.allocated = False
         self.stats.allocated -= block.size
         pool = self.pools[block.segment.small]
-        if not self._fast:
-            for other in (block.prev, block.next):
-                self._merge(pool, block, other)
-            pool.cache(block)
-            return
-        # Inlined try_merge_blocks and insert_into_blocks: every block is mapped, keys are (size, address).
-        free = pool.stream_free(block.segment.stream)
-        keys, blocks = free.keys, free.blocks
-        prev, nxt = block.prev, block.next
-        if prev is not None and not prev.allocated:
-            key = (prev.size << 64) | prev.addr
-            del blocks[key]
-            del keys[bisect.bisect_left(keys, key)]
-            block.addr, block.prev = prev.addr, prev.prev
-            if prev.prev is not None:
-                prev.prev.next = block
-            block.size += prev.size
-        if nxt is not None and not nxt.allocated:
-            key = (nxt.size << 64) | nxt.addr
-            del blocks[key]
-            del keys[bisect.bisect_left(keys, key)]
-            block.next = nxt.next
-            if nxt.next is not None:
-                nxt.next.prev = block
-            block.size += nxt.size
-        block.gc_base = pool.searches
-        key = (block.size << 64) | block.addr
-        bisect.insort(keys, key)
-        blocks[key] = block
+        for other in (block.prev, block.next):
+            self._merge(pool, block, other)
+        pool.cache(block)
 
     def _merge(self, pool: BlockPool, dst: Block, src: Block | None) -> None:
         """try_merge_blocks: absorb a free neighbour with the same mapping state."""

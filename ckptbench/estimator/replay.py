@@ -88,7 +88,10 @@ class _Run:
         self.phase = "setup"
 
     def keep(self, sizes: Sequence[int]) -> list[Block]:
-        return [self.allocator.malloc(n) for n in sizes if n > 0]
+        """Allocate ``sizes`` (zero bytes: nothing), in order, for good."""
+        live: dict[int, Block] = {}
+        self.allocator.serve([(ALLOC, i, n) for i, n in enumerate(sizes) if n > 0], live)
+        return list(live.values())
 
     def step(self, events: StepEvents, plan: MicroPlan | None = None) -> tuple[list[Block], list[Block]]:
         """Replay one step; what it leaves allocated: (optimizer state it created, the rest: the loss).
