@@ -118,9 +118,11 @@ class FastKeyFakeTensorMode(FakeTensorMode):
 def _overridable() -> bool:
     """Whether this PyTorch's FakeTensorMode has the methods overridden here, with the same parameters, and the key
     class."""
-    expected = {"_cache_key": ["self", "state", "func", "args", "kwargs"],
-                "_cached_dispatch_impl": ["self", "func", "types", "args", "kwargs"],
-        "_get_output_tensor_from_cache_entry": ["self", "state", "entry", "key", "func", "args"]}
+    expected = {
+        "_cache_key": ["self", "state", "func", "args", "kwargs"],
+        "_cached_dispatch_impl": ["self", "func", "types", "args", "kwargs"],
+        "_get_output_tensor_from_cache_entry": ["self", "state", "entry", "key", "func", "args"],
+    }
     for name, parameters in expected.items():
         method = getattr(FakeTensorMode, name, None)
         if method is None or list(inspect.signature(method).parameters) != parameters:
@@ -129,14 +131,15 @@ def _overridable() -> bool:
 
 
 def _works() -> bool:
-    """A few ops under the mode (a cached one, a view, ``_unsafe_view``): False where this PyTorch's internals differ
-    in a way the signatures do not show, so that traces fall back to the plain mode instead of failing."""
+    """A few ops under the mode (one twice: a cache hit; a view; ``_unsafe_view``): False where this PyTorch's internals
+    differ in a way the signatures do not show, so that traces fall back to the plain mode instead of failing."""
     try:
         with FastKeyFakeTensorMode():
             x = torch.empty(2, 3)
-            y = (x + x).view(6)
+            y = [(x + x).view(6) for _ in range(2)]
             z = _UNSAFE_VIEW(x, [3, 2])
-        return y.shape == (6,) and z.shape == (3, 2) and z.untyped_storage()._cdata == x.untyped_storage()._cdata
+        return (all(t.shape == (6,) and t.dtype == x.dtype for t in y) and z.shape == (3, 2)
+                and z.untyped_storage()._cdata == x.untyped_storage()._cdata)
     except Exception:
         return False
 
@@ -145,5 +148,5 @@ FAST_KEY = _overridable() and _works()
 
 
 def fake_mode() -> FakeTensorMode:
-    """A new fake-tensor mode for one trace: with the fast cache key where this PyTorch allows it."""
+    """A new fake-tensor mode for one trace: ``FastKeyFakeTensorMode`` where this PyTorch allows it."""
     return FastKeyFakeTensorMode() if FAST_KEY else FakeTensorMode()
