@@ -44,7 +44,7 @@ which is what the stream-first comparator gives.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ckptbench.config.alloc_conf import AllocatorSettings
@@ -315,11 +315,16 @@ class CachingAllocator:
         the counters live in locals here; the slow path (a new segment, retries) gets the counters written back
         first. A request that cannot be served raises AllocatorOOM with ``request`` set to it."""
         if not self._fast:
-            for op, key, nbytes in requests:
-                if op == ALLOC:
-                    live[key] = self._failing(self.malloc, nbytes, (op, key, nbytes))
-                else:
-                    self.free(live.pop(key))
+            op, key, nbytes = ALLOC, -1, 0
+            try:
+                for op, key, nbytes in requests:
+                    if op == ALLOC:
+                        live[key] = self.malloc(nbytes)
+                    else:
+                        self.free(live.pop(key))
+            except AllocatorOOM as oom:
+                oom.request = (op, key, nbytes)
+                raise
             return
         small_pool, large_pool = self.pools[True], self.pools[False]
         small_free, large_free = small_pool.stream_free(0), large_pool.stream_free(0)
@@ -393,14 +398,6 @@ class CachingAllocator:
             raise
         finally:
             stats.allocated, stats.peak_allocated = allocated, peak
-
-    @staticmethod
-    def _failing(malloc: Callable[[int], Block], nbytes: int, request: tuple[int, int, int]) -> Block:
-        try:
-            return malloc(nbytes)
-        except AllocatorOOM as oom:
-            oom.request = request
-            raise
 
     def _malloc_new(self, pool: BlockPool, size: int, requested: int, stream: int) -> Block:
         """The fast path's slow path: nothing cached fits (get_free_block had nothing to count or age)."""
