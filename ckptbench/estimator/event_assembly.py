@@ -25,8 +25,9 @@ container (``StepEvents``), its labels and a fully traced step are estimator/eve
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ckptbench.estimator.events import ALLOC, FREE
 from ckptbench.estimator.trace import StepTrace
@@ -272,20 +273,31 @@ def assemble_step(
     return EventAssembler(short_template(trace, classes, micro_batches), full, micro_batches).run(optimizer_step)
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def of_trace(memo: dict[K, tuple[StepTrace, V]], key: K, trace: StepTrace, make: Callable[[], V], kept: int) -> V:
+    """``make()`` once per ``key`` (which holds ``id(trace)``) for every point that uses it; the last ``kept`` are
+    held, each with its trace, so that another trace at a reused address is not taken for it."""
+    hit = memo.get(key)
+    if hit is not None and hit[0] is trace:
+        return hit[1]
+    made = make()
+    if len(memo) >= kept:
+        memo.pop(next(iter(memo)))
+    memo[key] = (trace, made)
+    return made
+
+
 _TEMPLATES: dict[tuple[int, tuple[str, ...], int], tuple[StepTrace, ShortTemplate]] = {}
 
 
 def short_template(trace: StepTrace, classes: Sequence[str], micro_batches: int) -> ShortTemplate:
     """The template of a short trace, prepared once for every point that copies it (the last few are kept)."""
-    key = (id(trace), tuple(classes), max(1, min(micro_batches, 2)))
-    hit = _TEMPLATES.get(key)
-    if hit is not None and hit[0] is trace:  # the trace itself, not another one at a reused address
-        return hit[1]
-    template = ShortTemplate(trace, classes, key[2])
-    if len(_TEMPLATES) >= 16:
-        _TEMPLATES.pop(next(iter(_TEMPLATES)))
-    _TEMPLATES[key] = (trace, template)
-    return template
+    micro = max(1, min(micro_batches, 2))
+    return of_trace(_TEMPLATES, (id(trace), tuple(classes), micro), trace,
+                    lambda: ShortTemplate(trace, classes, micro), kept=16)
 
 
 FullEvent = tuple[int, int, int]  # (op, key, nbytes)

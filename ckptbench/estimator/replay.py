@@ -31,7 +31,7 @@ from ckptbench.config.alloc_conf import AllocatorSettings, axis_to_conf, parse_a
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig
 from ckptbench.estimator.allocator import AllocatorOOM, Block, CachingAllocator, DeviceLimit
-from ckptbench.estimator.event_assembly import StepEvents, assemble_step, segment_events, traced_step
+from ckptbench.estimator.event_assembly import StepEvents, assemble_step, of_trace, segment_events, traced_step
 from ckptbench.estimator.events import ALLOC
 from ckptbench.estimator.gpus import CUBLASLT_WORKSPACE, GpuModel
 from ckptbench.estimator.trace import StepTrace
@@ -341,14 +341,11 @@ _OPTIMIZER_STEPS: dict[int, tuple[StepTrace, OptimizerSteps]] = {}
 def optimizer_steps(optim: StepTrace) -> OptimizerSteps:
     """The whole model's first optimizer step (creating the state) and a later one, as (op, id, bytes): read once
     per optimizer trace (the last few are kept), not once per point that replays it."""
-    hit = _OPTIMIZER_STEPS.get(id(optim))
-    if hit is not None and hit[0] is optim:  # the trace itself, not another one at a reused address
-        return hit[1]
-    steps = tuple(segment_events(optim, "opt_first", exclude=optim.host)), tuple(segment_events(optim, "opt"))
-    if len(_OPTIMIZER_STEPS) >= 8:
-        _OPTIMIZER_STEPS.pop(next(iter(_OPTIMIZER_STEPS)))
-    _OPTIMIZER_STEPS[id(optim)] = (optim, steps)
-    return steps
+    return of_trace(
+        _OPTIMIZER_STEPS, id(optim), optim,
+        lambda: (tuple(segment_events(optim, "opt_first", exclude=optim.host)), tuple(segment_events(optim, "opt"))),
+        kept=8,
+    )
 
 
 def fast_steps(
