@@ -17,7 +17,8 @@ import pytest
 from ckptbench.analysis.compare import point_labels
 from ckptbench.config.alloc_conf import parse_alloc_conf
 from ckptbench.config.grid import key_id
-from ckptbench.estimator.allocator import AllocatorOOM, Block, CachingAllocator, DeviceLimit
+from ckptbench.estimator.allocator import NATIVE, AllocatorOOM, Block, CachingAllocator, DeviceLimit
+from tests._native import SERVE_LOOPS
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB, GIB = 2**20, 2**30
@@ -71,16 +72,18 @@ def _chain(block: Block) -> tuple[tuple[int, int, bool], ...]:
     return tuple(out)
 
 
+@pytest.mark.parametrize("native", SERVE_LOOPS)
 @pytest.mark.parametrize("seed", range(12))
-def test_serving_one_request_at_a_time_replays_exactly_as_the_general_rules(seed: int) -> None:
-    """Default settings take ``serve``'s inlined fast path; the general rules (malloc -> get_free_block ->
-    alloc_found_block; free_block) must give the same blocks, counters, segments and out-of-memory errors after every
-    request (on a small card, so that segments are released, retries counted and requests refused too)."""
+def test_serving_one_request_at_a_time_replays_exactly_as_the_general_rules(seed: int, native: bool) -> None:
+    """Default settings take ``serve``'s inlined fast path (in C, or the pure-Python loop); the general rules
+    (malloc -> get_free_block -> alloc_found_block; free_block) must give the same blocks, counters, segments and
+    out-of-memory errors after every request (on a small card, so that segments are released, retries counted and
+    requests refused too)."""
     rng = random.Random(seed)
     limit = DeviceLimit(2 * GIB, None if seed % 2 else 0.9, 64 * MIB)
-    fast = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True)
-    slow = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True)
-    assert fast._fast
+    fast = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True, native=native)
+    slow = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True, native=False)
+    assert fast._fast and (fast._native is NATIVE if native else fast._native is None)
     slow._fast = False
     live: dict[int, Block] = {}
     held: dict[int, Block] = {}
@@ -110,15 +113,16 @@ def test_serving_one_request_at_a_time_replays_exactly_as_the_general_rules(seed
         assert _snapshot(fast) == _snapshot(slow)
 
 
+@pytest.mark.parametrize("native", SERVE_LOOPS)
 @pytest.mark.parametrize("seed", range(8))
-def test_serving_a_request_stream_in_one_loop_is_malloc_and_free_request_by_request(seed: int) -> None:
+def test_serving_a_request_stream_in_one_loop_is_malloc_and_free_request_by_request(seed: int, native: bool) -> None:
     """``serve`` (the replay's loop, with the fast path inlined) against ``malloc``/``free`` one request at a time
     under the general rules: the same blocks, counters and segments after every chunk of requests, and the same
     out-of-memory error naming the same request (a small card: segments released, retries, refusals)."""
     rng = random.Random(seed)
     limit = DeviceLimit(2 * GIB, None if seed % 2 else 0.9, 64 * MIB)
-    fast = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True)
-    slow = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True)
+    fast = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True, native=native)
+    slow = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True, native=False)
     slow._fast = False
     live_fast: dict[int, Block] = {}
     live_slow: dict[int, Block] = {}

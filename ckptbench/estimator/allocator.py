@@ -44,8 +44,11 @@ which is what the stream-first comparator gives.
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Protocol
 
 from ckptbench.config.alloc_conf import AllocatorSettings
 from ckptbench.estimator.events import ALLOC
@@ -202,21 +205,51 @@ class SortedBlocks:
         return iter([self.blocks[k] for k in self.keys])
 
 
+class FreeBlocks(Protocol):
+    """The free blocks of one stream and pool in (size, address) order: ``SortedBlocks``, or the C extension's
+    ``FreeList`` (the same methods)."""
+
+    def add(self, block: Block) -> None: ...
+    def remove(self, block: Block) -> None: ...
+    def at(self, index: int) -> Block: ...
+    def lower_bound(self, size: int) -> int: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[Block]: ...
+    def __contains__(self, block: Block) -> bool: ...
+
+
+def _load_native() -> ModuleType | None:
+    """The optional C hot path (``_replay_native.c``, built by setup.py), bound to this module's classes; None when
+    it was not built or CKPTBENCH_NATIVE=0 asks for the pure-Python loop."""
+    if os.environ.get("CKPTBENCH_NATIVE", "1") == "0":
+        return None
+    try:
+        from ckptbench.estimator import _replay_native
+    except ImportError:
+        return None
+    _replay_native.bind(Block, AllocatorSegment)
+    return _replay_native
+
+
+NATIVE = _load_native()
+
+
 class BlockPool:
     """Cached free blocks of one kind (small or large) per stream, plus unmapped expandable pages."""
 
-    def __init__(self, *, small: bool) -> None:
+    def __init__(self, *, small: bool, native: ModuleType | None = None) -> None:
         self.small = small
-        self.free: dict[int, SortedBlocks] = {}
+        self._native = native  # free lists in C (FreeList) rather than SortedBlocks
+        self.free: dict[int, FreeBlocks] = {}
         self.unmapped: dict[int, SortedBlocks] = {}
         # get_free_blocks_call_count: counts searches while garbage collection is on; a cached
         # block's age is this count minus the count when it was cached (Block::gc_count).
         self.searches = 0
 
-    def stream_free(self, stream: int) -> SortedBlocks:
+    def stream_free(self, stream: int) -> FreeBlocks:
         found = self.free.get(stream)
         if found is None:
-            found = self.free[stream] = SortedBlocks()
+            found = self.free[stream] = SortedBlocks() if self._native is None else self._native.FreeList()
         return found
 
     def stream_unmapped(self, stream: int) -> SortedBlocks:
@@ -256,11 +289,16 @@ class CachingAllocator:
 
     def __init__(
         self, settings: AllocatorSettings, limit: DeviceLimit, *, record_segments: bool = False,
-        addresses: list[int] | None = None,
+        addresses: list[int] | None = None, native: bool | None = None,
     ) -> None:
+        """``native``: serve's loop and the free lists in C (``_replay_native``); None: when it was built, False: the
+        pure-Python reference, True: C or RuntimeError."""
+        if native and NATIVE is None:
+            raise RuntimeError("the C part of the estimator (ckptbench.estimator._replay_native) is not built")
+        self._native = None if native is False else NATIVE
         self.settings, self.limit = settings, limit
         self.stats = Stats()
-        self.pools = {True: BlockPool(small=True), False: BlockPool(small=False)}
+        self.pools = {small: BlockPool(small=small, native=self._native) for small in (True, False)}
         self.record_segments = record_segments
         # Segment addresses: taken from a recorded trace when given (ties between equal-sized cached
         # blocks go to the lower address, as in BlockComparatorSize), else a rising bump pointer.
@@ -326,8 +364,12 @@ class CachingAllocator:
                 oom.request = (op, key, nbytes)
                 raise
             return
+        if self._native is not None:
+            self._serve_native(requests, live)
+            return
         small_pool, large_pool = self.pools[True], self.pools[False]
         small_free, large_free = small_pool.stream_free(0), large_pool.stream_free(0)
+        assert isinstance(small_free, SortedBlocks) and isinstance(large_free, SortedBlocks)
         small_keys, small_blocks, small_age = small_free.keys, small_free.blocks, small_pool.searches
         large_keys, large_blocks, large_age = large_free.keys, large_free.blocks, large_pool.searches
         stats = self.stats
@@ -398,6 +440,29 @@ class CachingAllocator:
             raise
         finally:
             stats.allocated, stats.peak_allocated = allocated, peak
+
+    def _serve_native(self, requests: Sequence[tuple[int, int, int]], live: dict[int, Block]) -> None:
+        """``serve``'s fast path in C: it serves requests until one needs a new segment and says which; that one
+        takes ``_malloc_new`` here, and C goes on from the next."""
+        assert self._native is not None
+        small_pool, large_pool = self.pools[True], self.pools[False]
+        small_free, large_free = small_pool.stream_free(0), large_pool.stream_free(0)
+        position, end = 0, len(requests)
+        while True:
+            position = self._native.serve(
+                requests, position, live, small_free, large_free, small_pool.searches, large_pool.searches,
+                self.stats, ALLOC,
+            )
+            if position >= end:
+                return
+            op, key, nbytes = requests[position]
+            size = self.round_size(nbytes)
+            try:
+                live[key] = self._malloc_new(self.pools[size <= SMALL_SIZE], size, nbytes, 0)
+            except AllocatorOOM as oom:
+                oom.request = (op, key, nbytes)
+                raise
+            position += 1
 
     def _malloc_new(self, pool: BlockPool, size: int, requested: int, stream: int) -> Block:
         """The fast path's slow path: nothing cached fits (get_free_block had nothing to count or age)."""
@@ -533,7 +598,7 @@ class CachingAllocator:
             self.stats.segment_events.append((action, addr, nbytes))
 
     # -- expandable segments ---------------------------------------------------------------------
-    def _expandable_best_fit(self, free: SortedBlocks, index: int) -> int:
+    def _expandable_best_fit(self, free: FreeBlocks, index: int) -> int:
         """get_free_block's look-ahead: prefer a larger block that can grow less (ties to the first)."""
         while index + 1 < len(free) and free.at(index).expandable:
             if free.at(index + 1).grown_size() < free.at(index).grown_size():

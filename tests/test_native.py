@@ -1,0 +1,119 @@
+"""The C hot path of the replayed allocator (estimator/_replay_native.c) against its pure-Python reference: the
+free lists behave as ``SortedBlocks`` under any sequence of operations, ``serve`` fails as the Python loop does, and
+whole estimates (micro-batch skipping, out-of-memory points) are the same objects with and without it.
+
+Request-by-request equality of ``serve`` with the general rules is in tests/test_speed.py (both loops)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any
+
+import pytest
+
+from ckptbench.config.alloc_conf import parse_alloc_conf
+from ckptbench.config.load import load_config
+from ckptbench.estimator import allocator as allocator_module
+from ckptbench.estimator.allocator import NATIVE, AllocatorSegment, Block, CachingAllocator, DeviceLimit, SortedBlocks
+from ckptbench.estimator.api import Estimator
+from ckptbench.estimator.gpus import gpu_model
+from tests._native import REQUIRED, WITH_NATIVE
+from tests.conftest import tiny_config
+
+MIB, GIB = 2**20, 2**30
+
+
+def test_ci_runs_the_c_part() -> None:
+    """Where CI asks for it (CKPTBENCH_REQUIRE_NATIVE=1), the install built it: the C loop is what estimates use."""
+    if REQUIRED:
+        assert NATIVE is not None
+        assert CachingAllocator(parse_alloc_conf(""), DeviceLimit(GIB))._native is NATIVE
+    assert CachingAllocator(parse_alloc_conf(""), DeviceLimit(GIB), native=False)._native is None
+
+
+@WITH_NATIVE
+@pytest.mark.parametrize("seed", range(6))
+def test_free_list_is_sorted_blocks_in_c(seed: int) -> None:
+    assert NATIVE is not None
+    rng = random.Random(seed)
+    segment = AllocatorSegment(0, 1 << 50, 0, small=False, expandable=False, page=0)
+    c, py = NATIVE.FreeList(), SortedBlocks()
+    held: list[Block] = []
+    sizes = [512, 1024, 2 * MIB, 20 * MIB, 1 << 40]
+    for _ in range(600):
+        if held and rng.random() < 0.4:
+            block = held.pop(rng.randrange(len(held)))
+            c.remove(block)
+            py.remove(block)
+            assert block not in c
+        else:
+            block = Block(rng.randrange(1 << 20) * 512, rng.choice(sizes) * rng.randint(1, 3), segment)
+            if block in py or any(b.addr == block.addr and b.size == block.size for b in held):
+                continue
+            c.add(block)
+            py.add(block)
+            held.append(block)
+            assert block in c
+        assert len(c) == len(py)
+        assert list(c) == list(py)
+        size = rng.choice(sizes) * rng.randint(1, 3) + rng.choice([-1, 0, 1])
+        assert c.lower_bound(size) == py.lower_bound(size)
+        if len(py):
+            index = rng.randrange(-len(py), len(py))
+            assert c.at(index) is py.at(index)
+    assert not c.by_address
+    stranger = Block(3, 512, segment)
+    assert stranger not in c
+    with pytest.raises(KeyError):
+        c.remove(stranger)
+    with pytest.raises(IndexError):
+        c.at(len(c))
+
+
+@pytest.mark.parametrize("native", [False, pytest.param(True, marks=WITH_NATIVE)])
+def test_serve_fails_on_an_unknown_key_with_the_counters_written_back(native: bool) -> None:
+    a = CachingAllocator(parse_alloc_conf(""), DeviceLimit(GIB), native=native)
+    live: dict[int, Block] = {}
+    a.serve([(0, 1, 4096)], live)  # a new segment (the Python part), then the C loop from the next request
+    with pytest.raises(KeyError):
+        a.serve([(0, 2, 1000), (1, 1, 0), (1, 7, 0), (0, 3, 1000)], live)
+    assert sorted(live) == [2]
+    assert a.stats.allocated == 1024 and a.stats.peak_allocated == 4096 + 1024
+
+
+def _grid_points() -> tuple[Any, list[Any]]:
+    cfg = load_config("configs/llama7b-estimate-grid.yaml")
+    points = cfg.points_list()
+    return cfg, points[::61] + [dataclasses.replace(points[5], micro_batches=m) for m in (3, 20)]
+
+
+@WITH_NATIVE
+@pytest.mark.parametrize("case", ["llama7b", "tiny-capped"])
+def test_estimates_are_the_same_with_and_without_the_c_loop(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The product's estimates, every field: LLaMA-7B points of the 704-point grid (some run out of an H200) and
+    accumulation (skipped micro-batches compare allocator states read off the C free lists); a capped tiny model
+    with out-of-memory points and retries."""
+    if case == "llama7b":
+        cfg, points = _grid_points()
+    else:
+        cfg = tiny_config(device="cuda", memory_cap_gib=0.09,
+                          sweep={"layout": ["none", "all"], "batch_size": [1, 4, 16], "seq_len": [32, 64],
+                                 "precision": ["bf16"], "micro_batches": [1, 4]})
+        points = cfg.points_list()
+
+    def estimates() -> list[Any]:
+        est = Estimator(cfg, target="cuda", gpu=gpu_model("h200"))  # type: ignore[arg-type]
+        est.run_traces(points, workers=1)
+        return est.estimate_each(points, workers=1)
+
+    with_c = estimates()
+    monkeypatch.setattr(allocator_module, "NATIVE", None)
+    python = estimates()
+    assert with_c == python
+    replays = [e.reserved for e in python]
+    assert all(r is not None for r in replays)
+    ooms = sum(r.oom is not None for r in replays if r is not None)
+    assert 0 < ooms < len(replays), ooms  # both kinds of point were compared
+    if case == "tiny-capped":
+        assert any(r.num_alloc_retries for r in replays if r is not None)
