@@ -117,3 +117,28 @@ def test_estimates_are_the_same_with_and_without_the_c_loop(case: str, monkeypat
     assert 0 < ooms < len(replays), ooms  # both kinds of point were compared
     if case == "tiny-capped":
         assert any(r.num_alloc_retries for r in replays if r is not None)
+
+
+@pytest.mark.parametrize("native", [False, pytest.param(True, marks=WITH_NATIVE)])
+@pytest.mark.parametrize("fraction", [None, 0.5])
+def test_new_segments_right_at_the_limit_are_made_or_refused_as_by_the_general_rules(
+    native: bool, fraction: float | None
+) -> None:
+    """Segments that fill the device (or the memory fraction) to the byte are made, the next 2 MiB is not: the
+    C loop makes new segments only where ``_alloc_block`` would, and leaves the rest to the slow path."""
+    limit = DeviceLimit(1 * GIB, fraction, 64 * MIB)
+    room = (limit.allowed_bytes if fraction else GIB - 64 * MIB) or 0
+    for last in (room - 3 * 40 * MIB, room - 3 * 40 * MIB + 2 * MIB):  # the fourth segment fits exactly, or not
+        fast = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True, native=native)
+        slow = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True, native=False)
+        slow._fast = False
+        outcome = []
+        for a in (fast, slow):
+            live: dict[int, Block] = {}
+            try:
+                a.serve([(0, k, 40 * MIB) for k in range(3)] + [(0, 3, last)], live)
+                outcome.append(("ok", a.stats.reserved, tuple(a.stats.segment_events)))
+            except allocator_module.AllocatorOOM as oom:
+                outcome.append(("oom", oom.request, oom.size, a.stats.num_alloc_retries))
+        assert outcome[0] == outcome[1]
+        assert outcome[0][0] == ("ok" if last == room - 3 * 40 * MIB else "oom")

@@ -5,8 +5,9 @@
    and ``AllocatorSegment`` (their __slots__ read and written at the offsets ``bind`` finds), and keeps
    the free blocks of one stream and pool in a ``FreeList``: an array ordered by (size, address), the order of
    BlockComparatorSize in c10/cuda/CUDACachingAllocator.cpp and of allocator.py's ``SortedBlocks``, with the same
-   methods. ``serve`` stops at the first request that needs a new segment and returns its index: allocator.py
-   takes that slow path (garbage collection, new segments, retries, out of memory) in Python, then resumes. */
+   methods. ``serve`` also makes new segments while the device and the memory fraction have room for them (the
+   first try of ``_alloc_block``); at the first request it cannot serve so, it stops and returns its index:
+   allocator.py takes that slow path (freeing cached segments, retries, out of memory) in Python, then resumes. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -15,11 +16,15 @@
 
 #define MIN_BLOCK 512LL
 #define SMALL_SIZE (1LL << 20)
+#define SMALL_BUFFER (2LL << 20)
+#define MIN_LARGE_ALLOC (10LL << 20)
+#define ROUND_LARGE (2LL << 20)
 
 /* -- Block and AllocatorSegment slots ----------------------------------------------------------------------- */
-static PyTypeObject *block_type = NULL;
+static PyTypeObject *block_type = NULL, *segment_type = NULL;
 static Py_ssize_t off_addr, off_size, off_allocated, off_requested, off_prev, off_next, off_segment, off_gc_base,
-    off_mapped, off_key, off_seg_small;
+    off_mapped, off_key, off_seg_small, off_seg_addr, off_seg_size, off_seg_stream, off_seg_expandable, off_seg_page;
+static PyObject *segment_alloc_str = NULL; /* "segment_alloc": the recorded action */
 
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
@@ -70,10 +75,16 @@ static PyObject *bind(PyObject *Py_UNUSED(module), PyObject *args) {
         slot_offset(block, "prev", &off_prev) || slot_offset(block, "next", &off_next) ||
         slot_offset(block, "segment", &off_segment) || slot_offset(block, "gc_base", &off_gc_base) ||
         slot_offset(block, "mapped", &off_mapped) || slot_offset(block, "key", &off_key) ||
-        slot_offset(segment, "small", &off_seg_small))
+        slot_offset(segment, "small", &off_seg_small) || slot_offset(segment, "addr", &off_seg_addr) ||
+        slot_offset(segment, "size", &off_seg_size) || slot_offset(segment, "stream", &off_seg_stream) ||
+        slot_offset(segment, "expandable", &off_seg_expandable) || slot_offset(segment, "page", &off_seg_page))
+        return NULL;
+    if (segment_alloc_str == NULL && (segment_alloc_str = PyUnicode_InternFromString("segment_alloc")) == NULL)
         return NULL;
     Py_INCREF(block);
     Py_XSETREF(block_type, (PyTypeObject *)block);
+    Py_INCREF(segment);
+    Py_XSETREF(segment_type, (PyTypeObject *)segment);
     Py_RETURN_NONE;
 }
 
@@ -92,6 +103,20 @@ static PyObject *new_block(long long addr, long long size, PyObject *segment) {
     set_slot(b, off_prev, Py_None);
     set_slot(b, off_next, Py_None);
     return b;
+}
+
+/* A new AllocatorSegment(addr, size, 0, small=small, expandable=False, page=0): one cudaMalloc on stream 0. */
+static PyObject *new_segment(long long addr, long long size, int small) {
+    PyObject *seg = segment_type->tp_alloc(segment_type, 0);
+    if (seg == NULL) return NULL;
+    if (set_slot_ll(seg, off_seg_addr, addr) || set_slot_ll(seg, off_seg_size, size) ||
+        set_slot_ll(seg, off_seg_stream, 0) || set_slot_ll(seg, off_seg_page, 0)) {
+        Py_DECREF(seg);
+        return NULL;
+    }
+    set_slot(seg, off_seg_small, small ? Py_True : Py_False);
+    set_slot(seg, off_seg_expandable, Py_False);
+    return seg;
 }
 
 /* -- FreeList ----------------------------------------------------------------------------------------------- */
@@ -351,10 +376,44 @@ static int free_one(PyObject *block, FreeList *small_fl, FreeList *large_fl, PyO
     return fl_insert(fl, bsize, baddr, block);
 }
 
+/* The allocator's counters that serve changes, read from the Stats object when it starts and written back when it
+   stops (also when a request failed, as the Python loop's ``finally``). */
+static const char *const COUNTER_NAMES[] = {"allocated", "peak_allocated", "reserved", "peak_reserved",
+                                            "num_device_alloc"};
+enum { ALLOCATED, PEAK_ALLOCATED, RESERVED, PEAK_RESERVED, NUM_DEVICE_ALLOC, N_COUNTERS };
+
+static int read_counters(PyObject *stats, long long *c) {
+    for (int k = 0; k < N_COUNTERS; k++) {
+        PyObject *v = PyObject_GetAttrString(stats, COUNTER_NAMES[k]);
+        if (v == NULL) return -1;
+        c[k] = PyLong_AsLongLong(v);
+        Py_DECREF(v);
+        if (c[k] == -1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+static int write_counters(PyObject *stats, const long long *c) {
+    for (int k = 0; k < N_COUNTERS; k++) {
+        PyObject *v = PyLong_FromLongLong(c[k]);
+        int bad = v == NULL || PyObject_SetAttrString(stats, COUNTER_NAMES[k], v);
+        Py_XDECREF(v);
+        if (bad) return -1;
+    }
+    return 0;
+}
+
+/* What a new segment needs: the limits of _alloc_block and where the next one goes (_address). */
+typedef struct {
+    int on;                                  /* new segments here (else: stop at the first request needing one) */
+    long long allowed, device_cap, large_segment, next_addr;
+    PyObject *record;                        /* Stats.segment_events when recorded, else NULL */
+} Segments;
+
 static PyObject *serve(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 9) {
+    if (nargs != 10) {
         PyErr_SetString(PyExc_TypeError,
-                        "serve(requests, start, live, small, large, small_age, large_age, stats, alloc_op)");
+                        "serve(requests, start, live, small, large, small_age, large_age, stats, alloc_op, segments)");
         return NULL;
     }
     PyObject *requests = args[0], *live = args[2], *small_age = args[5], *large_age = args[6], *stats = args[7];
@@ -366,24 +425,26 @@ static PyObject *serve(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
     Py_ssize_t start = PyLong_AsSsize_t(args[1]);
     long alloc_op = PyLong_AsLong(args[8]);
     if (PyErr_Occurred()) return NULL;
+    Segments seg = {0, -1, 0, 0, -1, NULL};
+    if (args[9] != Py_None) { /* (allowed or -1, device_cap, large_segment_size, next_addr, record or None) */
+        PyObject *record = NULL;
+        if (!PyArg_ParseTuple(args[9], "LLLLO", &seg.allowed, &seg.device_cap, &seg.large_segment, &seg.next_addr,
+                              &record))
+            return NULL;
+        if (record != Py_None && !PyList_Check(record)) {
+            PyErr_SetString(PyExc_TypeError, "serve: the segment record is a list or None");
+            return NULL;
+        }
+        seg.on = 1;
+        seg.record = record == Py_None ? NULL : record;
+    }
+    long long c[N_COUNTERS];
+    if (read_counters(stats, c)) return NULL;
     PyObject *seq = PySequence_Fast(requests, "serve: requests must be a sequence");
     if (seq == NULL) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), i = start;
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    long long allocated, peak;
-    PyObject *a = PyObject_GetAttrString(stats, "allocated"), *p = PyObject_GetAttrString(stats, "peak_allocated");
-    int failed = a == NULL || p == NULL;
-    if (!failed) {
-        allocated = PyLong_AsLongLong(a);
-        peak = PyLong_AsLongLong(p);
-        failed = PyErr_Occurred() != NULL;
-    }
-    Py_XDECREF(a);
-    Py_XDECREF(p);
-    if (failed) {
-        Py_DECREF(seq);
-        return NULL;
-    }
+    int failed = 0;
     for (; i < n; i++) {
         PyObject *req = items[i];
         if (!PyTuple_Check(req) || PyTuple_GET_SIZE(req) != 3) {
@@ -397,57 +458,7 @@ static PyObject *serve(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
             failed = 1;
             break;
         }
-        if (op == alloc_op) {
-            long long nbytes = PyLong_AsLongLong(nbytes_obj);
-            if (nbytes == -1 && PyErr_Occurred()) {
-                failed = 1;
-                break;
-            }
-            long long size = nbytes < MIN_BLOCK ? MIN_BLOCK : (nbytes + MIN_BLOCK - 1) / MIN_BLOCK * MIN_BLOCK;
-            int small = size <= SMALL_SIZE;
-            FreeList *fl = small ? small_fl : large_fl;
-            Py_ssize_t index = lower_bound(fl, size, LLONG_MIN);
-            if (index >= fl->n) break; /* nothing cached fits: allocator.py makes a new segment */
-            long long bsize = fl->items[index].size, baddr = fl->items[index].addr;
-            PyObject *block = fl_take(fl, index);
-            long long remaining = bsize - size;
-            if (small ? remaining >= MIN_BLOCK : remaining > SMALL_SIZE) { /* should_split */
-                PyObject *rest = new_block(baddr + size, remaining, SLOT(block, off_segment));
-                if (rest == NULL) {
-                    Py_DECREF(block);
-                    failed = 1;
-                    break;
-                }
-                PyObject *next = SLOT(block, off_next);
-                set_slot(rest, off_prev, block);
-                set_slot(rest, off_next, next);
-                if (next != Py_None) set_slot(next, off_prev, rest);
-                set_slot(block, off_next, rest);
-                bsize = size;
-                if (set_slot_ll(block, off_size, size)) {
-                    Py_DECREF(rest);
-                    Py_DECREF(block);
-                    failed = 1;
-                    break;
-                }
-                set_slot(rest, off_gc_base, small ? small_age : large_age);
-                if (fl_insert(fl, remaining, baddr + size, rest)) {
-                    Py_DECREF(block);
-                    failed = 1;
-                    break;
-                }
-            }
-            set_slot(block, off_allocated, Py_True);
-            set_slot(block, off_requested, nbytes_obj);
-            allocated += bsize;
-            if (allocated > peak) peak = allocated;
-            int err = PyDict_SetItem(live, key, block);
-            Py_DECREF(block);
-            if (err) {
-                failed = 1;
-                break;
-            }
-        } else {
+        if (op != alloc_op) {
             PyObject *block = PyDict_GetItemWithError(live, key);
             if (block == NULL) {
                 if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
@@ -455,37 +466,119 @@ static PyObject *serve(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
                 break;
             }
             Py_INCREF(block);
-            if (PyDict_DelItem(live, key) || free_one(block, small_fl, large_fl, small_age, large_age, &allocated)) {
+            if (PyDict_DelItem(live, key) ||
+                free_one(block, small_fl, large_fl, small_age, large_age, &c[ALLOCATED])) {
                 Py_DECREF(block);
                 failed = 1;
                 break;
             }
             Py_DECREF(block);
+            continue;
+        }
+        long long nbytes = PyLong_AsLongLong(nbytes_obj);
+        if (nbytes == -1 && PyErr_Occurred()) {
+            failed = 1;
+            break;
+        }
+        long long size = nbytes < MIN_BLOCK ? MIN_BLOCK : (nbytes + MIN_BLOCK - 1) / MIN_BLOCK * MIN_BLOCK;
+        int small = size <= SMALL_SIZE;
+        FreeList *fl = small ? small_fl : large_fl;
+        Py_ssize_t index = lower_bound(fl, size, LLONG_MIN);
+        long long bsize, baddr;
+        PyObject *block;
+        if (index < fl->n) { /* get_free_block: the best fit */
+            bsize = fl->items[index].size;
+            baddr = fl->items[index].addr;
+            block = fl_take(fl, index);
+        } else { /* nothing cached fits: a new segment (get_allocation_size, alloc_block), when there is room */
+            if (!seg.on) break;
+            bsize = small ? SMALL_BUFFER
+                          : size < MIN_LARGE_ALLOC ? seg.large_segment
+                                                   : (size + ROUND_LARGE - 1) / ROUND_LARGE * ROUND_LARGE;
+            if ((seg.allowed >= 0 && c[RESERVED] + bsize > seg.allowed) || c[RESERVED] + bsize > seg.device_cap)
+                break; /* allocator.py: free cached segments and retry, or out of memory */
+            baddr = seg.next_addr;
+            PyObject *segment = new_segment(baddr, bsize, small);
+            block = segment == NULL ? NULL : new_block(baddr, bsize, segment);
+            Py_XDECREF(segment);
+            if (block == NULL) {
+                failed = 1;
+                break;
+            }
+            if (seg.record != NULL) {
+                PyObject *event = Py_BuildValue("(OLL)", segment_alloc_str, baddr, bsize);
+                int bad = event == NULL || PyList_Append(seg.record, event);
+                Py_XDECREF(event);
+                if (bad) {
+                    Py_DECREF(block);
+                    failed = 1;
+                    break;
+                }
+            }
+            seg.next_addr += (bsize + ROUND_LARGE - 1) / ROUND_LARGE * ROUND_LARGE;
+            c[RESERVED] += bsize;
+            c[NUM_DEVICE_ALLOC] += 1;
+            if (c[RESERVED] > c[PEAK_RESERVED]) c[PEAK_RESERVED] = c[RESERVED];
+        }
+        long long remaining = bsize - size;
+        if (small ? remaining >= MIN_BLOCK : remaining > SMALL_SIZE) { /* should_split, alloc_found_block */
+            PyObject *rest = new_block(baddr + size, remaining, SLOT(block, off_segment));
+            if (rest == NULL) {
+                Py_DECREF(block);
+                failed = 1;
+                break;
+            }
+            PyObject *next = SLOT(block, off_next);
+            set_slot(rest, off_prev, block);
+            set_slot(rest, off_next, next);
+            if (next != Py_None) set_slot(next, off_prev, rest);
+            set_slot(block, off_next, rest);
+            bsize = size;
+            if (set_slot_ll(block, off_size, size)) {
+                Py_DECREF(rest);
+                Py_DECREF(block);
+                failed = 1;
+                break;
+            }
+            set_slot(rest, off_gc_base, small ? small_age : large_age);
+            if (fl_insert(fl, remaining, baddr + size, rest)) {
+                Py_DECREF(block);
+                failed = 1;
+                break;
+            }
+        }
+        set_slot(block, off_allocated, Py_True);
+        set_slot(block, off_requested, nbytes_obj);
+        c[ALLOCATED] += bsize;
+        if (c[ALLOCATED] > c[PEAK_ALLOCATED]) c[PEAK_ALLOCATED] = c[ALLOCATED];
+        int err = PyDict_SetItem(live, key, block);
+        Py_DECREF(block);
+        if (err) {
+            failed = 1;
+            break;
         }
     }
     Py_DECREF(seq);
-    /* the counters go back to the stats, also when a request failed (as the Python loop's ``finally``) */
     PyObject *etype = NULL, *evalue = NULL, *etb = NULL;
     if (failed) PyErr_Fetch(&etype, &evalue, &etb);
-    PyObject *va = PyLong_FromLongLong(allocated), *vp = PyLong_FromLongLong(peak);
-    int bad = va == NULL || vp == NULL || PyObject_SetAttrString(stats, "allocated", va) ||
-              PyObject_SetAttrString(stats, "peak_allocated", vp);
-    Py_XDECREF(va);
-    Py_XDECREF(vp);
+    int bad = write_counters(stats, c);
     if (failed) {
         if (bad) PyErr_Clear();
         PyErr_Restore(etype, evalue, etb);
         return NULL;
     }
-    return bad ? NULL : PyLong_FromSsize_t(i);
+    return bad ? NULL : Py_BuildValue("(nL)", i, seg.next_addr);
 }
 
 static PyMethodDef module_methods[] = {
-    {"bind", bind, METH_VARARGS, "bind(Block, AllocatorSegment): the classes whose slots serve reads and writes."},
+    {"bind", bind, METH_VARARGS,
+     "bind(Block, AllocatorSegment): the classes whose slots serve reads and writes, and makes."},
     {"serve", (PyCFunction)(void (*)(void))serve, METH_FASTCALL,
-     "serve(requests, start, live, small, large, small_age, large_age, stats, alloc_op) -> index: serve requests "
-     "from ``start`` under the default settings until one needs a new segment (its index; len(requests) when none "
-     "does)."},
+     "serve(requests, start, live, small, large, small_age, large_age, stats, alloc_op, segments) -> (index, "
+     "next_addr): serve requests from ``start`` under the default settings until one needs the slow path (its index; "
+     "len(requests) when none does). ``segments``: None (stop at a request that needs a new segment), or (allowed "
+     "bytes or -1, what the device has, large_segment_size, the next segment's address, Stats.segment_events or "
+     "None) to make new segments while there is room."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -442,16 +442,23 @@ class CachingAllocator:
             stats.allocated, stats.peak_allocated = allocated, peak
 
     def _serve_native(self, requests: Sequence[tuple[int, int, int]], live: dict[int, Block]) -> None:
-        """``serve``'s fast path in C: it serves requests until one needs a new segment and says which; that one
+        """``serve``'s fast path in C: it serves requests, new segments included while the fraction and the device
+        have room (and no recorded addresses are to be used), until one needs the slow path and says which; that one
         takes ``_malloc_new`` here, and C goes on from the next."""
         assert self._native is not None
         small_pool, large_pool = self.pools[True], self.pools[False]
         small_free, large_free = small_pool.stream_free(0), large_pool.stream_free(0)
+        allowed, limit = self.limit.allowed_bytes, self.limit
         position, end = 0, len(requests)
         while True:
-            position = self._native.serve(
+            segments = None if self._addresses else (
+                -1 if allowed is None else allowed, limit.total_bytes - limit.outside_bytes,
+                self.settings.large_segment_size, self._next_addr,
+                self.stats.segment_events if self.record_segments else None,
+            )
+            position, self._next_addr = self._native.serve(
                 requests, position, live, small_free, large_free, small_pool.searches, large_pool.searches,
-                self.stats, ALLOC,
+                self.stats, ALLOC, segments,
             )
             if position >= end:
                 return
