@@ -6,7 +6,7 @@ busy) machine:
 - ``estimate`` of the 66-point ``configs/llama7b.yaml`` and the 704-point
   ``configs/llama7b-estimate-grid.yaml`` as a user gets it (``estimate_points``, on every core), then in one
   process: the traces, the estimates, the allocator replay's share (the estimates with the replay minus
-  without it), seconds per point;
+  without it), seconds per point, and the same estimates on the replay's pure-Python loop when the C one is built;
 - each command's start-up: ``--help``, ``compare``, ``recommend`` and ``answers --measured-only`` (and whole, with its
   predictions) on committed runs, and
   ``estimate`` of ``configs/tiny.yaml`` (its whole command), each as a fresh process, next to a bare
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import os
 import resource
@@ -53,7 +54,7 @@ def _env() -> dict[str, str]:
 def timed_command(args: Sequence[str], *, repeat: int = 3, timeout_s: float | None = None) -> dict[str, Any]:
     """The best of ``repeat`` wall times of a fresh process (the best: noise only ever adds time); past
     ``timeout_s`` the command is stopped and recorded as not finished (``best_s`` None)."""
-    times = []
+    times: list[float] = []
     for _ in range(repeat):
         start = time.perf_counter()
         try:
@@ -111,12 +112,27 @@ def bench_estimate(config: str) -> dict[str, Any]:
     no_replay = time.perf_counter() - t2
     replay = max(estimates_s - no_replay, 0.0)
     one_process = traces_s + estimates_s
+    from ckptbench.estimator import allocator
+
+    loop = "c" if allocator.NATIVE is not None else "python"
+    python_loop_s = None
+    if allocator.NATIVE is not None:  # the same estimates on the pure-Python loop (no compiler; the device's runs)
+        native, allocator.NATIVE = allocator.NATIVE, None
+        try:
+            t3 = time.perf_counter()
+            same = est.estimate_each(points, workers=1) == serial
+            python_loop_s = time.perf_counter() - t3
+        finally:
+            allocator.NATIVE = native
+        if not same:
+            raise RuntimeError(f"{config}: the C and the pure-Python replay loops disagree")
     return {
         "config": config, "points": len(points), "traces": traces, "workers": worker_count(None, traces),
         "total_s": total, "identical_in_one_process": serial == estimates,
         "one_process_s": one_process, "traces_s": traces_s, "estimates_s": estimates_s,
         "estimates_without_replay_s": no_replay, "replay_s": replay,
         "replay_share": replay / one_process if one_process else None, "per_point_s": total / len(points),
+        "replay_loop": loop, "estimates_python_loop_s": python_loop_s,
         "ooms": sum(1 for e in estimates if e.reserved is not None and e.reserved.oom is not None),
     }
 
@@ -227,12 +243,13 @@ def markdown(result: dict[str, Any]) -> str:
                  f"calibration unit {result['calibration_s']:.3f} s.")
     lines.append("")
     lines.append("| estimate | points | traces | total s | s/point | workers | one process s | traces s | replay s "
-                 "| replay share |")
-    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+                 "| replay share | replay loop | estimates s, pure-Python loop |")
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
     for e in result.get("estimate", []):
         lines.append(f"| {e['config']} | {e['points']} | {e['traces']} | {e['total_s']:.1f} | {e['per_point_s']:.3f} "
                      f"| {e.get('workers', 1)} | {e.get('one_process_s', e['total_s']):.1f} | {e['traces_s']:.1f} "
-                     f"| {e['replay_s']:.1f} | {e['replay_share']:.0%} |")
+                     f"| {e['replay_s']:.1f} | {e['replay_share']:.0%} | {e.get('replay_loop', 'python')} "
+                     f"| {_maybe(e.get('estimates_python_loop_s'))} |")
     lines.append("")
     lines.append("| command (fresh process) | best s | x python | imports torch |")
     lines.append("| --- | ---: | ---: | --- |")
@@ -255,6 +272,10 @@ def markdown(result: dict[str, Any]) -> str:
     if "report" in result:
         lines.append(f"report --no-estimate of {result['report_points']} points: {_secs(result['report'])}")
     return "\n".join(lines) + "\n"
+
+
+def _maybe(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f}"
 
 
 def _secs(timed: dict[str, Any]) -> str:
@@ -296,7 +317,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         grids = (("configs/llama7b.yaml", "estimate"), ("configs/llama7b-estimate-grid.yaml", "grid"))
         configs = [c for c, skip in grids if skip not in args.skip]
         if configs:
-            result["estimate"] = [_step(f"estimate {c}", lambda c=c: bench_estimate(c), bench_s) for c in configs]
+            result["estimate"] = [
+                _step(f"estimate {c}", functools.partial(bench_estimate, c), bench_s) for c in configs
+            ]
         if "sweep" not in args.skip:
             result["tiny_sweep"] = _step("tiny sweep", lambda: tiny_sweep(work), bench_s)
         if "compare" not in args.skip:
