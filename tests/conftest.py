@@ -139,8 +139,8 @@ def _scope(nodeid: str) -> str:
     return SHARED_WORK.get(Path(path).stem, path)
 
 
-def _longest_first(nodeid: str) -> int:
-    scope = _scope(nodeid)
+def _longest_first(scope: str) -> int:
+    """A unit's place in LONGEST_FIRST (the units it does not name come after, in their usual order)."""
     name = scope if scope in LONGEST_FIRST else Path(scope).stem
     return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
@@ -148,23 +148,29 @@ def _longest_first(nodeid: str) -> int:
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """--dist loadfile, with the files of SHARED_WORK grouped (pytest-xdist's own xdist_group marks do not reach
     its scheduler under pytest 9: the worker renames a test's _nodeid, which nodeid no longer reads), the longest
-    first (LONGEST_FIRST)."""
+    first (LONGEST_FIRST).
+
+    The order is that of the queue of units, set before the first unit is handed out. The workers' collections stay
+    as they collected them: the scheduler sends a worker the positions of its tests in its own collection, so a
+    reordered copy would send other tests than the unit's (until December 2026 it did: files were split across the
+    workers and ran in alphabetical order)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class SharedWorkScheduling(LoadScopeScheduling):
+        _ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             return _scope(nodeid)
 
-        def schedule(self) -> None:
-            if self.collection is None and self.collection_is_completed:
-                # Units in LONGEST_FIRST's order (xdist's own reorder counts tests, not seconds); a stable sort
-                # keeps the tests of a unit in their order.
-                self.config.option.loadscopereorder = False
-                for node, collection in self.registered_collections.items():
-                    self.registered_collections[node] = sorted(collection, key=_longest_first)
-            super().schedule()
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self._ordered:  # the first hand-out: the queue is complete (xdist fills it before assigning)
+                units = sorted(self.workqueue.items(), key=lambda unit: _longest_first(unit[0]))  # stable
+                self.workqueue.clear()
+                self.workqueue.update(units)
+                self._ordered = True
+            super()._assign_work_unit(node)
 
     return SharedWorkScheduling(config, log)
 
