@@ -175,6 +175,25 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return SharedWorkScheduling(config, log)
 
 
+_WORKERS_OF: dict[str, set[str]] = {}  # on the xdist controller: unit -> the workers its tests ran on
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    node = getattr(report, "node", None)  # xdist's controller sets it on the reports its workers send
+    gateway = getattr(node, "gateway", None)
+    if gateway is not None and report.when == "call":
+        _WORKERS_OF.setdefault(_scope(report.nodeid), set()).add(gateway.id)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under --dist loadfile a unit runs on one worker: a unit split across workers fails the run (the shared
+    work of SHARED_WORK would be made once per worker, and the scheduler would not be what it says)."""
+    split = sorted(unit for unit, workers in _WORKERS_OF.items() if len(workers) > 1)
+    if split and session.config.getvalue("dist") == "loadfile":
+        print(f"\nerror: units ran on more than one worker: {', '.join(split)}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return
