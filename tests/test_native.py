@@ -138,3 +138,17 @@ def test_new_segments_right_at_the_limit_are_made_or_refused_as_by_the_general_r
                 outcome.append(("oom", oom.request, oom.size, a.stats.num_alloc_retries))
         assert outcome[0] == outcome[1]
         assert outcome[0][0] == ("ok" if last == room - 3 * 40 * MIB else "oom")
+
+
+@WITH_NATIVE
+def test_an_older_build_than_the_source_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A C part built before its source last changed (another ABI) is left alone, with a warning that says how to
+    rebuild it; the estimates then run on the pure-Python loop."""
+    assert NATIVE is not None
+    monkeypatch.setattr(NATIVE, "ABI", allocator_module.NATIVE_ABI - 1)
+    with pytest.warns(RuntimeWarning, match="older build.*pip install -e"):
+        assert allocator_module._load_native() is None
+    monkeypatch.setattr(NATIVE, "ABI", allocator_module.NATIVE_ABI)
+    assert allocator_module._load_native() is NATIVE
+    monkeypatch.setenv("CKPTBENCH_NATIVE", "0")
+    assert allocator_module._load_native() is None

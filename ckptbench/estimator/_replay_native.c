@@ -592,6 +592,11 @@ PyMODINIT_FUNC PyInit__replay_native(void) {
     if (PyType_Ready(&FreeListType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL) return NULL;
+    /* allocator.py's NATIVE_ABI: a build older than the source it sits next to is not used */
+    if (PyModule_AddIntConstant(m, "ABI", 2) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&FreeListType);
     if (PyModule_AddObject(m, "FreeList", (PyObject *)&FreeListType) < 0) {
         Py_DECREF(&FreeListType);

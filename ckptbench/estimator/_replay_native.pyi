@@ -4,6 +4,8 @@ from collections.abc import Iterator, Sequence
 
 from ckptbench.estimator.allocator import Block, Stats
 
+ABI: int
+
 class FreeList:
     by_address: bool
     def add(self, block: Block) -> None: ...

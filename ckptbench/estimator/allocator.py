@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -218,14 +219,24 @@ class FreeBlocks(Protocol):
     def __contains__(self, block: Block) -> bool: ...
 
 
+NATIVE_ABI = 2  # _replay_native.c's ABI: raised with every change of what serve or FreeList take or do
+
+
 def _load_native() -> ModuleType | None:
     """The optional C hot path (``_replay_native.c``, built by setup.py), bound to this module's classes; None when
-    it was not built or CKPTBENCH_NATIVE=0 asks for the pure-Python loop."""
+    it was not built, when the build is older than its source (a warning: ``pip install -e .`` rebuilds it), or when
+    CKPTBENCH_NATIVE=0 asks for the pure-Python loop."""
     if os.environ.get("CKPTBENCH_NATIVE", "1") == "0":
         return None
     try:
         from ckptbench.estimator import _replay_native
     except ImportError:
+        return None
+    if getattr(_replay_native, "ABI", None) != NATIVE_ABI:
+        warnings.warn(
+            "ckptbench: the estimator's C part is an older build than its source; estimating in pure Python "
+            "(the same numbers, slower). Rebuild it: pip install -e .", RuntimeWarning, stacklevel=2,
+        )
         return None
     _replay_native.bind(Block, AllocatorSegment)
     return _replay_native
