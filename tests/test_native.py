@@ -152,3 +152,19 @@ def test_an_older_build_than_the_source_is_not_used(monkeypatch: pytest.MonkeyPa
     assert allocator_module._load_native() is NATIVE
     monkeypatch.setenv("CKPTBENCH_NATIVE", "0")
     assert allocator_module._load_native() is None
+
+
+@pytest.mark.parametrize("native", [False, pytest.param(True, marks=WITH_NATIVE)])
+def test_recorded_addresses_then_the_bump_pointer_as_in_the_general_rules(native: bool) -> None:
+    """A recorded trace's segment addresses are used first (by the Python slow path), then the allocator's own
+    rising addresses: the C loop leaves the bump pointer where it was while the recorded ones last."""
+    recorded = [7 << 44, 3 << 44]
+    requests = [(0, k, n) for k, n in enumerate([30 * MIB, 600, 12 * MIB, 40 * MIB, 700, 50 * MIB])]
+    fast = CachingAllocator(parse_alloc_conf(""), DeviceLimit(GIB), addresses=recorded, native=native)
+    slow = CachingAllocator(parse_alloc_conf(""), DeviceLimit(GIB), addresses=recorded, native=False)
+    slow._fast = False
+    lives: list[dict[int, Block]] = [{}, {}]
+    for a, live in zip((fast, slow), lives, strict=True):
+        a.serve(requests, live)
+    assert [b.segment.addr for b in lives[0].values()] == [b.segment.addr for b in lives[1].values()]
+    assert [b.segment.addr for b in lives[0].values()][:2] == recorded and fast._next_addr == slow._next_addr

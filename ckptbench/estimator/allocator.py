@@ -467,10 +467,12 @@ class CachingAllocator:
                 self.settings.large_segment_size, self._next_addr,
                 self.stats.segment_events if self.record_segments else None,
             )
-            position, self._next_addr = self._native.serve(
+            position, next_addr = self._native.serve(
                 requests, position, live, small_free, large_free, small_pool.searches, large_pool.searches,
                 self.stats, ALLOC, segments,
             )
+            if segments is not None:  # C made the segments: the bump pointer moved on
+                self._next_addr = next_addr
             if position >= end:
                 return
             op, key, nbytes = requests[position]
