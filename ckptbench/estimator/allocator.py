@@ -360,9 +360,10 @@ class CachingAllocator:
         other op frees ``live.pop(key)``.
 
         The same as ``malloc``/``free`` request by request (which the other settings take), in one loop under the
-        default settings: the replay's hot path, about 4,400 requests a step (issue 24). The pools' sorted keys and
-        the counters live in locals here; the slow path (a new segment, retries) gets the counters written back
-        first. A request that cannot be served raises AllocatorOOM with ``request`` set to it."""
+        default settings: the replay's hot path, about 4,400 requests a step (issue 24). That loop runs in C when
+        ``_replay_native`` is built (``_serve_native``), else here, where the pools' sorted keys and the counters live
+        in locals and the slow path (a new segment, retries) gets the counters written back first. A request that
+        cannot be served raises AllocatorOOM with ``request`` set to it."""
         if not self._fast:
             op, key, nbytes = ALLOC, -1, 0
             try:
