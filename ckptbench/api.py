@@ -191,8 +191,8 @@ def recommend(
     of this sequence length. ``rec.best`` is the answer (None when nothing fits), ``rec.why`` says why in
     a sentence, ``rec.pareto`` is the memory/throughput front; ``rec.to_json()`` is the JSON shape.
     """
-    from ckptbench.analysis.recommend import DEFAULT_HEADROOM
     from ckptbench.analysis.recommend import recommend as best_fit
+    from ckptbench.results.fit import DEFAULT_HEADROOM
     from ckptbench.units import parse_headroom, parse_size
 
     loaded = run if not isinstance(run, str | Path) else load_run(run, results_root=results_root)

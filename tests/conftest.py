@@ -114,11 +114,27 @@ def quiet_host(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 
 # Test files that read what another file's tests make once per process (session fixtures, tests/_est_shared.py):
 # under pytest-xdist's --dist loadfile they run on one worker, one after the other, so it is made once.
+@pytest.fixture
+def no_bitsandbytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bitsandbytes hidden from the import (CI installs it): what a user without the '8bit' extra sees."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def hidden(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "bitsandbytes" or name.startswith("bitsandbytes."):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", hidden)
+
+
 SHARED_WORK = {
     "test_answers": "answers", "test_memory_figures": "answers",  # the claims' predictions
     "test_reserved": "h200", "test_estimate": "h200",  # estimates of the committed H200 runs
     "test_report_cmd": "report", "test_layer_report": "report",  # report of the synthetic run
     "test_loss_check": "isolated", "test_host_timing": "isolated",  # the --isolate sweep (isolated_busy_run)
+    "test_advise": "advise", "test_advise_sentences": "advise",  # advise's traces and replays (_advise_shared)
 }
 
 
@@ -127,7 +143,7 @@ SHARED_WORK = {
 # the others follow in their usual order. A stale order costs time, never a result.
 LONGEST_FIRST = [
     "h200", "test_families", "test_cluster", "test_sharded", "test_robust_inputs", "test_accumulation",
-    "test_windows", "isolated", "test_speed", "test_prepared_reuse", "test_damaged_runs", "test_advise",
+    "test_windows", "isolated", "test_speed", "test_prepared_reuse", "test_damaged_runs", "advise",
     "test_search", "answers", "test_tune", "test_interrupt", "test_fuzz_runs", "test_recommend", "report",
     "test_techniques", "test_axes", "test_campaign", "test_fresh", "test_tables",
 ]

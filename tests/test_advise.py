@@ -1,13 +1,15 @@
-"""`ckptbench advise`: the thread's question answered on CPU (golden 80-column output), every JSON number
-labelled, nothing fitting in mixed precision with the ways out, bad flags, the bisection, and the transformers
-and PyTorch snippets executed on a tiny LlamaForCausalLM."""
+"""`ckptbench advise`: the thread's question answered on CPU (golden 80-column output) with the default headroom,
+every JSON number labelled, the fewest layers that one more layer cannot break (every count predicted), gradient
+accumulation weighed, nothing fitting in mixed precision with ways out that can be followed, the same answer as
+the README's table, bad flags refused before torch is imported, and the code executed on a tiny model."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import time
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,69 +18,101 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from ckptbench.advise.record import FamilyScan
 from ckptbench.advise.search import largest, smallest
-from ckptbench.advise.snippets import megatron_setting, pytorch_code, torchtitan_setting, transformers_code
+from ckptbench.advise.snippets import (
+    Setup,
+    megatron_setting,
+    model_code,
+    pytorch_code,
+    torchtitan_setting,
+    trainer_arguments,
+    transformers_code,
+)
+from ckptbench.advise.verdict import Limit, Outcome, Verdict, judge_needed
 from ckptbench.cli.main import app
 from ckptbench.config.layouts import parse_layout
+from ckptbench.estimator.gpus import gpu_model
+from ckptbench.units import GIB
+from tests._advise_shared import ROOT, advise_shared, at_root, rendered
 
 GOLDEN = Path(__file__).parent / "fixtures" / "advise_a100_b2_b8_80col.txt"
-THREAD = ["advise", "--model", "llama-7b", "--gpu", "a100-80gb", "--batch", "2", "--batch", "8", "--seq", "2048"]
-LABELS = {"predicted", "estimated", "measured", "fitted", "transferred", "measure to know"}
+THREAD = {"model": "llama-7b", "gpu": "a100-80gb", "batches": (2, 8), "seqs": (2048,)}
+LABELS = {"predicted", "estimated", "measured", "fitted", "transferred", "measure to know", "given"}
 runner = CliRunner()
 
 
 def _run(args: list[str]) -> Any:
-    # From the repository root: the default calibration names the committed runs relative to it.
-    old = os.getcwd()
-    os.chdir(Path(__file__).resolve().parent.parent)
-    try:
+    with at_root():  # the default calibration names the committed runs relative to it
         return runner.invoke(app, args, env={"COLUMNS": "80"})
-    finally:
-        os.chdir(old)
 
 
 @pytest.fixture(scope="module")
-def thread() -> tuple[Any, float]:
-    """The thread's question answered once (core call, timed), for the golden table and the JSON."""
-    from ckptbench.advise.advice import advise
-    from ckptbench.advise.request import AdviseRequest
-
-    old = os.getcwd()
-    os.chdir(Path(__file__).resolve().parent.parent)  # the default calibration names runs relative to it
-    try:
-        start = time.process_time()
-        advice = advise(AdviseRequest(model="llama-7b", gpu="a100-80gb", batches=(2, 8), seqs=(2048,)))
-        return advice, time.process_time() - start
-    finally:
-        os.chdir(old)
+def thread() -> Any:
+    return advise_shared(**THREAD)
 
 
-def test_thread_question_matches_the_golden_80_column_output(thread: tuple[Any, float]) -> None:
-    from rich.console import Console
-
-    from ckptbench.render.advise import advise_renderable
-
-    advice, cpu_s = thread
-    console = Console(width=80, record=True, file=io.StringIO(), highlight=False, soft_wrap=False)
-    console.print(advise_renderable(advice))  # as cli/advise.py prints it
-    text = console.export_text()
+def test_thread_question_matches_the_golden_80_column_output(thread: Any) -> None:
+    text = rendered(thread)
     if os.environ.get("CKPTBENCH_REGOLD"):
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text()
     assert all(len(line) <= 80 for line in text.splitlines())
     assert "…" not in text  # rich's ellipsis: nothing was cut to fit
     assert text.startswith("Assumed: llama-7b, bf16 (pure bf16")
-    assert "Answer:\nBatch 2, sequence 2048: no checkpointing fits" in text
-    assert "layer.gradient_checkpointing = i in CHECKPOINTED" in text
-    # The done-when: under 30 s on a CPU (process time: the estimator's work, not the shared machine's load).
-    assert cpu_s < 30
+    assert "Batch 2, sequence 2048, bf16: do not checkpoint" in text
+    assert "With HF Trainer's bf16=True (amp_bf16" in text  # the second precision, in one sentence
+
+
+def test_the_answer_keeps_the_default_headroom_and_states_its_margin(thread: Any) -> None:
+    limit = thread.limit
+    card = gpu_model("a100-80gb")
+    assert limit.budget_bytes == card.total_bytes and limit.headroom_bytes == int(card.total_bytes * 0.05)
+    for t in thread.tables:
+        assert t.choice is not None and t.choice.verdict.needed_bytes is not None
+        assert t.choice.verdict.needed_bytes <= limit.limit_bytes  # 'fits' leaves the headroom
+        assert t.choice.verdict.margin_bytes == limit.limit_bytes - t.choice.verdict.needed_bytes
+        assert f"below the {limit.limit_bytes / GIB:.2f} GiB limit" in thread.answers[thread.tables.index(t)]
+
+
+def test_the_batch_8_answer_weighs_micro_batches(thread: Any) -> None:
+    """At batch 8 no checkpointing does not fit: accumulated micro-batches are weighed against checkpoint layouts
+    at the batch itself, each with its predicted time, and the fastest that fits is the answer."""
+    b8 = thread.tables[1]
+    assert not b8.none.fits and b8.accumulation
+    assert {o.accumulation for o in b8.accumulation} <= {2, 4, 8}
+    fitting = [o for o in b8.rows if o.fits]
+    assert all(o.time is not None for o in fitting)
+    fastest = min(fitting, key=lambda o: o.time.step_time_s)
+    assert b8.choice is fastest and b8.choice.accumulation > 1
+    assert b8.fewest is not None and b8.fewest.accumulation == 1 and b8.fewest.layout.startswith(("first:", "last:"))
+    assert f"gradient_accumulation_steps={b8.choice.accumulation}," in thread.code.transformers
+    assert f"per_device_train_batch_size={b8.choice.point.batch_size}," in thread.code.transformers
+
+
+def test_rows_that_repeat_another_rows_layers_are_left_out(thread: Any) -> None:
+    """No family row when no checkpointing fits (batch 2); every:1, first:32 and last:32 are all; all@selective
+    wraps the same modules as all, per op, and stays."""
+    b2, b8 = thread.tables
+    assert [o.family for o in b2.options] == ["none", "all", "all@attn", "all@mlp", "all@attn+mlp", "all@selective"]
+    assert [o.family for o in b8.options] == ["none", "all", "first:k", "last:k", "all@attn", "all@mlp",
+                                              "all@attn+mlp", "all@selective"]  # every:n is every:1 = all here
+
+
+def test_advise_and_the_readme_table_give_the_same_fewest_layers(thread: Any) -> None:
+    """Claim 1's fewest first:k at batch 8 (the README's answers table, generated) and advise's fewest layers at
+    batch 8 itself: the same layout."""
+    readme = (ROOT / "README.md").read_text()
+    found = re.search(r"b=8: none OOM, partial layouts run; (first:\d+) fits \(predicted\)", readme)
+    assert found is not None
+    assert thread.tables[1].fewest.layout == found.group(1)
 
 
 @pytest.fixture(scope="module")
-def thread_json(thread: tuple[Any, float]) -> dict[str, Any]:
+def thread_json(thread: Any) -> dict[str, Any]:
     from ckptbench.render.advise import advise_json_text
 
-    return json.loads(advise_json_text(thread[0]))
+    return json.loads(advise_json_text(thread))
 
 
 def _numbers(node: Any) -> Iterator[dict[str, Any]]:
@@ -95,50 +129,106 @@ def _numbers(node: Any) -> Iterator[dict[str, Any]]:
 def test_json_labels_every_number(thread_json: dict[str, Any]) -> None:
     numbers = list(_numbers(thread_json))
     assert len(numbers) > 100
-    assert {n["label"] for n in numbers} <= LABELS
-    assert {n["label"] for n in numbers if n["unit"] == "s"} == {"transferred"}
+    assert {n["label"].split(":")[0] for n in numbers} <= LABELS
+    # bf16 is calibrated (transferred from the H200); amp_bf16 (the second precision's tables) is not
+    assert {n["label"] for n in _numbers(thread_json["tables"]) if n["unit"] == "s"} == {"transferred"}
+    assert {n["label"] for n in _numbers(thread_json["also"]) if n["unit"] == "s"} == {"measure to know"}
     b2, b8 = thread_json["tables"]
     rows = {r["family"]: r for r in b2["rows"]}
-    assert rows["none"]["fits"] is True
+    assert rows["none"]["fits"] is True and b2["choice"] == "none"
     # 'needed' is decided on the reserved bound (results/fit.py), above the predicted peak reserved
     assert rows["none"]["needed_bytes"]["value"] == (rows["none"]["peak_reserved_bound_bytes"]["value"]
                                                     + rows["none"]["context_bytes"]["value"])
     assert rows["none"]["peak_reserved_bound_bytes"]["value"] > rows["none"]["peak_reserved_bytes"]["value"]
     b8_rows = {r["family"]: r for r in b8["rows"]}
     assert b8_rows["none"]["fits"] is False and b8_rows["first:k"]["fits"] is True
-    assert b8_rows["first:k"]["searched"].startswith("smallest k of 1..32 that fits")
+    assert b8_rows["none"]["step_time_s"]["value"] is None  # a row that does not fit shows no time
+    assert b8_rows["first:k"]["searched"].startswith("every k of 1..32 predicted")
+    assert b8["accumulation"] and all(r["accumulation_steps"] > 1 for r in b8["accumulation"])
+    # One figure per meaning: what fills the memory adds up to the table's 'needed', the bound's margin named.
     parts = thread_json["why"]["parts"]
-    # what fills the memory at the peak: the predicted peak reserved and the context (the bound is a margin)
-    assert sum(p["value"] for p in parts) == (rows["none"]["peak_reserved_bytes"]["value"]
-                                              + rows["none"]["context_bytes"]["value"])
+    assert sum(p["value"] for p in parts) == rows["none"]["needed_bytes"]["value"]
+    assert any(p["name"].startswith("bound's margin") for p in parts)
 
 
-def test_first_k_is_the_smallest_that_fits(thread_json: dict[str, Any]) -> None:
-    """The reported first:k fits and first:(k-1) does not (estimated again here, independently)."""
-    from ckptbench.advise.request import AdviseRequest
-    from ckptbench.estimator.api import estimate_points
-
-    b8 = {r["family"]: r for r in thread_json["tables"][1]["rows"]}
-    k = int(b8["first:k"]["layout"].split(":")[1])
-    cfg = AdviseRequest(batches=(8,)).config(layouts=[f"first:{k - 1}", f"first:{k}"])
-    fits = [e.fits for e in estimate_points(cfg, cfg.points_list(), gpu="a100-80gb",
-                                            budget_bytes=79.25 * 2**30)]
-    assert fits == [False, True]
+# -- the fewest layers that one more layer cannot break ----------------------------------------------------
 
 
-def test_mixed_precision_nothing_fits_and_the_ways_out_have_numbers() -> None:
-    result = _run(["advise", "--batch", "2", "--precision", "amp_bf16", "--observed", "70GB", "--format", "json"])
-    assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout)
-    assert not any(r["fits"] for r in data["tables"][0]["rows"])
-    assert "nothing fits" in data["answers"][0]
-    ways = {w["what"].split(" (")[0]: w for w in data["ways_out"] if w["fits"]}
-    assert {"8-bit AdamW state", "optimizer state offloaded to the CPU", "LoRA r16"} <= set(ways)
-    assert ways["LoRA r16"]["changes_what_is_trained"] is True
-    for way in ways.values():
-        assert way["needed_bytes"]["value"] < 79.25 * 2**30 and way["needed_bytes"]["label"].startswith("predicted")
-    assert data["observed"][0].startswith("Observed 70.00 GiB: none at batch 2 runs out of memory")
-    assert data["measure"].startswith("ckptbench sweep CONFIG")
+def _scan(family: str, fits: list[bool]) -> FamilyScan:
+    limit = Limit(gpu_model("a100-80gb"), 100, 0, "0")
+    verdicts = tuple(judge_needed(50 if f else 150, limit, label="predicted") for f in fits)
+    return FamilyScan(family, len(fits), verdicts)
+
+
+def test_the_robust_count_is_the_fewest_layers_every_larger_count_also_fits() -> None:
+    # first:k, k = 1..8: k=3 fits alone, k=4 does not, k >= 5 fit
+    scan = _scan("first", [False, False, True, False, True, True, True, True])
+    assert scan.robust == 5 and scan.isolated == 3 and not scan.monotone
+    assert "first:3 fits too" in scan.describe()
+    assert _scan("first", [False] * 7 + [True]).robust == 8
+    assert _scan("first", [False] * 8).robust is None and _scan("first", [False] * 8).isolated is None
+    # every:n: larger n is fewer layers: n = 1..3 fit, n = 4 not, n = 6 alone
+    every = _scan("every", [True, True, True, False, False, True, False, False])
+    assert every.robust == 3 and every.isolated == 6 and every.more_layers(3) == [2, 1]
+
+
+@pytest.fixture(scope="module")
+def qwen3_no_headroom() -> Any:
+    return advise_shared(model="qwen3-8b", gpu="a100-80gb", batches=(2,), seqs=(2048,), precision="bf16",
+                         headroom="0")
+
+
+def test_qwen3_8b_batch_2_on_an_a100_answers_the_count_one_more_layer_cannot_break(qwen3_no_headroom: Any) -> None:
+    """Qwen3-8B at batch 2 with no headroom: first:6 fits, first:7 does not, first:8 and every larger count fit.
+    The answer is first:8, and the isolated first:6 is named, with the count that breaks it."""
+    t = qwen3_no_headroom.tables[0]
+    first = next(o for o in t.options if o.family == "first:k")
+    assert first.layout == "first:8" and first.scan is not None
+    assert first.scan.isolated == 6 and not first.scan.fits(7)
+    assert all(first.scan.fits(k) for k in range(8, 37))
+    text = qwen3_no_headroom.answers[0]
+    assert "first:6 fits too" in text and "but first:7 does not" in text and "non-monotone" in text
+    default = advise_shared(model="qwen3-8b", gpu="a100-80gb", batches=(2,), seqs=(2048,), precision="bf16")
+    robust = next(o for o in default.tables[0].options if o.family == "first:k")
+    assert robust.layout == "first:13" and robust.scan is not None and robust.scan.monotone
+
+
+# -- nothing fits: ways out that can be followed ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def amp() -> Any:
+    return advise_shared(model="llama-7b", gpu="a100-80gb", batches=(2,), seqs=(2048,), precision="amp_bf16",
+                         observed="70GiB")
+
+
+def test_mixed_precision_nothing_fits_and_the_way_out_is_the_code(amp: Any) -> None:
+    t = amp.tables[0]
+    assert t.stuck and not any(o.fits for o in t.rows)
+    assert "nothing fits the 75.29 GiB limit" in amp.answers[0]
+    ways = {w.what.split(" (")[0]: w for w in amp.ways_out}
+    assert {"8-bit AdamW state", "AdamW state on the CPU", "LoRA r16"} <= set(ways)
+    for way in amp.ways_out:  # each names its batch and sequence length
+        assert way.point.batch_size == 2 and way.point.seq_len == 2048
+    assert ways["LoRA r16"].changes_training
+    eight = ways["8-bit AdamW state"]
+    assert eight.fits and eight.verdict.needed_bytes <= amp.limit.limit_bytes
+    # The printed code applies the recommended way out (8-bit AdamW, its layout), not 'disable checkpointing'.
+    assert amp.code_for.startswith("the way out: 8-bit AdamW state")
+    assert 'optim="adamw_bnb_8bit"' in amp.code.transformers and "bnb.optim.AdamW8bit" in amp.code.pytorch
+    assert "bf16=True," in amp.code.transformers
+    assert "gradient_checkpointing_disable" not in amp.code.transformers
+    assert amp.observed[0].startswith("Observed 70.00 GiB: all at batch 2: the replayed caching allocator")
+
+
+def test_no_way_out_repeats_what_the_question_already_has() -> None:
+    advice = advise_shared(model="llama-7b", gpu="a100-40gb", batches=(8,), seqs=(2048,), precision="bf16",
+                           optimizer="adamw_8bit")
+    assert all("8-bit" not in w.what for w in advice.ways_out)
+    assert all(t.none.verdict.predicted for t in advice.tables)  # traced, or by labelled arithmetic
+
+
+# -- flags ----------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("args", "says"), [
@@ -149,7 +239,11 @@ def test_mixed_precision_nothing_fits_and_the_ways_out_have_numbers() -> None:
     (["--batch", "2", "0", "--seq", "2048"], "--batch: give positive integers, got 2 0"),  # `--batch 2 8` spreads
     (["--seq", "8192"], "--seq: 8192 exceeds llama-7b's max_position_embeddings (4096)"),
     (["--observed", "80GiBx"], "--observed: '80GiBx' is not a memory size"),
+    (["--observed", "9" * 400 + "GB"], "is not a memory size"),
     (["--allow", "dropout"], "--allow: unknown allow 'dropout'"),
+    (["--format", "csv"], "'csv' is not one of 'table', 'markdown', 'json'"),
+    (["--budget", "100GiB"], "--budget: 100.00 GiB is more than the a100-80gb's 79.25 GiB usable"),
+    (["--headroom", "100%"], "--headroom: '100%' is not a percentage"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(args: list[str], says: str) -> None:
     result = _run(["advise", *args])
@@ -157,6 +251,29 @@ def test_bad_flags_are_one_line_and_exit_2(args: list[str], says: str) -> None:
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0]
+
+
+def test_bad_flags_are_refused_before_torch_is_imported() -> None:
+    """A mistyped card, model or format is refused without importing torch (what took seconds before)."""
+    code = ("import sys\nfrom ckptbench.cli.main import main\nsys.argv = ['ckptbench', 'advise', '--gpu', 'a1000']\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    print(e.code, 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.stdout.split() == ["2", "False"], done.stderr
+    assert "--gpu: unknown card 'a1000'" in done.stderr
+
+
+def test_help_offers_only_the_formats_advise_writes() -> None:
+    result = _run(["advise", "--help"])
+    assert result.exit_code == 0
+    assert "csv" not in result.stdout and "--headroom" in result.stdout and "--budget" in result.stdout
+
+
+def test_a_budget_and_a_headroom_change_the_limit() -> None:
+    advice = advise_shared(**THREAD, budget="70GiB", headroom="2GiB", precision="bf16")
+    assert advice.limit.limit_bytes == 68 * GIB
+    assert "68.00 GiB limit (the 70.00 GiB budget less 2GiB headroom, 2.00 GiB)" in advice.assumptions
+    none2 = advice.tables[0].none
+    assert none2.fits is (none2.verdict.needed_bytes <= 68 * GIB)
 
 
 def test_bisection_finds_the_boundary_in_few_predictions() -> None:
@@ -172,6 +289,20 @@ def test_bisection_finds_the_boundary_in_few_predictions() -> None:
     assert largest(lambda n: False, 1, 32) is None
 
 
+def test_verdict_reasons_read_their_own_numbers() -> None:
+    card = gpu_model("a100-80gb")
+    limit = Limit(card, card.total_bytes, 4 * GIB, "4GiB")
+    above_limit = judge_needed(card.total_bytes - GIB, limit, label="predicted")
+    assert above_limit.outcome is Outcome.ABOVE_LIMIT and "3.00 GiB above the 75.25 GiB limit" in above_limit.reason()
+    above_card = judge_needed(card.total_bytes + GIB, limit, label="predicted")
+    assert above_card.outcome is Outcome.ABOVE_BUDGET
+    assert above_card.reason() == "needs 80.25 GiB, 1.00 GiB above a100-80gb's 79.25 GiB usable"
+    oom = Verdict(Outcome.ALLOCATOR_OOM, limit, None, 72 * GIB, oom_request_bytes=GIB, oom_reserved_bytes=78 * GIB)
+    assert "allocated peak 72.00 GiB is below the card's 79.25 GiB" in oom.reason()  # fragmentation, not size
+    tight = judge_needed(limit.limit_bytes - GIB // 2, limit, label="predicted")
+    assert tight.fits and tight.tight
+
+
 def test_framework_settings_say_when_they_are_exact() -> None:
     assert megatron_setting(parse_layout("first:22", 32)).endswith("--recompute-num-layers 22 (exact)")
     assert megatron_setting(parse_layout("last:6", 32)).startswith("no exact equivalent")
@@ -179,6 +310,16 @@ def test_framework_settings_say_when_they_are_exact() -> None:
     assert "(exact)" in torchtitan_setting(parse_layout("every:4+3", 32))
     assert torchtitan_setting(parse_layout("every:4", 32)).startswith("no exact equivalent")
     assert "No exact equivalent" in transformers_code(parse_layout("all@mlp", 32))
+
+
+def test_native_every_n_layers_where_transformers_offers_it() -> None:
+    native = Setup(parse_layout("every:4", 32), micro_batch=2, native_every_n=True)
+    assert "activation_checkpointing_enable(every_n_layers=4," in model_code(native)
+    assert '"every_n_layers": 4}' in trainer_arguments(native) and "gradient_checkpointing=True," in \
+        trainer_arguments(native)
+    first = Setup(parse_layout("first:5", 32), micro_batch=2, native_every_n=True)
+    assert "first:5 is not an every_n_layers layout" in model_code(first)  # it says it cannot express it
+    assert "gradient_checkpointing=False," in trainer_arguments(first)
 
 
 # -- the snippets, executed --------------------------------------------------------------------------
@@ -212,10 +353,18 @@ def _forward_counts(model: Any, path: str) -> list[int]:
     return counts
 
 
-@pytest.mark.parametrize("layout", ["every:2", "first:4", "last:1", "none"])
-def test_transformers_snippet_checkpoints_exactly_the_layouts_layers(tiny_llama: Any, layout: str) -> None:
+@pytest.mark.parametrize(("layout", "native"), [("every:2", False), ("every:2", True), ("first:4", False),
+                                                 ("last:1", False), ("none", False)])
+def test_transformers_snippet_checkpoints_exactly_the_layouts_layers(tiny_llama: Any, layout: str,
+                                                                     native: bool) -> None:
+    from ckptbench.train.checkpointing import transformers_switches
+
+    if native and not transformers_switches()[1]:
+        pytest.skip("this transformers has no every_n_layers")
     plan = parse_layout(layout, 6)
-    exec(transformers_code(plan), {"model": tiny_llama})  # the snippet the user will paste
+    api = transformers_switches()[0]
+    exec(model_code(Setup(plan, micro_batch=2, native_every_n=native, activation_api=api)),  # what is pasted
+         {"model": tiny_llama})
     counts = _forward_counts(tiny_llama, "mlp.gate_proj")
     # a checkpointed layer runs its forward twice: once in forward, once recomputed in backward
     assert [i for i, c in enumerate(counts) if c == 2] == list(plan.layers)

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from ckptbench.advise.claim_predictions import predict_for_claims
 from ckptbench.answers.claims import Answers, answer_claims
 from ckptbench.answers.evidence import Scope
-from ckptbench.answers.predictions import Predictions
+from ckptbench.answers.predictions import Pred, Predictions
 from ckptbench.answers.verdicts import Budget, Part, Verdict
 from ckptbench.cli.main import app
 from ckptbench.render.answers import README_BEGIN, README_END, answers_markdown, readme_block, verdict_table
@@ -47,7 +47,7 @@ def regenerate(args: list[str]) -> tuple[str, str, Answers]:
     loaded = [load_run(ROOT / r) for r in runs]
     for run, given in zip(loaded, runs, strict=True):
         run.path = Path(given)  # cited as given on the command line (run from the repository root)
-    limit = Budget(budget, parse_headroom(opts["--headroom"], budget_bytes=budget))
+    limit = Budget.for_runs(budget, parse_headroom(opts["--headroom"], budget_bytes=budget), loaded)
     predictions = None if measured_only else predict_for_claims(loaded, scope=Scope(), limit_bytes=limit.limit_bytes)
     answers = answer_claims(loaded, budget=limit, predictions=predictions)
     return (answers_markdown(answers, command=shlex.join(args), plot_name="answers-layers.png"),
@@ -150,25 +150,25 @@ def test_the_committed_verdicts_from_predictions(generated: tuple[str, str, Answ
     # Claim 11, the claim's case: none in 8 micro-batches of 1 against batch 8, which needs checkpointing.
     acc = _part(a, 11, "none, batch 1 x 8")
     assert acc.verdict is H and a.answers[10].basis == "predicted"
-    assert [p.label for p in acc.predicted] == ["none b=1 s=2048 bf16 micro_batches=8", "first:23 b=8 s=2048 bf16"]
+    assert [p.label for p in acc.predicted] == ["none b=1 s=2048 bf16 micro_batches=8", "first:24 b=8 s=2048 bf16"]
     assert "ran out of memory (measured" in acc.text and "10,270 tok/s (fitted)" in acc.text
-    assert "1.08x as fast" in acc.text
+    assert "1.09x as fast" in acc.text
     # Claim 12: mixed precision cannot fit an 80 GB card even with every layer checkpointed (predicted).
     amp = _part(a, 12, "mixed precision (amp_bf16)")
-    assert amp.verdict is F and "needs 103.83 GiB reserved and 100.79 GiB allocated (predicted)" in amp.text
+    assert amp.verdict is F and "needs 104.80 GiB reserved (its bound) and 100.79 GiB allocated (predicted)" in amp.text
     assert "no layout makes it fit an 80 GB card" in amp.text
     # Claim 7 on allocated and reserved: at batch 2 they disagree in direction.
     fine = _part(a, 7, "saves more at batch 2")
     assert fine.verdict is F and "disagree in direction: lower allocated, higher reserved" in fine.text
     # Claims 5 and 6 settled from predictions.
     assert [p.verdict for p in a.answers[4].parts] == [F, H, F]
-    assert "range:8-12 goes from 67.9 GB (63.22 GiB, measured) to 64.3 GB (59.91 GiB, predicted)" in \
+    assert "range:8-12 goes from 67.9 GB (63.22 GiB, measured) to 64.9 GB (60.47 GiB, predicted)" in \
         a.answers[4].parts[0].text
     assert _part(a, 6, "last:4").verdict is F and not a.answers[5].partly_open
     # Claim 1 and the bottom line: the fewest first:k that fit at batch 8, found by prediction.
-    assert "first:23, 23 of 32 layers, needs 74.97 GiB (predicted)" in _part(a, 1, "batch 8").text
+    assert "first:24, 24 of 32 layers, needs 73.01 GiB (predicted)" in _part(a, 1, "batch 8").text
     row = next(r for r in a.card if r.batch_size == 8)
-    assert row.predicted is not None and row.predicted.value == 23 and not row.pending
+    assert row.predicted is not None and row.predicted.value == 24 and not row.pending
     # The none b=8 out-of-memory error does not depend on the process here: the fresh-process replay agrees.
     assert any("does not depend on the process" in n and "253.52 MiB" in n for n in a.answers[0].notes)
     # Nothing stays open that a prediction can settle: only step times nothing can fit, and torchao's 8-bit AdamW.
@@ -179,13 +179,14 @@ def test_the_committed_verdicts_from_predictions(generated: tuple[str, str, Answ
 
 
 def test_every_predicted_or_fitted_number_on_the_page_says_so(generated: tuple[str, str, Answers]) -> None:
-    """Each predicted point's reserved bytes and fitted tokens/s appear in a sentence only with their label
-    (tables label their columns instead)."""
+    """Each predicted point's needed bytes (reserved, its bound) and fitted tokens/s appear in a sentence only with
+    their label (tables label their columns instead)."""
     text, a = generated[0], generated[2]
     measured = {f"{r.peak_reserved_bytes / 2**30:.2f} GiB" for run in a.runs for r in run.points
                 if r.peak_reserved_bytes}
-    figures = {f"{p.peak_reserved_bytes / 2**30:.2f} GiB": "predicted" for p in a.predictions.points.values()
-               if p.peak_reserved_bytes is not None}
+    # A prediction is quoted by what it needs: its peak reserved raised to its bound (results/fit.py).
+    figures = {f"{need / 2**30:.2f} GiB": "predicted" for p in a.predictions.points.values()
+               if p.peak_reserved_bytes is not None and (need := Pred(p, None).needed) is not None}
     figures = {k: v for k, v in figures.items() if k not in measured}
     for p in a.predictions.points.values():
         t = a.predictions.time(p.key)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 from typing import Any
 
@@ -61,15 +62,22 @@ def test_optimizers_state_and_step_temporaries() -> None:
     # foreach materialises temporaries during the step; at this tiny batch the step is the peak.
     assert foreach.peak_allocated_bytes > fused.peak_allocated_bytes
     eight = recs["adamw_8bit"]
-    try:
-        import bitsandbytes  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("bitsandbytes") is None:
         assert eight.status == "skipped" and "not installed" in eight.reason
     else:  # bitsandbytes 0.50.2 runs its 8-bit AdamW on CPU too
         assert finite(eight), eight.reason
         # Two 1-byte states per parameter (plus block scales): a quarter of fp32 AdamW's two 4-byte states.
         state = eight.memory.optimizer_state_bytes
         assert params / 2 <= state < 0.3 * fused.memory.optimizer_state_bytes
+
+
+@pytest.mark.usefixtures("no_bitsandbytes")
+def test_8bit_adamw_without_bitsandbytes_is_a_skip_naming_the_extra() -> None:
+    """Where bitsandbytes is installed it is hidden from the import: the point is skipped, the sweep goes on."""
+    recs = by(run(optimizer=["adamw_8bit", "sgd"]), "optimizer")
+    eight = recs["adamw_8bit"]
+    assert eight.status == "skipped" and eight.reason == "bitsandbytes is not installed (pip install 'ckptbench[8bit]')"
+    assert finite(recs["sgd"])
 
 
 def test_lora_removes_most_gradients_and_optimizer_state() -> None:

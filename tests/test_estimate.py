@@ -284,6 +284,16 @@ def test_prediction_matches_the_h200_measurement(
     assert est.peak_bytes is not None, est.note
     rel_tol, abs_tol = H200_CLAIMS[run]
     error = est.peak_bytes - measured_bytes
+    if est.point.optimizer == "adamw_8bit":
+        # The trace has every 8-bit state tensor (their raw bytes are the measured state's: test_optimizer_8bit.py
+        # holds them to the byte), but the byte model counts each storage over 10 MiB as a fresh segment rounded up
+        # to 2 MiB (device_model.py): LLaMA-7B's 43 MiB uint8 MLP states (and 125 MiB embedding states) count 1 MiB
+        # more each, 196 MiB in all, where the H200's first step carved most of them out of blocks the backward left
+        # cached, exactly. The prediction errs high, by at most that rounding of the state (+179 MiB, 0.35%).
+        (rec,) = [r for r in load_run(RESULTS / run).points if r.key_id == key]
+        rounding = est.static["optimizer_state_bytes"] - rec.memory.optimizer_state_bytes
+        assert 0 < error <= rounding, f"{error / measured_bytes:+.6%} ({error} bytes, rounding {rounding})"
+        return
     assert abs(error) <= rel_tol * measured_bytes, f"{error / measured_bytes:+.6%} ({error} bytes)"
     if abs_tol is not None:
         assert abs(error) <= abs_tol, f"{error} bytes"
@@ -327,14 +337,15 @@ def test_predictions_map_key_ids_to_bytes() -> None:
     assert by_layout["all"] < by_layout["none"]
 
 
+@pytest.mark.usefixtures("no_bitsandbytes")
 def test_unavailable_optimizer_is_reported_not_estimated() -> None:
-    if importlib.util.find_spec("bitsandbytes") is not None:
-        pytest.skip("bitsandbytes is installed")
+    """Without bitsandbytes (hidden from the import where it is installed) an 8-bit AdamW point is not estimated,
+    with a note naming the extra to install."""
     sweep = {"layout": ["all"], "batch_size": [1], "seq_len": [32], "optimizer": ["adamw_8bit"]}
     cfg = tiny_config(device="cuda", sweep=sweep)
-    (est,) = estimate_points(cfg, cfg.points_list())
+    (est,) = estimate_points(cfg, cfg.points_list(), workers=1)
     assert est.peak_bytes is None and est.fits is None
-    assert est.note is not None and est.note.startswith("not estimated: bitsandbytes")
+    assert est.note == "not estimated: bitsandbytes is not installed (pip install 'ckptbench[8bit]')"
 
 
 # -- the CUDA kernel model ------------------------------------------------------------------------

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import builtins
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 import tomllib
@@ -52,17 +50,10 @@ def test_after_a_sweep_one_line_says_what_to_run_next() -> None:
     assert f"ckptbench recommend {gpu.path} --budget 140 " in _next_steps(gpu)
 
 
-def test_the_lora_and_8bit_extras_are_declared_and_named_by_the_skip(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("no_bitsandbytes")
+def test_the_lora_and_8bit_extras_are_declared_and_named_by_the_skip() -> None:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert extras["lora"] == ["peft>=0.13"] and extras["8bit"] == ["bitsandbytes>=0.43"]
-    real_import = builtins.__import__
-
-    def no_bitsandbytes(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name == "bitsandbytes":
-            raise ImportError(name)
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_bitsandbytes)
     with pytest.raises(OptimizerUnavailable, match=r"pip install 'ckptbench\[8bit\]'"):
         make_optimizer("adamw_8bit", [], lr=1e-3)
     assert "pip install 'ckptbench[lora]'" in (ROOT / "ckptbench" / "train" / "model.py").read_text()

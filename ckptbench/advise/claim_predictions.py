@@ -66,7 +66,14 @@ def _point(key: dict[str, Any]) -> Point:
 
 
 def _run_search(pred: _Predictor, search: Search, limit_bytes: int) -> None:
-    """Predict the points a bisection for ``search``'s boundary visits (they stay in ``pred.done``)."""
+    """Predict the points ``search``'s boundary rests on (they stay in ``pred.done``): every count of a layout
+    family (fitting is not monotone in the count near the limit: answers/predictions.py walks them), a batch by
+    bisection."""
+    if search.vary != "batch_size":
+        for v in range(search.lo, search.hi + 1):
+            pred.predict(_point(search.at(v)))
+        return
+
     def fits(v: int) -> bool:
         return Pred(pred.predict(_point(search.at(v))), None).fits(limit_bytes)
 

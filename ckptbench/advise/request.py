@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -10,14 +11,18 @@ from typing import get_args
 
 from pydantic import ValidationError
 
+from ckptbench.advise.verdict import Limit
 from ckptbench.config.axes import OptimizerName, Precision
 from ckptbench.config.presets import PRESETS, preset_names
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
 from ckptbench.estimator.gpus import GpuModel, gpu_model
-from ckptbench.units import GIB, MIB
+from ckptbench.results.fit import DEFAULT_HEADROOM
+from ckptbench.units import GIB, MIB, fmt_bytes, parse_headroom, parse_size
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
+# Without --precision the answer is for pure bf16, with one more sentence for HF Trainer's bf16=True (amp_bf16).
+DEFAULT_PRECISION, ALSO_PRECISION = "bf16", "amp_bf16"
 OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
 ALLOWABLE = ("lora",)  # what changes what is trained: shown as a way out only when allowed
 # What each precision means for the bytes of weights, gradients and optimizer state (train/step.py).
@@ -39,21 +44,48 @@ class AdviseRequest:
     gpu: str = "a100-80gb"
     batches: tuple[int, ...] = (2,)
     seqs: tuple[int, ...] = (2048,)
-    precision: str = "bf16"
+    precision: str | None = None  # None: bf16, and a sentence for amp_bf16 (HF Trainer's bf16=True)
     optimizer: str = "adamw_fused"
     times_from: tuple[str, ...] = ()  # runs to fit step times to; empty: the committed H200 runs
     observed: str | None = None  # what nvidia-smi shows for the process ('70GB', '71.5GiB', '72000MiB')
     allow: tuple[str, ...] = field(default=())
+    headroom: str = DEFAULT_HEADROOM  # kept free under the budget: a share of it ('5%') or a size ('2GiB')
+    budget: str | None = None  # the memory to fit (default: the card's usable memory)
 
     def card(self) -> GpuModel:
         return gpu_model(self.gpu)
+
+    @property
+    def answered_precision(self) -> str:
+        """The precision the tables answer: --precision, else pure bf16."""
+        return self.precision or DEFAULT_PRECISION
+
+    @property
+    def also_precision(self) -> str | None:
+        """The precision one more sentence answers when none was asked for: HF Trainer's bf16=True."""
+        return ALSO_PRECISION if self.precision is None else None
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        return (self.answered_precision, *((self.also_precision,) if self.also_precision else ()))
+
+    def limit(self) -> Limit:
+        """The budget (the card's usable memory, or --budget, at most the card's) less the headroom."""
+        card = self.card()
+        budget = card.total_bytes if self.budget is None else parse_size(self.budget, what="--budget")
+        if budget > card.total_bytes:
+            raise ConfigError(f"--budget: {fmt_bytes(budget)} is more than the {card.key}'s "
+                              f"{fmt_bytes(card.total_bytes)} usable; give at most that")
+        headroom = parse_headroom(self.headroom, budget_bytes=budget)
+        return Limit(card, budget, headroom, self.headroom.strip(), budget_given=self.budget is not None)
 
     def observed_bytes(self) -> int | None:
         """The --observed figure in bytes; GB and MB are read as nvidia-smi writes them (2^30, 2^20 bytes)."""
         if self.observed is None:
             return None
         m = _OBSERVED.match(self.observed)
-        if not m or float(m.group(1)) <= 0:
+        # A size of hundreds of digits reads as an infinite float: refused as not a size, never an OverflowError.
+        if not m or len(m.group(1)) > 24 or not 0 < float(m.group(1)) < math.inf:
             raise ConfigError(
                 f"--observed: {self.observed!r} is not a memory size; give what nvidia-smi shows, e.g. 70GB, "
                 "71.5GiB or 72000MiB"
@@ -65,7 +97,8 @@ class AdviseRequest:
         """The request itself, or ConfigError (exit 2) naming the flag and what is allowed."""
         _choice("--model", self.model, preset_names())
         self.card()
-        _choice("--precision", self.precision, PRECISIONS)
+        if self.precision is not None:
+            _choice("--precision", self.precision, PRECISIONS)
         _choice("--optimizer", self.optimizer, OPTIMIZERS)
         for flag, values in (("--batch", self.batches), ("--seq", self.seqs)):
             if not values or any(v < 1 for v in values):
@@ -77,11 +110,13 @@ class AdviseRequest:
         for item in self.allow:
             _choice("--allow", item, ALLOWABLE)
         self.observed_bytes()
+        self.limit()
         return self
 
-    def config(self, *, layouts: Sequence[str] = ("none",)) -> SweepConfig:
-        """The sweep config of the question: the model, precision and optimizer, on CUDA, at every batch and
-        sequence length (measured_steps 3, as the committed H200 runs were measured)."""
+    def config(self, *, layouts: Sequence[str] = ("none",), precisions: Sequence[str] | None = None) -> SweepConfig:
+        """The sweep config of the question: the model, precisions (default: every one the answer gives) and
+        optimizer, on CUDA, at every batch and sequence length (measured_steps 3, as the committed H200 runs were
+        measured)."""
         data = {
             "name": f"advise-{self.model}-{self.gpu}",
             "model": {"preset": self.model},
@@ -89,7 +124,7 @@ class AdviseRequest:
             "optimizer": self.optimizer,
             "measured_steps": 3,
             "sweep": {"layout": list(layouts), "batch_size": list(self.batches), "seq_len": list(self.seqs),
-                      "precision": [self.precision]},
+                      "precision": list(precisions or self.precisions)},
         }
         try:
             return SweepConfig.model_validate(data)

@@ -1,5 +1,11 @@
-"""The code that applies a layout in the frameworks people train with: transformers (HF Trainer, TRL), plain
-PyTorch, and the nearest setting of torchtitan and Megatron-Core, saying plainly where none is exact."""
+"""The code that applies an answer in the frameworks people train with: transformers (HF Trainer, TRL), plain
+PyTorch, and the nearest setting of torchtitan and Megatron-Core, saying plainly where none is exact.
+
+An answer is a ``Setup``: the checkpoint layout, the micro-batch and the gradient accumulation steps, and the way
+out it takes when the layout alone does not fit (8-bit AdamW, optimizer state on the CPU, LoRA). transformers'
+own per-layer switch is used where it can say the layout (``every_n_layers`` checkpoints layers 0, n, 2n, ...);
+where it cannot (first:k, last:k), each layer's ``gradient_checkpointing`` flag is set after enabling it.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +13,45 @@ from dataclasses import dataclass
 
 from ckptbench.config.layouts import LayoutPlan, compress_ranges
 
+# TrainingArguments' and PyTorch's way to say each precision (train/step.py: what the precision means).
+_PRECISION_ARGS = {
+    "bf16": ("# pure bf16: load the model with dtype=torch.bfloat16; no bf16=True", None),
+    "fp16": ("# pure fp16: load the model with dtype=torch.float16; no fp16=True", None),
+    "fp32": (None, None),
+    "amp_bf16": (None, "bf16=True"),
+    "amp_fp16": (None, "fp16=True"),
+}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the code applies: the layout, the batch as micro-batches, and any way out beyond the layout."""
+
+    plan: LayoutPlan
+    micro_batch: int  # per_device_train_batch_size
+    accumulation: int = 1  # gradient_accumulation_steps
+    precision: str = "bf16"
+    optimizer: str = "adamw_fused"
+    optimizer_offload: bool = False  # torchao's CPUOffloadOptimizer
+    lora_rank: int | None = None  # LoRA adapters of this rank (peft)
+    native_every_n: bool = False  # the installed transformers offers every_n_layers
+    activation_api: bool = False  # it names the switch activation_checkpointing_enable (gradient_... deprecated)
+
+    @property
+    def every_n(self) -> int | None:
+        """n when the layout is whole layers 0, n, 2n, ... (what transformers' every_n_layers checkpoints)."""
+        p = self.plan
+        if p.granularity != "block" or not p.layers:
+            return None
+        for n in range(1, p.num_layers + 1):
+            if p.layers == tuple(range(0, p.num_layers, n)):
+                return n
+        return None
+
 
 @dataclass(frozen=True)
 class Snippets:
-    """One layout's code per framework (Python for transformers and PyTorch, settings for the others)."""
+    """One setup's code per framework (Python for transformers and PyTorch, settings for the others)."""
 
     layout: str
     transformers: str
@@ -31,35 +72,89 @@ def _layers(plan: LayoutPlan) -> str:
     return "{" + ", ".join(map(str, layers)) + "}"
 
 
-def transformers_code(plan: LayoutPlan) -> str:
-    """transformers / HF Trainer / TRL: the per-layer ``gradient_checkpointing`` flag after enabling it."""
+def model_code(setup: Setup) -> str:
+    """transformers: the model's own switches, to run on ``model`` after loading it (LoRA first, then the
+    layout)."""
+    plan, lines = setup.plan, []
+    if setup.lora_rank is not None:
+        lines += ["from peft import LoraConfig, get_peft_model",
+                  f"model = get_peft_model(model, LoraConfig(r={setup.lora_rank}, lora_alpha=16,",
+                  '    target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))',
+                  "model.enable_input_require_grads()  # checkpointed layers need inputs that require grad",
+                  "base = model.get_base_model()"]
+    owner = "base" if setup.lora_rank is not None else "model"
     if not plan.layers:
-        return (
-            "# No checkpointing: leave it off (TRL's SFTConfig turns it on by default)\n"
-            "model.gradient_checkpointing_disable()\n"
-            "# HF Trainer / TRL: TrainingArguments(..., gradient_checkpointing=False)"
-        )
+        lines.append("# No checkpointing: leave it off (TRL's SFTConfig turns it on by default).")
+        return "\n".join(lines)
     if plan.granularity != "block":
         sub = {"attn": "self_attn", "mlp": "mlp", "attn+mlp": "self_attn and mlp", "selective": "per-op"}
-        return (
-            f"# No exact equivalent: transformers checkpoints whole decoder layers only\n"
-            f"# ({sub[plan.granularity]} needs the plain PyTorch wrapping below)."
-        )
-    return (
-        "# after loading the model, before Trainer(...)/SFTTrainer(...);\n"
-        "# transformers 5 also names it activation_checkpointing_enable\n"
-        "model.gradient_checkpointing_enable(\n"
-        '    gradient_checkpointing_kwargs={"use_reentrant": False})\n'
-        f"CHECKPOINTED = {_layers(plan)}  # {plan.layout}: layers {plan.describe_layers()}\n"
-        "for i, layer in enumerate(model.model.layers):\n"
-        "    layer.gradient_checkpointing = i in CHECKPOINTED\n"
-        "# HF Trainer / TRL: gradient_checkpointing=False in TrainingArguments /\n"
-        "# SFTConfig, so that train() does not turn it back on for every layer"
-    )
+        lines += ["# No exact equivalent: transformers checkpoints whole decoder layers only",
+                  f"# ({sub[plan.granularity]} needs the plain PyTorch wrapping below)."]
+        return "\n".join(lines)
+    n = setup.every_n
+    if n is not None and setup.native_every_n:
+        every = f"every_n_layers={n},\n    " if n > 1 else ""
+        lines += [f"# {plan.layout}: layers {plan.describe_layers()}, transformers' own switch",
+                  f"{owner}.activation_checkpointing_enable({every}"
+                  'activation_checkpointing_kwargs={"use_reentrant": False})']
+        return "\n".join(lines)
+    why = ("this transformers has no every_n_layers" if n is not None else
+           f"{plan.layout} is not an every_n_layers layout (0, n, 2n, ...)")
+    enable = ("activation_checkpointing_enable(\n    activation_checkpointing_kwargs" if setup.activation_api
+              else "gradient_checkpointing_enable(\n    gradient_checkpointing_kwargs")
+    lines += [f"# {why}:", "# enable checkpointing, then set each layer's flag",
+              f'{owner}.{enable}={{"use_reentrant": False}})',
+              f"CHECKPOINTED = {_layers(plan)}  # {plan.layout}: layers {plan.describe_layers()}",
+              f"for i, layer in enumerate({owner}.model.layers):",
+              "    layer.gradient_checkpointing = i in CHECKPOINTED"]
+    return "\n".join(lines)
 
 
-def pytorch_code(plan: LayoutPlan) -> str:
-    """Plain PyTorch: ``torch.utils.checkpoint`` around the chosen modules."""
+def trainer_arguments(setup: Setup) -> str:
+    """HF Trainer / TRL: the TrainingArguments (SFTConfig) fields of the setup."""
+    n = setup.every_n
+    native = n is not None and setup.native_every_n and setup.plan.granularity == "block"
+    args = [f"per_device_train_batch_size={setup.micro_batch},"]
+    if setup.accumulation > 1:
+        args.append(f"gradient_accumulation_steps={setup.accumulation},")
+    if native:
+        every = f', "every_n_layers": {n}' if n and n > 1 else ""
+        args += ["gradient_checkpointing=True,", f'gradient_checkpointing_kwargs={{"use_reentrant": False{every}}},']
+    else:
+        why = "  # else train() turns on every layer" if setup.plan.layers else ""
+        args.append(f"gradient_checkpointing=False,{why}")
+    comment, flag = _PRECISION_ARGS.get(setup.precision, (None, None))
+    if flag:
+        args.append(f"{flag},")
+    if setup.optimizer == "adamw_8bit":
+        args.append('optim="adamw_bnb_8bit",  # bitsandbytes')
+    lines = [comment] if comment else []
+    lines += ["args = TrainingArguments(  # or SFTConfig(...) with TRL", "    ...,", *(f"    {a}" for a in args), ")"]
+    if setup.optimizer_offload:
+        lines += ["# AdamW state on the CPU: Trainer(..., optimizers=(optimizer, None)),",
+                  "# the optimizer made as in the plain PyTorch code"]
+    return "\n".join(lines)
+
+
+def transformers_code(setup: Setup | LayoutPlan) -> str:
+    """transformers / HF Trainer / TRL: the model's switches, then the Trainer's arguments."""
+    s = setup if isinstance(setup, Setup) else Setup(setup, micro_batch=1)
+    return f"{model_code(s)}\n{trainer_arguments(s)}"
+
+
+def _optimizer_line(setup: Setup) -> str:
+    params = "[p for p in model.parameters() if p.requires_grad]" if setup.lora_rank else "model.parameters()"
+    if setup.optimizer_offload:
+        return ("from torchao.optim import CPUOffloadOptimizer\n"
+                f"optimizer = CPUOffloadOptimizer({params}, torch.optim.AdamW, lr=LR)")
+    if setup.optimizer == "adamw_8bit":
+        return f"import bitsandbytes as bnb\noptimizer = bnb.optim.AdamW8bit({params}, lr=LR)"
+    fused = ", fused=True" if setup.optimizer == "adamw_fused" else ""
+    return f"optimizer = torch.optim.AdamW({params}, lr=LR{fused})"
+
+
+def wrapping_code(plan: LayoutPlan) -> str:
+    """Plain PyTorch: ``torch.utils.checkpoint`` around the chosen modules (runs on ``model``)."""
     if not plan.layers:
         return "# No checkpointing: call the layers as they are."
     if plan.granularity == "selective":
@@ -84,6 +179,21 @@ def pytorch_code(plan: LayoutPlan) -> str:
         f"for module in {targets}:\n"
         "    checkpointed(module)"
     )
+
+
+def pytorch_code(setup: Setup | LayoutPlan) -> str:
+    """Plain PyTorch: the wrapping, the optimizer, and the accumulation loop when there is one."""
+    s = setup if isinstance(setup, Setup) else None
+    if s is None:
+        return wrapping_code(setup)  # type: ignore[arg-type]
+    lines = [wrapping_code(s.plan), "", _optimizer_line(s)]
+    if s.accumulation > 1:
+        lines += [f"for i, batch in enumerate(loader):  # batches of {s.micro_batch}",
+                  f"    (model(**batch).loss / {s.accumulation}).backward()",
+                  f"    if (i + 1) % {s.accumulation} == 0:",
+                  "        optimizer.step()",
+                  "        optimizer.zero_grad(set_to_none=True)"]
+    return "\n".join(lines)
 
 
 def torchtitan_setting(plan: LayoutPlan) -> str:
@@ -128,6 +238,7 @@ def megatron_setting(plan: LayoutPlan) -> str:
             f"--recompute-granularity full --recompute-method block --recompute-num-layers {count}")
 
 
-def snippets(plan: LayoutPlan) -> Snippets:
-    return Snippets(plan.layout, transformers_code(plan), pytorch_code(plan), torchtitan_setting(plan),
-                    megatron_setting(plan))
+def snippets(setup: Setup | LayoutPlan) -> Snippets:
+    s = setup if isinstance(setup, Setup) else Setup(setup, micro_batch=1)
+    return Snippets(s.plan.layout, transformers_code(s), pytorch_code(s), torchtitan_setting(s.plan),
+                    megatron_setting(s.plan))

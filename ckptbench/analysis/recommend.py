@@ -27,7 +27,6 @@ from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 from ckptbench.units import GIB_UNIT, SizeUnit
 
-DEFAULT_HEADROOM = "5%"  # of the budget: room for fragmentation growth, the CUDA context, other processes
 # The figure a point must fit with (results/fit.py): its peak reserved plus the CUDA context. Tables name it
 # "needed", apart from "peak reserved", the measured figure alone.
 MEMORY_METRIC = "needed_bytes"

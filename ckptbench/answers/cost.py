@@ -73,7 +73,7 @@ def _mixed_predicted(ctx: Context) -> Part:
                              Pending(STAGE_ESTIMATOR, "amp_bf16 on the whole card")))
     pure = ctx.ev.ok("all", 2)
     static = full.point.static_bytes
-    text = (f"With every layer checkpointed (all) at batch 2, amp_bf16 needs {gib(full.mem)} reserved and "
+    text = (f"With every layer checkpointed (all) at batch 2, amp_bf16 needs {gib(full.mem)} reserved (its bound) and "
             f"{gib(full.alloc)} allocated (predicted)")
     if static is not None:
         text += (f": fp32 parameters, gradients and AdamW state alone take {gib(static)} (predicted), "

@@ -90,11 +90,13 @@ class Pred:
 
     @property
     def needed(self) -> int | None:
-        """What must fit, counted as the measured points of these runs are (results/fit.py): the replayed peak
-        reserved (the runs recorded no context: the budget's headroom stands for it)."""
+        """What must fit, as advise judges it (results/fit.py): the replayed peak reserved raised to its bound for
+        its kind of layout; the context is the budget's (answers/verdicts.py: ``Budget``)."""
         p = self.point
+        key = p.key
         return predicted_needed_bytes(peak_reserved_bytes=p.peak_reserved_bytes, context_bytes=0,
-                                      peak_allocated_bytes=p.peak_allocated_bytes)
+                                      peak_allocated_bytes=p.peak_allocated_bytes,
+                                      bound_for=(str(key["layout"]), int(key["batch_size"])))
 
     @property
     def mem(self) -> int:
@@ -236,17 +238,22 @@ class Predictions:
         return None if found is None else Pred(found, self.time(key))
 
     def search(self, search: Search, limit_bytes: int) -> Found | None:
-        """The boundary of ``search`` among the predicted points (None when they do not bracket it)."""
+        """The boundary of ``search`` among the predicted points (None when they do not bracket it): walking from
+        the end that fits (the most layers; the smallest batch), the last value before the first that does not
+        fit, so that a smaller count that fits alone, past one that does not, is never the answer."""
         probed = {v: p for v in range(search.lo, search.hi + 1) if (p := self.get(search.at(v))) is not None}
         fits = {v for v, p in probed.items() if p.known and p.fits(limit_bytes)}
-        if search.want == "smallest":
-            for v in sorted(fits):
-                if v == search.lo or (v - 1 in probed and v - 1 not in fits):
-                    return Found(search, v, probed[v], probed.get(v - 1))
+        smallest = search.want == "smallest"
+        best = None
+        for v in sorted(probed, reverse=smallest):
+            if v not in fits:
+                break
+            best = v
+        if best is None:
             return None
-        for v in sorted(fits, reverse=True):
-            if v == search.hi or (v + 1 in probed and v + 1 not in fits):
-                return Found(search, v, probed[v], probed.get(v + 1))
+        beyond = best - 1 if smallest else best + 1
+        if beyond in probed or best == (search.lo if smallest else search.hi):
+            return Found(search, best, probed[best], probed.get(beyond))
         return None
 
     def search_named(self, scope: Scope, name: str, limit_bytes: int) -> Found | None:

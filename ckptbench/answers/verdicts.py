@@ -9,6 +9,7 @@ combines the parts that were settled, by measured points or, where none was meas
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -16,6 +17,8 @@ from typing import Any
 from ckptbench.analysis.layer_series import CellSeries
 from ckptbench.answers.evidence import Cite, Evidence
 from ckptbench.answers.predictions import Pred, Predictions
+from ckptbench.estimator.gpus import gpu_for_name
+from ckptbench.results.store import Run
 from ckptbench.units import fmt_bytes
 
 # Stages of the GPU campaign (scripts/gpu_check.sh) that the open parts wait for.
@@ -127,17 +130,31 @@ class Answer:
 
 @dataclass(frozen=True)
 class Budget:
-    """The card the claims are about: a budget on peak reserved memory, less a headroom."""
+    """The card the claims are about: a budget less a headroom, judged as advise judges (results/fit.py): a point
+    fits when its peak reserved plus the CUDA context is within the budget less the headroom. The runs' points
+    recorded no context: the card's (``context_bytes``, its device model's figure) comes off the limit instead, so
+    the limit is on peak reserved."""
 
     budget_bytes: int
     headroom_bytes: int
+    context_bytes: int = 0  # the card's CUDA context, counted here for points that did not record their own
+
+    @classmethod
+    def for_runs(cls, budget_bytes: int, headroom_bytes: int, runs: Sequence[Run]) -> Budget:
+        """The budget of these runs: the card's context counted when their points recorded none."""
+        points = [p for run in runs for p in run.points if p.ok]
+        card = gpu_for_name(runs[0].environment.get("gpu_name")) if runs else None
+        recorded = any(p.context_bytes is not None for p in points)
+        return cls(budget_bytes, headroom_bytes, 0 if recorded or card is None else card.context_bytes)
 
     @property
     def limit_bytes(self) -> int:
-        return self.budget_bytes - self.headroom_bytes
+        """The limit on a point's peak reserved (its context counted: the card's where it recorded none)."""
+        return self.budget_bytes - self.headroom_bytes - self.context_bytes
 
     def describe(self) -> str:
-        return (f"{fmt_bytes(self.budget_bytes)} budget, {fmt_bytes(self.headroom_bytes)} headroom: "
+        context = f", {fmt_bytes(self.context_bytes)} CUDA context" if self.context_bytes else ""
+        return (f"{fmt_bytes(self.budget_bytes)} budget, {fmt_bytes(self.headroom_bytes)} headroom{context}: "
                 f"peak reserved at most {fmt_bytes(self.limit_bytes)}")
 
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import sys
+from enum import Enum
 from typing import Annotated, Any
 
 import typer
 
-from ckptbench.cli.common import Command, Format, FormatOpt, err, fail, out
+from ckptbench.cli.common import Command, err, fail, out
 from ckptbench.cli.progress import EstimateProgressBar
-from ckptbench.errors import CkptbenchError, ConfigError
+from ckptbench.errors import CkptbenchError
+from ckptbench.results.fit import DEFAULT_HEADROOM
 
 # Options that take several values, as `--batch 2 8` (click takes one value per occurrence: `--batch 2 --batch 8`).
 _MANY = ("--batch", "--seq", "--times-from")
@@ -34,6 +36,14 @@ class AdviseCommand(Command):
         return super().parse_args(ctx, spread)
 
 
+class AdviseFormat(str, Enum):
+    """What advise writes: a table for people, Markdown or JSON (every number labelled)."""
+
+    table = "table"
+    markdown = "markdown"
+    json = "json"
+
+
 def advise_cmd(
     model: Annotated[str, typer.Option("--model", metavar="PRESET", help="llama-7b, llama-13b, llama3-8b, ...")]
     = "llama-7b",
@@ -41,12 +51,19 @@ def advise_cmd(
     = "a100-80gb",
     batch: Annotated[list[int] | None, typer.Option("--batch", metavar="N", help="Batch size(s) per step.")] = None,
     seq: Annotated[list[int] | None, typer.Option("--seq", metavar="N", help="Sequence length(s).")] = None,
-    precision: Annotated[str, typer.Option("--precision", metavar="P",
-                                           help="bf16 (pure), amp_bf16 (HF bf16=True), fp16, amp_fp16, fp32.")]
-    = "bf16",
+    precision: Annotated[str | None, typer.Option(
+        "--precision", metavar="P",
+        help="bf16 (pure), amp_bf16 (HF bf16=True), fp16, amp_fp16, fp32. Default: bf16, and one sentence for "
+             "amp_bf16.")] = None,
     optimizer: Annotated[str, typer.Option("--optimizer", metavar="NAME",
                                            help="adamw_fused, adamw_foreach, adamw_8bit, sgd, adafactor, ...")]
     = "adamw_fused",
+    headroom: Annotated[str, typer.Option(
+        "--headroom", metavar="PCT|SIZE", help="Kept free under the budget: a share of it (5%) or a size (2GiB).")]
+    = DEFAULT_HEADROOM,
+    budget: Annotated[str | None, typer.Option(
+        "--budget", metavar="SIZE", help="Memory to fit within (default: the card's usable memory), e.g. 70GiB.")]
+    = None,
     times_from: Annotated[list[str] | None, typer.Option(
         "--times-from", metavar="RUN", help="Fit step times to these runs (default: the committed H200 runs).")]
     = None,
@@ -54,27 +71,32 @@ def advise_cmd(
         "--observed", metavar="SIZE", help="What nvidia-smi shows for your process (70GB, 71.5GiB).")] = None,
     allow: Annotated[str | None, typer.Option(
         "--allow", metavar="WHAT", help="Ways out that change what is trained, comma-separated: lora.")] = None,
-    fmt: FormatOpt = Format.table,
+    fmt: Annotated[AdviseFormat, typer.Option("--format", help="table (default), markdown or json.")]
+    = AdviseFormat.table,
 ) -> None:
-    """Which layers to checkpoint on your card: predicted memory of every layout family, the fewest layers
-    that fit (by bisection), step times, what fills the memory, and the code to apply it. No GPU needed."""
-    from ckptbench.advise.advice import advise
+    """Which layers to checkpoint on your card: predicted memory of every layout family (every count of layers
+    predicted), the fastest setup that fits with the headroom kept (micro-batches with gradient accumulation
+    weighed), step times, what fills the memory, and the code to apply it. No GPU needed."""
+    # The flags are checked before anything imports torch: a mistyped card is refused at once.
     from ckptbench.advise.request import AdviseRequest
-    from ckptbench.render.advise import advise_json_text, advise_markdown, advise_renderable
 
     try:
-        if fmt is Format.csv:
-            raise ConfigError("--format: advise writes table, markdown or json")
         request = AdviseRequest(
             model=model, gpu=gpu, batches=tuple(batch or [2]), seqs=tuple(seq or [2048]), precision=precision,
             optimizer=optimizer, times_from=tuple(times_from or ()), observed=observed,
-            allow=tuple(a.strip() for a in (allow or "").split(",") if a.strip()),
+            allow=tuple(a.strip() for a in (allow or "").split(",") if a.strip()), headroom=headroom, budget=budget,
         ).checked()
+    except CkptbenchError as exc:
+        raise fail(exc) from None
+    from ckptbench.advise.advice import advise
+    from ckptbench.render.advise import advise_json_text, advise_markdown, advise_renderable
+
+    try:
         with EstimateProgressBar(err) as bar:
             advice = advise(request, on_progress=bar.update)
     except CkptbenchError as exc:
         raise fail(exc) from None
-    if fmt is Format.table:
+    if fmt is AdviseFormat.table:
         out.print(advise_renderable(advice))
     else:
-        sys.stdout.write(advise_markdown(advice) if fmt is Format.markdown else advise_json_text(advice))
+        sys.stdout.write(advise_markdown(advice) if fmt is AdviseFormat.markdown else advise_json_text(advice))

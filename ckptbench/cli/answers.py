@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ckptbench.analysis.recommend import DEFAULT_HEADROOM
 from ckptbench.cli.common import HeadroomOpt, err, fail, warn
 from ckptbench.errors import CkptbenchError, ResultsError
+from ckptbench.results.fit import DEFAULT_HEADROOM
 
 if TYPE_CHECKING:  # imported when the claims are answered: the CLI stays fast to start
     from ckptbench.answers.claims import Answers
@@ -91,8 +91,8 @@ def _answers(runs: list[str], *, budget: str, headroom: str, predict: bool) -> A
     from ckptbench.units import parse_headroom, parse_size
 
     budget_bytes = parse_size(budget)
-    limit = Budget(budget_bytes, parse_headroom(headroom, budget_bytes=budget_bytes))
     loaded = [load_run(r) for r in runs]
+    limit = Budget.for_runs(budget_bytes, parse_headroom(headroom, budget_bytes=budget_bytes), loaded)
     # The predictions are of the claims' own setup (LLaMA-7B's thread): only for runs in its scope
     predictions = _predictions(loaded, limit) if predict and holds_scope(loaded, Scope()) else None
     return answer_claims(loaded, budget=limit, predictions=predictions)

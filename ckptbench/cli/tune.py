@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ckptbench.analysis.recommend import DEFAULT_HEADROOM
 from ckptbench.cli.common import (
     ConfigArg,
     HeadroomOpt,
@@ -25,6 +24,7 @@ from ckptbench.cli.progress import EstimateProgressBar, SweepProgress
 from ckptbench.cli.recommend import RequiredBudgetOpt
 from ckptbench.cli.runs import Interrupts, interrupted, run_paths, summarize_run
 from ckptbench.errors import CkptbenchError, ConfigError, RunFailure
+from ckptbench.results.fit import DEFAULT_HEADROOM
 
 if TYPE_CHECKING:  # the search and the sweep import torch; the CLI stays fast to start
     from ckptbench.results.store import Run

@@ -79,6 +79,7 @@ class Estimator:
     _classes: dict[tuple[Any, ...], set[str]] = field(default_factory=dict)
     _failed: dict[Any, str] = field(default_factory=dict)
     _prepared: Prepared = field(default_factory=dict)  # short models prepared once for traces of several shapes
+    _estimates: dict[tuple[Point, int | None, bool], Estimate] = field(default_factory=dict)  # each point once
 
     def __post_init__(self) -> None:
         # A model no longer than the shortest short model ([c0, c0, c0]) costs nothing more to trace
@@ -89,6 +90,16 @@ class Estimator:
         short = self.cfg.model.num_layers <= len(short_model_classes({"none"}))
         if self.method == "fast" and (short or not uniform_layers(self.cfg.model)):
             self.method = "full"
+
+    def on_card(self, gpu: GpuModel) -> Estimator:
+        """An Estimator of the same config that replays ``gpu``'s allocator. A trace does not depend on the card
+        but for the cuBLAS workspace its kernels take (estimator/gpus.py): where that is the same, the new one
+        shares this one's traces (and any trace either runs later); else it starts with none."""
+        other = Estimator(self.cfg, target=self.target, method=self.method, rank=self.rank, gpu=gpu)
+        if other._workspace == self._workspace:
+            for name in (*_TRACE_STORES, "_classes", "_prepared"):
+                setattr(other, name, getattr(self, name))
+        return other
 
     def classes(self, point: Point) -> list[str]:
         return layer_classes(parse_layout(point.layout, self.cfg.model.num_layers))
@@ -244,17 +255,36 @@ class Estimator:
         return (optim in self._optim or optim in self._failed) and (traced or trace_key in self._failed)
 
     def estimate(self, point: Point, *, budget_bytes: int | None = None, budget_is_cap: bool = False) -> Estimate:
-        """The estimate of one point (its traces must have run: see ``jobs``)."""
+        """The estimate of one point (its traces must have run: see ``jobs``), made once (asked again: the same)."""
+        memo = (point, budget_bytes, budget_is_cap)
+        found = self._estimates.get(memo)
+        if found is None:
+            found = self._estimates[memo] = self._estimate(point, budget_bytes=budget_bytes,
+                                                           budget_is_cap=budget_is_cap)
+        return found
+
+    def allocated_peak(self, point: Point) -> int | None:
+        """The point's predicted peak allocated bytes alone (no allocator replay: a fraction of ``estimate``'s
+        cost), or None when it could not be estimated. Its peak reserved is at least this."""
+        peak = self._peak(point)
+        return None if peak is None else sum(peak.after_steps(self.cfg.measured_steps))
+
+    def _peak(self, point: Point) -> Peak | None:
         trace_key = self._trace_key(point)
-        failure: str | None = self._failed.get(_optim_key(point)) or self._failed.get(trace_key)
-        if failure is not None:
+        if self._failed.get(_optim_key(point)) or self._failed.get(trace_key):
+            return None
+        if self.method == "full":
+            return self._full[point]
+        return assemble(self._costs[trace_key], self._optim[_optim_key(point)], self.classes(point),
+                        point.micro_batches)
+
+    def _estimate(self, point: Point, *, budget_bytes: int | None, budget_is_cap: bool) -> Estimate:
+        trace_key = self._trace_key(point)
+        peak = self._peak(point)
+        if peak is None:
+            failure = self._failed.get(_optim_key(point)) or self._failed.get(trace_key)
             note = f"not estimated: {failure}"
             return Estimate(point, self.target, self.method, None, {}, {}, None, budget_bytes, note)
-        if self.method == "full":
-            peak = self._full[point]
-        else:
-            optim = self._optim[_optim_key(point)]
-            peak = assemble(self._costs[trace_key], optim, self.classes(point), point.micro_batches)
         vector = peak.after_steps(self.cfg.measured_steps)
         notes = ["torch.compile is not modelled: the eager step is estimated"] if point.compile else []
         reserved = self._reserved(point, trace_key, notes)

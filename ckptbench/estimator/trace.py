@@ -42,6 +42,7 @@ from ckptbench.config.layouts import LayoutPlan, parse_layout
 from ckptbench.config.parallel import parse_parallel
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
+from ckptbench.estimator import optim_8bit
 from ckptbench.estimator.device_model import kernel_model
 from ckptbench.estimator.events import Event
 from ckptbench.estimator.fake_mode import fake_mode
@@ -133,8 +134,12 @@ def _prepare(
 
 
 def _adopt_state(tracker: StepTracker, params: list[torch.nn.Parameter], opt: torch.optim.Optimizer) -> None:
-    """Count the optimizer state and the kept gradients as such (host-resident state not: it is not device memory)."""
-    tracker.adopt([t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)], OPTIMIZER_STATE)
+    """Count the optimizer state and the kept gradients as such (host-resident state not: it is not device memory;
+    nor 8-bit AdamW's quantisation maps where no counter sees them: estimator/optim_8bit.py)."""
+    state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    for t in optim_8bit.uncounted(state):
+        tracker.forget(t)
+    tracker.adopt(state, OPTIMIZER_STATE)
     tracker.adopt([p.grad for p in params if p.grad is not None], GRADS)
     for t in tracker.kernels.host_resident(opt):
         tracker.forget(t)
@@ -206,8 +211,9 @@ def trace_step(
     key = _reuse_key(cfg, point, num_layers, target) if reuse is not None else None
     prepared = reuse.pop(key, None) if reuse is not None and key is not None else None  # out until traced
     with (
-        fake_process_group(point.parallel, rank=rank) as mesh, eager_transformers(),
-        prepared.mode if prepared is not None else fake_mode() as mode, contextlib.ExitStack() as stack,
+        optim_8bit.traceable(point.optimizer, target=target), fake_process_group(point.parallel, rank=rank) as mesh,
+        eager_transformers(), prepared.mode if prepared is not None else fake_mode() as mode,
+        contextlib.ExitStack() as stack,
     ):
         if prepared is None:
             model, sharded, params, opt = _prepare(cfg, point, tracker, num_layers, mode, mesh)
@@ -311,7 +317,10 @@ def trace_optimizer(
     """
     _check_optimizer_estimable(point)
     tracker = StepTracker(_kernels(target, cublas_workspace_bytes))
-    with fake_process_group(point.parallel, rank=rank) as mesh, fake_mode() as mode:
+    with (
+        optim_8bit.traceable(point.optimizer, target=target), fake_process_group(point.parallel, rank=rank) as mesh,
+        fake_mode() as mode,
+    ):
         model, _sharded, params, opt = _prepare(cfg, point, tracker, None, mode, mesh)
         static = tuple(tracker.by_cat)
         with tracker:

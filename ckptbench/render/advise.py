@@ -11,68 +11,86 @@ from rich.text import Text
 from ckptbench.advise.record import Advice, Option, Table, advice_json, gib
 from ckptbench.render.tables import Column, FitTable, markdown_of
 
+# The verdict columns (setup, needed, fits) are always shown; at 80 columns the others give way, the least
+# important first (the highest priority number).
 COLUMNS = [
-    Column("layout"), Column("reserved", numeric=True), Column("context", priority=2, numeric=True),
-    Column("needed", numeric=True), Column("fits"), Column("step s", priority=1, numeric=True),
-    Column("tok/s", priority=1, numeric=True),
+    Column("setup"), Column("needed", numeric=True), Column("fits"), Column("margin", priority=1, numeric=True),
+    Column("step s", priority=2, numeric=True), Column("tok/s", priority=3, numeric=True),
+    Column("reserved", priority=4, numeric=True), Column("context", priority=5, numeric=True),
 ]
 
 
 def _row(o: Option) -> dict[str, str]:
-    e, r = o.estimate, o.estimate.reserved
+    r, v = o.estimate.reserved, o.verdict
     oom = r is not None and r.oom is not None
+    arithmetic = v.label != "predicted"
+    timed = o.time is not None and v.fits
     return {
-        "layout": o.layout,
-        "reserved": "OOM" if oom else gib(r.peak_reserved_bytes if r else None),
+        "setup": o.setup,
+        "needed": "OOM" if oom else ("-" if v.needed_bytes is None else gib(v.needed_bytes) + ("*" if arithmetic
+                                                                                                else "")),
+        "fits": ("tight" if v.tight else "yes") if v.fits else ("?" if not v.predicted else "no"),
+        "margin": gib(v.margin_bytes) if v.margin_bytes is not None else "-",
+        "reserved": "OOM" if oom else ("-" if arithmetic else gib(r.peak_reserved_bytes if r else None)),
         "context": gib(r.context_bytes if r else None),
-        "needed": "OOM" if oom else gib(e.needed_bytes),
-        "fits": "yes" if o.fits else "no",
-        "step s": f"{o.time.step_time_s:.2f}" if o.time else "?",
-        "tok/s": f"{o.time.tokens_per_s:,.0f}" if o.time else "?",
+        # a setup that does not fit has no step time
+        "step s": f"{o.time.step_time_s:.2f}" if timed and o.time else ("?" if v.fits else "-"),
+        "tok/s": f"{o.time.tokens_per_s:,.0f}" if timed and o.time else ("?" if v.fits else "-"),
     }
 
 
 def _title(advice: Advice, t: Table) -> str:
-    return f"batch {t.batch}, sequence {t.seq}: {advice.card.key}, {gib(advice.card.total_bytes)}"
+    return f"batch {t.batch}, sequence {t.seq}, {t.precision}: {advice.card.key}, limit {gib(advice.limit.limit_bytes)}"
 
 
 def _time_label(advice: Advice) -> str:
-    labels = {o.time.label for t in advice.tables for o in t.options if o.time is not None}
+    labels = {o.time.label for t in advice.tables for o in t.rows if o.time is not None and o.fits}
     if not labels:
-        return "step s, tok/s: ? = measure to know (no calibration for this setup)"
-    return f"step s, tok/s: {'/'.join(sorted(labels))} (see Step times)"
+        return "step s, tok/s: ? = measure to know"
+    return f"step s, tok/s: {'/'.join(sorted(labels))}, only where it fits"
 
 
-def _caption(advice: Advice) -> str:
-    return (f"memory predicted (needed = reserved raised to its bound for the layout's kind, README, + "
-            f"{'measured' if advice.card.measured else 'estimated'} context); {_time_label(advice)}")
+def _caption(advice: Advice, t: Table) -> str:
+    context = "measured" if advice.card.measured else "estimated"
+    arithmetic = any(o.verdict.label != "predicted" for o in t.rows if o.verdict.predicted)
+    star = "; * by arithmetic (see JSON)" if arithmetic else ""
+    acc = "; 'L, m x b': m micro-batches of b accumulated" if t.accumulation else ""
+    return (f"needed: reserved raised to its bound + {context} context, predicted; margin: limit less needed; "
+            f"{_time_label(advice)}{acc}{star}")
 
 
 def table(advice: Advice, t: Table) -> FitTable:
-    return FitTable([_row(o) for o in t.options], COLUMNS, title=_title(advice, t), caption=_caption(advice),
-                    styles=[None if o.fits else "yellow" for o in t.options], title_justify="left")
+    rows = t.rows
+    return FitTable([_row(o) for o in rows], COLUMNS, title=_title(advice, t), caption=_caption(advice, t),
+                    styles=[None if o.fits else "yellow" for o in rows], title_justify="left")
 
 
 def _sections(advice: Advice) -> Iterator[tuple[str, list[str]]]:
     """The text after the tables, as (heading, lines)."""
     yield "Answer", advice.answers
-    if advice.why:
+    if advice.why and advice.why_option is not None:
         o = advice.why_option
         total = sum(p.bytes for p in advice.why)
-        head = f"Why {gib(total)}: {o.layout} at batch {o.estimate.point.batch_size} at its peak" if o else "Why"
-        lines = [f"  {p.name:<28} {gib(p.bytes):>10}  {p.label}" for p in advice.why]
-        if o is not None and o.estimate.reserved is not None and o.estimate.reserved.oom is not None:
-            lines.append("  (the allocator runs out of memory before this peak: no reserved or context figure)")
+        head = f"Why {gib(total)}: {o.setup} at batch {o.point.batch_size}, {o.point.precision}, at its peak"
+        lines = [f"  {p.name:<46} {gib(p.bytes):>10}  {p.label}" for p in advice.why]
+        if o.estimate.reserved is not None and o.estimate.reserved.oom is not None:
+            lines.append("  (the replayed allocator runs out of memory before this peak: no reserved or context "
+                         "figure)")
         yield head, lines
     if advice.observed:
         yield "Your figure", advice.observed
-    if advice.ways_out:
+    if advice.ways_out and advice.ways_out_for is not None:
+        t = advice.ways_out_for
         lines = []
         for w in advice.ways_out:
-            fit = "fits" if w.fits else "does not fit" if w.fits is False else "unknown"
-            lines.append(f"  {w.what}, {w.layout}: needs {gib(w.needed_bytes)}, {fit} ({w.label})")
-        yield "What does fit when no layout does", lines
-    times = sorted({o.time.source for t in advice.tables for o in t.options if o.time is not None})
+            v = w.verdict
+            if not v.predicted:
+                lines.append(f"  {w.what}, {w.where}: unknown: {v.reason()}")
+                continue
+            fit = "fits" if w.fits else "does not fit"
+            lines.append(f"  {w.what}, {w.where}: {fit}: {v.needs() if w.fits else v.reason()} ({v.label})")
+        yield f"What does fit at batch {t.batch}, sequence {t.seq} when no layout does", lines
+    times = sorted({o.time.source for t in advice.tables for o in t.rows if o.time is not None})
     yield "Step times", times or [advice.calibration or "no calibration for this setup"]
     if advice.measure:
         yield "Measure to know", [advice.measure]
@@ -97,8 +115,8 @@ def advise_renderable(advice: Advice) -> RenderableType:
 def advise_markdown(advice: Advice) -> str:
     out = [advice.assumptions, ""]
     for t in advice.tables:
-        out += [f"**{_title(advice, t)}**", "", markdown_of([_row(o) for o in t.options], COLUMNS).rstrip(), "",
-                f"_{_caption(advice)}_", ""]
+        out += [f"**{_title(advice, t)}**", "", markdown_of([_row(o) for o in t.rows], COLUMNS).rstrip(), "",
+                f"_{_caption(advice, t)}_", ""]
     for head, lines in _sections(advice):
         out += [f"**{head}**", "", *(f"- {line.strip()}" for line in lines), ""]
     if advice.code is not None:

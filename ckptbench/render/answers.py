@@ -25,7 +25,7 @@ from ckptbench.units import fmt_bytes
 PLOT_FILE = "answers-layers.png"
 VERDICT_COLUMNS = ("#", "claim", "verdict", "deciding numbers")
 CITE_COLUMNS = ("point", "run", "allocated", "reserved", "step ms", "tok/s", "status")
-PRED_COLUMNS = ("point", "allocated (predicted)", "reserved (predicted)", "fits the limit", "step ms (fitted)",
+PRED_COLUMNS = ("point", "allocated (predicted)", "reserved bound (predicted)", "fits the limit", "step ms (fitted)",
                 "tok/s (fitted)", "fit's error bound")
 CARD_COLUMNS = ("batch", "fewest layers that fit", "fastest that fits", "closest over the limit",
                 "fewest first:k that fit", "waits for")
@@ -77,7 +77,7 @@ def _pred_row(p: Pred, limit_bytes: int) -> dict[str, str]:
     return {
         "point": p.label,
         "allocated (predicted)": fmt_bytes(point.peak_allocated_bytes) if p.known else "-",
-        "reserved (predicted)": fmt_bytes(p.mem) if p.ok and point.peak_reserved_bytes is not None else
+        "reserved bound (predicted)": fmt_bytes(p.mem) if p.ok and point.peak_reserved_bytes is not None else
         ("OOM" if point.oom is not None else "-"),
         "fits the limit": fits,
         "step ms (fitted)": f"{t.step_time_s * 1e3:.1f}" if t is not None else "-",
@@ -89,7 +89,7 @@ def _pred_row(p: Pred, limit_bytes: int) -> dict[str, str]:
 def predicted_table(points: tuple[Pred, ...], limit_bytes: int) -> str:
     """The predicted points a claim rests on: memory predicted by the estimator, step times fitted."""
     return markdown_table([_pred_row(p, limit_bytes) for p in points], PRED_COLUMNS,
-                          right={"allocated (predicted)", "reserved (predicted)", "step ms (fitted)",
+                          right={"allocated (predicted)", "reserved bound (predicted)", "step ms (fitted)",
                                  "tok/s (fitted)", "fit's error bound"})
 
 

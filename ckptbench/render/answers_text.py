@@ -90,8 +90,8 @@ def transfer_section(answers: Answers) -> str:
         f"{card}. The same torch, transformers, model and caching allocator make the same allocations for these "
         "shapes on an A100; what depends on the device is the cuBLAS workspace (its default size differs between "
         "Hopper and Ampere; `CUBLAS_WORKSPACE_CONFIG`), the attention kernels' scratch, and the CUDA context, "
-        "which is outside the allocator and is what the headroom covers. The limit on peak reserved stands for "
-        "the A100's 80 GB (`nvidia-smi`: 81,920 MiB) less the context and a margin. `ckptbench estimate` "
+        "which is outside the allocator and comes off the limit with the headroom. The limit on peak reserved stands "
+        "for the A100's 80 GB (`nvidia-smi`: 81,920 MiB) less the context and a margin. `ckptbench estimate` "
         "predicts these points on a CPU, labelled as estimates.",
         f"- **Speed: ratios only.** {peaks} What carries over are ratios measured on one card: checkpointing's "
         f"step time against none, one layout or technique against another; they are {t.gpu_name} ratios. Ratios "
@@ -139,8 +139,9 @@ def predictions_section(answers: Answers) -> str:
     lines = [head]
     if pr.points:
         lines.append(f"- **Memory (predicted)**: {pr.source}. A predicted point fits when the replay does not run "
-                     "out of memory and its peak reserved is within the limit, counted as the measured points of "
-                     "these runs are (they recorded no CUDA context: the headroom stands for it).")
+                     "out of memory and its peak reserved, raised to its bound for its kind of layout (the worst "
+                     "under-prediction seen, results/fit.py), is within the limit, as `ckptbench advise` judges; "
+                     "the runs recorded no CUDA context, so the card's comes off the limit.")
     source = pr.time_source
     if source is not None:
         lines.append(f"- **Step times (fitted)**: the step-time model (analysis/step_time.py) of each cell, {source} "

@@ -83,20 +83,29 @@ def _reserved_columns(
 ) -> list[Column]:
     if not any(e.reserved is not None for e in estimates):
         return []
-    # Beside a run's measurements the allocated comparison (measured, error) comes first at 80 columns.
-    cols = [Column("est. reserved", priority=1 if with_measured else 0, numeric=True)]
+    # Beside a run's measurements the allocated comparison (measured, error) comes first at 80 columns; on a card
+    # with a budget the verdict (needed, fits) does.
+    cols = [Column("est. reserved", priority=1 if with_measured or _verdicts(estimates) else 0, numeric=True)]
     if any(e.reserved_bound_bytes is not None for e in estimates):  # what 'fits budget' is judged on
-        cols.append(Column("reserved bound", priority=1, numeric=True))
+        cols.append(Column("reserved bound", priority=2 if _verdicts(estimates) else 1, numeric=True))
     if reserved:
         cols += [Column("measured reserved", priority=1, numeric=True)]
         cols += [Column("reserved error", priority=1, numeric=True)]
     return [*cols, Column("frag.", priority=2, numeric=True)]
 
 
+def _verdicts(estimates: Sequence[Estimate]) -> bool:
+    """Whether the table leads with the verdict columns: a card's allocator replayed, and a budget to judge."""
+    return any(e.reserved is not None and e.budget_bytes is not None for e in estimates)
+
+
 def _reserved_cells(e: Estimate, reserved: Reserved, size: SizeUnit) -> dict[str, str]:
     r, seen = e.reserved, reserved.get(e.point.key_id)
     frag = r.fragmentation_bytes if r is not None else None
+    oom = r is not None and r.oom is not None
     return {
+        "needed": "OOM" if oom else size(e.needed_bytes),
+        "fits": "?" if e.fits is None else ("yes" if e.fits else "no"),
         "est. reserved": "OOM" if r is not None and r.oom else size(_predicted_reserved(e)),
         "reserved bound": size(e.reserved_bound_bytes),
         "measured reserved": size(seen),
@@ -119,6 +128,8 @@ def estimate_columns(
     cols += [Column("precision")] if "precision" in axes else []
     cols += [Column("setup", wrap=True, min_width=10, breaks="=_", fold=True)] if setup else []
     cols.append(Column("est. peak", numeric=True))
+    if _verdicts(estimates):  # on a card with a budget: what must fit, and whether it does, kept at 80 columns
+        cols += [Column("needed", numeric=True), Column("fits")]
     if measured:
         # Comparing the prediction with the run's measurement is why a run directory is passed: always shown.
         cols += [Column("measured", numeric=True), Column("error", numeric=True)]
@@ -128,7 +139,7 @@ def estimate_columns(
     cols += [Column(name, priority=prio, numeric=True) for name, prio in _PARTS.values()]
     cols.append(Column("peak at", priority=3, wrap=True, min_width=16))
     if any(e.budget_bytes is not None for e in estimates) or any(e.note for e in estimates):
-        cols.append(Column("fits budget", priority=1, wrap=True, min_width=10))
+        cols.append(Column("fits budget", priority=3 if _verdicts(estimates) else 1, wrap=True, min_width=10))
     return cols
 
 

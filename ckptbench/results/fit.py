@@ -12,6 +12,10 @@ import math
 
 from ckptbench.results.record import PointRecord
 
+# The headroom every command keeps free under a budget by default (recommend, tune, answers, advise): room for
+# fragmentation growth, a stray buffer and other processes. One setting, here.
+DEFAULT_HEADROOM = "5%"
+
 # How far the measured peak reserved lay above the replayed allocator's prediction, at worst, on the
 # committed H200 runs (`ckptbench estimate` on results/h200-gpu-check-2/check and
 # results/h200-gpu-check-1/axes: 30 ok points, tests/fixtures/reserved_predictions.json; README, "Reserved

@@ -20,6 +20,19 @@ from ckptbench.train.model import decoder_layers, layer_parts
 from ckptbench.train.offload import HostOffload
 
 
+@functools.cache
+def transformers_switches() -> tuple[bool, bool]:
+    """What the installed transformers offers to turn checkpointing on: (``activation_checkpointing_enable``,
+    which deprecates ``gradient_checkpointing_enable``; its ``every_n_layers``, which HF Trainer's
+    gradient_checkpointing_kwargs passes on), read from its signature."""
+    import inspect
+
+    from transformers import PreTrainedModel
+
+    enable = getattr(PreTrainedModel, "activation_checkpointing_enable", None)
+    return enable is not None, enable is not None and "every_n_layers" in inspect.signature(enable).parameters
+
+
 def _saved_ops() -> frozenset[Any]:
     """Ops whose outputs selective checkpointing keeps: matmuls and fused attention kernels."""
     aten = torch.ops.aten

@@ -25,6 +25,7 @@ from ckptbench.config.families import FAMILIES, family_of
 from ckptbench.config.model import LoraSpec, ModelSpec
 from ckptbench.errors import ConfigError
 from ckptbench.train.flops import ModelShape
+from ckptbench.train.optimizers import bitsandbytes_quietly
 
 # Fields of a config.json that change neither memory nor time: kept in the run's record (model.config_fields),
 # never passed to transformers. ckptbench's precision axis decides the dtype; the batch is random token ids
@@ -161,7 +162,8 @@ def lora_targets(model: nn.Module, targets: list[str]) -> list[str]:
 def apply_lora(model: PreTrainedModel, *, rank: int, spec: LoraSpec) -> nn.Module:
     """Wrap the model with peft LoRA adapters: base weights frozen, adapters trainable."""
     try:
-        from peft import LoraConfig, get_peft_model
+        with bitsandbytes_quietly():  # peft imports bitsandbytes where it is installed
+            from peft import LoraConfig, get_peft_model
     except ImportError:
         raise ModuleNotFoundError(
             "peft is not installed (pip install 'ckptbench[lora]') and LoRA points need it"

@@ -3,6 +3,8 @@ stepped after backward, during backward (per-parameter hooks), or on the CPU (to
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -24,11 +26,9 @@ def make_optimizer(name: str, params: list[nn.Parameter], *, lr: float) -> torch
         opt: torch.optim.Optimizer = cls(params, lr=lr, **options)
         return opt
     if name == "adamw_8bit":
-        try:
-            import bitsandbytes as bnb
-        except ImportError:
-            raise OptimizerUnavailable("bitsandbytes is not installed (pip install 'ckptbench[8bit]')") from None
-        return bnb.optim.AdamW8bit(params, lr=lr)
+        bnb: Any = import_bitsandbytes()
+        opt8bit: torch.optim.Optimizer = bnb.optim.AdamW8bit(params, lr=lr)
+        return opt8bit
     if name == "adamw_8bit_torchao":
         adamw8bit: Any = _torchao("AdamW8bit")
         opt8: torch.optim.Optimizer = adamw8bit(params, lr=lr)
@@ -43,6 +43,38 @@ _TORCH: dict[str, tuple[Any, dict[str, Any]]] = {
     "sgd": (torch.optim.SGD, {"momentum": 0.9}),
     "adafactor": (torch.optim.Adafactor, {}),
 }
+
+
+def import_bitsandbytes() -> Any:
+    """The bitsandbytes package, imported ``bitsandbytes_quietly``; OptimizerUnavailable where it is not installed."""
+    try:
+        with bitsandbytes_quietly():
+            import bitsandbytes
+    except ImportError:
+        raise OptimizerUnavailable("bitsandbytes is not installed (pip install 'ckptbench[8bit]')") from None
+    return bitsandbytes
+
+
+# What bitsandbytes' CPU backend logs (a warning) when it imports on a CPU with AVX-512 bf16: a 4-bit matmul kernel
+# (kernels-community's gemm_4bit_forward) it could not fetch, which ckptbench never runs.
+_BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
+_BNB_IMPORT_NOISE = "Failed to load CPU gemm_4bit_forward"
+
+
+@contextlib.contextmanager
+def bitsandbytes_quietly() -> Iterator[None]:
+    """While bitsandbytes may be imported in the block, drop that one warning of its CPU backend (every other record,
+    and every exception, comes through): wrap whatever imports it first (``import bitsandbytes``, or peft's import)."""
+    logger = logging.getLogger(_BNB_CPU_LOGGER)
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_BNB_IMPORT_NOISE)
+
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
 
 
 def _torchao(name: str) -> Any:
