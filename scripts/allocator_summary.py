@@ -95,13 +95,14 @@ def search(root: Path) -> list[str]:
         if not (run_dir / "run.json").exists():
             continue
         run = load_run(run_dir)
-        for outcome in run.meta.get("searches", []):
-            lines.append(f"- {outcome['group']}: predicted {outcome.get('predicted')}, measured {outcome['answer']}, "
-                         f"probes {outcome['probes']}")
+        for outcome in run.meta.searches:
+            seen = outcome.to_json()
+            lines.append(f"- {outcome.group}: predicted {seen.get('predicted')}, measured {seen.get('answer')}, "
+                         f"probes {outcome.probes}")
         rows = [[_name(r), r.status, r.process or "-", fmt_bytes(r.peak_reserved_bytes),
                  fmt_bytes(r.predicted_peak_reserved_bytes),
                  _err(r.predicted_peak_reserved_bytes, r.peak_reserved_bytes),
-                 str((r.predicted_oom or {}).get("segment", "-"))] for r in run.points]
+                 (r.predicted_oom.segment if r.predicted_oom else None) or "-"] for r in run.points]
         header = ["probe", "status", "process", "reserved", "predicted", "error", "predicted OOM at"]
         lines += ["", *_table(header, rows)]
     return lines

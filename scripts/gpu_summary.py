@@ -43,8 +43,8 @@ def timing(run_dir: str) -> None:
     statuses: dict[str, int] = {}
     for p in run.points:
         statuses[p.status] = statuses.get(p.status, 0) + 1
-    t: dict[str, Any] = run.meta.get("timing") or {}
-    wall, points_wall = t.get("command_wall_s"), run.meta.get("sweep_wall_s")
+    t: dict[str, Any] = run.meta.timing.to_json() if run.meta.timing is not None else {}
+    wall, points_wall = t.get("command_wall_s"), run.meta.sweep_wall_s
     print(f"{run.name}: {len(run.points)} points {statuses}; warm-up + measured steps {steps:.1f} s")
     whole = f"{wall:.1f} s = {_ratio(wall, steps)} the steps" if wall else "not recorded (run.json has no timing)"
     print(f"  whole command {whole} (points alone {points_wall or 0:.1f} s = {_ratio(points_wall, steps)}); "

@@ -17,6 +17,7 @@ from ckptbench.answers.predictions import OomFigures, PredictedPoint, Prediction
 from ckptbench.answers.verdicts import Budget
 from ckptbench.config.grid import AXIS_DEFAULTS, Point, key_id
 from ckptbench.config.layouts import parse_layout
+from ckptbench.results.meta import RunMeta
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 
@@ -55,7 +56,8 @@ def run_of(points: list[dict[str, Any]], *, path: str = "runs/a", gpu: str = "NV
     meta = {"schema_version": 1, "name": Path(path).name, "created_at": "2026-01-01T00:00:00+00:00",
             "config": {"name": "x", "model": {"preset": "llama-7b"}, "optimizer": "adamw_fused"},
             "environment": {"gpu_name": gpu, "device_type": "cuda", "torch": "2.13.0"}}
-    return Run(path=Path(path), meta=meta, points=[PointRecord.model_validate(p) for p in points])
+    return Run(path=Path(path), meta=RunMeta.model_validate(meta),
+               points=[PointRecord.model_validate(p) for p in points])
 
 
 def answers(*runs: Run, budget: Budget = BUDGET, pr: Predictions | None = None) -> Answers:

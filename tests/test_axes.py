@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import math
 from typing import Any
@@ -10,8 +9,6 @@ from typing import Any
 import pytest
 import torch
 
-from ckptbench.config.axes import SweepAxes
-from ckptbench.config.grid import _ORDER, AXES, AXIS_DEFAULTS, KEY_AXES, Point
 from ckptbench.config.layouts import parse_layout
 from ckptbench.config.load import parse_config
 from ckptbench.errors import ConfigError
@@ -154,27 +151,6 @@ def test_nonsense_combinations_are_rejected_at_load(sweep: dict[str, Any], fragm
         parse_config({"name": "x", "device": "cpu", "model": {"preset": "tiny"}, "sweep": sweep})
 
 
-# A value other than the default for every field of a point's key.
-OTHER_VALUES = {"model": "other", "architecture": "qwen3",
-                "layout": "all", "batch_size": 4, "seq_len": 256, "precision": "amp_bf16",
-                "optimizer": "sgd", "micro_batches": 4, "offload": "all", "lora": "r8", "compile": True,
-                "attn_implementation": "eager", "loss": "chunked", "optimizer_in_backward": True,
-                "optimizer_offload": "cpu", "parallel": "fsdp2:2", "allocator": "expandable_segments"}
-
-
-def test_every_axis_is_in_the_point_key() -> None:
-    """The key holds every sweep axis, the model and its architecture, and points that differ in any one of them
-    differ in key."""
-    (base,) = tiny_config().points_list()
-    assert set(base.key) == set(SweepAxes.model_fields) | {"model", "architecture"} == set(OTHER_VALUES)
-    for field, value in OTHER_VALUES.items():
-        changed = dataclasses.replace(base, **{field: value})
-        assert changed.key == {**base.key, field: value}, field
-        assert changed.key_id != base.key_id, field
-    cfg = tiny_config(sweep={"layout": ["none"], "lora": ["none", "r8"], "micro_batches": [1, 4]})
-    assert len({p.key_id for p in cfg.points_list()}) == 4
-
-
 def test_torch_compile_trains_like_eager() -> None:
     """The compile axis: the compiled forward gives the eager losses (CPU, no tracker: inductor only)."""
     spec = tiny_config(model={"preset": "tiny", "overrides": {"num_hidden_layers": 1, "hidden_size": 32,
@@ -190,29 +166,3 @@ def test_torch_compile_trains_like_eager() -> None:
             losses[compiled] = [float(trainer.step(batch)) for _ in range(2)]
     torch._dynamo.reset()
     assert losses[True] == pytest.approx(losses[False], rel=1e-4)
-
-
-def test_the_axes_are_declared_once_and_point_follows_the_declaration() -> None:
-    """KEY_AXES names every field of Point with its type; a field's default is the axis's plain value; the key,
-    the plain values and the sweep's axes follow from it in the orders tables and records use."""
-    by_name = {a.name: a for a in KEY_AXES}
-    point_fields = dataclasses.fields(Point)
-    assert {f.name for f in point_fields} == set(by_name) and len(by_name) == len(KEY_AXES)
-    for f in point_fields:
-        assert f.type == by_name[f.name].kind.__name__, f.name
-        if f.default is not dataclasses.MISSING:  # a technique axis's plain value, a later cell axis's absent one
-            axis = by_name[f.name]
-            assert f.default == (axis.plain if axis.plain is not None else axis.absent), f.name
-    point = Point("fp32", "none", "all", 32, 2, "tiny", "sgd")
-    assert list(point.key) == [
-        "model", "architecture", "layout", "batch_size", "seq_len", "precision", "optimizer", "micro_batches",
-        "offload", "lora", "compile", "attn_implementation", "loss", "optimizer_in_backward", "optimizer_offload",
-        "parallel", "allocator",
-    ]
-    assert list(AXIS_DEFAULTS) == list(point.key)[6:]
-    assert point.architecture == "llama"  # keys written before the axis existed: LLaMA
-    assert AXIS_DEFAULTS["optimizer"] == "adamw_fused" and AXIS_DEFAULTS["lora"] == "none"
-    assert AXES == ("precision", "lora", "layout", "seq_len", "batch_size", "optimizer", "micro_batches", "offload",
-                    "compile", "attn_implementation", "loss", "optimizer_in_backward", "optimizer_offload",
-                    "parallel", "allocator")
-    assert sorted(_ORDER) == sorted(AXES)  # the execution order nests every swept axis once

@@ -26,6 +26,7 @@ from ckptbench.measure.loss_check import LossReferences
 from ckptbench.measure.progress import Progress
 from ckptbench.processes.executors import Request, SlurmPool, cancel
 from ckptbench.processes.fanout import attach_pool, make_fanout
+from ckptbench.processes.request import PointRequest
 from ckptbench.processes.schedule import prerequisites, ready
 from ckptbench.results.store import load_run
 from ckptbench.sweep.sweep import run_sweep
@@ -60,7 +61,7 @@ def test_local_executor_on_tiny_yaml_gives_the_plain_sweeps_points(tmp_path: Pat
         assert rec.executor == "local" and rec.job_id and rec.isolated and rec.host
     # the CPU tracker counts the same bytes in a fresh job as in the sweep's own process
     assert {r.key_id: r.peak_allocated_bytes for r in a.points} == {r.key_id: r.peak_allocated_bytes for r in b.points}
-    assert b.meta["options"]["cluster"]["executor"] == "local" and b.meta["status"] == "complete"
+    assert (b.meta.options.cluster or {})["executor"] == "local" and b.meta.status == "complete"
     assert (tmp_path / "fanned" / "summary.md").exists()
 
 
@@ -152,7 +153,7 @@ def test_slurm_path_runs_on_submitits_debug_executor(tmp_path: Path) -> None:
             records.append(event.record)
 
     runner.run(cfg.points_list(), collect)
-    assert environment["executor"] == "slurm" and environment["device_type"] == "cpu"
+    assert environment.executor == "slurm" and environment.device_type == "cpu"
     assert records[0].key["layout"] == "none"  # the loss reference runs first
     assert {r.status for r in records} == {"ok"} and {r.executor for r in records} == {"slurm"}
     assert all(r.loss_check and r.loss_check.reference == "none" for r in records[1:])
@@ -184,7 +185,10 @@ def test_sbatch_scripts_submitit_writes_for_the_cluster_section(
     spec = SlurmSpec(partition="gpu", time_min=30, array_parallelism=2, account="proj", cpus_per_task=8,
                      mem_gb=64, sbatch={"qos": "high", "exclusive": True}, setup=["module load cuda/12.4"])
     pool = SlurmPool(tmp_path / "jobs", spec, "tiny")
-    batch = [Request({"key": {"layout": x}}) for x in ("none", "all", "first:1")] + [Request({"key": {}}, 2)]
+    def request(**key: str) -> PointRequest:
+        return PointRequest(config={}, key=key, parent_pid=os.getpid())
+
+    batch = [Request(request(layout=x)) for x in ("none", "all", "first:1")] + [Request(request(), 2)]
     subs = pool.submit(len, batch, None)
     first, second = (capture / "sbatch-1.sh").read_text(), (capture / "sbatch-2.sh").read_text()
     sbatch = [line for line in first.splitlines() if line.startswith("#SBATCH")]

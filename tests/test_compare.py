@@ -19,6 +19,7 @@ from ckptbench.analysis.compare import Gates, compare_refs, compare_runs, point_
 from ckptbench.analysis.marks import Thresholds, compare_point, memory_mark
 from ckptbench.analysis.verdict import NOISE
 from ckptbench.cli.main import app
+from ckptbench.results.meta import RunEnvironment, RunMeta
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 
@@ -300,7 +301,8 @@ def _run(points: list[dict[str, Any]], name: str, steps: int = 10) -> Run:
         }
         for k in points
     ]
-    return Run(path=Path(name), meta=meta, points=[PointRecord.model_validate(r) for r in recs])
+    return Run(path=Path(name), meta=RunMeta.model_validate({"schema_version": 1, **meta}),
+               points=[PointRecord.model_validate(r) for r in recs])
 
 
 def test_keys_with_an_extra_axis_are_matched_as_whole_dicts() -> None:
@@ -328,7 +330,7 @@ def test_few_steps_are_noted_with_what_the_verdict_can_still_do() -> None:
     ]
     cpu_a, cpu_b = _run([key], "a", steps=3), _run([key], "b", steps=3)
     for r in (cpu_a, cpu_b):
-        r.meta["environment"] = {"device_type": "cpu"}
+        r.meta = r.meta.model_copy(update={"environment": RunEnvironment(device_type="cpu")})
     assert compare_runs(cpu_a, cpu_b).notes == [
         "with 3 and 3 measured steps on a CPU p-values do not count (a busy host slows steps together): a "
         "step-time change is declared only when the two runs' step times lie at least 150% apart; points "

@@ -21,6 +21,7 @@ from ckptbench.analysis.marks import (
 )
 from ckptbench.analysis.verdict import TimeEvidence, family_verdicts
 from ckptbench.config.grid import key_id
+from ckptbench.results.meta import RunMeta
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 
@@ -33,7 +34,7 @@ def _run(times: dict[int, list[float]], name: str) -> Run:
         })
         for b, t in times.items()
     ]
-    return Run(path=Path(name), meta={"status": "complete", "environment": {}, "config": {}}, points=recs)
+    return Run(path=Path(name), meta=RunMeta(schema_version=1, status="complete"), points=recs)
 
 
 def _families(changes: list[PointChange], records: list[tuple[PointRecord, PointRecord]], *, cpu: bool,

@@ -163,7 +163,7 @@ def test_every_reading_command_takes_all_damaged_records_at_once(mini_run: tuple
     after = quiet_load(run)
     assert lines_of(run)[: len(bad) + 4] == [good[0], *bad, *good[2:]]  # resume appended, changed nothing
     assert {p.key_id for p in before.points} <= {p.key_id for p in after.points}
-    assert after.meta["status"] == "complete" and {p.status for p in after.points} == {"ok"}
+    assert after.meta.status == "complete" and {p.status for p in after.points} == {"ok"}
 
 
 @pytest.mark.parametrize(
@@ -184,7 +184,7 @@ def test_resume_runs_again_a_point_whose_record_it_cannot_use(
     assert result.exit_code == 0, result.stderr
     assert "1 ran now" in result.stderr  # the damaged record's point, and only it
     after = quiet_load(run)
-    assert after.meta["status"] == "complete" and len(lines_of(run)) == 5
+    assert after.meta.status == "complete" and len(lines_of(run)) == 5
     assert sorted(p.key_id for p in after.points if "new_axis" not in p.key and p.key.get("seq_len")) == sorted(
         p.key_id for p in quiet_load(pristine).points
     )
@@ -210,7 +210,7 @@ def test_a_damaged_run_json_field_is_dropped_with_a_warning(
     meta = json.loads((run / RUN_FILE).read_text())
     (run / RUN_FILE).write_text(_dumps({**meta, field: value}))
     loaded = quiet_load(run)
-    assert field not in loaded.meta and any(f"ignored field {field!r}" in w for w in loaded.warnings)
+    assert field not in loaded.meta.model_fields_set and any(f"ignored field {field!r}" in w for w in loaded.warnings)
     assert len(loaded.points) == 4
     for (name, args), code in zip(commands(run, config, tmp_path).items(), codes, strict=True):
         result = invoke(args)
@@ -260,7 +260,7 @@ def test_a_truncated_line_that_ends_in_a_newline_no_longer_corrupts_the_run(
     result = invoke(commands(run, config, tmp_path)["resume"])
     assert result.exit_code == 0, result.stderr
     after = quiet_load(run)
-    assert after.warnings == [] and after.meta["status"] == "complete"  # the cut line is gone, not buried
+    assert after.warnings == [] and after.meta.status == "complete"  # the cut line is gone, not buried
     assert lines_of(run)[:2] == lines[:2] and len(lines_of(run)) == 4
     for name in ("resume", "compare", "recommend"):  # and the run stays whole for every later command
         assert invoke(commands(run, config, tmp_path)[name]).exit_code == 0

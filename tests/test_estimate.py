@@ -25,6 +25,7 @@ from ckptbench.measure.device import make_probe, resolve_device
 from ckptbench.measure.progress import Progress
 from ckptbench.measure.runner import Runner
 from ckptbench.results.inputs import load_input
+from ckptbench.results.meta import RunMeta
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import RunWriter, load_run
 from tests.conftest import tiny_config
@@ -331,7 +332,7 @@ def test_forgotten_host_copies_stay_uncounted_through_in_place_ops() -> None:
 
 def test_predictions_map_key_ids_to_bytes() -> None:
     cfg = tiny_config(device="cuda", sweep={"layout": ["none", "all"], "batch_size": [2], "seq_len": [128]})
-    predictions = {k: f["predicted_peak_allocated_bytes"] for k, f in iter_predictions(cfg, cfg.points_list())}
+    predictions = {k: p.predicted_peak_allocated_bytes for k, p in iter_predictions(cfg, cfg.points_list())}
     assert set(predictions) == {p.key_id for p in cfg.points_list()}
     by_layout = {p.layout: predictions[p.key_id] for p in cfg.points_list()}
     assert by_layout["all"] < by_layout["none"]
@@ -484,7 +485,8 @@ def test_cli_sets_a_run_directory_against_its_measurements(measured: dict, tmp_p
     cfg = _cfg("bf16")
     records = list(measured["bf16"][0].values())
     oom = {**records[-1], "status": "oom", "peak_allocated_bytes": None}
-    writer = RunWriter(tmp_path, {"name": cfg.name, "status": "complete", "config": cfg.model_dump(mode="json")})
+    meta = RunMeta(schema_version=1, name=cfg.name, status="complete", config=cfg.model_dump(mode="json"))
+    writer = RunWriter(tmp_path, meta)
     for rec in [*records[:-1], oom]:
         writer.append(PointRecord.model_validate(rec))
     writer.close()

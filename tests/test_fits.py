@@ -66,7 +66,8 @@ def _tune(record: PointRecord, limit: int) -> bool:
     planner = TunePlanner([TuneCandidate(point, 1, estimate)], limit_bytes=limit)
     assert planner.next() == point
     planner.observe(point, record)
-    assert planner.decisions[-1]["fits"] is planner.measured[-1].fits
+    measured = planner.decided[-1].measured
+    assert measured is not None and measured.fits is planner.measured[-1].fits
     return planner.measured[-1].fits
 
 

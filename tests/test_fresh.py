@@ -18,7 +18,7 @@ import pytest
 from ckptbench.config.load import parse_config
 from ckptbench.processes import fresh
 from ckptbench.processes.launch import point_request, run_child
-from ckptbench.results.store import write_json_atomic
+from ckptbench.results.record import PointRecord
 from tests.conftest import MINI
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,8 +29,8 @@ HANG = {"CKPTBENCH_ENABLE_TEST_HOOKS": "1", "CKPTBENCH_TEST_HANG": "layout=none"
 
 def _request(tmp_path: Path) -> Path:
     path = tmp_path / "request.json"
-    write_json_atomic(path, {**point_request(CFG, POINT, gpu_name=None, known=[]),
-                             "result": str(tmp_path / "result.json"), "ready": str(tmp_path / "ready")})
+    request = point_request(CFG, POINT, gpu_name=None, known=[])
+    request.model_copy(update={"result": str(tmp_path / "result.json"), "ready": str(tmp_path / "ready")}).write(path)
     return path
 
 
@@ -82,15 +82,16 @@ def test_the_server_is_started_once_and_again_when_it_is_gone(tmp_path: Path, mo
     server = fresh._servers[os.getpid()]
     second = run_child(point_request(CFG, POINT, gpu_name=None, known=[]), workdir=tmp_path / "b", timeout_s=None)
     assert fresh._servers[os.getpid()] is server and server.proc.poll() is None
-    assert first is not None and second is not None and first["status"] == second["status"] == "ok"
-    assert first["peak_allocated_bytes"] == second["peak_allocated_bytes"] and first["losses"] == second["losses"]
+    assert isinstance(first, PointRecord) and isinstance(second, PointRecord)
+    assert first.status == second.status == "ok"
+    assert first.peak_allocated_bytes == second.peak_allocated_bytes and first.losses == second.losses
     assert list(server.link.exit_codes.values())[-2:] == [0, 0]  # both reaped by the server, exit status 0
 
     server.proc.kill()
     _wait_for(lambda: server.link.gone)
     third = run_child(point_request(CFG, POINT, gpu_name=None, known=[]), workdir=tmp_path / "c", timeout_s=None)
-    assert fresh._servers[os.getpid()] is not server and third is not None
-    assert (third["status"], third["peak_allocated_bytes"]) == ("ok", first["peak_allocated_bytes"])
+    assert fresh._servers[os.getpid()] is not server and isinstance(third, PointRecord)
+    assert (third.status, third.peak_allocated_bytes) == ("ok", first.peak_allocated_bytes)
 
 
 # A local job (processes/job.py) in miniature: a process without torch that starts a point through the address

@@ -19,7 +19,8 @@ import ckptbench.measure.window as window_module
 from ckptbench.estimator.api import estimate_points, iter_predictions
 from ckptbench.measure.environment import available_cpus, spread_warning
 from ckptbench.render.summary import summary_rows
-from ckptbench.results.record import PointRecord
+from ckptbench.results.meta import RunMeta
+from ckptbench.results.record import PointRecord, Prediction
 from ckptbench.results.store import Run, load_run
 from ckptbench.sweep import predictions
 from ckptbench.sweep.predictions import BackgroundPredictions
@@ -57,8 +58,8 @@ def test_cpu_threads_hold_during_the_steps_and_are_restored(
     assert {t for t, _ in seen} == {threads} and len(seen) == 2  # 1 warm-up + 1 measured step
     assert torch.get_num_threads() == before
     env = load_run(tmp_path / "r").environment
-    assert env["torch_num_threads"] == threads and env["cpus_available"] >= 1
-    assert isinstance(env["load_average_1m"], float)
+    assert env.torch_num_threads == threads and (env.cpus_available or 0) >= 1
+    assert isinstance(env.load_average_1m, float)
 
 
 def test_long_lived_objects_are_frozen_while_points_run_and_released_after(
@@ -156,7 +157,7 @@ def test_warnings_show_in_the_summary_status() -> None:
         PointRecord.model_validate({**base, "warnings": [busy], "loss_check": {"match": False}}),
         PointRecord.model_validate(base),
     ]
-    rows = summary_rows(Run(path=Path("r"), meta={}, points=recs))
+    rows = summary_rows(Run(path=Path("r"), meta=RunMeta(schema_version=1), points=recs))
     assert [r["status"] for r in rows] == ["ok (busy, spread)", "ok (loss mismatch; busy)", "ok"]
 
 
@@ -169,7 +170,7 @@ def test_predictions_stream_in_the_points_order_and_equal_the_estimates() -> Non
     streamed = list(iter_predictions(cfg, points, target="cpu"))
     # Each as soon as its shape is traced: the first point's comes first, before the second shape's trace.
     assert [k for k, _ in streamed] == [points[i].key_id for i in (0, 2, 1, 3)]  # none b=1, all b=1, b=2...
-    peaks = {k: f["predicted_peak_allocated_bytes"] for k, f in streamed}
+    peaks = {k: prediction.predicted_peak_allocated_bytes for k, prediction in streamed}
     assert peaks == {e.point.key_id: e.peak_bytes for e in estimate_points(cfg, points, target="cpu")}
 
 
@@ -183,12 +184,14 @@ def test_background_predictions_are_recorded_like_in_process_ones(
     cfg = tiny_config(sweep={**AXES, "batch_size": [1, 2]})
     outcome = run_sweep(cfg, out=tmp_path / "r", predict_in_background=True)
     predicted = iter_predictions(cfg, cfg.points_list(), target="cpu")
-    expected = {key: fields["predicted_peak_allocated_bytes"] for key, fields in predicted}
+    expected = {key: prediction.predicted_peak_allocated_bytes for key, prediction in predicted}
     assert {r.key_id: r.predicted_peak_allocated_bytes for r in outcome.records} == expected
     assert all(v for v in expected.values()) and outcome.warnings == []
-    entry = load_run(tmp_path / "r").meta["timing"]["invocations"][0]
-    assert entry["predictions_mode"] == "background" and entry["predictions_background_s"] > 0
-    assert entry["predictions_s"] < 1.0  # nothing is predicted in the sweep's own process
+    timing = load_run(tmp_path / "r").meta.timing
+    assert timing is not None
+    entry = timing.invocations[0]
+    assert entry.predictions_mode == "background" and (entry.predictions_background_s or 0) > 0
+    assert (entry.predictions_s or 0) < 1.0  # nothing is predicted in the sweep's own process
     assert started[0].proc.poll() is not None  # the process has ended
 
 
@@ -210,7 +213,7 @@ def test_a_point_waits_for_its_prediction_so_it_is_made_before_the_point() -> No
     try:
         bg.request(cfg, points, target="cpu")
         assert bg.get("not asked for") is None and bg.wait_s == 0  # a search probe: no wait
-        assert bg.get(first) == {"predicted_peak_allocated_bytes": 123} and 0.3 < bg.wait_s < 10
+        assert bg.get(first) == Prediction(predicted_peak_allocated_bytes=123) and 0.3 < bg.wait_s < 10
     finally:
         bg.close()
     assert bg.proc.poll() is not None
@@ -246,11 +249,13 @@ def test_the_process_start_is_when_the_interpreter_started() -> None:
 def test_the_parts_of_a_sweep_add_up(tmp_path: Path) -> None:
     outcome = run_sweep(tiny_config(sweep=AXES), out=tmp_path / "r", predict=False)
     meta = load_run(tmp_path / "r").meta
-    t, entry = meta["timing"], meta["timing"]["invocations"][0]
+    assert meta.timing is not None
+    t = meta.timing.to_json()  # as run.json holds it
+    entry = t["invocations"][0]
     assert entry["status"] == "complete" and entry["points"] == 2 and entry["predictions_mode"] == "off"
     steps = sum(sum(r.warmup_times_s) + sum(r.step_times_s) for r in outcome.records)
     assert t["steps_s"] == pytest.approx(steps)
     assert t["steps_s"] + t["point_overhead_s"] + t["between_points_s"] == pytest.approx(t["points_s"])
-    assert meta["sweep_wall_s"] == t["points_s"] and t["points_s"] > t["steps_s"]
+    assert meta.sweep_wall_s == t["points_s"] and t["points_s"] > t["steps_s"]
     assert "command_wall_s" not in entry  # only the CLI knows when the command ends
     json.dumps(t)  # plain JSON

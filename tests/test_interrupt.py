@@ -57,8 +57,8 @@ def test_ctrl_c_keeps_finished_points_and_resume_completes_them(tmp_path: Path) 
     assert proc.wait(timeout=120) == 130, rest
     assert "interrupted:" in rest and f"--resume {run_dir}" in rest and "Traceback" not in rest
     interrupted = load_run(run_dir)
-    assert interrupted.meta["status"] == "interrupted"
-    assert 1 <= len(interrupted.points) < 3 and interrupted.meta["finished_points"] == len(interrupted.points)
+    assert interrupted.meta.status == "interrupted"
+    assert 1 <= len(interrupted.points) < 3 and interrupted.meta.finished_points == len(interrupted.points)
     assert (run_dir / "summary.md").exists()
 
     t0 = time.monotonic()
@@ -73,7 +73,7 @@ def test_ctrl_c_keeps_finished_points_and_resume_completes_them(tmp_path: Path) 
     resumed_wall = time.monotonic() - t0
     assert resumed.returncode == 0, resumed.stderr
     finished = load_run(run_dir)
-    assert finished.meta["status"] == "complete" and len(finished.meta["resumes"]) == 1
+    assert finished.meta.status == "complete" and len(finished.meta.resumes) == 1
     lines = (run_dir / "points.jsonl").read_text().splitlines()
     written = [json.loads(x) for x in lines[: len(interrupted.points)]]
     assert len(lines) == 3 and written == [p.to_json() for p in interrupted.points]
@@ -86,7 +86,8 @@ def test_ctrl_c_keeps_finished_points_and_resume_completes_them(tmp_path: Path) 
 
 def _check_timing_accumulates(run: Any, *, before: int, resumed_wall: float, stderr: str) -> None:
     """run.json's timing covers both invocations, each from its process's start to its end."""
-    timing = run.meta["timing"]
+    assert run.meta.timing is not None
+    timing = run.meta.timing.to_json()  # as run.json holds it
     first, second = timing["invocations"]
     assert [(e["status"], e["resumed"]) for e in (first, second)] == [("interrupted", False), ("complete", True)]
     for entry in (first, second):
@@ -98,7 +99,7 @@ def _check_timing_accumulates(run: Any, *, before: int, resumed_wall: float, std
     assert timing["steps_s"] == pytest.approx(steps)
     assert timing["command_wall_s"] == pytest.approx(first["command_wall_s"] + second["command_wall_s"])
     # Before, sweep_wall_s counted the resumed part only and came out below the steps (0.83x).
-    assert run.meta["sweep_wall_s"] == timing["points_s"] > steps
+    assert run.meta.sweep_wall_s == timing["points_s"] > steps
     assert "time: " in stderr and "x the steps)" in stderr
     summary = subprocess.run([sys.executable, "scripts/gpu_summary.py", str(run.path)], capture_output=True,
                              text=True, cwd=REPO, env=ENV, check=True).stdout
@@ -128,7 +129,7 @@ def test_isolate_records_a_crashed_and_a_hung_point_and_goes_on(
     assert "CKPTBENCH_TEST_HANG" in recs["every:2"].reason
     assert recs["none"].isolated and recs["none"].loss_check.match is True
     run = load_run(tmp_path / "run")
-    assert run.meta["status"] == "complete" and run.meta["options"] == {
+    assert run.meta.status == "complete" and run.meta.options.to_json() == {
         "isolate": True,
         "point_timeout_s": 5,
     }

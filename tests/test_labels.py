@@ -20,12 +20,19 @@ runner = CliRunner(env={"COLUMNS": "250"})
 
 
 @pytest.mark.parametrize(("typed", "meant"), [
-    ("h100", "'h100-80gb'"), ("a100", "'a100-80gb' or 'a100-40gb'"), ("l40", "'l40s'"), ("NVIDIA H200", "'h200'"),
+    ("h100", "'h100-80gb' or 'h100-pcie' or 'h100-nvl'"), ("a100", "'a100-80gb' or 'a100-40gb' or 'a100-pcie-80gb'"),
+    ("h1000", "'h100-80gb' or 'h200'"),
 ])
 def test_did_you_mean_knows_the_card_aliases(typed: str, meant: str) -> None:
-    with pytest.raises(ConfigError, match=f"did you mean {meant}\\?"):
+    with pytest.raises(ConfigError, match=f"did you mean {meant}"):
         gpu_model(typed)
-    assert suggest_cards("h100") == ["h100-80gb"]
+    assert suggest_cards("h100") == ["h100-80gb", "h100-pcie", "h100-nvl"]
+
+
+@pytest.mark.parametrize(("typed", "key"), [("l40", "l40"), ("NVIDIA H200", "h200"), ("RTX 4090", "rtx-4090"),
+                                            ("A100-SXM4-80GB", "a100-80gb")])
+def test_a_card_by_its_alias_or_torch_name(typed: str, key: str) -> None:
+    assert gpu_model(typed).key == key
 
 
 def test_gpu_implies_the_cuda_device_model_of_that_card() -> None:

@@ -14,6 +14,7 @@ from ckptbench.config.grid import key_id
 from ckptbench.errors import ConfigError
 from ckptbench.measure.loss_check import RTOL_BY_PRECISION, compare, loss_rtol
 from ckptbench.render.summary import summary_rows
+from ckptbench.results.meta import RunMeta
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run, load_run
 from ckptbench.sweep.sweep import run_sweep
@@ -53,17 +54,17 @@ def test_tolerance_comes_from_the_precision_unless_configured() -> None:
 def test_compare_measures_the_largest_relative_difference() -> None:
     losses, reference = [10.0, 9.0018, 8.0], [10.0, 9.0, 8.0]
     check = compare(losses, reference, rtol=1e-4, kind="none", reference_point="k")
-    assert check["max_rel_diff"] == pytest.approx(2e-4) and check["match"] is False
-    assert check["steps"] == 3 and check["reference_losses"] == reference
-    assert compare(losses, reference, rtol=3e-4, kind="none", reference_point="k")["match"] is True
+    assert check.max_rel_diff == pytest.approx(2e-4) and check.match is False
+    assert check.steps == 3 and check.reference_losses == reference
+    assert compare(losses, reference, rtol=3e-4, kind="none", reference_point="k").match is True
 
 
 def test_compare_uses_the_steps_both_have_and_flags_non_finite_losses() -> None:
     one = compare([5.0, 4.0, 3.0], [5.0], rtol=1e-5, kind="recomputed", reference_point="r")
-    assert (one["steps"], one["max_rel_diff"], one["match"]) == (1, 0.0, True)
+    assert (one.steps, one.max_rel_diff, one.match) == (1, 0.0, True)
     # A NaN in a later step is a mismatch even when only the first step has a reference.
     bad = compare([5.0, math.nan], [5.0], rtol=1e-5, kind="recomputed", reference_point="r")
-    assert bad["max_rel_diff"] is None and bad["match"] is False
+    assert bad.max_rel_diff is None and bad.match is False
 
 
 @pytest.mark.parametrize("value", [0, -1e-3, "inf", "nan"])
@@ -131,10 +132,11 @@ def _perturb_checkpointed(monkeypatch: pytest.MonkeyPatch, factor: float) -> Non
     """Make every checkpointed layout's first loss wrong by ``factor`` (relative)."""
     measure = window_module.measure_point
 
-    def wrong(model: Any, point: Any, plan: Any, **kw: Any) -> dict[str, Any]:
-        result = measure(model, point, plan, **kw)
-        if point.layout != "none" and result["status"] == "ok":
-            result["warmup_losses"][0] *= 1 + factor
+    def wrong(model: Any, point: Any, plan: Any, base: PointRecord, **kw: Any) -> PointRecord:
+        result = measure(model, point, plan, base, **kw)
+        if point.layout != "none" and result.ok:
+            first, *rest = result.warmup_losses
+            return result.updated(warmup_losses=[first * (1 + factor), *rest])
         return result
 
     monkeypatch.setattr(window_module, "measure_point", wrong)
@@ -184,5 +186,5 @@ def test_old_records_stay_readable(tmp_path: Path) -> None:
 
     old = {"reference": "none", "max_rel_diff": 0.0, "match": True}
     points = [rec("none", old), rec("all", None), rec("first:2", {**old, "match": False})]
-    run = Run(path=tmp_path, meta={}, points=[PointRecord.model_validate(p) for p in points])
+    run = Run(path=tmp_path, meta=RunMeta(schema_version=1), points=[PointRecord.model_validate(p) for p in points])
     assert [r["status"] for r in summary_rows(run)] == ["ok", "ok (loss unchecked)", "ok (loss mismatch)"]

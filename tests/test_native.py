@@ -1,13 +1,17 @@
-"""The C hot path of the replayed allocator (estimator/_replay_native.c) against its pure-Python reference: the
-free lists behave as ``SortedBlocks`` under any sequence of operations, ``serve`` fails as the Python loop does, and
-whole estimates (micro-batch skipping, out-of-memory points) are the same objects with and without it.
+"""The C fast path of the replayed allocator (estimator/_replay_native.c) against the general rules, its reference:
+the free lists behave as ``SortedBlocks`` under any sequence of operations, ``serve`` fails as the general rules do,
+whole estimates (micro-batch skipping, out-of-memory points) are the same objects with and without it, and a build is
+used only when it was made from the source beside it and fits allocator.py's classes.
 
-Request-by-request equality of ``serve`` with the general rules is in tests/test_speed.py (both loops)."""
+Request-by-request equality of ``serve`` with the general rules is in tests/test_allocator_serve.py; that it leaks
+neither memory nor references, in tests/test_allocator_leak.py."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +19,7 @@ import pytest
 from ckptbench.config.alloc_conf import parse_alloc_conf
 from ckptbench.config.load import load_config
 from ckptbench.estimator import allocator as allocator_module
+from ckptbench.estimator import native_fingerprint
 from ckptbench.estimator.allocator import NATIVE, AllocatorSegment, Block, CachingAllocator, DeviceLimit, SortedBlocks
 from ckptbench.estimator.api import Estimator
 from ckptbench.estimator.gpus import gpu_model
@@ -25,11 +30,18 @@ MIB, GIB = 2**20, 2**30
 
 
 def test_ci_runs_the_c_part() -> None:
-    """Where CI asks for it (CKPTBENCH_REQUIRE_NATIVE=1), the install built it: the C loop is what estimates use."""
+    """Where CI asks for it (CKPTBENCH_REQUIRE_NATIVE=1), the install built it from this source: the C loop is what
+    estimates use under the default settings (the general rules elsewhere)."""
     if REQUIRED:
         assert NATIVE is not None
-        assert CachingAllocator(parse_alloc_conf(""), DeviceLimit(GIB))._native is NATIVE
-    assert CachingAllocator(parse_alloc_conf(""), DeviceLimit(GIB), native=False)._native is None
+        built = NATIVE.SOURCE_HASH
+        assert built == native_fingerprint.source_hash()
+        default = CachingAllocator(parse_alloc_conf(""), DeviceLimit(GIB))
+        assert default._native is NATIVE and default._serves_in_c
+        expandable = CachingAllocator(parse_alloc_conf("expandable_segments:True"), DeviceLimit(GIB))
+        assert expandable._native is NATIVE and not expandable._serves_in_c
+    python = CachingAllocator(parse_alloc_conf(""), DeviceLimit(GIB), native=False)
+    assert python._native is None and not python._serves_in_c
 
 
 @WITH_NATIVE
@@ -44,8 +56,12 @@ def test_free_list_is_sorted_blocks_in_c(seed: int) -> None:
     for _ in range(600):
         if held and rng.random() < 0.4:
             block = held.pop(rng.randrange(len(held)))
-            c.remove(block)
-            py.remove(block)
+            if rng.random() < 0.5:
+                c.remove(block)
+                py.remove(block)
+            else:
+                index = list(py).index(block) - rng.choice([0, len(py)])  # from the front or the back
+                assert c.pop(index) is block and py.pop(index) is block
             assert block not in c
         else:
             block = Block(rng.randrange(1 << 20) * 512, rng.choice(sizes) * rng.randint(1, 3), segment)
@@ -69,13 +85,15 @@ def test_free_list_is_sorted_blocks_in_c(seed: int) -> None:
         c.remove(stranger)
     with pytest.raises(IndexError):
         c.at(len(c))
+    with pytest.raises(IndexError):
+        c.pop(-len(c) - 1)
 
 
 @pytest.mark.parametrize("native", [False, pytest.param(True, marks=WITH_NATIVE)])
 def test_serve_fails_on_an_unknown_key_with_the_counters_written_back(native: bool) -> None:
     a = CachingAllocator(parse_alloc_conf(""), DeviceLimit(GIB), native=native)
     live: dict[int, Block] = {}
-    a.serve([(0, 1, 4096)], live)  # a new segment (the Python part), then the C loop from the next request
+    a.serve([(0, 1, 4096)], live)  # a new segment
     with pytest.raises(KeyError):
         a.serve([(0, 2, 1000), (1, 1, 0), (1, 7, 0), (0, 3, 1000)], live)
     assert sorted(live) == [2]
@@ -115,20 +133,17 @@ def test_estimates_are_the_same_with_and_without_the_c_loop(case: str, monkeypat
         assert any(r.num_alloc_retries for r in replays if r is not None)
 
 
-@pytest.mark.parametrize("native", [False, pytest.param(True, marks=WITH_NATIVE)])
+@WITH_NATIVE
 @pytest.mark.parametrize("fraction", [None, 0.5])
-def test_new_segments_right_at_the_limit_are_made_or_refused_as_by_the_general_rules(
-    native: bool, fraction: float | None
-) -> None:
+def test_new_segments_right_at_the_limit_are_made_or_refused_as_by_the_general_rules(fraction: float | None) -> None:
     """Segments that fill the device (or the memory fraction) to the byte are made, the next 2 MiB is not: the
-    C loop makes new segments only where ``_alloc_block`` would, and leaves the rest to the slow path."""
+    C loop makes new segments only where ``_alloc_block`` would, and leaves the rest to the general rules."""
     limit = DeviceLimit(1 * GIB, fraction, 64 * MIB)
     room = (limit.allowed_bytes if fraction else GIB - 64 * MIB) or 0
     for last in (room - 3 * 40 * MIB, room - 3 * 40 * MIB + 2 * MIB):  # the fourth segment fits exactly, or not
-        fast = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True, native=native)
+        fast = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True, native=True)
         slow = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True, native=False)
-        slow._fast = False
-        outcome = []
+        outcome: list[tuple[Any, ...]] = []
         for a in (fast, slow):
             live: dict[int, Block] = {}
             try:
@@ -141,28 +156,91 @@ def test_new_segments_right_at_the_limit_are_made_or_refused_as_by_the_general_r
 
 
 @WITH_NATIVE
-def test_an_older_build_than_the_source_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A C part built before its source last changed (another ABI) is left alone, with a warning that says how to
-    rebuild it; the estimates then run on the pure-Python loop."""
+def test_a_build_of_another_source_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A C part built from another source than the one beside it (edited since) is left alone, with a warning that
+    says how to rebuild it, and the general rules serve every request; an install without the source (a wheel that
+    left it out) uses its build; CKPTBENCH_NATIVE=0 asks for the general rules alone."""
     assert NATIVE is not None
-    monkeypatch.setattr(NATIVE, "ABI", allocator_module.NATIVE_ABI - 1)
+    built = NATIVE.SOURCE_HASH
+    assert built == native_fingerprint.source_hash() and len(built) == 16
+    monkeypatch.setattr(NATIVE, "SOURCE_HASH", "0" * 16)
     with pytest.warns(RuntimeWarning, match="older build.*pip install -e"):
         assert allocator_module._load_native() is None
-    monkeypatch.setattr(NATIVE, "ABI", allocator_module.NATIVE_ABI)
+    monkeypatch.setattr(allocator_module, "source_hash", lambda: None)
     assert allocator_module._load_native() is NATIVE
+    monkeypatch.setattr(NATIVE, "SOURCE_HASH", built)
     monkeypatch.setenv("CKPTBENCH_NATIVE", "0")
     assert allocator_module._load_native() is None
 
 
-@pytest.mark.parametrize("native", [False, pytest.param(True, marks=WITH_NATIVE)])
-def test_recorded_addresses_then_the_bump_pointer_as_in_the_general_rules(native: bool) -> None:
-    """A recorded trace's segment addresses are used first (by the Python slow path), then the allocator's own
-    rising addresses: the C loop leaves the bump pointer where it was while the recorded ones last."""
+def test_the_fingerprint_is_the_sources_sha256(tmp_path: Path) -> None:
+    source = tmp_path / "x.c"
+    source.write_bytes(b"int x;\n")
+    assert native_fingerprint.source_hash(source) == hashlib.sha256(b"int x;\n").hexdigest()[:16]
+    assert native_fingerprint.source_hash(tmp_path / "absent.c") is None
+
+
+def _block_like(slots: tuple[str, ...], *, key: int = -1, base: type = object) -> type:
+    """A class with these slots whose __init__ does what Block's does (but for ``key``'s default)."""
+
+    def __init__(self: Any, addr: int, size: int, segment: AllocatorSegment, *, mapped: bool = True) -> None:
+        made = {"addr": addr, "size": size, "segment": segment, "mapped": mapped, "allocated": False, "prev": None,
+                "next": None, "gc_base": 0, "requested": 0, "key": key}
+        for name in slots:
+            setattr(self, name, made.get(name))
+
+    return type("BlockLike", (base,), {"__slots__": slots, "__init__": __init__})
+
+
+@WITH_NATIVE
+@pytest.mark.parametrize(("block", "refused"), [
+    (_block_like(Block.__slots__, key=0), "BlockLike.__init__ sets key otherwise"),
+    (_block_like((*Block.__slots__, "extra")), "slot extra that this build does not know"),
+    (_block_like(tuple(s for s in Block.__slots__ if s != "key")), "lacks slots"),
+    (_block_like(()), "lacks slots"),
+    (type("Dict", (), {}), "has a __dict__"),
+    (_block_like((), base=Block), "not a Python class deriving from object alone"),
+    (int, "not a Python class"),
+], ids=["init-default", "extra-slot", "missing-slot", "no-slot", "dict", "subclass", "builtin"])
+def test_the_c_part_refuses_classes_it_was_not_written_for(block: type, refused: str) -> None:
+    """The C part writes Block's slots and makes blocks without __init__: it binds only to a class whose slots are
+    exactly the ones it writes and whose __init__ makes what it makes, else refuses (and keeps its binding)."""
+    assert NATIVE is not None
+    with pytest.raises(TypeError, match=refused):
+        NATIVE.bind(block, AllocatorSegment)
+    a = CachingAllocator(parse_alloc_conf(""), DeviceLimit(GIB), native=True)
+    live: dict[int, Block] = {}
+    a.serve([(0, 1, 4096), (0, 2, 4096), (1, 1, 0)], live)  # still bound to Block: blocks it makes are Blocks
+    assert type(live[2].next) is Block and type(live[2].prev) is Block and live[2].prev.size == 4096
+
+
+@WITH_NATIVE
+def test_a_class_like_block_binds_and_a_refused_one_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The refusals above are for what they say: the same class with Block's __init__ defaults is accepted; and
+    allocator.py leaves a C part that refuses its classes alone, with a warning."""
+    assert NATIVE is not None
+    try:
+        NATIVE.bind(_block_like(Block.__slots__), AllocatorSegment)
+    finally:
+        NATIVE.bind(Block, AllocatorSegment)
+    segment_like = type("SegmentLike", (), {"__slots__": (*AllocatorSegment.__slots__, "extra"),
+                                            "__init__": AllocatorSegment.__init__})
+    with pytest.raises(TypeError, match="SegmentLike has a slot extra"):
+        NATIVE.bind(Block, segment_like)
+    monkeypatch.setattr(allocator_module, "Block", _block_like(Block.__slots__, key=7))
+    with pytest.warns(RuntimeWarning, match="sets key otherwise.*general rules"):
+        assert allocator_module._load_native() is None
+
+
+@WITH_NATIVE
+def test_recorded_addresses_then_the_bump_pointer_as_in_the_general_rules() -> None:
+    """A recorded trace's segment addresses are used first (the C loop leaves those new segments to the general
+    rules), then the allocator's own rising addresses: the C loop leaves the bump pointer where it was while the
+    recorded ones last."""
     recorded = [7 << 44, 3 << 44]
     requests = [(0, k, n) for k, n in enumerate([30 * MIB, 600, 12 * MIB, 40 * MIB, 700, 50 * MIB])]
-    fast = CachingAllocator(parse_alloc_conf(""), DeviceLimit(GIB), addresses=recorded, native=native)
+    fast = CachingAllocator(parse_alloc_conf(""), DeviceLimit(GIB), addresses=recorded, native=True)
     slow = CachingAllocator(parse_alloc_conf(""), DeviceLimit(GIB), addresses=recorded, native=False)
-    slow._fast = False
     lives: list[dict[int, Block]] = [{}, {}]
     for a, live in zip((fast, slow), lives, strict=True):
         a.serve(requests, live)

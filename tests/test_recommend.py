@@ -20,6 +20,7 @@ from ckptbench.cli.main import app
 from ckptbench.config.grid import KEY_FILLS
 from ckptbench.errors import ConfigError
 from ckptbench.render.recommend import rich_recommendation
+from ckptbench.results.meta import RunMeta
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run, load_run
 from ckptbench.units import GIB, MIB, parse_headroom, parse_size
@@ -55,7 +56,7 @@ def not_ok(layout: str, batch: int, status: str = "oom") -> dict[str, Any]:
 
 def run_of(points: list[dict[str, Any]]) -> Run:
     records = [PointRecord.model_validate(p) for p in points]
-    return Run(path=Path("hand-built"), meta={"schema_version": 1}, points=records)
+    return Run(path=Path("hand-built"), meta=RunMeta(schema_version=1), points=records)
 
 
 def labels(cands: list[RecommendCandidate]) -> list[str]:

@@ -12,7 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from ckptbench.config.grid import KEY_FILLS
-from ckptbench.results.record import PointRecord
+from ckptbench.processes.launch import PARENT_FIELDS
+from ckptbench.results.record import PREDICTION_FIELDS, PointMemory, PointRecord, Prediction
 from ckptbench.results.store import POINTS_FILE, load_run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,3 +108,42 @@ def test_a_copy_with_another_key_has_its_own_key_id() -> None:
     copy = rec.model_copy(update={"key": {**KEY, "batch_size": 4}})
     assert "batch_size=4" in copy.key_id and "batch_size=2" in rec.key_id
     assert rec.model_copy().key_id == rec.key_id
+
+
+def test_the_prediction_is_declared_once_and_written_flat_as_before() -> None:
+    assert PREDICTION_FIELDS == ("predicted_peak_allocated_bytes", "predicted_peak_reserved_bytes", "predicted_oom")
+    assert (*PREDICTION_FIELDS, "search") == PARENT_FIELDS  # what a child's record takes from the sweep's
+    oom = {"phase": "warm-up step 1", "segment": "logits@0", "where": "the logits", "request_bytes": 8,
+           "allocated_bytes": 9, "reserved_bytes": 10}
+    prediction = Prediction(predicted_peak_allocated_bytes=5, predicted_peak_reserved_bytes=None, predicted_oom=oom)
+    rec = PointRecord(key=KEY, status="oom", **prediction.given())
+    assert rec.to_json() == {"key": {**KEY_FILLS, **KEY}, "status": "oom", "predicted_peak_allocated_bytes": 5,
+                             "predicted_peak_reserved_bytes": None, "predicted_oom": oom}
+    assert rec.prediction == prediction and rec.predicted_oom is not None and rec.predicted_oom.segment == "logits@0"
+    assert PointRecord(key=KEY, status="ok").prediction is None  # a sweep run without predictions
+    assert _errors({"key": KEY, "status": "oom", "predicted_oom": {**oom, "segmnet": "x"}}) == [
+        (("predicted_oom", "segmnet"), "extra_forbidden")
+    ]
+
+
+def test_a_records_point_is_made_once_and_none_for_a_key_of_another_version() -> None:
+    rec = PointRecord(key=KEY, status="ok")
+    assert rec.point is not None and rec.point is rec.point and rec.point.key_id == rec.key_id
+    assert rec.point.batch_size == 2 and rec.point.optimizer == KEY_FILLS["optimizer"]
+    newer = PointRecord.read({"key": {**KEY, "new_axis": 1}, "status": "ok"})
+    assert newer.point is None
+    other = rec.updated(key={**KEY, "batch_size": 4})  # a copy makes its own point
+    assert other.point is not None and other.point.batch_size == 4 and rec.point.batch_size == 2
+
+
+def test_an_updated_record_is_checked_as_written_and_without_forgets_a_field() -> None:
+    rec = PointRecord(key=KEY, status="error", reason=None)
+    done = rec.updated(status="ok", fatal=True, memory=PointMemory(params_bytes=3))
+    assert done.to_json() == {"key": {**KEY_FILLS, **KEY}, "status": "ok", "reason": None, "fatal": True,
+                              "memory": {"params_bytes": 3}}
+    assert "fatal" not in done.without("fatal").to_json() and done.without("fatal").fatal is False
+    with pytest.raises(ValidationError, match="peak_alocated_bytes"):
+        rec.updated(peak_alocated_bytes=1)
+    with pytest.raises(ValidationError, match="step_times_s"):
+        rec.updated(step_times_s=[0.0])  # a step shorter than any clock's resolution
+    assert rec.status == "error"  # records are frozen: an update is a new record

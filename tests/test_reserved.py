@@ -21,6 +21,7 @@ from ckptbench.estimator.event_assembly import StepEvents, assemble_step, segmen
 from ckptbench.estimator.events import ALLOC
 from ckptbench.estimator.gpus import DEFAULT_CUBLAS_WORKSPACE, GPUS, HOPPER_CUBLAS_WORKSPACE, gpu_model
 from ckptbench.estimator.trace import trace_step
+from ckptbench.results.record import PointRecord
 from tests.conftest import tiny_config
 
 # Estimates of one config are made once per process and shared (tests/_est_shared.py).
@@ -222,18 +223,23 @@ def test_points_record_where_they_were_measured() -> None:
 
 
 def test_a_child_record_keeps_the_parents_predictions_and_is_marked_fresh() -> None:
-    from ckptbench.processes.launch import child_fields as merge_child_record
+    from ckptbench.processes.launch import child_record
+    from ckptbench.processes.outcome import ProcessFailure
 
-    base = {"key": {"layout": "all"}, "predicted_peak_reserved_bytes": 5, "predicted_oom": None,
-            "predicted_peak_allocated_bytes": 4, "process": "in-process", "allocator_conf": "expandable_segments:True"}
-    child = {"key": {"layout": "all"}, "status": "ok", "peak_reserved_bytes": 6, "process": "in-process",
-             "points_before": 0, "fatal": True}
-    merged = merge_child_record(base, child)
-    assert merged["predicted_peak_reserved_bytes"] == 5 and merged["peak_reserved_bytes"] == 6
-    assert merged["process"] == "fresh" and "fatal" not in merged
-    assert merged["allocator_conf"] == "expandable_segments:True"
-    failed = merge_child_record(base, {"reason": "killed"})
-    assert failed["status"] == "error" and failed["reason"] == "killed" and failed["process"] == "fresh"
+    base = PointRecord(key={"layout": "all"}, status="error", predicted_peak_reserved_bytes=5, predicted_oom=None,
+                       predicted_peak_allocated_bytes=4, process="in-process",
+                       allocator_conf="expandable_segments:True", search=True)
+    child = PointRecord(key={"layout": "all"}, status="ok", peak_reserved_bytes=6, process="in-process",
+                        points_before=0, fatal=True)
+    merged = child_record(base, child)
+    assert merged.predicted_peak_reserved_bytes == 5 and merged.peak_reserved_bytes == 6 and merged.search
+    # The child's own null prediction of the OOM is not carried over; its fatal error is not the next point's.
+    assert "predicted_oom" not in merged.to_json() and "fatal" not in merged.to_json()
+    assert merged.process == "fresh" and merged.isolated and merged.points_before == 0
+    assert merged.allocator_conf == "expandable_segments:True"
+    failed = child_record(base, ProcessFailure("killed", stderr_tail="", exit_code=-9))
+    assert failed.status == "error" and failed.reason == "killed" and failed.process == "fresh"
+    assert (failed.stderr_tail, failed.exit_code, failed.predicted_peak_allocated_bytes) == ("", -9, 4)
 
 
 def test_background_predictions_carry_the_reserved_prediction_for_the_sweeps_card() -> None:
@@ -253,6 +259,6 @@ def test_background_predictions_carry_the_reserved_prediction_for_the_sweeps_car
     assert bg.notes() == [] and streamed == predict_records(cfg, points, target="cuda", gpu=a100)
     h200 = predict_records(cfg, points, target="cuda", gpu="h200")
     # Ampere's smaller cuBLAS workspaces: less reserved than on the H200, so the card did reach the process.
-    for key, fields in streamed.items():
-        assert fields is not None
-        assert fields["predicted_peak_reserved_bytes"] < h200[key]["predicted_peak_reserved_bytes"]
+    for key, prediction in streamed.items():
+        assert prediction is not None and prediction.predicted_peak_reserved_bytes is not None
+        assert prediction.predicted_peak_reserved_bytes < (h200[key].predicted_peak_reserved_bytes or 0)

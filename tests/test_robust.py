@@ -22,6 +22,7 @@ from ckptbench.errors import ConfigError, ResultsError
 from ckptbench.measure import faults
 from ckptbench.measure.device import is_fatal_device_error, make_probe, resolve_device
 from ckptbench.measure.runner import Runner
+from ckptbench.results.meta import RunEnvironment, RunMeta
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import (
     POINTS_FILE,
@@ -84,7 +85,7 @@ def test_an_error_in_one_point_is_recorded_and_the_sweep_goes_on(
     assert [r.status for r in outcome.records] == ["ok", "error", "ok"]
     assert recs["all"].reason == "RuntimeError: injected failure (CKPTBENCH_TEST_ERROR)"
     assert recs["every:2"].loss_check.match is True
-    assert load_run(tmp_path / "run").meta["status"] == "complete"
+    assert load_run(tmp_path / "run").meta.status == "complete"
 
 
 def test_a_fatal_device_error_stops_the_sweep_and_keeps_the_results(
@@ -99,7 +100,7 @@ def test_a_fatal_device_error_stops_the_sweep_and_keeps_the_results(
     line = result.stderr.strip().splitlines()[-1]
     assert "device-side assert triggered" in line and "stopped the sweep" in line and "--resume" in line
     run = load_run(tmp_path / "run")
-    assert run.meta["status"] == "failed" and run.meta["finished_points"] == 2
+    assert run.meta.status == "failed" and run.meta.finished_points == 2
     assert [(p.key["layout"], p.status, p.fatal) for p in run.points] == [
         ("none", "ok", False),
         ("all", "error", True),
@@ -219,14 +220,14 @@ def test_concurrent_sweeps_never_share_a_run_directory(tmp_path: Path) -> None:
 
 
 def test_a_run_directory_in_use_cannot_be_written_by_a_second_sweep(tmp_path: Path) -> None:
-    first = RunWriter(tmp_path, {"name": "a"})
+    first = RunWriter(tmp_path, RunMeta(schema_version=1, name="a"))
     with pytest.raises(ResultsError, match="in use by another ckptbench process"):
         RunWriter.reopen(tmp_path)
     with pytest.raises(ResultsError, match="in use by another ckptbench process"):
-        RunWriter(tmp_path, {"name": "b"})
+        RunWriter(tmp_path, RunMeta(schema_version=1, name="b"))
     first.close()
     with pytest.raises(ResultsError, match="already holds a run"):
-        RunWriter(tmp_path, {"name": "b"})
+        RunWriter(tmp_path, RunMeta(schema_version=1, name="b"))
     assert json.loads((tmp_path / RUN_FILE).read_text())["name"] == "a"
 
 
@@ -271,11 +272,12 @@ def test_resume_refuses_another_config_or_machine(tmp_path: Path) -> None:
     cfg = small()
     env = {"device_type": "cpu", "gpu_name": None, "torch": torch.__version__, "transformers": "5"}
     run = load_run(_fake_run(tmp_path / "r", [], config=cfg.model_dump(mode="json"), environment=env))
-    check_resumable(small(name="renamed"), run, env)  # the name does not change any number
+    here = RunEnvironment.model_validate(env)
+    check_resumable(small(name="renamed"), run, here)  # the name does not change any number
     with pytest.raises(ConfigError, match=r"no longer matches the run at measured_steps \(run: 1, now: 3\)"):
-        check_resumable(small(measured_steps=3), run, env)
+        check_resumable(small(measured_steps=3), run, here)
     with pytest.raises(ConfigError, match="measured with gpu_name None, this machine has 'H100'"):
-        check_resumable(cfg, run, {**env, "gpu_name": "H100"})
+        check_resumable(cfg, run, here.model_copy(update={"gpu_name": "H100"}))
 
 
 def test_resume_runs_only_missing_and_failed_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -293,8 +295,8 @@ def test_resume_runs_only_missing_and_failed_points(tmp_path: Path, monkeypatch:
         "every:2": "ok",
         "all": "ok",
     }
-    assert run.meta["status"] == "complete" and run.meta["finished_points"] == 3
-    assert len(run.meta["resumes"]) == 1
+    assert run.meta.status == "complete" and run.meta.finished_points == 3
+    assert len(run.meta.resumes) == 1
     assert len((tmp_path / "run" / POINTS_FILE).read_text().splitlines()) == 4  # appended, nothing rewritten
 
 
@@ -314,8 +316,9 @@ def test_resume_accepts_a_run_written_before_a_config_field_existed(tmp_path: Pa
     cfg = tiny_config()
     stored = cfg.model_dump(mode="json")
     del stored["cpu_threads"]  # as a run written before the field existed stores it
-    run = Run(path=tmp_path, meta={"config": stored, "environment": {}}, points=[])
-    check_resumable(cfg, run, {})
+    run = Run(path=tmp_path, meta=RunMeta(schema_version=1, config=stored), points=[])
+    check_resumable(cfg, run, RunEnvironment())
     changed = {**stored, "seed": 7}
     with pytest.raises(ConfigError, match="at seed"):
-        check_resumable(cfg, Run(path=tmp_path, meta={"config": changed, "environment": {}}, points=[]), {})
+        check_resumable(cfg, Run(path=tmp_path, meta=RunMeta(schema_version=1, config=changed), points=[]),
+                        RunEnvironment())

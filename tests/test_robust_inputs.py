@@ -531,9 +531,11 @@ def test_each_run_records_the_command_that_wrote_it(mini_run: tuple[Path, Path])
     ids=["old-sweep", "old-tune", "tune", "sweep", "damaged"],
 )
 def test_runs_without_the_field_infer_their_command(tmp_path: Path, meta: dict[str, Any], command: str) -> None:
+    from ckptbench.results.meta import checked_meta
     from ckptbench.results.store import Run
 
-    assert Run(path=tmp_path, meta=meta, points=[]).command == command
+    typed, _ = checked_meta({"schema_version": 1, **meta}, source="run.json")  # a damaged field is dropped
+    assert Run(path=tmp_path, meta=typed, points=[]).command == command
 
 
 def test_resume_refuses_a_run_of_the_other_command(mini_run: tuple[Path, Path], tmp_path: Path) -> None:

@@ -36,14 +36,21 @@ def test_batch_max_doubles_then_bisects(boundary: int, expected_probes: list[int
     search = BatchMaxSearch(TEMPLATE, limit=1024)
     probes = drive(search, lambda p: {"status": "ok" if p.batch_size <= boundary else "oom"})
     assert [p.batch_size for p in probes] == expected_probes
-    assert search.outcome()["answer"]["batch_size"] == (boundary or None)
+    assert search.result().batch_size == (boundary or None)
+    assert search.result().probes == tuple(expected_probes)
 
 
 def test_batch_max_stops_at_the_limit() -> None:
     search = BatchMaxSearch(TEMPLATE, limit=8)
     probes = drive(search, lambda p: {"status": "ok"})
     assert [p.batch_size for p in probes] == [1, 2, 4, 8]
-    assert search.outcome()["answer"] == {"batch_size": 8, "first_failing_batch_size": None}
+    assert search.result().batch_size == 8 and search.result().first_failing_batch_size is None
+    # As run.json keeps it (under ``searches``).
+    cell = {k: v for k, v in TEMPLATE.key.items() if k != "batch_size"}
+    assert search.outcome() == {
+        "kind": "batch_max", "group": "none s=64 fp32 optimizer=sgd", "key": cell, "predicted": None,
+        "answer": {"batch_size": 8, "first_failing_batch_size": None}, "probes": [1, 2, 4, 8],
+    }
 
 
 def _peaks(k: int) -> int:
@@ -61,10 +68,22 @@ def test_layout_fit_finds_the_fewest_layers(budget: int) -> None:
 
     probes = drive(search, oracle, budget)
     expected = next((k for k in range(33) if _peaks(k) <= budget), None)
-    assert search.outcome()["answer"]["num_checkpointed"] == expected
+    assert search.result().num_checkpointed == expected
     assert len(probes) <= 8  # the measured per-layer cost proposes k: few probes, not 32
     layouts = [p.layout for p in probes]
     assert len(set(layouts)) == len(layouts)
+
+
+def test_layout_fit_ends_when_not_even_all_fits() -> None:
+    """'all' out of memory is the answer 'nothing fits', not a probe to measure again (it was asked forever)."""
+    search = LayoutFitSearch(TEMPLATE, num_layers=32)
+    probes = drive(search, lambda p: {"status": "oom"})
+    assert [p.layout for p in probes] == ["none", "all"]
+    assert search.result().layout is None and search.result().num_checkpointed is None
+    assert search.outcome()["answer"] == {"layout": None, "num_checkpointed": None, "layers": None}
+    predicted = LayoutFitSearch(TEMPLATE, num_layers=32, predict=lambda p: False)
+    assert [p.layout for p in drive(predicted, lambda p: {"status": "oom"})] == ["all"]
+    assert predicted.outcome()["predicted"] == {"num_checkpointed": 33}  # none predicted to fit
 
 
 def _records(run_dir: Path) -> list[PointRecord]:
@@ -133,7 +152,7 @@ def test_batch_max_starts_from_the_predicted_boundary(
     search = BatchMaxSearch(TEMPLATE, limit=1024, predict=predict)
     probes = drive(search, lambda p: {"status": "ok" if p.batch_size <= boundary else "oom"})
     assert [p.batch_size for p in probes] == expected_probes
-    assert search.outcome()["answer"]["batch_size"] == (boundary or None)
+    assert search.result().batch_size == (boundary or None) and search.result().predicted == predicted
     assert search.outcome()["predicted"] == {"batch_size": predicted}
     assert len(asked) <= 2 * 11  # predictions double then bisect up to the limit: no GPU time
     assert search.fresh(replace(TEMPLATE, batch_size=predicted + 1))
@@ -152,7 +171,8 @@ def test_layout_fit_starts_from_the_predicted_layer_count(predicted_k: int, true
     search = LayoutFitSearch(TEMPLATE, num_layers=32, predict=lambda p: k_of(p.layout) >= predicted_k)
     probes = drive(search, lambda p: {"status": "ok" if k_of(p.layout) >= true_k else "oom"})
     assert [p.layout for p in probes] == expected
-    assert search.outcome()["answer"]["num_checkpointed"] == true_k
+    assert search.outcome()["answer"] == {"layout": f"first:{true_k}" if true_k else "none", "num_checkpointed": true_k,
+                                          "layers": list(range(true_k))}
     assert search.fresh(probes[0])
 
 

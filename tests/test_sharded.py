@@ -14,6 +14,7 @@ from ckptbench.config.load import load_config
 from ckptbench.errors import ConfigError
 from ckptbench.estimator.api import Estimator, estimate_points
 from ckptbench.measure.loss_check import loss_rtol
+from ckptbench.processes.outcome import ProcessFailure
 from ckptbench.processes.ranks import merge_ranks
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import load_run
@@ -130,30 +131,49 @@ def test_llama7b_grid_with_fsdp2_on_8_ranks_is_estimated_in_under_a_minute() -> 
 # -- merging the ranks' records (pure) -----------------------------------------------------------------
 
 
-def _rank(status: str = "ok", peak: int = 100, times: tuple[float, ...] = (1.0, 2.0), **extra: Any) -> dict[str, Any]:
-    return {"key": {"layout": "all"}, "status": status, "peak_allocated_bytes": peak, "peak_reserved_bytes": peak,
-            "step_times_s": list(times), "warmup_times_s": [5.0], "memory": {"params_bytes": peak // 2}, **extra}
+def _rank(status: str = "ok", peak: int = 100, times: tuple[float, ...] = (1.0, 2.0), **extra: Any) -> PointRecord:
+    return PointRecord.model_validate(
+        {"key": {"layout": "all"}, "status": status, "peak_allocated_bytes": peak, "peak_reserved_bytes": peak,
+         "step_times_s": list(times), "warmup_times_s": [5.0], "memory": {"params_bytes": peak // 2}, **extra}
+    )
 
 
 def test_merge_takes_the_largest_peak_and_the_slowest_rank_per_step() -> None:
     merged = merge_ranks([_rank(peak=100, times=(1.0, 3.0)), _rank(peak=120, times=(2.0, 1.0), host="b")])
-    assert merged["status"] == "ok" and merged["world_size"] == 2
-    assert merged["peak_allocated_bytes"] == 120 and merged["step_times_s"] == [2.0, 3.0]
-    assert merged["memory"] == {"params_bytes": 60}  # the static parts of the rank with the largest peak
-    assert [r["peak_allocated_bytes"] for r in merged["ranks"]] == [100, 120]
-    PointRecord.model_validate(merged)
+    assert isinstance(merged, PointRecord) and merged.status == "ok" and merged.world_size == 2
+    assert merged.peak_allocated_bytes == 120 and merged.step_times_s == [2.0, 3.0]
+    # The static parts of the rank with the largest peak, nothing else set.
+    assert merged.to_json()["memory"] == {"params_bytes": 60}
+    assert [r.peak_allocated_bytes for r in merged.ranks or []] == [100, 120]
+    assert [r.host for r in merged.ranks or []] == [None, "b"]
+    # What a rank did not measure is not written for it (the rank summary holds only what it has).
+    assert merged.to_json()["ranks"][0] == {"rank": 0, "status": "ok", "peak_allocated_bytes": 100,
+                                            "peak_reserved_bytes": 100, "step_times_s": [1.0, 3.0],
+                                            "warmup_times_s": [5.0]}
+
+
+def test_merge_says_a_leak_of_any_rank() -> None:
+    quiet = _rank(peak=120, memory={"params_bytes": 60, "leaked": False, "leaked_bytes": 0})
+    leaky = _rank(peak=100, memory={"params_bytes": 50, "leaked": True, "leaked_bytes": 4096})
+    merged = merge_ranks([quiet, leaky])
+    assert isinstance(merged, PointRecord)
+    assert merged.memory.leaked is True and merged.memory.leaked_bytes == 4096 and merged.memory.params_bytes == 60
 
 
 def test_merge_one_rank_out_of_memory_makes_the_point_oom_and_says_which() -> None:
-    dead = {"reason": "another rank exited and this one was stopped 60 s later", "stderr_tail": "..."}
+    dead = ProcessFailure("another rank exited and this one was stopped 60 s later", stderr_tail="...")
     merged = merge_ranks([_rank(), _rank("oom", reason="CPU tracker: tried to allocate"), dead])
-    assert merged["status"] == "oom" and merged["reason"].startswith("rank 1: CPU tracker")
-    assert [r["status"] for r in merged["ranks"]] == ["ok", "oom", "error"]
+    assert isinstance(merged, PointRecord)
+    assert merged.status == "oom" and (merged.reason or "").startswith("rank 1: CPU tracker")
+    assert [r.status for r in merged.ranks or []] == ["ok", "oom", "error"]
+    died = merge_ranks([_rank(), dead])
+    assert isinstance(died, PointRecord) and died.status == "error" and died.stderr_tail == "..."
+    assert (died.reason or "").startswith("rank 1: another rank exited")
 
 
 def test_merge_without_any_record_is_a_failure_of_rank_0() -> None:
-    merged = merge_ranks([{"reason": "killed by SIGKILL"}, {"reason": "stopped"}])
-    assert "key" not in merged and merged["reason"] == "rank 0: killed by SIGKILL"
+    merged = merge_ranks([ProcessFailure("killed by SIGKILL", exit_code=-9), ProcessFailure("stopped")])
+    assert merged == ProcessFailure("rank 0: killed by SIGKILL", exit_code=-9)
 
 
 @pytest.mark.parametrize(

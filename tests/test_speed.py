@@ -1,7 +1,8 @@
 """The fast paths of issue 24 give exactly what the slow ones gave, and the quick commands import no torch.
 
 No timings are asserted here (scripts/bench_tool.py measures them): each test pins an equality between a
-fast path and the straightforward rule it replaces, on many random inputs.
+fast path and the straightforward rule it replaces, on many random inputs. (The allocator's fast path, the C
+``serve`` against the general rules, is tests/test_allocator_serve.py.)
 """
 
 from __future__ import annotations
@@ -15,13 +16,9 @@ from typing import Any
 import pytest
 
 from ckptbench.analysis.compare import point_labels
-from ckptbench.config.alloc_conf import parse_alloc_conf
 from ckptbench.config.grid import key_id
-from ckptbench.estimator.allocator import NATIVE, AllocatorOOM, Block, CachingAllocator, DeviceLimit
-from tests._native import SERVE_LOOPS
 
 ROOT = Path(__file__).resolve().parent.parent
-MIB, GIB = 2**20, 2**30
 
 
 # -- compare's labels ------------------------------------------------------------------------------------
@@ -45,119 +42,6 @@ def test_point_labels_match_the_quadratic_rule(seed: int) -> None:
             key[f] = rng.choice([None, "none", 1, 2, "all", True])
         keys.append(key)
     assert point_labels(keys) == _labels_quadratic(keys)
-
-
-# -- the allocator's fast path ---------------------------------------------------------------------------
-def _snapshot(a: CachingAllocator) -> tuple[Any, ...]:
-    s = a.stats
-    pools = tuple(
-        (small, stream, tuple((b.addr, b.size, b.gc_base) for b in a.pools[small].free[stream]))
-        for small in (True, False) for stream in sorted(a.pools[small].free)
-        if len(a.pools[small].free[stream])  # an empty list of cached blocks is none (serve makes stream 0's at once)
-    )
-    return (s.allocated, s.reserved, s.peak_allocated, s.peak_reserved, s.num_alloc_retries, s.num_ooms,
-            s.num_device_alloc, s.num_device_free, tuple(s.segment_events), pools)
-
-
-def _chain(block: Block) -> tuple[tuple[int, int, bool], ...]:
-    """The block's whole segment, in address order (what merging and splitting left)."""
-    first = block
-    while first.prev is not None:
-        first = first.prev
-    out = []
-    walk: Block | None = first
-    while walk is not None:
-        out.append((walk.addr, walk.size, walk.allocated))
-        walk = walk.next
-    return tuple(out)
-
-
-@pytest.mark.parametrize("native", SERVE_LOOPS)
-@pytest.mark.parametrize("seed", range(12))
-def test_serving_one_request_at_a_time_replays_exactly_as_the_general_rules(seed: int, native: bool) -> None:
-    """Default settings take ``serve``'s inlined fast path (in C, or the pure-Python loop); the general rules
-    (malloc -> get_free_block -> alloc_found_block; free_block) must give the same blocks, counters, segments and
-    out-of-memory errors after every request (on a small card, so that segments are released, retries counted and
-    requests refused too)."""
-    rng = random.Random(seed)
-    limit = DeviceLimit(2 * GIB, None if seed % 2 else 0.9, 64 * MIB)
-    fast = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True, native=native)
-    slow = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True, native=False)
-    assert fast._fast and (fast._native is NATIVE if native else fast._native is None)
-    slow._fast = False
-    live: dict[int, Block] = {}
-    held: dict[int, Block] = {}
-    sizes = [1, 511, 513, 4096, 300_000, MIB, MIB + 1, 3 * MIB, 9 * MIB, 12 * MIB, 40 * MIB, 200 * MIB]
-    for key in range(1500):
-        if held and rng.random() < 0.45:
-            gone = rng.choice(list(held))
-            fast.serve([(1, gone, 0)], live)
-            slow.free(held.pop(gone))
-        else:
-            n = rng.choice(sizes) + rng.randrange(0, 4096) * rng.choice([0, 1])
-            outcome: list[Any] = []
-            try:
-                fast.serve([(0, key, n)], live)
-                outcome.append(live[key])
-            except AllocatorOOM as oom:
-                outcome.append(("oom", oom.size, oom.allocated, oom.reserved))
-            try:
-                outcome.append(held.setdefault(key, slow.malloc(n)))
-            except AllocatorOOM as oom:
-                outcome.append(("oom", oom.size, oom.allocated, oom.reserved))
-            if isinstance(outcome[0], Block):
-                assert isinstance(outcome[1], Block)
-                assert _chain(outcome[0]) == _chain(outcome[1])
-            else:
-                assert outcome[0] == outcome[1]
-        assert _snapshot(fast) == _snapshot(slow)
-
-
-@pytest.mark.parametrize("native", SERVE_LOOPS)
-@pytest.mark.parametrize("seed", range(8))
-def test_serving_a_request_stream_in_one_loop_is_malloc_and_free_request_by_request(seed: int, native: bool) -> None:
-    """``serve`` (the replay's loop, with the fast path inlined) against ``malloc``/``free`` one request at a time
-    under the general rules: the same blocks, counters and segments after every chunk of requests, and the same
-    out-of-memory error naming the same request (a small card: segments released, retries, refusals)."""
-    rng = random.Random(seed)
-    limit = DeviceLimit(2 * GIB, None if seed % 2 else 0.9, 64 * MIB)
-    fast = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True, native=native)
-    slow = CachingAllocator(parse_alloc_conf(""), limit, record_segments=True, native=False)
-    slow._fast = False
-    live_fast: dict[int, Block] = {}
-    live_slow: dict[int, Block] = {}
-    sizes = [1, 511, 513, 4096, 300_000, MIB, MIB + 1, 3 * MIB, 9 * MIB, 12 * MIB, 40 * MIB, 200 * MIB]
-    next_key, ooms = 0, 0
-    for _ in range(120):
-        chunk: list[tuple[int, int, int]] = []
-        held = list(live_fast)
-        for _ in range(rng.randint(1, 40)):
-            if held and rng.random() < 0.45:
-                chunk.append((1, held.pop(rng.randrange(len(held))), 0))
-            else:
-                n = rng.choice(sizes) + rng.randrange(0, 4096) * rng.choice([0, 1])
-                chunk.append((0, next_key, n))
-                held.append(next_key)
-                next_key += 1
-        outcome: list[Any] = []
-        for a, live in ((fast, live_fast), (slow, live_slow)):
-            try:
-                a.serve(chunk, live)
-                outcome.append(None)
-            except AllocatorOOM as oom:
-                outcome.append((oom.request, oom.size, oom.allocated, oom.reserved))
-        assert outcome[0] == outcome[1]
-        if outcome[0] is not None:
-            ooms += 1
-            assert outcome[0][0] in chunk and outcome[0][0][0] == 0
-        assert live_fast.keys() == live_slow.keys()
-        assert all(_chain(live_fast[k]) == _chain(live_slow[k]) for k in live_fast)
-        assert _snapshot(fast) == _snapshot(slow)
-        if rng.random() < 0.2 or ooms:  # keep the card from filling up for good
-            for key in list(live_fast)[: len(live_fast) // 2]:
-                fast.free(live_fast.pop(key))
-                slow.free(live_slow.pop(key))
-            ooms = 0
 
 
 # -- plot labels: the spatial grid answers as the pairwise checks did -------------------------------------

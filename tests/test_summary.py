@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench.render.summary import COLUMNS, summary_columns, summary_rows
+from ckptbench.results.meta import RunMeta
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 
@@ -29,13 +30,14 @@ def _records(*recs: dict[str, Any]) -> list[PointRecord]:
 
 
 def test_plain_run_has_the_base_columns() -> None:
-    run = Run(path=Path("x"), meta={}, points=_records(_rec("none"), _rec("all")))
+    run = Run(path=Path("x"), meta=RunMeta(schema_version=1), points=_records(_rec("none"), _rec("all")))
     assert summary_columns(run) == COLUMNS
     assert summary_rows(run)[0]["activation"] == "1.00 GiB"
 
 
 def test_technique_axes_get_a_setup_column() -> None:
-    run = Run(path=Path("x"), meta={}, points=_records(_rec("none"), _rec("none", optimizer="sgd", offload="all")))
+    run = Run(path=Path("x"), meta=RunMeta(schema_version=1),
+              points=_records(_rec("none"), _rec("none", optimizer="sgd", offload="all")))
     cols = [c.name for c in summary_columns(run)]
     assert cols[cols.index("precision") + 1] == "setup"
     assert [r["setup"] for r in summary_rows(run)] == ["-", "optimizer=sgd offload=all"]
@@ -43,7 +45,7 @@ def test_technique_axes_get_a_setup_column() -> None:
 
 def test_predictions_are_shown_as_estimates_with_their_error() -> None:
     rec = {**_rec("none"), "predicted_peak_allocated_bytes": int(3.03 * 2**30)}
-    run = Run(path=Path("x"), meta={}, points=_records(rec))
+    run = Run(path=Path("x"), meta=RunMeta(schema_version=1), points=_records(rec))
     assert "predicted" in [c.name for c in summary_columns(run)]
     row = summary_rows(run)[0]
     assert row["predicted"] == "3.03 GiB (est.)" and row["pred. err"] == "+1.00%"
@@ -56,7 +58,7 @@ def test_reserved_predictions_are_shown_next_to_reserved_labelled() -> None:
                                      "step_times_s": [1.0], "tokens_per_step": 16})
     oom = PointRecord.model_validate({"key": {**key, "batch_size": 4}, "status": "oom",
                                       "predicted_oom": {"phase": "warm-up step 1", "segment": "logits@0"}})
-    run = Run(path=Path("x"), meta={"name": "r"}, points=[ok, oom])
+    run = Run(path=Path("x"), meta=RunMeta(schema_version=1, name="r"), points=[ok, oom])
     names = [c.name for c in summary_columns(run)]
     assert names[names.index("reserved") + 1 : names.index("reserved") + 3] == ["pred. reserved", "res. err"]
     rows = summary_rows(run)

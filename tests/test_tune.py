@@ -12,7 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from ckptbench.analysis.recommend import recommend
-from ckptbench.analysis.tune import Margin, TuneCandidate, TunePlanner, predicted_fit
+from ckptbench.analysis.tune import DecisionKind, Margin, TuneCandidate, TunePlanner, predicted_fit
+from ckptbench.analysis.tune_record import TuneRecord
 from ckptbench.analysis.tune_space import layout_family, parse_allow, tune_space
 from ckptbench.cli.main import app
 from ckptbench.config.grid import Point
@@ -57,13 +58,13 @@ def test_tune_finds_the_exhaustive_best_with_few_measurements(replayed: tuple[Tu
 
 def test_every_candidate_is_decided_once_with_a_reason(replayed: tuple[TunePlanner, Any]) -> None:
     planner, oracle = replayed
-    keys = [json.dumps(d["key"], sort_keys=True) for d in planner.decisions]
+    keys = [d.candidate.point.key_id for d in planner.decided]
     assert len(keys) == len(set(keys)) == len(oracle.points)
-    kinds = planner.outcome()["counts"]
+    kinds = planner.outcome().counts
     assert kinds["measured"] == len(planner.measured)
     assert kinds.get("predicted not to fit", 0) > 0 and kinds.get("a cheaper setup wins", 0) > 0
     # Measured in the planner's order: most tokens per step first.
-    tokens = [Point.from_key(m.candidate.point.key).tokens for m in planner.measured]
+    tokens = [m.candidate.point.tokens for m in planner.measured]
     assert tokens == sorted(tokens, reverse=True)
 
 
@@ -71,10 +72,11 @@ def test_no_point_predicted_not_to_fit_would_have_fit(replayed: tuple[TunePlanne
     """On CPU the estimate is exact, so pruning by prediction drops only what the oracle could not fit."""
     planner, oracle = replayed
     by_key = {r.key_id: r for r in oracle.points}
-    dropped = [d for d in planner.decisions if str(d["why"]).startswith("predicted not to fit")]
+    dropped = [d for d in planner.decided if d.kind is DecisionKind.PREDICTED_NOT_TO_FIT]
+    assert dropped and all(d.reason.why.startswith("predicted not to fit: ") for d in dropped)
     for d in dropped:
-        rec = by_key[Point.from_key(d["key"]).key_id]
-        assert not rec.ok or (rec.peak_reserved_bytes or 0) > LIMIT, d["label"]
+        rec = by_key[d.candidate.point.key_id]
+        assert not rec.ok or (rec.peak_reserved_bytes or 0) > LIMIT, d.candidate.label
 
 
 def _estimate(
@@ -121,8 +123,9 @@ def test_a_measured_point_fits_with_its_context_counted() -> None:
     fields = {"key": point.key, "status": "ok", "step_times_s": [1.0], "peak_allocated_bytes": 90,
               "peak_reserved_bytes": 96, "context_bytes": 8}
     planner.observe(point, PointRecord.model_validate(fields))
-    assert planner.best is None and planner.decisions[-1]["fits"] is False
-    assert "CUDA context" in planner.decisions[-1]["note"]
+    (decision,) = planner.outcome().decisions
+    assert planner.best is None and decision.fits is False
+    assert decision.note == "measured 0.00 MiB (peak reserved + 0.00 MiB CUDA context) > the 0.00 MiB limit"
 
 
 def test_margin_is_the_largest_measured_reserved_over_allocated() -> None:
@@ -182,7 +185,8 @@ def test_a_failure_drops_candidates_predicted_no_smaller() -> None:
     assert first is not None and first.layout == "first:4"
     planner.observe(first, PointRecord.model_validate({"key": first.key, "status": "oom"}))
     assert planner.next() is None
-    why = planner.decisions[-1]["why"]
+    assert planner.decided[-1].kind is DecisionKind.PREDICTED_NOT_TO_FIT
+    why = planner.decided[-1].reason.why
     assert why.startswith("predicted not to fit: predicted peak allocated 0.00 MiB, no less than first:4 b=8's")
     assert why.endswith("which did not fit when measured (out of memory)")
 
@@ -199,14 +203,77 @@ def test_a_technique_that_cannot_run_here_skips_its_class_and_costs_no_point() -
     assert first is not None and first.loss == "fused_linear" and first.batch_size == 4  # eager, fewest FLOPs
     skipped = PointRecord.model_validate({"key": first.key, "status": "skipped", "reason": "liger not installed"})
     planner.observe(first, skipped)
-    dropped = [d for d in planner.decisions if str(d["why"]).startswith("skipped like")]
-    assert len(dropped) == 3 and all(d["key"]["loss"] == "fused_linear" for d in dropped)
+    dropped = [d for d in planner.decided if d.kind is DecisionKind.CANNOT_RUN]
+    assert len(dropped) == 3 and all(d.candidate.point.loss == "fused_linear" for d in dropped)
+    assert all(d.reason.why == "skipped like none b=4 loss=fused_linear: liger not installed" for d in dropped)
     rest = []
     while (point := planner.next()) is not None:
         rest.append(point)
         planner.observe(point, PointRecord.model_validate({"key": point.key, "status": "oom"}))
     assert [p.loss for p in rest] == ["default", "default"] and planner.spent_points == 2  # the skip was free
-    assert planner.outcome()["counts"]["cannot run here"] == 3
+    assert planner.outcome().counts == {"measured": 3, "cannot run here": 3, "not reached": 2}
+
+
+def test_each_decision_kind_is_set_by_the_rule_that_decides_it() -> None:
+    """One candidate per kind of decision; the kind comes from the rule, and run.json counts and keeps each one."""
+    def point(layout: str, batch: int, loss: str = "default") -> Point:
+        return Point("bf16", "none", layout, 2048, batch, "llama-7b", "adamw_fused", loss=loss)
+
+    # (point, hardware FLOPs, predicted peak allocated) in the planner's order: most tokens per step first.
+    space = {
+        "D": (point("none", 8), 2000, 200),  # predicted at 200 > the 100 limit
+        "E": (point("none", 4, "fused_linear"), 900, None),  # measured: skipped here
+        "A": (point("none", 4), 1000, 50),  # measured: fits, 8,192 tokens/s at 1,000 FLOP/s
+        "B": (point("all", 4), 1300, 40),  # A has its tokens, fewer FLOPs and no more savers
+        "G": (point("none", 2, "fused_linear"), 450, None),  # E's speed class
+        "C": (point("none", 2), 600, 30),  # 4096 tokens x 1000 FLOP/s x 1.1 / 600 FLOPs = 7,509 <= 8,192 tokens/s
+        "F": (point("none", 1), 100, 20),  # could reach 22,528 tokens/s: measured (out of memory)
+        "H": (point("all", 1), 130, 15),  # --max-points 2 reached first
+    }
+    planner = TunePlanner([TuneCandidate(p, flops, _estimate(p, peak)) for p, flops, peak in space.values()],
+                          limit_bytes=100, max_points=2)
+    records = {
+        "E": {"status": "skipped", "reason": "liger not installed"},
+        "A": {"status": "ok", "step_times_s": [1.0], "tokens_per_step": 8192, "peak_allocated_bytes": 50,
+              "peak_reserved_bytes": 60},
+        "F": {"status": "oom"},
+    }
+    names = {p.key_id: name for name, (p, _, _) in space.items()}
+    while (chosen := planner.next()) is not None:
+        planner.observe(chosen, PointRecord.model_validate({"key": chosen.key, **records[names[chosen.key_id]]}))
+    kind = DecisionKind
+    assert [(names[d.candidate.point.key_id], d.kind) for d in planner.decided] == [
+        ("D", kind.PREDICTED_NOT_TO_FIT), ("E", kind.MEASURED), ("G", kind.CANNOT_RUN), ("A", kind.MEASURED),
+        ("B", kind.CHEAPER_WINS), ("C", kind.CANNOT_BEAT), ("F", kind.MEASURED), ("H", kind.NOT_REACHED),
+    ]
+    outcome = planner.outcome()
+    assert outcome.counts == {"predicted not to fit": 1, "measured": 3, "cannot run here": 1,
+                              "a cheaper setup wins": 1, "cannot beat the best": 1, "not reached": 1}
+    # The decisions as run.json holds them: a field is left out, or null, exactly as it always was.
+    stored = {names[Point.from_key(d["key"]).key_id]: {k: v for k, v in d.items() if k != "key"}
+              for d in outcome.to_json()["decisions"]}
+    # The margin is learned from A on (reserved 60 / allocated 50): later predictions are judged at x1.2.
+    fits = "predicted peak allocated 0.00 MiB x margin {} fits the 0.00 MiB limit"
+    assert stored == {
+        "D": {"action": "dropped", "label": "none b=8", "judged_peak_bytes": 200, "why": "predicted not to fit: "
+              "predicted peak allocated 0.00 MiB x margin 1.0000 does not fit the 0.00 MiB limit"},
+        "E": {"action": "measured", "label": "none b=4 loss=fused_linear", "status": "skipped", "fits": False,
+              "note": "liger not installed", "why": "most tokens per step left; no prediction (not estimated: x)"},
+        "G": {"action": "dropped", "label": "none b=2 loss=fused_linear",
+              "why": "skipped like none b=4 loss=fused_linear: liger not installed"},
+        "A": {"action": "measured", "label": "none b=4", "judged_peak_bytes": 50, "status": "ok", "fits": True,
+              "tokens_per_s": 8192.0, "peak_reserved_bytes": 60,
+              "why": "most tokens per step left; " + fits.format("1.0000")},
+        "B": {"action": "dropped", "label": "all b=4", "judged_peak_bytes": 48,
+              "why": "a cheaper setup already fits at the same tokens per step: none b=4 (8,192 tokens/s) with no "
+                     "more recomputation or memory savers"},
+        "C": {"action": "dropped", "label": "none b=2", "judged_peak_bytes": 36,
+              "why": "cannot beat none b=4 (8,192 tokens/s): at most 7,509 tokens/s even at 1.1x the best FLOP rate "
+                     "measured in its class"},
+        "F": {"action": "measured", "label": "none b=1", "judged_peak_bytes": 24, "status": "oom", "fits": False,
+              "note": None, "why": "most tokens per step left; " + fits.format("1.2000")},
+        "H": {"action": "dropped", "label": "all b=1", "why": "not reached: --max-points 2 reached"},
+    }
 
 
 def test_layout_families() -> None:
@@ -262,7 +329,7 @@ def test_cli_tune_measures_records_resumes_and_reports(tmp_path: Path) -> None:
     assert first.exit_code == 0, first.output
     run = load_run(run_dir)
     assert len(run.points) == 1 and run.points[0].search and run.points[0].ok
-    search = run.meta["searches"][0]
+    search = run.meta.searches[0].to_json()
     assert search["kind"] == "tune" and search["stopped_by"] == "--max-points 1 reached"
     assert "tune: all b=4" in first.stdout or "tune: none b=4" in first.stdout
     assert "Best measured point of each layout family" in first.stdout
@@ -299,7 +366,12 @@ def test_cli_bad_input_is_exit_2(args: list[str], message: str) -> None:
 
 def test_outcome_is_json(replayed: tuple[TunePlanner, Any]) -> None:
     planner, _ = replayed
-    text = json.dumps(planner.outcome(), sort_keys=True)
+    outcome = planner.outcome()
+    text = json.dumps(outcome.to_json(), sort_keys=True)
     again = json.loads(text)
     assert again["answer"]["key"] == planner.best.candidate.point.key  # type: ignore[union-attr]
     assert dataclasses.asdict(planner.margin) == {"ratio": 1.0, "source": again["margin"]["source"]}
+    # Read back, it is the same record, and writes the same JSON.
+    assert TuneRecord.model_validate(again) == outcome and TuneRecord.model_validate(again).to_json() == again
+    assert again["counts"] == {k.value: sum(d.kind is k for d in planner.decided) for k in DecisionKind
+                               if any(d.kind is k for d in planner.decided)}

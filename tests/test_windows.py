@@ -101,7 +101,7 @@ def test_sigkill_leaves_a_run_that_reads_as_interrupted(config: Path) -> None:
     proc.wait(timeout=60)
     assert _status(run) == "running"  # what the killed writer left on disk
     loaded = quiet_load(run)
-    assert loaded.meta["status"] == "interrupted"
+    assert loaded.meta.status == "interrupted"
     assert any("no ckptbench process holds the run: it was interrupted" in w for w in loaded.warnings)
     compared = CliRunner().invoke(app, ["compare", str(run), str(run)])
     assert compared.exit_code == 0 and "is interrupted" in compared.stderr, compared.stderr

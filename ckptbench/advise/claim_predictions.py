@@ -88,7 +88,7 @@ def _run_search(pred: _Predictor, search: Search, limit_bytes: int) -> None:
 
 def card_of(runs: Sequence[Run]) -> GpuModel:
     """The card the runs were measured on, where ckptbench has its device model; else the default (H200)."""
-    return gpu_for_name(runs[0].environment.get("gpu_name")) or gpu_model(DEFAULT_GPU)
+    return gpu_for_name(runs[0].environment.gpu_name) or gpu_model(DEFAULT_GPU)
 
 
 def predict_for_claims(

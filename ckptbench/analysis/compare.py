@@ -165,7 +165,7 @@ def compare_runs(
                                                   for k in both_ok]), strict=True))
     points = [compare_point(base_pts[k], new_pts[k], thresholds=thresholds, label=labels[k],
                             p_value=p_values.get(k, ...)) for k in matched]
-    cpu = "cpu" in (base.environment.get("device_type"), new.environment.get("device_type"))
+    cpu = "cpu" in (base.environment.device_type, new.environment.device_type)
     points = family_marks(points, [(base_pts[k], new_pts[k]) for k in matched], cpu=cpu, thresholds=thresholds)
     mixed = [f"{side} run {run.name}" for side, run in (("base", base), ("new", new)) if run.mixed_gpus]
     if mixed and not allow_mixed_gpus:
@@ -223,7 +223,7 @@ def _models(run: Run) -> set[str]:
 
 def _gpus(run: Run) -> set[str]:
     """The GPU models a run's points ran on (its environment's GPU for a run without points)."""
-    gpu = run.environment.get("gpu_name")
+    gpu = run.environment.gpu_name
     return set(run.gpu_models) or ({str(gpu)} if gpu else set())
 
 
@@ -233,7 +233,7 @@ def run_differences(base: Run, new: Run, *, matched: int) -> list[str]:
     base_models, new_models = _models(base), _models(new)
     if base_models and new_models and not base_models & new_models:
         out.append(f"the models differ ({', '.join(sorted(base_models))} vs {', '.join(sorted(new_models))})")
-    base_kind, new_kind = base.environment.get("device_type"), new.environment.get("device_type")
+    base_kind, new_kind = base.environment.device_type, new.environment.device_type
     base_gpus, new_gpus = _gpus(base), _gpus(new)
     if base_kind and new_kind and base_kind != new_kind:
         out.append(f"the devices differ ({base_kind} vs {new_kind})")
@@ -256,7 +256,7 @@ def _run_info(run: Run) -> dict[str, Any]:
     return {
         "name": run.name,
         "path": str(run.path),
-        "status": run.meta.get("status"),
+        "status": run.meta.status,
         "points": len(run.points),
     }
 

@@ -46,9 +46,9 @@ def gpu_notes(run: Run, side: str) -> list[str]:
 
 def run_notes(run: Run, side: str) -> list[str]:
     notes = [f"{side} run {run.name}: {w}" for w in run.warnings]
-    status = run.meta.get("status")
+    status = run.meta.status
     if status != "complete":
-        total = run.meta.get("num_points", "?")
+        total = run.meta.num_points if run.meta.num_points is not None else "?"
         held = f"{len(run.points)} of {total} points"
         notes.append(f"{side} run {run.name} is {status} ({held}); compared on what it holds")
     return notes
@@ -93,7 +93,7 @@ def environment_differences(base: Run, new: Run) -> list[str]:
     """One line per environment or measurement-config field that differs between the runs."""
     lines = []
     for name in ENV_FIELDS:
-        a, b = base.environment.get(name), new.environment.get(name)
+        a, b = getattr(base.environment, name, None), getattr(new.environment, name, None)
         if a != b:
             lines.append(f"{name}: {a} -> {b}")
     for name in CONFIG_FIELDS:

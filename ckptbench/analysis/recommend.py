@@ -126,7 +126,7 @@ def candidates(run: Run, *, seq_len: int | None = None, allow: Sequence[str] = (
     scope = [(i, r) for i, r in enumerate(run.points) if r.ok and (seq_len is None or seq_len_of(r) == seq_len)]
     extra = _varying_axes([r.key for _, r in scope])  # labels name what varies, left-out points included
     scope = [(i, r) for i, r in scope if changes_training(run, r, allow) is None]
-    card = gpu_for_name(run.meta.get("environment", {}).get("gpu_name"))
+    card = gpu_for_name(run.environment.gpu_name)
     context = card.context_bytes if card is not None else 0
     found = (_candidate(i, r, extra=extra, context=context) for i, r in scope)
     return [c for c in found if c is not None]

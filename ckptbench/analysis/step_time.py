@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ckptbench.config.grid import Point, point_of
+from ckptbench.config.grid import Point
 from ckptbench.config.layouts import parse_layout
 from ckptbench.config.model import ModelSpec
 from ckptbench.config.presets import PRESETS
@@ -247,14 +247,14 @@ class StepTimeModel:
         shapes: dict[tuple[Any, ...], ModelShape] = {}
         for run in runs:
             for rec in run.points:
-                point = point_of(rec.key)
+                point = rec.point
                 median = rec.median_step_time_s
                 if not rec.ok or point is None or not median or "busy" in rec.warning_kinds:
                     continue  # a busy host's step times mislead (measure/environment.py)
                 shape = _shape(run, point.model)
                 if shape is None:
                     continue
-                where = (rec.gpu_name or run.environment.get("gpu_name"), cell_of(rec.key))
+                where = (rec.gpu_name or run.environment.gpu_name, cell_of(rec.key))
                 shapes.setdefault(where, shape)
                 points[rec.key_id] = point
                 times.setdefault(where, {}).setdefault(rec.key_id, []).append((median, _label(run)))

@@ -16,15 +16,19 @@ survive three prunes, each recorded with its reason:
 
 Every measurement is an ordinary point record; ``observe`` reads it. A measured point fits as every
 command judges it (results/fit.py: ``measured_fits``); tune also requires its loss to match the plain
-step's. The space searched is analysis/tune_space.py.
+step's. The space searched is analysis/tune_space.py. Each decision's kind (``DecisionKind``) is set where it
+is made; run.json keeps the decisions and their count per kind (analysis/tune_record.py).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from enum import Enum
 from typing import Any
 
+from ckptbench.analysis.tune_record import Action, DecisionRecord, MarginRecord, MeasuredPoint, TuneRecord
 from ckptbench.analysis.tune_space import layout_family, savers, semantic_changes, speed_class
 from ckptbench.config.grid import Point, setup_label
 from ckptbench.estimator.record import Estimate
@@ -63,9 +67,9 @@ class TuneCandidate:
         return f"{p.layout} b={p.batch_size}" + (f" {extras}" if extras else "")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Measured:
-    """A measured candidate: its record's numbers."""
+    """A measured candidate: its record's numbers, and whether it is an answer (fits, and trains the same)."""
 
     candidate: TuneCandidate
     record: PointRecord
@@ -79,6 +83,86 @@ class Measured:
     def flop_rate(self) -> float:
         median = self.record.median_step_time_s
         return self.candidate.hardware_flops / median if median else 0.0
+
+    def note(self, limit_bytes: int) -> str | None:
+        """Why the point is no answer (another loss, over the limit, not ok: its record's reason); None if it is."""
+        record = self.record
+        if not record.ok:
+            return record.reason
+        if record.loss_mismatch:
+            return "loss differs from the plain step's: not a candidate"
+        if self.fits:
+            return None
+        ctx = record.context_bytes
+        context = f" (peak reserved + {fmt_bytes(ctx)} CUDA context)" if ctx else ""
+        return f"measured {fmt_bytes(measured_needed_bytes(record))}{context} > the {fmt_bytes(limit_bytes)} limit"
+
+    def summary(self) -> MeasuredPoint:
+        """What run.json keeps of a measured point that fits (the answer, a family's best)."""
+        return MeasuredPoint(
+            key=self.candidate.point.key, label=self.candidate.label, tokens_per_s=self.tokens_per_s,
+            peak_reserved_bytes=measured_peak_bytes(self.record),
+            peak_allocated_bytes=self.record.peak_allocated_bytes,
+            layers_checkpointed=self.record.layers_checkpointed,
+        )
+
+
+class DecisionKind(Enum):
+    """Why a candidate was measured or dropped, set where that is decided; the value is the name run.json
+    counts it under (``counts``)."""
+
+    MEASURED = "measured"
+    PREDICTED_NOT_TO_FIT = "predicted not to fit"  # by its estimate, or by a smaller one that failed measured
+    CHEAPER_WINS = "a cheaper setup wins"
+    CANNOT_BEAT = "cannot beat the best"
+    NOT_REACHED = "not reached"  # --max-points or --time-budget ran out first
+    CANNOT_RUN = "cannot run here"  # its speed class was skipped (a technique not installed, or needing CUDA)
+
+
+@dataclass(frozen=True)
+class Reason:
+    """A decision's kind and its sentence (computed from the figures it cites)."""
+
+    kind: DecisionKind
+    why: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One candidate decided: measured (``measured`` once its record is read) or dropped, and why."""
+
+    candidate: TuneCandidate
+    reason: Reason
+    judged_bytes: int | None = None  # the predicted bytes judged against the limit, when there were some
+    measured: Measured | None = None
+
+    @property
+    def kind(self) -> DecisionKind:
+        return self.reason.kind
+
+    @property
+    def action(self) -> Action:
+        if self.kind is not DecisionKind.MEASURED:
+            return "dropped"
+        return "measure" if self.measured is None else "measured"
+
+    def stored(self, limit_bytes: int) -> DecisionRecord:
+        """The decision as run.json keeps it: a measured one with what its record says. The fields given are
+        those run.json has always held (tokens/s and peak reserved only for a point that ran; a note where it is
+        no answer, null for a failed point that gave no reason)."""
+        given: dict[str, Any] = {"key": self.candidate.point.key, "label": self.candidate.label,
+                                 "action": self.action, "why": self.reason.why}
+        if self.judged_bytes is not None:
+            given["judged_peak_bytes"] = self.judged_bytes
+        m = self.measured
+        if m is not None:
+            given.update(status=m.record.status, fits=m.fits)
+            if m.record.ok:
+                given.update(tokens_per_s=m.record.tokens_per_s, peak_reserved_bytes=measured_peak_bytes(m.record))
+            note = m.note(limit_bytes)
+            if note is not None or not m.record.ok:
+                given["note"] = note
+        return DecisionRecord(**given)
 
 
 @dataclass(frozen=True)
@@ -158,7 +242,7 @@ class TunePlanner:
     time_budget_s: float | None = None
     margin: Margin = field(default_factory=lambda: Margin.learn([]))
     measured: list[Measured] = field(default_factory=list)
-    decisions: list[dict[str, Any]] = field(default_factory=list)
+    decided: list[Decision] = field(default_factory=list)  # every decision, in the order made
     stopped_by: str = "the space was exhausted"
 
     def __post_init__(self) -> None:
@@ -173,16 +257,16 @@ class TunePlanner:
             if stop is not None:
                 self.stopped_by = stop
                 for c in self.candidates:
-                    self._decide(c, "dropped", f"not reached: {stop}")
+                    self._decide(c, Reason(DecisionKind.NOT_REACHED, f"not reached: {stop}"))
                 self.candidates = []
                 return None
             c = self.candidates.pop(0)
             fit = predicted_fit(c.estimate, limit_bytes=self.limit_bytes, margin=self.margin)
-            why = _pruned(c, fit, measured=self.measured, limit_bytes=self.limit_bytes, best=self.best)
-            if why is not None:
-                self._decide(c, "dropped", why, fit=fit)
+            drop = _pruned(c, fit, measured=self.measured, limit_bytes=self.limit_bytes, best=self.best)
+            if drop is not None:
+                self._decide(c, drop, fit=fit)
                 continue
-            self._decide(c, "measure", f"most tokens per step left; {fit.basis}", fit=fit)
+            self._decide(c, Reason(DecisionKind.MEASURED, f"most tokens per step left; {fit.basis}"), fit=fit)
             return c.point
         return None
 
@@ -191,9 +275,10 @@ class TunePlanner:
         c = self._by_key[point.key_id]
         # A point whose loss differs from the plain step's trains something else: it is no answer.
         fits = not record.loss_mismatch and measured_fits(record, self.limit_bytes)
-        self.measured.append(Measured(c, record, fits))
+        measured = Measured(c, record, fits)
+        self.measured.append(measured)
         self.margin = Margin.learn([m.record for m in self.measured])
-        self.decisions[-1].update(_measured_fields(record, fits, self.limit_bytes))
+        self.decided[-1] = replace(self.decided[-1], measured=measured)
         if record.status == "skipped":
             self._drop_class(c, record.reason or "skipped")
 
@@ -201,7 +286,7 @@ class TunePlanner:
         """A technique that cannot run here (not installed, needs CUDA) skips its whole speed class."""
         mine = speed_class(skipped.point)
         for c in [c for c in self.candidates if speed_class(c.point) == mine]:
-            self._decide(c, "dropped", f"skipped like {skipped.label}: {reason}")
+            self._decide(c, Reason(DecisionKind.CANNOT_RUN, f"skipped like {skipped.label}: {reason}"))
         self.candidates = [c for c in self.candidates if speed_class(c.point) != mine]
 
     @property
@@ -230,68 +315,25 @@ class TunePlanner:
             out.setdefault(layout_family(m.candidate.point.layout), m)
         return out
 
-    def _decide(self, c: TuneCandidate, action: str, why: str, *, fit: PredictedFit | None = None) -> None:
-        entry: dict[str, Any] = {"key": c.point.key, "label": c.label, "action": action, "why": why}
-        if fit is not None and fit.judged_bytes is not None:
-            entry["judged_peak_bytes"] = fit.judged_bytes
-        self.decisions.append(entry)
+    def _decide(self, c: TuneCandidate, reason: Reason, *, fit: PredictedFit | None = None) -> None:
+        self.decided.append(Decision(c, reason, None if fit is None else fit.judged_bytes))
 
-    def outcome(self) -> dict[str, Any]:
+    def outcome(self) -> TuneRecord:
         """What run.json keeps of the search (kind 'tune'), and what `tune` and `report` print."""
         best = self.best
-        counts: dict[str, int] = {}
-        for d in self.decisions:
-            counts[_reason_kind(d)] = counts.get(_reason_kind(d), 0) + 1
-        return {
-            "kind": "tune",
-            "limit_bytes": self.limit_bytes,
-            "answer": None if best is None else _summary(best),
-            "semantic_changes": [] if best is None else semantic_changes(best.candidate.point),
-            "family_best": {f: _summary(m) for f, m in self.family_best().items()},
-            "margin": {"ratio": self.margin.ratio, "source": self.margin.source},
-            "measured_points": self.spent_points,
-            "stopped_by": self.stopped_by,
-            "counts": counts,
-            "decisions": self.decisions,
-        }
-
-
-def _measured_fields(record: PointRecord, fits: bool, limit: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"action": "measured", "status": record.status, "fits": fits}
-    if record.ok:
-        out.update(tokens_per_s=record.tokens_per_s, peak_reserved_bytes=measured_peak_bytes(record))
-        if record.loss_mismatch:
-            out["note"] = "loss differs from the plain step's: not a candidate"
-        elif not fits:
-            ctx = record.context_bytes
-            context = f" (peak reserved + {fmt_bytes(ctx)} CUDA context)" if ctx else ""
-            out["note"] = f"measured {fmt_bytes(measured_needed_bytes(record))}{context} > the {fmt_bytes(limit)} limit"
-    else:
-        out["note"] = record.reason
-    return out
-
-
-def _summary(m: Measured) -> dict[str, Any]:
-    return {
-        "key": m.candidate.point.key,
-        "label": m.candidate.label,
-        "tokens_per_s": m.tokens_per_s,
-        "peak_reserved_bytes": measured_peak_bytes(m.record),
-        "peak_allocated_bytes": m.record.peak_allocated_bytes,
-        "layers_checkpointed": m.record.layers_checkpointed,
-    }
-
-
-def _reason_kind(decision: dict[str, Any]) -> str:
-    why = str(decision["why"])
-    if decision["action"] != "dropped":
-        return "measured"
-    for prefix, kind in (("predicted not", "predicted not to fit"), ("a cheaper", "a cheaper setup wins"),
-                         ("cannot beat", "cannot beat the best"), ("not reached", "not reached"),
-                         ("skipped like", "cannot run here")):
-        if why.startswith(prefix):
-            return kind
-    return "dropped"
+        counts = Counter(d.kind.value for d in self.decided)
+        return TuneRecord(
+            kind="tune",
+            limit_bytes=self.limit_bytes,
+            answer=None if best is None else best.summary(),
+            semantic_changes=[] if best is None else semantic_changes(best.candidate.point),
+            family_best={f: m.summary() for f, m in self.family_best().items()},
+            margin=MarginRecord(ratio=self.margin.ratio, source=self.margin.source),
+            measured_points=self.spent_points,
+            stopped_by=self.stopped_by,
+            counts=dict(counts),
+            decisions=[d.stored(self.limit_bytes) for d in self.decided],
+        )
 
 
 # -- prunes: why a candidate is dropped before it is measured (each rule returns its reason, or None) ---
@@ -299,27 +341,30 @@ def _reason_kind(decision: dict[str, Any]) -> str:
 
 def _pruned(
     c: TuneCandidate, fit: PredictedFit, *, measured: Sequence[Measured], limit_bytes: int, best: Measured | None
-) -> str | None:
+) -> Reason | None:
     """Why ``c`` is not measured (the first prune that drops it), or None when it must be measured."""
     if fit.fits is False:
-        return f"predicted not to fit: {fit.basis}"
+        return Reason(DecisionKind.PREDICTED_NOT_TO_FIT, f"predicted not to fit: {fit.basis}")
     failed = _failed_below(c, measured=measured, limit_bytes=limit_bytes)
     if failed is not None:
-        return (
+        return Reason(
+            DecisionKind.PREDICTED_NOT_TO_FIT,
             f"predicted not to fit: predicted peak allocated {fmt_bytes(c.estimate.peak_bytes or 0)}, no less "
-            f"than {failed.candidate.label}'s, which did not fit when measured ({_outcome(failed.record)})"
+            f"than {failed.candidate.label}'s, which did not fit when measured ({_outcome(failed.record)})",
         )
     winner = _cheaper_winner(c, measured=measured)
     if winner is not None:
-        return (
+        return Reason(
+            DecisionKind.CHEAPER_WINS,
             f"a cheaper setup already fits at the same tokens per step: {winner.candidate.label} "
-            f"({winner.tokens_per_s:,.0f} tokens/s) with no more recomputation or memory savers"
+            f"({winner.tokens_per_s:,.0f} tokens/s) with no more recomputation or memory savers",
         )
     bound = _rate_bound(c, measured=measured)
     if bound is not None and best is not None and bound <= best.tokens_per_s:
-        return (
+        return Reason(
+            DecisionKind.CANNOT_BEAT,
             f"cannot beat {best.candidate.label} ({best.tokens_per_s:,.0f} tokens/s): at most "
-            f"{bound:,.0f} tokens/s even at {RATE_SLACK:g}x the best FLOP rate measured in its class"
+            f"{bound:,.0f} tokens/s even at {RATE_SLACK:g}x the best FLOP rate measured in its class",
         )
     return None
 

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ckptbench.config.compat import refusal
 from ckptbench.config.grid import AXIS_DEFAULTS, Point
-from ckptbench.config.parallel import sharding_conflict
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
 
@@ -65,15 +65,9 @@ class TuneSpace:
 
 
 def runnable(point: Point) -> bool:
-    """Combinations that can run at all (the runner would skip the others, or the config refuse them)."""
-    if point.optimizer_in_backward and (point.optimizer_offload != "none" or point.precision == "amp_fp16"):
-        return False
-    if point.compile and point.offload != "none":
-        return False
-    return sharding_conflict(
-        point.parallel, offload=point.offload, compile=point.compile,
-        optimizer_in_backward=point.optimizer_in_backward, optimizer_offload=point.optimizer_offload,
-    ) is None
+    """Combinations that can run at all: none of config/compat.py's rules refuses it (the config would refuse the
+    others, or the runner skip them)."""
+    return refusal(point) is None
 
 
 def parse_allow(text: str | None, *, allowable: Mapping[str, str] = ALLOWABLE) -> tuple[str, ...]:

@@ -33,12 +33,12 @@ from ckptbench.answers.setup import (
     static_memory_dominates,
 )
 from ckptbench.answers.verdicts import Answer, Budget, Context, Pending
+from ckptbench.config.cards import BY_KEY
 from ckptbench.config.grid import AXIS_DEFAULTS
 from ckptbench.errors import ResultsError
 from ckptbench.results.store import Run, latest_per_key
-from ckptbench.train.flops import PEAK_TFLOPS
 
-TARGET_CARD = "A100"  # the card the claims are about (80 GB); its dense bf16 peak is in train/flops.py
+TARGET_CARD = "A100"  # the card the claims are about (80 GB); its dense bf16 peak is in config/cards.py
 
 # In the order of their numbers (each Answer carries its number; answer_claims checks the order).
 CLAIMS: tuple[Callable[[Context], Answer], ...] = (
@@ -67,19 +67,21 @@ class Transfer:
     gpu_total_memory_bytes: int | None
     gpu_peak_tflops: float | None  # as recorded with the points
     target: str
-    target_peak_tflops: float
+    target_peak_tflops: float | None
 
     @property
     def speed_ratio(self) -> float | None:
         """How many times the measuring GPU's dense bf16 peak is the target's (datasheets, not measured)."""
-        return self.gpu_peak_tflops / self.target_peak_tflops if self.gpu_peak_tflops else None
+        if not self.gpu_peak_tflops or not self.target_peak_tflops:
+            return None
+        return self.gpu_peak_tflops / self.target_peak_tflops
 
 
 def transfer_of(runs: Sequence[Run]) -> Transfer:
     env = runs[0].environment
     peaks = [r.peak_tflops for run in runs for r in run.points if r.peak_tflops]
-    return Transfer(str(env.get("gpu_name") or env.get("device_type") or "?"), env.get("gpu_total_memory_bytes"),
-                    peaks[0] if peaks else None, TARGET_CARD, PEAK_TFLOPS[TARGET_CARD])
+    return Transfer(str(env.gpu_name or env.device_type or "?"), env.gpu_total_memory_bytes,
+                    peaks[0] if peaks else None, TARGET_CARD, BY_KEY["a100-80gb"].bf16_tflops)
 
 
 @dataclass(frozen=True)

@@ -58,8 +58,7 @@ def process_of(ev: Evidence, cite: Cite) -> str:
         return "in a fresh process of its own"
     before, how = rec.points_before, ""
     if rec.process is None:
-        options = (run.meta.get("options") or {}) if run is not None else {}
-        if options.get("isolate"):
+        if run is not None and run.meta.options.isolate:
             return "in a fresh process of its own (the run's options say isolate: true)"
         index = next((i for i, r in enumerate(run.points) if r is rec), None) if run is not None else None
         if index is None:

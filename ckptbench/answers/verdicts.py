@@ -143,7 +143,7 @@ class Budget:
     def for_runs(cls, budget_bytes: int, headroom_bytes: int, runs: Sequence[Run]) -> Budget:
         """The budget of these runs: the card's context counted when their points recorded none."""
         points = [p for run in runs for p in run.points if p.ok]
-        card = gpu_for_name(runs[0].environment.get("gpu_name")) if runs else None
+        card = gpu_for_name(runs[0].environment.gpu_name) if runs else None
         recorded = any(p.context_bytes is not None for p in points)
         return cls(budget_bytes, headroom_bytes, 0 if recorded or card is None else card.context_bytes)
 

@@ -134,14 +134,13 @@ def _breakdown_estimates(run: Run) -> list[Estimate]:
     """ckptbench estimate of the points the breakdown plot shows (one per layout, at one shape), from the
     run's stored config; none when that cannot be made (the plot then shows what was measured)."""
     from ckptbench.cli.progress import EstimateProgressBar
-    from ckptbench.config.grid import point_of
     from ckptbench.config.load import parse_config
     from ckptbench.estimator.api import estimate_points, resolve_target
     from ckptbench.plots.breakdown import breakdown_points
     from ckptbench.results.store import RUN_FILE
 
     # A key that is not a point of this version (edited, or from a newer ckptbench) cannot be estimated.
-    points = [point for p in breakdown_points(run) if (point := point_of(p.key)) is not None]
+    points = [p.point for p in breakdown_points(run) if p.point is not None]
     if not points:
         return []
     try:

@@ -168,8 +168,8 @@ def _duration(seconds: float) -> str:
 
 def _next_steps(run: Run) -> str:
     """What to run after a sweep: the report and a recommendation under the card's memory."""
-    total = run.environment.get("gpu_total_memory_bytes")
-    budget = f"{int(total) / 2**30:.0f}" if isinstance(total, int | float) and total else "SIZE"
+    total = run.environment.gpu_total_memory_bytes
+    budget = f"{total / 2**30:.0f}" if total else "SIZE"
     where = escape(str(run.path))
     return (f"next: ckptbench report {where} --budget {budget} (report.md and plots); "
             f"ckptbench recommend {where} --budget {budget} (the fastest point that fits)")
@@ -194,7 +194,7 @@ def _report(run: Run, outcome: SweepOutcome, config: Path) -> None:
              "(the status column says which; points.jsonl has the details)")
     err.print(run_header(run), markup=False)
     out.print(summary_table(run))
-    if run.meta.get("searches"):
+    if run.meta.searches:
         out.print(search_table(run))
     err.print(f"results: {escape(str(outcome.run_dir))}")
     err.print(_next_steps(run), soft_wrap=True)

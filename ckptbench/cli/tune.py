@@ -128,7 +128,7 @@ def _show(run: Run, options: TuneOptions, fmt: str) -> None:
     if search is None:
         raise fail(ConfigError(f"{run.path}: the run holds no tune search"))
     if fmt == "json":
-        typer.echo(json.dumps(search, sort_keys=True, indent=2))
+        typer.echo(json.dumps(search.to_json(), sort_keys=True, indent=2))
         return
     rec = recommend(run, budget_bytes=options.budget_bytes, headroom_bytes=options.headroom_bytes,
                     allow=options.allow)

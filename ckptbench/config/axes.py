@@ -1,15 +1,16 @@
-"""The sweep axes as validated config: closed choices, the grid's lists and explicit points. No torch."""
+"""The values each sweep axis allows: closed choices, bounds and grammars (config/grid.py's declaration names one per
+axis), and what a precision stores its weights in. No torch."""
 
 from __future__ import annotations
 
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from ckptbench.config.alloc_conf import check_axis_value
 from ckptbench.config.layouts import canonical_layout
-from ckptbench.config.parallel import PARALLEL_PATTERN, parse_parallel
+from ckptbench.config.parallel import parse_parallel
 
 Precision = Literal["bf16", "fp16", "fp32", "amp_bf16", "amp_fp16"]
 # adamw_8bit: bitsandbytes; adamw_8bit_torchao: torchao's AdamW8bit (both change the optimizer's numerics).
@@ -38,6 +39,11 @@ LossName = Literal["default", "chunked", "fused_linear"]
 # Optimizer state in host memory, stepped by the CPU: 'none' or 'cpu' (torchao's CPUOffloadOptimizer; CUDA only).
 OptimizerOffload = Literal["none", "cpu"]
 
+# The dtype each precision stores the weights in (and so the gradients and the optimizer state): the amp precisions
+# keep fp32 weights. train/step.py builds the model in it (tests/test_axis_keys.py holds the two to the same dtype).
+WEIGHT_DTYPE: dict[str, str] = {
+    "bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "amp_bf16": "float32", "amp_fp16": "float32",
+}
 
 
 class _Strict(BaseModel):
@@ -52,104 +58,29 @@ def _shown(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _canonical(value: Any) -> Any:
+# -- the grammars: each takes one value as a config spells it and returns it as a point holds it, or raises a
+# ValueError that says what is allowed ------------------------------------------------------------------------------
+
+
+def layout_value(value: Any) -> Any:
     # One spelling per layout ('ALL', ' all', 'all@block' -> 'all'); anything unparsable is kept as
     # written so that the error, reported later with the model's layer count, quotes the user's text.
     return canonical_layout(value) if isinstance(value, str) else value
 
 
-class SweepAxes(_Strict):
-    """The grid: its cells are the cartesian product of these lists."""
-
-    # Layout strings (see `ckptbench layouts`); 'fit' searches the fewest layers that fit the budget.
-    layout: list[str] = Field(default_factory=lambda: ["none"], min_length=1)
-    # Batch sizes, or 'max': per layout, the largest batch that fits (doubling, then bisection).
-    batch_size: list[BatchSize] | Literal["max"] = Field(default_factory=lambda: [1], min_length=1)
-    seq_len: list[SeqLen] = Field(default_factory=lambda: [512], min_length=1)
-    precision: list[Precision] = Field(default_factory=lambda: list[Precision](["bf16"]), min_length=1)
-    # Optional axes; an unset one takes the single top-level value (optimizer, attn_implementation).
-    optimizer: list[OptimizerName] | None = Field(default=None, min_length=1)
-    # Gradient accumulation: micro-batches of batch_size per optimizer step.
-    micro_batches: list[MicroBatches] = Field(default_factory=lambda: [1], min_length=1)
-    offload: list[Offload] = Field(default_factory=lambda: list[Offload](["none"]), min_length=1)
-    # 'none' (full fine-tuning) or 'r<rank>' (LoRA through peft on lora.target_modules).
-    lora: list[str] = Field(default_factory=lambda: ["none"], min_length=1)
-    # torch.compile the model; compile time is recorded apart and never counted in step time.
-    compile: list[bool] = Field(default_factory=lambda: [False], min_length=1)
-    attn_implementation: list[AttnImpl] | None = Field(default=None, min_length=1)
-    loss: list[LossName] = Field(default_factory=lambda: list[LossName](["default"]), min_length=1)
-    # Per-parameter optimizer steps from post-accumulate-grad hooks: each gradient is applied and freed
-    # during the backward pass (with micro_batches > 1: during the last micro-batch's backward).
-    optimizer_in_backward: list[bool] = Field(default_factory=lambda: [False], min_length=1)
-    optimizer_offload: list[OptimizerOffload] = Field(
-        default_factory=lambda: list[OptimizerOffload](["none"]), min_length=1
-    )
-    # 'none', 'ddp:N', 'fsdp2:N' or 'fsdp2:N:noreshard' (config/parallel.py); batch_size is per rank.
-    parallel: list[str] = Field(default_factory=lambda: ["none"], min_length=1)
-
-    @field_validator("parallel")
-    @classmethod
-    def _parallel_spec(cls, values: list[str]) -> list[str]:
-        for v in values:
-            parse_parallel(v)
-        return values
-    # The CUDA caching allocator's options (PYTORCH_CUDA_ALLOC_CONF, set in the point's own process before
-    # CUDA starts): 'default', 'expandable_segments', 'max_split_size_mb:N', 'garbage_collection_threshold:X'
-    # (several joined by commas). CUDA only.
-    allocator: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
-
-    @field_validator("allocator")
-    @classmethod
-    def _allocator_spec(cls, values: list[str]) -> list[str]:
-        return [check_axis_value(str(v)) for v in values]
-
-    @field_validator("lora")
-    @classmethod
-    def _lora_spec(cls, values: list[str]) -> list[str]:
-        for v in values:
-            if not re.fullmatch(LORA_PATTERN, str(v)):
-                raise ValueError(f"LoRA entries are 'none' or 'r<rank>' such as 'r16', got {v!r}")
-        return values
-
-    @field_validator("layout")
-    @classmethod
-    def _canonical_layouts(cls, values: list[str]) -> list[str]:
-        canonical = [_canonical(v) for v in values]
-        for i, (given, spelled) in enumerate(zip(values, canonical, strict=True)):
-            if canonical.index(spelled) < i:  # the same points twice; a plan spelled otherwise: schema.py
-                first = canonical.index(spelled)
-                raise ValueError(
-                    f"entry {i} ({given!r}) is entry {first} ({values[first]!r}) again, both spell {spelled!r}; "
-                    "list each layout once"
-                )
-        return canonical
+def lora_value(value: Any) -> Any:
+    """'none' (full fine-tuning) or 'r<rank>'."""
+    if not re.fullmatch(LORA_PATTERN, str(value)):
+        raise ValueError(f"LoRA entries are 'none' or 'r<rank>' such as 'r16', got {value!r}")
+    return value
 
 
-class PointSpec(_Strict):
-    """One explicit cell; unset fields take the first value of the matching sweep axis."""
+def parallel_value(value: Any) -> Any:
+    """'none', 'ddp:N', 'fsdp2:N' or 'fsdp2:N:noreshard' (config/parallel.py)."""
+    parse_parallel(value)
+    return value
 
-    layout: str | None = None
-    batch_size: BatchSize | None = None
-    seq_len: SeqLen | None = None
-    precision: Precision | None = None
-    optimizer: OptimizerName | None = None
-    micro_batches: MicroBatches | None = None
-    offload: Offload | None = None
-    lora: str | None = Field(default=None, pattern=LORA_PATTERN)
-    compile: bool | None = None
-    attn_implementation: AttnImpl | None = None
-    loss: LossName | None = None
-    optimizer_in_backward: bool | None = None
-    optimizer_offload: OptimizerOffload | None = None
-    parallel: str | None = Field(default=None, pattern=PARALLEL_PATTERN)
-    allocator: str | None = None
 
-    @field_validator("allocator")
-    @classmethod
-    def _allocator_spec(cls, value: str | None) -> str | None:
-        return None if value is None else check_axis_value(value)
-
-    @field_validator("layout")
-    @classmethod
-    def _canonical_layout(cls, value: str | None) -> str | None:
-        return _canonical(value)
+def allocator_value(value: Any) -> str:
+    """The CUDA caching allocator's options, as the point's process sets them (config/alloc_conf.py)."""
+    return check_axis_value(str(value))

@@ -1,50 +1,166 @@
-"""The grid: points (one cell each, identified by its key) expanded from axis values. Pure data."""
+"""The axes of a point, each declared once with what ckptbench derives from it (``KEY_AXES``); the point they make;
+the grid expanded into points. Pure data.
+
+From the declaration come: ``Point.key`` and the defaults old keys take, the loop order (``_ORDER``), the sweep's
+lists and explicit points (config/sweep_axes.py), ``SweepConfig.axis_values`` and the CPU refusals
+(config/schema.py), and the keys of what a point's setup shapes: the traced step and the optimizer's trace
+(estimator/api.py), the prepared short model (estimator/trace.py) and the built model (measure/model_slot.py).
+``Point``, ``SweepAxes`` and ``PointSpec`` spell their fields out for mypy; tests/test_axis_keys.py holds them to it.
+"""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal
 
-from ckptbench.config.parallel import world_size
+from ckptbench.config.axes import (
+    WEIGHT_DTYPE,
+    AttnImpl,
+    BatchSize,
+    LossName,
+    MicroBatches,
+    Offload,
+    OptimizerName,
+    OptimizerOffload,
+    Precision,
+    SeqLen,
+    allocator_value,
+    layout_value,
+    lora_value,
+    parallel_value,
+)
+from ckptbench.config.parallel import parse_parallel, world_size
+
+# How a key keeps an axis's value: a function of the value (and, where another axis decides, the point).
+KeyPart = Callable[[Any, "Point"], Any]
+
+
+def as_is(value: Any, point: Point) -> Any:
+    """The value itself."""
+    return value
+
+
+def _one_or_more(micro_batches: Any, point: Point) -> Any:
+    # A short trace runs at most two micro-batches: the second stands for every later one (estimator/api.py).
+    return min(micro_batches, 2)
+
+
+def _weights_unless_fsdp2(precision: Any, point: Point) -> Any:
+    # Unsharded (or DDP), a precision reaches the optimizer step only through the dtype its weights are stored in:
+    # fp32 and the amp precisions (fp32 weights) share one trace. FSDP2's mixed-precision policy depends on the
+    # precision itself.
+    if parse_parallel(point.parallel).kind == "fsdp2":
+        return precision
+    return f"{WEIGHT_DTYPE[precision]} weights"
+
+
+@dataclass(frozen=True)
+class NeedsCuda:
+    """The values of an axis only a CUDA device runs: ``applies`` says which; ``why`` follows the value in the
+    refusal ('sweep.offload: all moves activations to host memory and needs a CUDA device')."""
+
+    applies: Callable[[Any], bool]
+    why: str
 
 
 @dataclass(frozen=True)
 class Axis:
-    """One axis of a point: its name, the type of its values, and (a technique axis) the value that means
-    plain training; ``plain`` None: an axis of the cell itself (model, layout, shape, precision). ``absent``:
-    what a key written before the axis existed means, for a cell axis added later (a technique axis's is
-    its plain value)."""
+    """One axis of a point, declared once.
+
+    ``plain``: a technique axis's value that means plain training (None: an axis of the cell itself: model, layout,
+    shape, precision). ``absent``: what a key written before the axis existed means, for a cell axis added later (a
+    technique axis's is its plain value). ``loop`` None: not swept (the model's axes, one per config).
+    """
 
     name: str
-    kind: type
+    kind: type  # the type of its values in a point and in a recorded key
     plain: Any = None
     absent: Any = None
+    values: Any = None  # the type one value of a config is validated as (a Literal, a bounded int)
+    check: Callable[[Any], Any] | None = None  # a grammar: the value as a point holds it, or a ValueError
+    doc: str = ""  # what its sweep list means, for a config's reader
+    default: Any = None  # what a sweep listing no values takes (a technique axis: ``plain``)
+    fallback: str | None = None  # a sweep listing none takes the config's setting at this path instead
+    search: Any = None  # a value that asks for a search instead of naming points ('fit', 'max')
+    first: Any = None  # the value that runs before the others of its loop (the loss references)
+    loop: int | None = None  # where it nests in the execution order: lower is outer
+    step: KeyPart | None = None  # shapes the traced step (the short-model trace key), kept as this says
+    optimizer_step: KeyPart | None = None  # shapes the whole model's optimizer trace
+    # The fake short model the estimator prepares once for traces of several shapes: 'key': it depends on the
+    # value; 'plain': one is prepared for every trace unless the value is plain (hooks, host copies, process groups).
+    prepared: Literal["key", "plain"] | None = None
+    builds_model: bool = False  # the runner's model is built for it (rebuilt when it changes)
+    needs_cuda: NeedsCuda | None = None  # the CPU refusals
+
+    @property
+    def swept(self) -> bool:
+        return self.loop is not None
+
+    @property
+    def sweep_default(self) -> Any:
+        return self.plain if self.default is None else self.default
 
 
-# Every axis of a point, once, in the order of ``Point.key``; ``Point``'s fields are these (tests/test_axes.py
-# holds them to it), in the order a positional ``Point(...)`` takes them.
+# Every axis of a point, once, in the order of ``Point.key``; ``Point``'s fields are these (tests/test_axis_keys.py
+# holds them to it), in the order a positional ``Point(...)`` takes them. The loops (``loop``): precision and LoRA
+# outermost (the model is rebuilt only when they change; the allocator's settings need a process of their own),
+# batch innermost; sharded points (each in its own processes) after the single-device points of the same setup.
 KEY_AXES: tuple[Axis, ...] = (
     Axis("model", str),
     # The model's transformers model_type ('llama', 'qwen3', ...): compare never matches points of two
     # architectures. Runs written before it existed built LLaMA only.
     Axis("architecture", str, absent="llama"),
-    Axis("layout", str),
-    Axis("batch_size", int),
-    Axis("seq_len", int),
-    Axis("precision", str),
-    Axis("optimizer", str, "adamw_fused"),
-    Axis("micro_batches", int, 1),
-    Axis("offload", str, "none"),
-    Axis("lora", str, "none"),
-    Axis("compile", bool, False),
-    Axis("attn_implementation", str, "sdpa"),
-    Axis("loss", str, "default"),
-    Axis("optimizer_in_backward", bool, False),
-    Axis("optimizer_offload", str, "none"),
-    Axis("parallel", str, "none"),
-    Axis("allocator", str, "default"),
+    Axis("layout", str, values=str, check=layout_value, default="none", search="fit", first="none", loop=130,
+         doc="Layout strings (see `ckptbench layouts`); 'fit' searches the fewest layers that fit the budget."),
+    Axis("batch_size", int, values=BatchSize, default=1, search="max", loop=150, step=as_is,
+         doc="Batch sizes, or 'max': per layout, the largest batch that fits (doubling, then bisection)."),
+    Axis("seq_len", int, values=SeqLen, default=512, loop=140, step=as_is, doc="Sequence lengths."),
+    Axis("precision", str, values=Precision, default="bf16", loop=10, step=as_is,
+         optimizer_step=_weights_unless_fsdp2, prepared="key", builds_model=True,
+         needs_cuda=NeedsCuda(lambda v: v in ("fp16", "amp_fp16"),
+                              "is not supported on CPU; use bf16, amp_bf16 or fp32"),
+         doc="Training precisions: bf16, fp16, fp32 weights, or fp32 weights with amp_bf16 / amp_fp16 autocast."),
+    Axis("optimizer", str, "adamw_fused", values=OptimizerName, fallback="optimizer", loop=40, step=as_is,
+         optimizer_step=as_is, prepared="key",
+         needs_cuda=NeedsCuda(lambda v: v == "adamw_8bit_torchao", "compiles its step (torchao) and needs CUDA"),
+         doc="Optimizers; unset: the config's top-level optimizer."),
+    Axis("micro_batches", int, 1, values=MicroBatches, loop=80, step=_one_or_more,
+         doc="Gradient accumulation: micro-batches of batch_size per optimizer step."),
+    Axis("offload", str, "none", values=Offload, loop=90, step=as_is, prepared="plain",
+         needs_cuda=NeedsCuda(lambda v: v != "none", "moves activations to host memory and needs a CUDA device"),
+         doc="Activation offloading: 'none', 'all' (every saved tensor) or 'ckpt_inputs' (checkpointed inputs)."),
+    Axis("lora", str, "none", values=str, check=lora_value, loop=20, step=as_is, optimizer_step=as_is,
+         prepared="plain", builds_model=True,
+         doc="'none' (full fine-tuning) or 'r<rank>' (LoRA through peft on lora.target_modules)."),
+    Axis("compile", bool, False, values=bool, loop=100,
+         needs_cuda=NeedsCuda(bool, "cannot run under the CPU memory tracker (a TorchDispatchMode); "
+                                    "compile needs CUDA"),
+         doc="torch.compile the model; compile time is recorded apart and never counted in step time."),
+    Axis("attn_implementation", str, "sdpa", values=AttnImpl, fallback="model.attn_implementation", loop=110,
+         step=as_is, doc="Attention implementations; unset: the model's attn_implementation."),
+    Axis("loss", str, "default", values=LossName, loop=70, step=as_is,
+         needs_cuda=NeedsCuda(lambda v: v == "fused_linear",
+                              "runs Triton kernels (Liger, cut-cross-entropy) and needs CUDA"),
+         doc="The loss head: 'default', 'chunked' (fp32 logits per chunk of tokens) or 'fused_linear' (CUDA)."),
+    Axis("optimizer_in_backward", bool, False, values=bool, loop=60, step=as_is, optimizer_step=as_is,
+         prepared="plain",
+         doc="Per-parameter optimizer steps from post-accumulate-grad hooks: each gradient is applied and freed during "
+             "the backward pass (with micro_batches > 1: during the last micro-batch's backward)."),
+    Axis("optimizer_offload", str, "none", values=OptimizerOffload, loop=50, step=as_is, optimizer_step=as_is,
+         prepared="plain",
+         needs_cuda=NeedsCuda(lambda v: v != "none", "(torchao's CPUOffloadOptimizer) needs a CUDA device"),
+         doc="Optimizer state in host memory, stepped by the CPU: 'none' or 'cpu' (torchao's CPUOffloadOptimizer)."),
+    Axis("parallel", str, "none", values=str, check=parallel_value, first="none", loop=120, step=as_is,
+         optimizer_step=as_is, prepared="plain", builds_model=True,
+         doc="'none', 'ddp:N', 'fsdp2:N' or 'fsdp2:N:noreshard' (config/parallel.py); batch_size is per rank."),
+    Axis("allocator", str, "default", values=str, check=allocator_value, loop=30,
+         needs_cuda=NeedsCuda(lambda v: v != "default", "configures the CUDA caching allocator "
+                                                        "(PYTORCH_CUDA_ALLOC_CONF) and needs a CUDA device"),
+         doc="The CUDA caching allocator's options (PYTORCH_CUDA_ALLOC_CONF, set in the point's own process before "
+             "CUDA starts): 'default', 'expandable_segments', 'max_split_size_mb:N', "
+             "'garbage_collection_threshold:X' (several joined by commas). CUDA only."),
 )
 # Values of the technique axes that mean "plain training"; tables name only the axes that differ.
 AXIS_DEFAULTS: dict[str, Any] = {a.name: a.plain for a in KEY_AXES if a.plain is not None}
@@ -53,6 +169,10 @@ KEY_FILLS: dict[str, Any] = {
     a.name: a.absent if a.absent is not None else a.plain for a in KEY_AXES if (a.absent, a.plain) != (None, None)
 }
 
+
+def axis_named(name: str) -> Axis:
+    """The declaration of the axis ``name``."""
+    return next(a for a in KEY_AXES if a.name == name)
 
 
 def filled_key(key: Mapping[str, Any]) -> dict[str, Any]:
@@ -133,14 +253,42 @@ def key_without(point: Point, field_name: str) -> tuple[Any, ...]:
     return tuple(sorted((k, v) for k, v in point.key.items() if k != field_name))
 
 
+# The execution order, outer to inner (each swept axis's ``loop``).
+_ORDER = tuple(a.name for a in sorted((a for a in KEY_AXES if a.swept), key=lambda a: a.loop or 0))
 # The axes a config's sweep lists values for (every axis but the model's), in ``Point``'s field order.
-AXES = tuple(f.name for f in fields(Point) if f.name not in ("model", "architecture"))
-# Execution order: precision and LoRA outermost (the model is rebuilt only when they change; the allocator's
-# settings need a process of their own), batch innermost; sharded points (each in its own processes) after
-# the single-device points of the same setup.
-_ORDER = ("precision", "lora", "allocator", "optimizer", "optimizer_offload", "optimizer_in_backward", "loss",
-          "micro_batches", "offload", "compile", "attn_implementation", "parallel", "layout", "seq_len",
-          "batch_size")
+AXES = tuple(f.name for f in fields(Point) if f.name in _ORDER)
+
+
+def _in_loop_order(axes: Sequence[Axis]) -> list[Axis]:
+    return sorted((a for a in axes if a.swept), key=lambda a: a.loop or 0)
+
+
+def step_key(point: Point) -> tuple[Any, ...]:
+    """What a traced step depends on besides its layout: every axis declared ``step``, in the loop order (precision
+    first), each as its declaration keeps it."""
+    return tuple(a.step(getattr(point, a.name), point) for a in _in_loop_order(KEY_AXES) if a.step is not None)
+
+
+def optimizer_step_key(point: Point) -> tuple[Any, ...]:
+    """What the whole model's optimizer trace depends on: every axis declared ``optimizer_step``, in the loop order
+    (precision first), each as its declaration keeps it."""
+    axes = _in_loop_order(KEY_AXES)
+    return tuple(a.optimizer_step(getattr(point, a.name), point) for a in axes if a.optimizer_step is not None)
+
+
+def prepared_key(point: Point) -> tuple[Any, ...] | None:
+    """The values a prepared short model depends on (the axes declared ``prepared='key'``, in the loop order), or None
+    where one is prepared for each trace (an axis declared ``prepared='plain'`` is not at its plain value)."""
+    axes = _in_loop_order(KEY_AXES)
+    if any(a.prepared == "plain" and getattr(point, a.name) != a.plain for a in axes):
+        return None
+    return tuple(getattr(point, a.name) for a in axes if a.prepared == "key")
+
+
+def model_setup(point: Point) -> tuple[Any, ...]:
+    """What the runner's built model depends on (the axes declared ``builds_model``, in the loop order): a point of
+    another setup needs another model."""
+    return tuple(getattr(point, a.name) for a in _in_loop_order(KEY_AXES) if a.builds_model)
 
 
 def search_templates(
@@ -178,8 +326,9 @@ def expand(
     for given in explicit:
         cells.add(tuple(given[a] if given.get(a) is not None else values[a][0] for a in AXES))
     rank = {a: {v: i for i, v in enumerate(values[a])} for a in AXES}
-    rank["layout"]["none"] = -1
-    rank["parallel"]["none"] = -1  # unsharded points first: they are the loss references of sharded ones
+    for axis in KEY_AXES:  # 'none' layouts, unsharded points first: they are the loss references of the others
+        if axis.first is not None and axis.name in rank:
+            rank[axis.name][axis.first] = -1
 
     def sort_key(cell: tuple[Any, ...]) -> tuple[Any, ...]:
         by_axis = dict(zip(AXES, cell, strict=True))

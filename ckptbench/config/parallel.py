@@ -12,7 +12,8 @@ Grammar::
                                        after it (``reshard_after_forward``), or, with ``:noreshard``,
                                        kept until its backward (more memory, no second all-gather)
 
-``batch_size`` stays per rank: a ``ddp:8`` point at batch 4 trains on 32 sequences per step.
+``batch_size`` stays per rank: a ``ddp:8`` point at batch 4 trains on 32 sequences per step. Which techniques a
+sharded point combines with: config/compat.py.
 """
 
 from __future__ import annotations
@@ -54,24 +55,3 @@ def parse_parallel(text: str) -> ParallelSpec:
 def world_size(text: str) -> int:
     """The number of ranks (devices) a parallel value needs: 1 for 'none'."""
     return parse_parallel(text).world_size
-
-
-def sharding_conflict(
-    parallel: str, *, offload: str, compile: bool, optimizer_in_backward: bool, optimizer_offload: str
-) -> str | None:
-    """Why a sharded point cannot run with its other techniques (None when it can, or is not sharded)."""
-    spec = parse_parallel(parallel)
-    if not spec.distributed:
-        return None
-    if offload != "none":
-        return f"{parallel} with offload={offload} is not supported; sharded points run without activation offloading"
-    if compile:
-        return f"{parallel} with compile is not supported; sharded points run eagerly"
-    if optimizer_offload != "none":
-        return (f"{parallel} with optimizer_offload={optimizer_offload} is not supported; "
-                "sharded points step their optimizer on the device")
-    if optimizer_in_backward and spec.kind == "ddp":
-        # DDP writes the all-reduced gradients after the backward; per-parameter hooks would step each
-        # rank's own gradient. FSDP2 calls them after its reduce-scatter, with the reduced shard.
-        return f"{parallel} with optimizer_in_backward is not supported; DDP reduces gradients after the backward"
-    return None

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ckptbench.config.axes import MAX_BATCH, DeviceName, OptimizerName, PointSpec, SweepAxes, _Strict
+from ckptbench.config.axes import MAX_BATCH, DeviceName, OptimizerName, _Strict
 from ckptbench.config.cluster import ClusterSpec
-from ckptbench.config.grid import Point, expand, search_templates
+from ckptbench.config.compat import cuda_need, cuda_only_axes, first_refused
+from ckptbench.config.grid import AXES, Point, axis_named, expand, search_templates
 from ckptbench.config.layouts import LayoutPlan, parse_layout
 from ckptbench.config.model import (
     MAX_STEP_FLOPS,
@@ -20,7 +23,8 @@ from ckptbench.config.model import (
     check_model_shape,
     step_flops_bound,
 )
-from ckptbench.config.parallel import sharding_conflict, world_size
+from ckptbench.config.parallel import world_size
+from ckptbench.config.sweep_axes import PointSpec, SweepAxes
 from ckptbench.errors import LayoutError
 
 MAX_SEED = 2**32 - 1
@@ -111,33 +115,23 @@ class SweepConfig(_Strict):
             raise ValueError("points: explicit points need a concrete layout and batch size, not a search")
         _check_seq_lens(self, resolved.get("max_position_embeddings"))
         _check_attention(self)
-        if self.sweep.parallel != ["none"] or any(p.parallel not in (None, "none") for p in self.points):
-            _check_parallel(self)
+        points = self.points_list()  # expanded once for both checks
+        _check_combinations(self, points)
         if self.device == "cpu":
-            check_cpu_compatible(self)
+            check_cpu_compatible(self, points)
         _check_work(self, resolved)
         return self
 
     def axis_values(self) -> dict[str, list[Any]]:
-        """Every axis's values; unset optional axes take the single top-level value; searches excluded."""
-        axes = self.sweep
-        return {
-            "precision": list(axes.precision),
-            "lora": list(axes.lora),
-            "layout": [x for x in axes.layout if x != "fit"],
-            "seq_len": list(axes.seq_len),
-            "batch_size": [] if axes.batch_size == "max" else list(axes.batch_size),
-            "optimizer": list(axes.optimizer or [self.optimizer]),
-            "micro_batches": list(axes.micro_batches),
-            "offload": list(axes.offload),
-            "compile": list(axes.compile),
-            "attn_implementation": list(axes.attn_implementation or [self.model.attn_implementation]),
-            "loss": list(axes.loss),
-            "optimizer_in_backward": list(axes.optimizer_in_backward),
-            "optimizer_offload": list(axes.optimizer_offload),
-            "parallel": list(axes.parallel),
-            "allocator": list(axes.allocator),
-        }
+        """Every axis's values; unset optional axes take the config's setting they fall back to; searches
+        excluded."""
+        values: dict[str, list[Any]] = {}
+        for name in AXES:
+            axis, listed = axis_named(name), getattr(self.sweep, name)
+            if listed is None:
+                listed = [attrgetter(str(axis.fallback))(self)]
+            values[name] = [] if listed == axis.search else [v for v in listed if v != axis.search]
+        return values
 
     def points_list(self) -> list[Point]:
         """Expand the grid (and explicit points) into points, in execution order."""
@@ -252,39 +246,27 @@ def _check_attention(cfg: SweepConfig) -> None:
             raise ValueError(attention_refusal(family, impl, _field_of(cfg, "attn_implementation", impl)))
 
 
-def _check_parallel(cfg: SweepConfig) -> None:
-    """Sharded points (ddp, fsdp2) train eagerly on the device: no activation offloading, no torch.compile,
-    no optimizer offload, and with DDP no optimizer in backward (config/parallel.py)."""
-    for p in cfg.points_list():
-        why = sharding_conflict(
-            p.parallel, offload=p.offload, compile=p.compile, optimizer_in_backward=p.optimizer_in_backward,
-            optimizer_offload=p.optimizer_offload,
-        )
-        if why is not None:
-            raise ValueError(f"{_field_of(cfg, 'parallel', p.parallel)}: {why}")
+def _check_combinations(cfg: SweepConfig, points: Sequence[Point]) -> None:
+    """No point combines techniques that config/compat.py refuses at load (sharded points with offloading, compile,
+    an offloaded optimizer; DDP with the optimizer in backward): refused naming the field of the rule's first axis."""
+    found = first_refused(points, ("load",))
+    if found is not None:
+        point, rule = found
+        field = rule.axes[0]
+        raise ValueError(f"{_field_of(cfg, field, getattr(point, field))}: {rule.why(point)}")
 
 
-def check_cpu_compatible(cfg: SweepConfig) -> None:
-    """Raise ValueError for settings a CPU run cannot honour.
+def check_cpu_compatible(cfg: SweepConfig, points: Sequence[Point] | None = None) -> None:
+    """Raise ValueError for settings a CPU run cannot honour: the values their axes declare CUDA-only.
 
     A memory cap is allowed on CPU: the live-tensor tracker enforces it (an allocation past the
     cap raises an out-of-memory error, like a smaller card would).
     """
-    points = cfg.points_list()
-    checks = (
-        ("precision", lambda v: v in ("fp16", "amp_fp16"), "is not supported on CPU; use bf16, amp_bf16 or fp32"),
-        ("offload", lambda v: v != "none", "moves activations to host memory and needs a CUDA device"),
-        ("compile", bool, "cannot run under the CPU memory tracker (a TorchDispatchMode); compile needs CUDA"),
-        ("loss", lambda v: v == "fused_linear", "runs Triton kernels (Liger, cut-cross-entropy) and needs CUDA"),
-        ("optimizer", lambda v: v == "adamw_8bit_torchao", "compiles its step (torchao) and needs CUDA"),
-        ("optimizer_offload", lambda v: v != "none", "(torchao's CPUOffloadOptimizer) needs a CUDA device"),
-        ("allocator", lambda v: v != "default", "configures the CUDA caching allocator (PYTORCH_CUDA_ALLOC_CONF) "
-                                                 "and needs a CUDA device"),
-    )
-    for axis, bad, why in checks:
-        found = sorted({getattr(p, axis) for p in points if bad(getattr(p, axis))})
+    points = cfg.points_list() if points is None else points
+    for axis in cuda_only_axes():
+        found = sorted({getattr(p, axis) for p in points if cuda_need(axis, getattr(p, axis)) is not None})
         if found:
-            raise ValueError(f"{_field_of(cfg, axis, found[0])}: {found[0]} {why}")
+            raise ValueError(f"{_field_of(cfg, axis, found[0])}: {cuda_need(axis, found[0])}")
     if cfg.sweep.batch_size == "max" and cfg.memory_cap_gib is None:
         # The search doubles the batch until memory runs out: on a CPU that is the host's (b=128 took 5.4 GB
         # and the machine with it), not a card's; the tracker enforces a cap like a smaller card would.

@@ -1,125 +1,243 @@
-/* The replayed caching allocator's hot path in C: the free-block lists and ``serve``'s default-settings loop.
+/* The replayed caching allocator's fast path in C: the free-block lists and ``serve``'s default-settings loop.
 
-   Optional (setup.py builds it when a compiler is there; ``allocator.py`` falls back to its pure-Python loop,
-   the reference this is tested against request by request). It works on allocator.py's own objects: ``Block``
-   and ``AllocatorSegment`` (their __slots__ read and written at the offsets ``bind`` finds), and keeps
-   the free blocks of one stream and pool in a ``FreeList``: an array ordered by (size, address), the order of
+   Optional: setup.py builds it when a compiler is there. allocator.py's general rules (``malloc``/``free``) are the
+   reference and are always present; this loop serves the requests it can exactly as they would, and stops at the
+   first one it leaves to them (a cached block does not fit and a new segment does not fit either, a key that is not
+   live, anything that is not a plain request on a plain block): it returns that request's index, allocator.py runs
+   that one request through the general rules, and calls this loop again from the next.
+
+   It keeps the free blocks of one stream and pool in a ``FreeList``: an array ordered by (size, address), the order of
    BlockComparatorSize in c10/cuda/CUDACachingAllocator.cpp and of allocator.py's ``SortedBlocks``, with the same
-   methods. ``serve`` also makes new segments while the device and the memory fraction have room for them (the
-   first try of ``_alloc_block``); at the first request it cannot serve so, it stops and returns its index:
-   allocator.py takes that slow path (freeing cached segments, retries, out of memory) in Python, then resumes. */
+   methods.
+
+   Why it works on allocator.py's own objects, at their __slots__ offsets. The general rules run on the same blocks
+   between two calls of this loop (a new segment, a retry, the replay's frees), and so do the replay, the snapshot and
+   the tests: the blocks must be allocator.py's ``Block`` and ``AllocatorSegment``, not copies. What this loop saves
+   over the general rules is Python calls; reading and writing the blocks' attributes through getattr/setattr (a
+   descriptor call each, about ten a request) and making each new block by calling the class (a Python ``__init__``
+   per split) would put such calls back, so it reads and writes the slots' memory directly and makes blocks with
+   ``tp_alloc``, filling every slot as ``__init__`` does. That is only safe while the classes are what this file
+   expects, so ``bind`` checks them before anything is read or written and refuses (TypeError, and allocator.py falls
+   back to the general rules) otherwise:
+   - each class is a heap class of ``object`` with ``__slots__`` and no ``__dict__``, whose slots are exactly the names
+     below, each a writable object slot (T_OBJECT_EX) inside the instance, reached through the class's own member
+     descriptor: so every attribute is a slot this file knows, at the offset it uses;
+   - a block and a segment made here equal, slot by slot and type by type, the ones the Python classes'
+     ``__init__`` make from the same arguments: so a default changed in allocator.py cannot be missed here.
+   In ``serve``, every object read as a block or a segment is type-checked first (a subclass keeps the offsets), and
+   a slot that holds something unexpected (not set, not a bool where allocator.py keeps one) makes the loop stop and
+   leave that request to the general rules, rather than guess.
+
+   The build fingerprint: setup.py compiles the first 16 hex digits of this file's sha256 in as
+   CKPTBENCH_SOURCE_HASH (``SOURCE_HASH``); allocator.py compares it with the source beside it and does not use a
+   build older than its source. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
 #include <string.h>
 
+#ifndef CKPTBENCH_SOURCE_HASH
+#error "build with -DCKPTBENCH_SOURCE_HASH=\"<the first 16 hex digits of this file's sha256>\" (setup.py does)"
+#endif
+
+#ifdef Py_T_OBJECT_EX /* Python 3.12 names the member types Py_T_*; structmember.h keeps the old names until then */
+#define OBJECT_SLOT Py_T_OBJECT_EX
+#define SLOT_READONLY Py_READONLY
+#else
+#define OBJECT_SLOT T_OBJECT_EX
+#define SLOT_READONLY READONLY
+#endif
+
 #define MIN_BLOCK 512LL
 #define SMALL_SIZE (1LL << 20)
 #define SMALL_BUFFER (2LL << 20)
 #define MIN_LARGE_ALLOC (10LL << 20)
 #define ROUND_LARGE (2LL << 20)
+#define MAX_REQUEST (1LL << 56) /* larger requests are left to the general rules: no overflow in the rounding here */
 
-/* -- Block and AllocatorSegment slots ----------------------------------------------------------------------- */
-static PyTypeObject *block_type = NULL, *segment_type = NULL;
-static Py_ssize_t off_addr, off_size, off_allocated, off_requested, off_prev, off_next, off_segment, off_gc_base,
-    off_mapped, off_key, off_seg_small, off_seg_addr, off_seg_size, off_seg_stream, off_seg_expandable, off_seg_page;
+/* -- Block and AllocatorSegment: their slots, checked by bind ---------------------------------------------------- */
+enum { B_ADDR, B_SIZE, B_SEGMENT, B_MAPPED, B_ALLOCATED, B_PREV, B_NEXT, B_GC_BASE, B_REQUESTED, B_KEY, N_BLOCK_SLOTS };
+static const char *const BLOCK_SLOTS[N_BLOCK_SLOTS] = {"addr", "size", "segment", "mapped", "allocated",
+                                                       "prev", "next", "gc_base", "requested", "key"};
+enum { S_ADDR, S_SIZE, S_STREAM, S_SMALL, S_EXPANDABLE, S_PAGE, N_SEGMENT_SLOTS };
+static const char *const SEGMENT_SLOTS[N_SEGMENT_SLOTS] = {"addr", "size", "stream", "small", "expandable", "page"};
+
+typedef struct {
+    PyTypeObject *block, *segment; /* owned; NULL until bind */
+    Py_ssize_t block_off[N_BLOCK_SLOTS], segment_off[N_SEGMENT_SLOTS];
+} Bound;
+
+static Bound bound = {NULL, NULL, {0}, {0}};
 static PyObject *segment_alloc_str = NULL; /* "segment_alloc": the recorded action */
 
-#define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+/* A slot's value (borrowed; NULL when it is not set). Only for objects type-checked against the bound classes. */
+#define BSLOT(obj, k) (*(PyObject **)((char *)(obj) + bound.block_off[k]))
+#define SSLOT(obj, k) (*(PyObject **)((char *)(obj) + bound.segment_off[k]))
 
-static int slot_offset(PyObject *type, const char *name, Py_ssize_t *off) {
-    PyObject *descr = PyObject_GetAttrString(type, name);
-    if (descr == NULL) return -1;
-    if (!Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
-        Py_DECREF(descr);
-        PyErr_Format(PyExc_TypeError, "%s is not a __slots__ member", name);
-        return -1;
-    }
-    *off = ((PyMemberDescrObject *)descr)->d_member->offset;
-    Py_DECREF(descr);
-    return 0;
-}
+static inline int is_block(PyObject *obj) { return PyObject_TypeCheck(obj, bound.block); }
+static inline int is_segment(PyObject *obj) { return PyObject_TypeCheck(obj, bound.segment); }
 
-static void set_slot(PyObject *obj, Py_ssize_t off, PyObject *value) { /* borrows value */
-    PyObject *old = SLOT(obj, off);
-    Py_INCREF(value);
-    SLOT(obj, off) = value;
+/* Store ``value`` (a new reference: stolen) in a slot, dropping the old value. */
+static void slot_steal(PyObject **slot, PyObject *value) {
+    PyObject *old = *slot;
+    *slot = value;
     Py_XDECREF(old);
 }
 
-static int set_slot_ll(PyObject *obj, Py_ssize_t off, long long value) {
+static void slot_set(PyObject **slot, PyObject *value) { slot_steal(slot, Py_NewRef(value)); }
+
+static int slot_set_ll(PyObject **slot, long long value) {
     PyObject *v = PyLong_FromLongLong(value);
     if (v == NULL) return -1;
-    PyObject *old = SLOT(obj, off);
-    SLOT(obj, off) = v; /* steals v */
-    Py_XDECREF(old);
+    slot_steal(slot, v);
     return 0;
 }
 
-static int get_slot_ll(PyObject *obj, Py_ssize_t off, long long *out) {
-    PyObject *v = SLOT(obj, off);
-    if (v == NULL) {
+static int slot_get_ll(PyObject *value, long long *out) {
+    if (value == NULL) {
         PyErr_SetString(PyExc_AttributeError, "a Block slot is not set");
         return -1;
     }
-    *out = PyLong_AsLongLong(v);
+    *out = PyLong_AsLongLong(value);
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 
-static PyObject *bind(PyObject *Py_UNUSED(module), PyObject *args) {
-    PyObject *block, *segment;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyType_Type, &block, &PyType_Type, &segment)) return NULL;
-    if (slot_offset(block, "addr", &off_addr) || slot_offset(block, "size", &off_size) ||
-        slot_offset(block, "allocated", &off_allocated) || slot_offset(block, "requested", &off_requested) ||
-        slot_offset(block, "prev", &off_prev) || slot_offset(block, "next", &off_next) ||
-        slot_offset(block, "segment", &off_segment) || slot_offset(block, "gc_base", &off_gc_base) ||
-        slot_offset(block, "mapped", &off_mapped) || slot_offset(block, "key", &off_key) ||
-        slot_offset(segment, "small", &off_seg_small) || slot_offset(segment, "addr", &off_seg_addr) ||
-        slot_offset(segment, "size", &off_seg_size) || slot_offset(segment, "stream", &off_seg_stream) ||
-        slot_offset(segment, "expandable", &off_seg_expandable) || slot_offset(segment, "page", &off_seg_page))
-        return NULL;
-    if (segment_alloc_str == NULL && (segment_alloc_str = PyUnicode_InternFromString("segment_alloc")) == NULL)
-        return NULL;
-    Py_INCREF(block);
-    Py_XSETREF(block_type, (PyTypeObject *)block);
-    Py_INCREF(segment);
-    Py_XSETREF(segment_type, (PyTypeObject *)segment);
-    Py_RETURN_NONE;
+/* The offsets of a class's slots, into ``off`` in the order of ``names``: -1 and TypeError unless the class is a heap
+   class of object whose attributes are exactly those writable object slots, reached through its own descriptors. */
+static int slot_offsets(PyTypeObject *type, const char *const *names, int n, Py_ssize_t *off) {
+    const char *why = NULL;
+    if (!PyType_HasFeature(type, Py_TPFLAGS_HEAPTYPE) || type->tp_base != &PyBaseObject_Type)
+        why = "is not a Python class deriving from object alone";
+    else if (type->tp_dictoffset != 0 || type->tp_itemsize != 0 || type->tp_alloc == NULL)
+        why = "has a __dict__ or variable-sized instances (it must have __slots__ only)";
+    if (why != NULL) {
+        PyErr_Format(PyExc_TypeError, "_replay_native: %s %s", type->tp_name, why);
+        return -1;
+    }
+    for (int k = 0; k < n; k++) off[k] = -1;
+    int found = 0;
+    for (PyMemberDef *m = type->tp_members; m != NULL && m->name != NULL; m++) {
+        int k = 0;
+        while (k < n && strcmp(m->name, names[k]) != 0) k++;
+        if (k == n || off[k] != -1) {
+            PyErr_Format(PyExc_TypeError, "_replay_native: %s has a slot %s that this build does not know",
+                         type->tp_name, m->name);
+            return -1;
+        }
+        PyObject *descr = PyDict_GetItemString(type->tp_dict, m->name); /* borrowed */
+        if (m->type != OBJECT_SLOT || (m->flags & SLOT_READONLY) || m->offset < (Py_ssize_t)sizeof(PyObject) ||
+            m->offset > type->tp_basicsize - (Py_ssize_t)sizeof(PyObject *) || descr == NULL ||
+            !Py_IS_TYPE(descr, &PyMemberDescr_Type) || ((PyMemberDescrObject *)descr)->d_member != m) {
+            PyErr_Format(PyExc_TypeError, "_replay_native: %s.%s is not a plain __slots__ member", type->tp_name,
+                         m->name);
+            return -1;
+        }
+        off[k] = m->offset;
+        found++;
+    }
+    if (found != n) {
+        PyErr_Format(PyExc_TypeError, "_replay_native: %s lacks slots this build writes (%d of %d found)",
+                     type->tp_name, found, n);
+        return -1;
+    }
+    return 0;
 }
 
 /* A new Block(addr, size, segment) as Block.__init__ makes it (mapped, free, unlinked, age 0, nothing requested). */
 static PyObject *new_block(long long addr, long long size, PyObject *segment) {
-    PyObject *b = block_type->tp_alloc(block_type, 0);
+    PyObject *b = bound.block->tp_alloc(bound.block, 0); /* every slot NULL: filled below before anyone sees it */
     if (b == NULL) return NULL;
-    if (set_slot_ll(b, off_addr, addr) || set_slot_ll(b, off_size, size) || set_slot_ll(b, off_gc_base, 0) ||
-        set_slot_ll(b, off_requested, 0) || set_slot_ll(b, off_key, -1)) {
+    if (slot_set_ll(&BSLOT(b, B_ADDR), addr) || slot_set_ll(&BSLOT(b, B_SIZE), size) ||
+        slot_set_ll(&BSLOT(b, B_GC_BASE), 0) || slot_set_ll(&BSLOT(b, B_REQUESTED), 0) ||
+        slot_set_ll(&BSLOT(b, B_KEY), -1)) {
         Py_DECREF(b);
         return NULL;
     }
-    set_slot(b, off_segment, segment);
-    set_slot(b, off_mapped, Py_True);
-    set_slot(b, off_allocated, Py_False);
-    set_slot(b, off_prev, Py_None);
-    set_slot(b, off_next, Py_None);
+    slot_set(&BSLOT(b, B_SEGMENT), segment);
+    slot_set(&BSLOT(b, B_MAPPED), Py_True);
+    slot_set(&BSLOT(b, B_ALLOCATED), Py_False);
+    slot_set(&BSLOT(b, B_PREV), Py_None);
+    slot_set(&BSLOT(b, B_NEXT), Py_None);
     return b;
 }
 
 /* A new AllocatorSegment(addr, size, 0, small=small, expandable=False, page=0): one cudaMalloc on stream 0. */
 static PyObject *new_segment(long long addr, long long size, int small) {
-    PyObject *seg = segment_type->tp_alloc(segment_type, 0);
+    PyObject *seg = bound.segment->tp_alloc(bound.segment, 0);
     if (seg == NULL) return NULL;
-    if (set_slot_ll(seg, off_seg_addr, addr) || set_slot_ll(seg, off_seg_size, size) ||
-        set_slot_ll(seg, off_seg_stream, 0) || set_slot_ll(seg, off_seg_page, 0)) {
+    if (slot_set_ll(&SSLOT(seg, S_ADDR), addr) || slot_set_ll(&SSLOT(seg, S_SIZE), size) ||
+        slot_set_ll(&SSLOT(seg, S_STREAM), 0) || slot_set_ll(&SSLOT(seg, S_PAGE), 0)) {
         Py_DECREF(seg);
         return NULL;
     }
-    set_slot(seg, off_seg_small, small ? Py_True : Py_False);
-    set_slot(seg, off_seg_expandable, Py_False);
+    slot_set(&SSLOT(seg, S_SMALL), small ? Py_True : Py_False);
+    slot_set(&SSLOT(seg, S_EXPANDABLE), Py_False);
     return seg;
 }
 
-/* -- FreeList ----------------------------------------------------------------------------------------------- */
+/* 0 when two objects made from the same arguments hold equal values of the same types in every slot; else -1 and
+   TypeError naming the first slot that differs. */
+static int same_slots(PyObject *made_here, PyObject *by_init, const Py_ssize_t *off, const char *const *names, int n) {
+    for (int k = 0; k < n; k++) {
+        PyObject *a = *(PyObject **)((char *)made_here + off[k]), *b = *(PyObject **)((char *)by_init + off[k]);
+        int equal = a != NULL && b != NULL && Py_TYPE(a) == Py_TYPE(b) ? PyObject_RichCompareBool(a, b, Py_EQ) : 0;
+        if (equal < 0) return -1;
+        if (!equal) {
+            PyErr_Format(PyExc_TypeError, "_replay_native: %s.__init__ sets %s otherwise than this build",
+                         Py_TYPE(by_init)->tp_name, names[k]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The bound classes' __init__ make what new_segment and new_block make. */
+static int made_as_by_init(void) {
+    const long long addr = 1LL << 40, size = 20LL << 20;
+    PyObject *seg_init = NULL, *seg_here = NULL, *block_init = NULL, *block_here = NULL, *args = NULL, *kwargs = NULL;
+    int result = -1;
+    args = Py_BuildValue("(LLi)", addr, size, 0);
+    kwargs = Py_BuildValue("{sOsOsi}", "small", Py_False, "expandable", Py_False, "page", 0);
+    if (args == NULL || kwargs == NULL) goto done;
+    if ((seg_init = PyObject_Call((PyObject *)bound.segment, args, kwargs)) == NULL) goto done;
+    if ((seg_here = new_segment(addr, size, 0)) == NULL) goto done;
+    if (same_slots(seg_here, seg_init, bound.segment_off, SEGMENT_SLOTS, N_SEGMENT_SLOTS)) goto done;
+    if ((block_init = PyObject_CallFunction((PyObject *)bound.block, "LLO", addr, size, seg_init)) == NULL) goto done;
+    if ((block_here = new_block(addr, size, seg_init)) == NULL) goto done;
+    result = same_slots(block_here, block_init, bound.block_off, BLOCK_SLOTS, N_BLOCK_SLOTS);
+done:
+    Py_XDECREF(args);
+    Py_XDECREF(kwargs);
+    Py_XDECREF(seg_init);
+    Py_XDECREF(seg_here);
+    Py_XDECREF(block_init);
+    Py_XDECREF(block_here);
+    return result;
+}
+
+static PyObject *bind(PyObject *Py_UNUSED(module), PyObject *args) {
+    PyTypeObject *block, *segment;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyType_Type, &block, &PyType_Type, &segment)) return NULL;
+    if (segment_alloc_str == NULL && (segment_alloc_str = PyUnicode_InternFromString("segment_alloc")) == NULL)
+        return NULL;
+    Bound candidate = {(PyTypeObject *)Py_NewRef(block), (PyTypeObject *)Py_NewRef(segment), {0}, {0}};
+    Bound before = bound;
+    int bad = slot_offsets(block, BLOCK_SLOTS, N_BLOCK_SLOTS, candidate.block_off) ||
+              slot_offsets(segment, SEGMENT_SLOTS, N_SEGMENT_SLOTS, candidate.segment_off);
+    if (!bad) {
+        bound = candidate; /* new_block and new_segment use it: try them against __init__ */
+        bad = made_as_by_init();
+    }
+    Bound *dropped = bad ? &candidate : &before; /* refused: the earlier binding stays */
+    bound = bad ? before : candidate;
+    Py_XDECREF(dropped->block);
+    Py_XDECREF(dropped->segment);
+    if (bad) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* -- FreeList ----------------------------------------------------------------------------------------------------- */
 typedef struct {
     long long size, addr;
     PyObject *block; /* owned */
@@ -199,11 +317,11 @@ static Py_ssize_t fl_find(const FreeList *fl, long long size, long long addr) {
 }
 
 static int block_key(PyObject *block, long long *size, long long *addr) {
-    if (!PyObject_TypeCheck(block, block_type)) {
+    if (!is_block(block)) {
         PyErr_SetString(PyExc_TypeError, "expected a Block");
         return -1;
     }
-    return (get_slot_ll(block, off_size, size) || get_slot_ll(block, off_addr, addr)) ? -1 : 0;
+    return (slot_get_ll(BSLOT(block, B_SIZE), size) || slot_get_ll(BSLOT(block, B_ADDR), addr)) ? -1 : 0;
 }
 
 static PyObject *FreeList_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
@@ -211,7 +329,7 @@ static PyObject *FreeList_new(PyTypeObject *type, PyObject *args, PyObject *kwds
         PyErr_SetString(PyExc_TypeError, "FreeList() takes no arguments");
         return NULL;
     }
-    if (block_type == NULL) {
+    if (bound.block == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "bind(Block, AllocatorSegment) first");
         return NULL;
     }
@@ -245,8 +363,7 @@ static void FreeList_dealloc(FreeList *self) {
 static PyObject *FreeList_add(FreeList *self, PyObject *block) {
     long long size, addr;
     if (block_key(block, &size, &addr)) return NULL;
-    Py_INCREF(block);
-    if (fl_insert(self, size, addr, block)) return NULL;
+    if (fl_insert(self, size, addr, Py_NewRef(block))) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -268,6 +385,17 @@ static PyObject *FreeList_at(FreeList *self, PyObject *arg) {
         return NULL;
     }
     return Py_NewRef(self->items[i].block);
+}
+
+static PyObject *FreeList_pop(FreeList *self, PyObject *arg) {
+    Py_ssize_t i = PyLong_AsSsize_t(arg);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    if (i < 0) i += self->n;
+    if (i < 0 || i >= self->n) {
+        PyErr_SetString(PyExc_IndexError, "FreeList index out of range");
+        return NULL;
+    }
+    return fl_take(self, i);
 }
 
 static PyObject *FreeList_lower_bound(FreeList *self, PyObject *arg) {
@@ -301,6 +429,7 @@ static PyMethodDef FreeList_methods[] = {
     {"add", (PyCFunction)FreeList_add, METH_O, "Cache a block under its (size, address)."},
     {"remove", (PyCFunction)FreeList_remove, METH_O, "Take a block out (KeyError when it is not there)."},
     {"at", (PyCFunction)FreeList_at, METH_O, "The block at an index of the (size, address) order."},
+    {"pop", (PyCFunction)FreeList_pop, METH_O, "Take out the block at an index of the (size, address) order."},
     {"lower_bound", (PyCFunction)FreeList_lower_bound, METH_O,
      "Index of the smallest block of at least ``size`` bytes (len(self) when none)."},
     {NULL, NULL, 0, NULL},
@@ -331,53 +460,78 @@ static PyTypeObject FreeListType = {
     .tp_iter = (getiterfunc)FreeList_iter,
 };
 
-/* -- serve -------------------------------------------------------------------------------------------------- */
+/* -- serve -------------------------------------------------------------------------------------------------------- */
+
+/* Whether a Block's link slot holds what the general rules keep there: None or a Block. */
+static inline int is_link(PyObject *link) { return link == Py_None || (link != NULL && is_block(link)); }
+
+/* A neighbour's state for try_merge_blocks: 1 free, 0 allocated or none; -1 when it is not None nor a Block with a
+   bool ``allocated`` (and, when free, the links that merging reads), and the general rules take the request. */
+static int neighbour_free(PyObject *other) {
+    if (other == Py_None) return 0;
+    if (other == NULL || !is_block(other)) return -1;
+    PyObject *allocated = BSLOT(other, B_ALLOCATED);
+    if (allocated == Py_True) return 0;
+    return allocated == Py_False && is_link(BSLOT(other, B_PREV)) && is_link(BSLOT(other, B_NEXT)) ? 1 : -1;
+}
+
+/* Whether this loop frees ``block`` exactly as ``free`` would: an allocated Block of a plain segment on stream 0
+   (the pools' lists serve has), whose neighbours are Blocks or None; ``small``: its pool. Else the general rules
+   free it. */
+static int frees_here(PyObject *block, int *small) {
+    if (!is_block(block) || BSLOT(block, B_ALLOCATED) != Py_True) return 0;
+    PyObject *segment = BSLOT(block, B_SEGMENT);
+    if (segment == NULL || !is_segment(segment) || SSLOT(segment, S_EXPANDABLE) != Py_False) return 0;
+    PyObject *stream = SSLOT(segment, S_STREAM), *pool = SSLOT(segment, S_SMALL);
+    int overflow = 0;
+    if (stream == NULL || !PyLong_CheckExact(stream) || PyLong_AsLongAndOverflow(stream, &overflow) != 0 || overflow)
+        return 0;
+    if (pool != Py_True && pool != Py_False) return 0;
+    *small = pool == Py_True;
+    return neighbour_free(BSLOT(block, B_PREV)) >= 0 && neighbour_free(BSLOT(block, B_NEXT)) >= 0;
+}
 
 /* Unlink a free neighbour from its list before ``block`` absorbs it (try_merge_blocks); a new reference. */
 static PyObject *take_neighbour(FreeList *fl, PyObject *other, long long *size, long long *addr) {
-    if (get_slot_ll(other, off_size, size) || get_slot_ll(other, off_addr, addr)) return NULL;
+    if (slot_get_ll(BSLOT(other, B_SIZE), size) || slot_get_ll(BSLOT(other, B_ADDR), addr)) return NULL;
     Py_ssize_t i = fl_find(fl, *size, *addr);
     return i < 0 ? NULL : fl_take(fl, i);
 }
 
-static int free_one(PyObject *block, FreeList *small_fl, FreeList *large_fl, PyObject *small_age,
-                    PyObject *large_age, long long *allocated) {
+/* free -> free_block: mark free, merge with free neighbours (try_merge_blocks), cache (insert_into_blocks). */
+static int free_one(PyObject *block, FreeList *fl, PyObject *age, long long *allocated) {
     long long bsize, baddr, osize, oaddr;
-    if (get_slot_ll(block, off_size, &bsize) || get_slot_ll(block, off_addr, &baddr)) return -1;
-    set_slot(block, off_allocated, Py_False);
+    if (slot_get_ll(BSLOT(block, B_SIZE), &bsize) || slot_get_ll(BSLOT(block, B_ADDR), &baddr)) return -1;
+    slot_set(&BSLOT(block, B_ALLOCATED), Py_False);
     *allocated -= bsize;
-    PyObject *segment = SLOT(block, off_segment);
-    int small = segment != NULL && SLOT(segment, off_seg_small) == Py_True;
-    FreeList *fl = small ? small_fl : large_fl;
-    PyObject *prev = SLOT(block, off_prev);
-    if (prev != NULL && prev != Py_None && SLOT(prev, off_allocated) == Py_False) {
+    PyObject *prev = BSLOT(block, B_PREV);
+    if (neighbour_free(prev) == 1) {
         PyObject *taken = take_neighbour(fl, prev, &osize, &oaddr);
         if (taken == NULL) return -1;
-        PyObject *before = SLOT(prev, off_prev);
+        PyObject *before = BSLOT(prev, B_PREV);
         baddr = oaddr;
-        set_slot(block, off_prev, before); /* drops block's reference to prev; ``taken`` keeps it alive */
-        if (before != Py_None) set_slot(before, off_next, block);
+        slot_set(&BSLOT(block, B_PREV), before); /* drops block's reference to prev; ``taken`` keeps it alive */
+        if (before != Py_None) slot_set(&BSLOT(before, B_NEXT), block); /* a Block: neighbour_free checked */
         bsize += osize;
         Py_DECREF(taken);
     }
-    PyObject *next = SLOT(block, off_next);
-    if (next != NULL && next != Py_None && SLOT(next, off_allocated) == Py_False) {
+    PyObject *next = BSLOT(block, B_NEXT);
+    if (neighbour_free(next) == 1) {
         PyObject *taken = take_neighbour(fl, next, &osize, &oaddr);
         if (taken == NULL) return -1;
-        PyObject *after = SLOT(next, off_next);
-        set_slot(block, off_next, after);
-        if (after != Py_None) set_slot(after, off_prev, block);
+        PyObject *after = BSLOT(next, B_NEXT);
+        slot_set(&BSLOT(block, B_NEXT), after);
+        if (after != Py_None) slot_set(&BSLOT(after, B_PREV), block);
         bsize += osize;
         Py_DECREF(taken);
     }
-    if (set_slot_ll(block, off_addr, baddr) || set_slot_ll(block, off_size, bsize)) return -1;
-    set_slot(block, off_gc_base, small ? small_age : large_age);
-    Py_INCREF(block);
-    return fl_insert(fl, bsize, baddr, block);
+    if (slot_set_ll(&BSLOT(block, B_ADDR), baddr) || slot_set_ll(&BSLOT(block, B_SIZE), bsize)) return -1;
+    slot_set(&BSLOT(block, B_GC_BASE), age);
+    return fl_insert(fl, bsize, baddr, Py_NewRef(block));
 }
 
 /* The allocator's counters that serve changes, read from the Stats object when it starts and written back when it
-   stops (also when a request failed, as the Python loop's ``finally``). */
+   returns (also when a request failed). */
 static const char *const COUNTER_NAMES[] = {"allocated", "peak_allocated", "reserved", "peak_reserved",
                                             "num_device_alloc"};
 enum { ALLOCATED, PEAK_ALLOCATED, RESERVED, PEAK_RESERVED, NUM_DEVICE_ALLOC, N_COUNTERS };
@@ -410,6 +564,76 @@ typedef struct {
     PyObject *record;                        /* Stats.segment_events when recorded, else NULL */
 } Segments;
 
+/* One allocation (round_size, get_free_block, else get_allocation_size and alloc_block; alloc_found_block):
+   1 served, 0 left to the general rules (nothing cached fits, and no new segment here), -1 error. */
+static int alloc_one(PyObject *live, PyObject *key, PyObject *nbytes_obj, long long nbytes, FreeList *small_fl,
+                     FreeList *large_fl, PyObject *small_age, PyObject *large_age, Segments *seg, long long *c) {
+    long long size = nbytes < MIN_BLOCK ? MIN_BLOCK : (nbytes + MIN_BLOCK - 1) / MIN_BLOCK * MIN_BLOCK;
+    int small = size <= SMALL_SIZE;
+    FreeList *fl = small ? small_fl : large_fl;
+    Py_ssize_t index = lower_bound(fl, size, LLONG_MIN);
+    long long bsize, baddr;
+    PyObject *block;
+    if (index < fl->n) { /* get_free_block: the best fit */
+        PyObject *found = fl->items[index].block; /* a Block (FreeList checks): its links and segment are read below */
+        if (!is_link(BSLOT(found, B_NEXT)) || BSLOT(found, B_SEGMENT) == NULL) return 0;
+        bsize = fl->items[index].size;
+        baddr = fl->items[index].addr;
+        block = fl_take(fl, index);
+    } else { /* nothing cached fits: a new segment (get_allocation_size, alloc_block), when there is room */
+        if (!seg->on) return 0;
+        bsize = small ? SMALL_BUFFER
+                      : size < MIN_LARGE_ALLOC ? seg->large_segment : (size + ROUND_LARGE - 1) / ROUND_LARGE * ROUND_LARGE;
+        if ((seg->allowed >= 0 && c[RESERVED] + bsize > seg->allowed) || c[RESERVED] + bsize > seg->device_cap)
+            return 0; /* the general rules: free cached segments and retry, or out of memory */
+        baddr = seg->next_addr;
+        PyObject *segment = new_segment(baddr, bsize, small);
+        block = segment == NULL ? NULL : new_block(baddr, bsize, segment);
+        Py_XDECREF(segment);
+        if (block == NULL) return -1;
+        if (seg->record != NULL) {
+            PyObject *event = Py_BuildValue("(OLL)", segment_alloc_str, baddr, bsize);
+            int bad = event == NULL || PyList_Append(seg->record, event);
+            Py_XDECREF(event);
+            if (bad) {
+                Py_DECREF(block);
+                return -1;
+            }
+        }
+        seg->next_addr += (bsize + ROUND_LARGE - 1) / ROUND_LARGE * ROUND_LARGE;
+        c[RESERVED] += bsize;
+        c[NUM_DEVICE_ALLOC] += 1;
+        if (c[RESERVED] > c[PEAK_RESERVED]) c[PEAK_RESERVED] = c[RESERVED];
+    }
+    long long remaining = bsize - size;
+    if (small ? remaining >= MIN_BLOCK : remaining > SMALL_SIZE) { /* should_split: the rest is cached */
+        PyObject *rest = new_block(baddr + size, remaining, BSLOT(block, B_SEGMENT));
+        if (rest == NULL || slot_set_ll(&BSLOT(block, B_SIZE), size)) {
+            Py_XDECREF(rest);
+            Py_DECREF(block);
+            return -1;
+        }
+        PyObject *next = BSLOT(block, B_NEXT);
+        slot_set(&BSLOT(rest, B_PREV), block);
+        slot_set(&BSLOT(rest, B_NEXT), next);
+        if (next != Py_None) slot_set(&BSLOT(next, B_PREV), rest);
+        slot_set(&BSLOT(block, B_NEXT), rest);
+        slot_set(&BSLOT(rest, B_GC_BASE), small ? small_age : large_age);
+        bsize = size;
+        if (fl_insert(fl, remaining, baddr + size, rest)) {
+            Py_DECREF(block);
+            return -1;
+        }
+    }
+    slot_set(&BSLOT(block, B_ALLOCATED), Py_True);
+    slot_set(&BSLOT(block, B_REQUESTED), nbytes_obj);
+    c[ALLOCATED] += bsize;
+    if (c[ALLOCATED] > c[PEAK_ALLOCATED]) c[PEAK_ALLOCATED] = c[ALLOCATED];
+    int err = PyDict_SetItem(live, key, block);
+    Py_DECREF(block);
+    return err ? -1 : 1;
+}
+
 static PyObject *serve(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 10) {
         PyErr_SetString(PyExc_TypeError,
@@ -417,6 +641,10 @@ static PyObject *serve(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
         return NULL;
     }
     PyObject *requests = args[0], *live = args[2], *small_age = args[5], *large_age = args[6], *stats = args[7];
+    if (bound.block == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "bind(Block, AllocatorSegment) first");
+        return NULL;
+    }
     if (!PyDict_Check(live) || !Py_IS_TYPE(args[3], &FreeListType) || !Py_IS_TYPE(args[4], &FreeListType)) {
         PyErr_SetString(PyExc_TypeError, "serve: live must be a dict, small and large FreeLists");
         return NULL;
@@ -442,119 +670,47 @@ static PyObject *serve(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
     if (read_counters(stats, c)) return NULL;
     PyObject *seq = PySequence_Fast(requests, "serve: requests must be a sequence");
     if (seq == NULL) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), i = start;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), i = start < 0 ? 0 : start;
     PyObject **items = PySequence_Fast_ITEMS(seq);
     int failed = 0;
     for (; i < n; i++) {
+        /* What is not a plain (int op, key, int bytes) request is left to the general rules (they raise for it). */
         PyObject *req = items[i];
-        if (!PyTuple_Check(req) || PyTuple_GET_SIZE(req) != 3) {
-            PyErr_SetString(PyExc_TypeError, "serve: a request is an (op, key, bytes) tuple");
-            failed = 1;
-            break;
-        }
-        PyObject *key = PyTuple_GET_ITEM(req, 1), *nbytes_obj = PyTuple_GET_ITEM(req, 2);
-        long op = PyLong_AsLong(PyTuple_GET_ITEM(req, 0));
+        if (!PyTuple_CheckExact(req) || PyTuple_GET_SIZE(req) != 3) break;
+        PyObject *op_obj = PyTuple_GET_ITEM(req, 0), *key = PyTuple_GET_ITEM(req, 1);
+        PyObject *nbytes_obj = PyTuple_GET_ITEM(req, 2);
+        if (!PyLong_CheckExact(op_obj)) break;
+        int overflow = 0;
+        long op = PyLong_AsLongAndOverflow(op_obj, &overflow);
         if (op == -1 && PyErr_Occurred()) {
             failed = 1;
             break;
         }
-        if (op != alloc_op) {
-            PyObject *block = PyDict_GetItemWithError(live, key);
+        if (overflow || op != alloc_op) { /* free: live.pop(key), then free_block */
+            PyObject *block = PyDict_GetItemWithError(live, key); /* borrowed */
+            int small = 0;
             if (block == NULL) {
-                if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
-                failed = 1;
-                break;
+                failed = PyErr_Occurred() != NULL;
+                break; /* an unknown key: the general rules raise KeyError */
             }
+            if (!frees_here(block, &small)) break;
             Py_INCREF(block);
-            if (PyDict_DelItem(live, key) ||
-                free_one(block, small_fl, large_fl, small_age, large_age, &c[ALLOCATED])) {
-                Py_DECREF(block);
-                failed = 1;
-                break;
-            }
+            failed = PyDict_DelItem(live, key) ||
+                     free_one(block, small ? small_fl : large_fl, small ? small_age : large_age, &c[ALLOCATED]);
             Py_DECREF(block);
+            if (failed) break;
             continue;
         }
-        long long nbytes = PyLong_AsLongLong(nbytes_obj);
+        if (!PyLong_CheckExact(nbytes_obj)) break;
+        long long nbytes = PyLong_AsLongLongAndOverflow(nbytes_obj, &overflow);
         if (nbytes == -1 && PyErr_Occurred()) {
             failed = 1;
             break;
         }
-        long long size = nbytes < MIN_BLOCK ? MIN_BLOCK : (nbytes + MIN_BLOCK - 1) / MIN_BLOCK * MIN_BLOCK;
-        int small = size <= SMALL_SIZE;
-        FreeList *fl = small ? small_fl : large_fl;
-        Py_ssize_t index = lower_bound(fl, size, LLONG_MIN);
-        long long bsize, baddr;
-        PyObject *block;
-        if (index < fl->n) { /* get_free_block: the best fit */
-            bsize = fl->items[index].size;
-            baddr = fl->items[index].addr;
-            block = fl_take(fl, index);
-        } else { /* nothing cached fits: a new segment (get_allocation_size, alloc_block), when there is room */
-            if (!seg.on) break;
-            bsize = small ? SMALL_BUFFER
-                          : size < MIN_LARGE_ALLOC ? seg.large_segment
-                                                   : (size + ROUND_LARGE - 1) / ROUND_LARGE * ROUND_LARGE;
-            if ((seg.allowed >= 0 && c[RESERVED] + bsize > seg.allowed) || c[RESERVED] + bsize > seg.device_cap)
-                break; /* allocator.py: free cached segments and retry, or out of memory */
-            baddr = seg.next_addr;
-            PyObject *segment = new_segment(baddr, bsize, small);
-            block = segment == NULL ? NULL : new_block(baddr, bsize, segment);
-            Py_XDECREF(segment);
-            if (block == NULL) {
-                failed = 1;
-                break;
-            }
-            if (seg.record != NULL) {
-                PyObject *event = Py_BuildValue("(OLL)", segment_alloc_str, baddr, bsize);
-                int bad = event == NULL || PyList_Append(seg.record, event);
-                Py_XDECREF(event);
-                if (bad) {
-                    Py_DECREF(block);
-                    failed = 1;
-                    break;
-                }
-            }
-            seg.next_addr += (bsize + ROUND_LARGE - 1) / ROUND_LARGE * ROUND_LARGE;
-            c[RESERVED] += bsize;
-            c[NUM_DEVICE_ALLOC] += 1;
-            if (c[RESERVED] > c[PEAK_RESERVED]) c[PEAK_RESERVED] = c[RESERVED];
-        }
-        long long remaining = bsize - size;
-        if (small ? remaining >= MIN_BLOCK : remaining > SMALL_SIZE) { /* should_split, alloc_found_block */
-            PyObject *rest = new_block(baddr + size, remaining, SLOT(block, off_segment));
-            if (rest == NULL) {
-                Py_DECREF(block);
-                failed = 1;
-                break;
-            }
-            PyObject *next = SLOT(block, off_next);
-            set_slot(rest, off_prev, block);
-            set_slot(rest, off_next, next);
-            if (next != Py_None) set_slot(next, off_prev, rest);
-            set_slot(block, off_next, rest);
-            bsize = size;
-            if (set_slot_ll(block, off_size, size)) {
-                Py_DECREF(rest);
-                Py_DECREF(block);
-                failed = 1;
-                break;
-            }
-            set_slot(rest, off_gc_base, small ? small_age : large_age);
-            if (fl_insert(fl, remaining, baddr + size, rest)) {
-                Py_DECREF(block);
-                failed = 1;
-                break;
-            }
-        }
-        set_slot(block, off_allocated, Py_True);
-        set_slot(block, off_requested, nbytes_obj);
-        c[ALLOCATED] += bsize;
-        if (c[ALLOCATED] > c[PEAK_ALLOCATED]) c[PEAK_ALLOCATED] = c[ALLOCATED];
-        int err = PyDict_SetItem(live, key, block);
-        Py_DECREF(block);
-        if (err) {
-            failed = 1;
+        if (overflow || nbytes > MAX_REQUEST) break;
+        int served = alloc_one(live, key, nbytes_obj, nbytes, small_fl, large_fl, small_age, large_age, &seg, c);
+        if (served <= 0) {
+            failed = served < 0;
             break;
         }
     }
@@ -572,28 +728,29 @@ static PyObject *serve(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
 
 static PyMethodDef module_methods[] = {
     {"bind", bind, METH_VARARGS,
-     "bind(Block, AllocatorSegment): the classes whose slots serve reads and writes, and makes."},
+     "bind(Block, AllocatorSegment): the classes whose slots serve reads and writes, and whose objects it makes; "
+     "TypeError (and the earlier binding kept) unless their slots and __init__ are what this build expects."},
     {"serve", (PyCFunction)(void (*)(void))serve, METH_FASTCALL,
      "serve(requests, start, live, small, large, small_age, large_age, stats, alloc_op, segments) -> (index, "
-     "next_addr): serve requests from ``start`` under the default settings until one needs the slow path (its index; "
-     "len(requests) when none does). ``segments``: None (stop at a request that needs a new segment), or (allowed "
-     "bytes or -1, what the device has, large_segment_size, the next segment's address, Stats.segment_events or "
-     "None) to make new segments while there is room."},
+     "next_addr): serve requests from ``start`` under the default settings until one is left to the general rules "
+     "(its index; len(requests) when none is). ``segments``: None (leave a request that needs a new segment), or "
+     "(allowed bytes or -1, what the device has, large_segment_size, the next segment's address, "
+     "Stats.segment_events or None) to make new segments while there is room."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT, "ckptbench.estimator._replay_native",
-    "The replayed caching allocator's hot path in C (optional; allocator.py is the reference).", -1, module_methods,
-    NULL, NULL, NULL, NULL,
+    "The replayed caching allocator's fast path in C (optional; allocator.py's general rules are the reference).", -1,
+    module_methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__replay_native(void) {
     if (PyType_Ready(&FreeListType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL) return NULL;
-    /* allocator.py's NATIVE_ABI: a build older than the source it sits next to is not used */
-    if (PyModule_AddIntConstant(m, "ABI", 2) < 0) {
+    /* allocator.py compares it with the source beside it: a build older than its source is not used */
+    if (PyModule_AddStringConstant(m, "SOURCE_HASH", CKPTBENCH_SOURCE_HASH) < 0) {
         Py_DECREF(m);
         return NULL;
     }

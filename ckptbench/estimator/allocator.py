@@ -46,13 +46,16 @@ from __future__ import annotations
 import bisect
 import os
 import warnings
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from types import ModuleType
 from typing import Protocol
 
 from ckptbench.config.alloc_conf import AllocatorSettings
 from ckptbench.estimator.events import ALLOC
+from ckptbench.estimator.native_fingerprint import source_hash
 
 MIN_BLOCK = 512  # kMinBlockSize
 SMALL_SIZE = 2**20  # kSmallSize: the largest request of the small pool
@@ -198,6 +201,10 @@ class SortedBlocks:
     def at(self, index: int) -> Block:
         return self.blocks[self.keys[index]]
 
+    def pop(self, index: int) -> Block:
+        """Take out the block at ``index``."""
+        return self.blocks.pop(self.keys.pop(index))
+
     def lower_bound(self, size: int) -> int:
         """Index of the smallest block of at least ``size`` bytes (len(self) when none)."""
         return bisect.bisect_left(self.keys, size << 64)
@@ -213,32 +220,38 @@ class FreeBlocks(Protocol):
     def add(self, block: Block) -> None: ...
     def remove(self, block: Block) -> None: ...
     def at(self, index: int) -> Block: ...
+    def pop(self, index: int) -> Block: ...
     def lower_bound(self, size: int) -> int: ...
     def __len__(self) -> int: ...
     def __iter__(self) -> Iterator[Block]: ...
     def __contains__(self, block: Block) -> bool: ...
 
 
-NATIVE_ABI = 2  # _replay_native.c's ABI: raised with every change of what serve or FreeList take or do
-
-
 def _load_native() -> ModuleType | None:
-    """The optional C hot path (``_replay_native.c``, built by setup.py), bound to this module's classes; None when
-    it was not built, when the build is older than its source (a warning: ``pip install -e .`` rebuilds it), or when
-    CKPTBENCH_NATIVE=0 asks for the pure-Python loop."""
+    """The optional C fast path (``_replay_native.c``, built by setup.py), bound to this module's classes; None when it
+    was not built, when CKPTBENCH_NATIVE=0 asks for the general rules alone, or (with a warning: every request then
+    takes the general rules, the same bytes, slower) when the build is older than the source beside it (another
+    fingerprint, ``native_fingerprint.py``; an install without the source uses its build as it is) or refuses this
+    module's ``Block``/``AllocatorSegment`` (their slots or ``__init__`` are not what it was written for)."""
     if os.environ.get("CKPTBENCH_NATIVE", "1") == "0":
         return None
     try:
         from ckptbench.estimator import _replay_native
     except ImportError:
         return None
-    if getattr(_replay_native, "ABI", None) != NATIVE_ABI:
+    source = source_hash()
+    if source is not None and getattr(_replay_native, "SOURCE_HASH", None) != source:
         warnings.warn(
-            "ckptbench: the estimator's C part is an older build than its source; estimating in pure Python "
-            "(the same numbers, slower). Rebuild it: pip install -e .", RuntimeWarning, stacklevel=2,
+            "ckptbench: the estimator's C part is an older build than its source; estimating with the general rules "
+            "in pure Python (the same numbers, slower). Rebuild it: pip install -e .", RuntimeWarning, stacklevel=2,
         )
         return None
-    _replay_native.bind(Block, AllocatorSegment)
+    try:
+        _replay_native.bind(Block, AllocatorSegment)
+    except TypeError as exc:
+        warnings.warn(f"ckptbench: {exc}; estimating with the general rules in pure Python (the same numbers, slower). "
+                      "Rebuild it: pip install -e .", RuntimeWarning, stacklevel=2)
+        return None
     return _replay_native
 
 
@@ -250,32 +263,20 @@ class BlockPool:
 
     def __init__(self, *, small: bool, native: ModuleType | None = None) -> None:
         self.small = small
-        self._native = native  # free lists in C (FreeList) rather than SortedBlocks
-        self.free: dict[int, FreeBlocks] = {}
-        self.unmapped: dict[int, SortedBlocks] = {}
+        # One list per stream, made when a stream first caches a block: SortedBlocks, or free lists in C (FreeList).
+        self.free: defaultdict[int, FreeBlocks] = defaultdict(SortedBlocks if native is None else native.FreeList)
+        self.unmapped: defaultdict[int, SortedBlocks] = defaultdict(partial(SortedBlocks, by_address=True))
         # get_free_blocks_call_count: counts searches while garbage collection is on; a cached
         # block's age is this count minus the count when it was cached (Block::gc_count).
         self.searches = 0
 
-    def stream_free(self, stream: int) -> FreeBlocks:
-        found = self.free.get(stream)
-        if found is None:
-            found = self.free[stream] = SortedBlocks() if self._native is None else self._native.FreeList()
-        return found
-
-    def stream_unmapped(self, stream: int) -> SortedBlocks:
-        found = self.unmapped.get(stream)
-        if found is None:
-            found = self.unmapped[stream] = SortedBlocks(by_address=True)
-        return found
-
     def cache(self, block: Block) -> None:
         """insert_into_blocks: cache a free block and start its garbage-collection age."""
         block.gc_base = self.searches
-        self.stream_free(block.stream).add(block)
+        self.free[block.segment.stream].add(block)
 
     def uncache(self, block: Block) -> None:
-        (self.stream_free(block.stream) if block.mapped else self.stream_unmapped(block.stream)).remove(block)
+        (self.free if block.mapped else self.unmapped)[block.segment.stream].remove(block)
 
     def all_free(self) -> list[Block]:
         """Every cached block in (stream, size, address) order, as the pool's std::set iterates."""
@@ -302,8 +303,8 @@ class CachingAllocator:
         self, settings: AllocatorSettings, limit: DeviceLimit, *, record_segments: bool = False,
         addresses: list[int] | None = None, native: bool | None = None,
     ) -> None:
-        """``native``: serve's loop and the free lists in C (``_replay_native``); None: when it was built, False: the
-        pure-Python reference, True: C or RuntimeError."""
+        """``native``: the free lists, and ``serve`` under the default settings, in C (``_replay_native``); None: when
+        it was built, False: the general rules alone, True: C or RuntimeError."""
         if native and NATIVE is None:
             raise RuntimeError("the C part of the estimator (ckptbench.estimator._replay_native) is not built")
         self._native = None if native is False else NATIVE
@@ -317,10 +318,10 @@ class CachingAllocator:
         self._next_addr = 1 << 40
         self.gc_on = settings.garbage_collection_threshold > 0 and limit.fraction is not None
         self._divisions = any(settings.roundup_power2_divisions)
-        # The default settings (no expandable segments, garbage collection, max_split_size or power-of-two
-        # rounding) take ``serve``'s inlined fast path: the same rules, fewer calls (issue 24).
-        self._fast = not (settings.expandable_segments or self.gc_on or self._divisions
-                          or settings.max_split_size is not None)
+        # The C loop knows the default settings' rules only: no expandable segments, garbage collection,
+        # max_split_size or power-of-two rounding (issue 24).
+        self._serves_in_c = self._native is not None and not (
+            settings.expandable_segments or self.gc_on or self._divisions or settings.max_split_size is not None)
 
     # -- sizes -----------------------------------------------------------------------------------
     def round_size(self, size: int) -> int:
@@ -344,122 +345,52 @@ class CachingAllocator:
 
     # -- malloc / free ---------------------------------------------------------------------------
     def malloc(self, requested: int, stream: int = 0) -> Block:
-        """DeviceCachingAllocator::malloc: a block for ``requested`` bytes, or AllocatorOOM (``serve`` is the same
-        rules, with the default settings' fast path inlined, for a stream of requests)."""
+        """DeviceCachingAllocator::malloc: a block for ``requested`` bytes, or AllocatorOOM."""
         size = self.round_size(requested)
         pool = self.pools[size <= SMALL_SIZE]
-        alloc_size = self.allocation_size(size)
-        block = self._get_free_block(pool, size, stream) or self._new_block(pool, size, alloc_size, stream)
+        block = self._get_free_block(pool, size, stream)
         if block is None:
-            self.stats.num_ooms += 1
-            raise AllocatorOOM(alloc_size, allocated=self.stats.allocated, reserved=self.stats.reserved)
+            alloc_size = self.allocation_size(size)
+            block = self._new_block(pool, size, alloc_size, stream)
+            if block is None:
+                self.stats.num_ooms += 1
+                raise AllocatorOOM(alloc_size, allocated=self.stats.allocated, reserved=self.stats.reserved)
         return self._use(pool, block, size, requested)
 
     def serve(self, requests: Sequence[tuple[int, int, int]], live: dict[int, Block]) -> None:
-        """Serve ``(op, key, bytes)`` requests on stream 0 in order: ALLOC allocates ``bytes`` into ``live[key]``, any
-        other op frees ``live.pop(key)``.
+        """Serve ``(op, key, bytes)`` requests on stream 0 in order: ALLOC allocates ``bytes`` into ``live[key]``
+        (``malloc``), any other op frees ``live.pop(key)`` (``free``). A request that cannot be served raises
+        AllocatorOOM with ``request`` set to it.
 
-        The same as ``malloc``/``free`` request by request (which the other settings take), in one loop under the
-        default settings: the replay's hot path, about 4,400 requests a step (issue 24). That loop runs in C when
-        ``_replay_native`` is built (``_serve_native``), else here, where the pools' sorted keys and the counters live
-        in locals and the slow path (a new segment, retries) gets the counters written back first. A request that
-        cannot be served raises AllocatorOOM with ``request`` set to it."""
-        if not self._fast:
-            op, key, nbytes = ALLOC, -1, 0
-            try:
-                for op, key, nbytes in requests:
-                    if op == ALLOC:
-                        live[key] = self.malloc(nbytes)
-                    else:
-                        self.free(live.pop(key))
-            except AllocatorOOM as oom:
-                oom.request = (op, key, nbytes)
-                raise
-            return
-        if self._native is not None:
-            self._serve_native(requests, live)
-            return
-        small_pool, large_pool = self.pools[True], self.pools[False]
-        small_free, large_free = small_pool.stream_free(0), large_pool.stream_free(0)
-        assert isinstance(small_free, SortedBlocks) and isinstance(large_free, SortedBlocks)
-        small_keys, small_blocks, small_age = small_free.keys, small_free.blocks, small_pool.searches
-        large_keys, large_blocks, large_age = large_free.keys, large_free.blocks, large_pool.searches
-        stats = self.stats
-        allocated, peak = stats.allocated, stats.peak_allocated
-        bisect_left, insort, pop, alloc_op = bisect.bisect_left, bisect.insort, live.pop, ALLOC
-        op, key, nbytes = 0, -1, 0
+        The replay's hot path (about 4,400 requests a step, issue 24). Under the default settings, where the C part is
+        built, its loop serves the requests it can exactly as the general rules would and leaves the others to them
+        (``_serve_in_c``); everywhere else every request takes the general rules here."""
+        if self._serves_in_c:
+            self._serve_in_c(requests, live)
+        else:
+            self._serve_by_rules(requests, live)
+
+    def _serve_by_rules(self, requests: Sequence[tuple[int, int, int]], live: dict[int, Block]) -> None:
+        """``serve``, request by request through the general rules."""
+        op, key, nbytes = ALLOC, -1, 0
         try:
             for op, key, nbytes in requests:
-                if op == alloc_op:
-                    size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
-                    small = size <= SMALL_SIZE
-                    keys, blocks = (small_keys, small_blocks) if small else (large_keys, large_blocks)
-                    index = bisect_left(keys, size << 64)
-                    if index >= len(keys):  # nothing cached fits: a new segment (the slow path, with the counters)
-                        stats.allocated, stats.peak_allocated = allocated, peak
-                        live[key] = self._malloc_new(small_pool if small else large_pool, size, nbytes, 0)
-                        allocated, peak = stats.allocated, stats.peak_allocated
-                        continue
-                    block = blocks.pop(keys[index])
-                    del keys[index]
-                    remaining = block.size - size
-                    if remaining >= MIN_BLOCK if small else remaining > SMALL_SIZE:  # should_split
-                        addr = block.addr + size
-                        rest = Block(addr, remaining, block.segment)
-                        nxt = block.next
-                        rest.prev, rest.next = block, nxt
-                        if nxt is not None:
-                            nxt.prev = rest
-                        block.next, block.size = rest, size
-                        rest.gc_base = small_age if small else large_age
-                        split_key = (remaining << 64) | addr
-                        insort(keys, split_key)
-                        blocks[split_key] = rest
-                    block.allocated, block.requested = True, nbytes
-                    allocated += block.size
-                    if allocated > peak:
-                        peak = allocated
-                    live[key] = block
+                if op == ALLOC:
+                    live[key] = self.malloc(nbytes)
                 else:
-                    block = pop(key)
-                    block.allocated = False
-                    allocated -= block.size
-                    small = block.segment.small
-                    keys, blocks = (small_keys, small_blocks) if small else (large_keys, large_blocks)
-                    prev, nxt = block.prev, block.next
-                    if prev is not None and not prev.allocated:  # try_merge_blocks, as in ``free``
-                        merged = (prev.size << 64) | prev.addr
-                        del blocks[merged]
-                        del keys[bisect_left(keys, merged)]
-                        block.addr, block.prev = prev.addr, prev.prev
-                        if prev.prev is not None:
-                            prev.prev.next = block
-                        block.size += prev.size
-                    if nxt is not None and not nxt.allocated:
-                        merged = (nxt.size << 64) | nxt.addr
-                        del blocks[merged]
-                        del keys[bisect_left(keys, merged)]
-                        block.next = nxt.next
-                        if nxt.next is not None:
-                            nxt.next.prev = block
-                        block.size += nxt.size
-                    block.gc_base = small_age if small else large_age
-                    cached = (block.size << 64) | block.addr
-                    insort(keys, cached)
-                    blocks[cached] = block
+                    self.free(live.pop(key))
         except AllocatorOOM as oom:
             oom.request = (op, key, nbytes)
             raise
-        finally:
-            stats.allocated, stats.peak_allocated = allocated, peak
 
-    def _serve_native(self, requests: Sequence[tuple[int, int, int]], live: dict[int, Block]) -> None:
-        """``serve``'s fast path in C: it serves requests, new segments included while the fraction and the device
-        have room (and no recorded addresses are to be used), until one needs the slow path and says which; that one
-        takes ``_malloc_new`` here, and C goes on from the next."""
+    def _serve_in_c(self, requests: Sequence[tuple[int, int, int]], live: dict[int, Block]) -> None:
+        """``serve`` in C: it serves requests, new segments included while the fraction and the device have room (and
+        no recorded addresses are to be used), until one is left to the general rules (a new segment that needs
+        cached ones freed first or runs out, an unknown key...) and says which; that one takes the general rules
+        (``_serve_by_rules``), and C goes on from the next."""
         assert self._native is not None
         small_pool, large_pool = self.pools[True], self.pools[False]
-        small_free, large_free = small_pool.stream_free(0), large_pool.stream_free(0)
+        small_free, large_free = small_pool.free[0], large_pool.free[0]
         allowed, limit = self.limit.allowed_bytes, self.limit
         position, end = 0, len(requests)
         while True:
@@ -476,23 +407,8 @@ class CachingAllocator:
                 self._next_addr = next_addr
             if position >= end:
                 return
-            op, key, nbytes = requests[position]
-            size = self.round_size(nbytes)
-            try:
-                live[key] = self._malloc_new(self.pools[size <= SMALL_SIZE], size, nbytes, 0)
-            except AllocatorOOM as oom:
-                oom.request = (op, key, nbytes)
-                raise
+            self._serve_by_rules(requests[position:position + 1], live)
             position += 1
-
-    def _malloc_new(self, pool: BlockPool, size: int, requested: int, stream: int) -> Block:
-        """The fast path's slow path: nothing cached fits (get_free_block had nothing to count or age)."""
-        alloc_size = self.allocation_size(size)
-        block = self._new_block(pool, size, alloc_size, stream)
-        if block is None:
-            self.stats.num_ooms += 1
-            raise AllocatorOOM(alloc_size, allocated=self.stats.allocated, reserved=self.stats.reserved)
-        return self._use(pool, block, size, requested)
 
     def _new_block(self, pool: BlockPool, size: int, alloc_size: int, stream: int) -> Block | None:
         """malloc's slow path: collect garbage, then a new segment, then free cached ones and retry."""
@@ -523,7 +439,8 @@ class CachingAllocator:
 
     def _should_split(self, block: Block, size: int) -> bool:
         remaining = block.size - size
-        if block.small or block.expandable:
+        segment = block.segment
+        if segment.small or segment.expandable:
             return remaining >= MIN_BLOCK
         max_split = self.settings.max_split_size
         return (max_split is None or size < max_split) and remaining > SMALL_SIZE
@@ -559,22 +476,22 @@ class CachingAllocator:
         if self.gc_on:
             pool.searches += 1  # ages cached blocks only while garbage collection is on
         free = pool.free.get(stream)
-        if not free:
+        if free is None:
             return None
         index = free.lower_bound(size)
         if index >= len(free):
             return None
-        if free.at(index).expandable:
-            index = self._expandable_best_fit(free, index)
         block = free.at(index)
+        if block.segment.expandable:
+            index = self._expandable_best_fit(free, index)
+            block = free.at(index)
         max_split = self.settings.max_split_size
         if max_split is not None:
             if size < max_split <= block.size:
                 return None  # an oversize block never serves a request that could split it
             if size >= max_split and block.size >= size + self.settings.max_non_split_rounding:
                 return None
-        free.remove(block)
-        return block
+        return free.pop(index)
 
     def _alloc_block(self, pool: BlockPool, size: int, alloc_size: int, stream: int, *, retry: bool) -> Block | None:
         """alloc_block: a new segment (or mapped pages), unless the fraction or the device is exhausted."""
@@ -639,12 +556,12 @@ class CachingAllocator:
             if not self._map(pool, grow, min(size - candidate.size, grow.size)):
                 return None
             candidate = grow  # map_block merged the free candidate into it
-        pool.stream_free(stream).remove(candidate)
+        pool.free[stream].remove(candidate)
         return candidate
 
     def _find_expandable(self, pool: BlockPool, size: int, stream: int) -> Block:
         """find_expandable_block: the lowest address with ``size`` free-or-unmapped bytes, or a new segment."""
-        for block in pool.stream_unmapped(stream):
+        for block in pool.unmapped[stream]:
             start = block
             if block.prev is not None and block.prev.allocatable():
                 start = block.prev  # a free block right before the unmapped pages grows into them
@@ -661,7 +578,7 @@ class CachingAllocator:
         segment = AllocatorSegment(self._address(pages * page), pages * page, stream,
                                    small=pool.small, expandable=True, page=page)
         block = Block(segment.addr, segment.size, segment, mapped=False)
-        pool.stream_unmapped(stream).add(block)
+        pool.unmapped[stream].add(block)
         return block
 
     def _map(self, pool: BlockPool, block: Block, size: int) -> bool:
@@ -670,7 +587,7 @@ class CachingAllocator:
         mapped = min(-(-size // page) * page, block.size)
         if not self._device_has(mapped):
             return False  # cuMemCreate ran out of memory: the pages created so far are released
-        pool.stream_unmapped(block.stream).remove(block)
+        pool.unmapped[block.stream].remove(block)
         block.mapped = True
         if mapped < block.size:
             rest = Block(block.addr + mapped, block.size - mapped, block.segment, mapped=False)
@@ -678,7 +595,7 @@ class CachingAllocator:
             if block.next is not None:
                 block.next.prev = rest
             block.next, block.size = rest, mapped
-            pool.stream_unmapped(block.stream).add(rest)
+            pool.unmapped[block.stream].add(rest)
         for other in (block.prev, block.next):
             self._merge(pool, block, other)
         pool.cache(block)
@@ -692,7 +609,7 @@ class CachingAllocator:
         end = base + ((block.addr + block.size - base) // page) * page
         if begin >= end:
             return
-        pool.stream_free(block.stream).remove(block)
+        pool.free[block.stream].remove(block)
         if begin > block.addr:
             before = Block(block.addr, begin - block.addr, block.segment)
             before.splice(block.prev, block)
@@ -704,16 +621,16 @@ class CachingAllocator:
         block.addr, block.size, block.mapped = begin, end - begin, False
         for other in (block.prev, block.next):
             self._merge(pool, block, other)
-        pool.stream_unmapped(block.stream).add(block)
+        pool.unmapped[block.stream].add(block)
         self._unreserve(end - begin, "segment_unmap", begin)
         if block.prev is None and block.next is None:
-            pool.stream_unmapped(block.stream).remove(block)  # release_expandable_segment
+            pool.unmapped[block.stream].remove(block)  # release_expandable_segment
 
     # -- giving cached memory back ---------------------------------------------------------------
     def _release_block(self, pool: BlockPool, block: Block) -> None:
         """release_block: cudaFree a cached block that is a whole segment."""
         assert not block.is_split() and not block.expandable
-        pool.stream_free(block.stream).remove(block)
+        pool.free[block.stream].remove(block)
         self._unreserve(block.size, "segment_free", block.addr)
 
     def _release_available(self, pool: BlockPool, size: int, stream: int) -> bool:

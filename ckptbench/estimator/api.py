@@ -1,5 +1,5 @@
 """Predict the memory of every point of a sweep without running it (pure: no printing), and the fields a point's
-record keeps of its prediction (``predicted_fields``, ``iter_predictions``: a sweep's predictions).
+record keeps of its prediction (``prediction_of``, ``iter_predictions``: a sweep's predictions).
 
 Each point's ``Estimate`` (estimator/record.py) holds the peak allocated bytes and their breakdown by
 category (parameters, gradients, optimizer state, activations, ...), the static part, where in the
@@ -28,9 +28,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ckptbench.config.grid import Point
+from ckptbench.config.grid import Point, optimizer_step_key, step_key
 from ckptbench.config.layouts import parse_layout
-from ckptbench.config.parallel import parse_parallel
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
 from ckptbench.estimator.assembly import (
@@ -49,8 +48,8 @@ from ckptbench.estimator.replay import StreamTooShort, fast_steps, full_steps, p
 from ckptbench.estimator.trace import Prepared, StepTrace, trace_optimizer, trace_step
 from ckptbench.estimator.tracker import GRADS, OPTIMIZER_STATE, PARAMS
 from ckptbench.estimator.workers import map_pieces, worker_count
+from ckptbench.results.record import PredictedOom, Prediction
 from ckptbench.train.model import uniform_layers
-from ckptbench.train.step import param_dtype
 from ckptbench.train.unavailable import TechniqueUnavailable
 from ckptbench.units import GIB
 
@@ -335,22 +334,15 @@ class Estimator:
 
 
 def _shape_key(point: Point) -> tuple[Any, ...]:
-    """Everything but the layout that shapes a step's per-layer costs."""
-    return (
-        point.precision, point.seq_len, point.batch_size, point.optimizer, point.lora, point.offload,
-        point.attn_implementation, min(point.micro_batches, 2), point.loss, point.optimizer_in_backward,
-        point.optimizer_offload, point.parallel,
-    )
+    """Everything but the layout that shapes a step's per-layer costs: the axes config/grid.py declares ``step``,
+    precision first."""
+    return step_key(point)
 
 
 def _optim_key(point: Point) -> tuple[Any, ...]:
-    """What the whole model's optimizer trace depends on. Unsharded (or DDP), a precision reaches the optimizer
-    step only through the dtype its weights are stored in: fp32 and the amp precisions (fp32 weights) share one
-    trace. FSDP2's mixed-precision policy depends on the precision itself."""
-    sharded = parse_parallel(point.parallel).kind == "fsdp2"
-    precision = point.precision if sharded else f"{str(param_dtype(point.precision)).removeprefix('torch.')} weights"
-    return (precision, point.optimizer, point.lora, point.optimizer_in_backward, point.optimizer_offload,
-            point.parallel)
+    """What the whole model's optimizer trace depends on: the axes config/grid.py declares ``optimizer_step`` (a
+    precision as the dtype its weights are stored in, unless FSDP2 shards them), precision first."""
+    return optimizer_step_key(point)
 
 
 def _label(point: Point, what: str) -> str:
@@ -432,25 +424,25 @@ def estimate_config(
 
 def predict_records(
     cfg: SweepConfig, points: Sequence[Point], *, target: Target = "cuda", gpu: GpuModel | str | None = None
-) -> dict[str, dict[str, Any]]:
-    """The fields a sweep records next to each point's measurement, made before the run (estimates)."""
+) -> dict[str, Prediction]:
+    """What a sweep records next to each point's measurement, made before the run (estimates), by key_id."""
     return dict(iter_predictions(cfg, points, target=target, gpu=gpu))
 
 
-def predicted_fields(e: Estimate) -> dict[str, Any]:
+def prediction_of(e: Estimate) -> Prediction:
     """What a point's record keeps of its estimate: peak allocated, peak reserved (or the predicted OOM)."""
     r = e.reserved
-    return {
-        "predicted_peak_allocated_bytes": e.peak_bytes,
-        "predicted_peak_reserved_bytes": r.peak_reserved_bytes if r is not None else e.peak_bytes,
-        "predicted_oom": r.oom if r is not None else None,
-    }
+    return Prediction(
+        predicted_peak_allocated_bytes=e.peak_bytes,
+        predicted_peak_reserved_bytes=r.peak_reserved_bytes if r is not None else e.peak_bytes,
+        predicted_oom=PredictedOom.model_validate(r.oom) if r is not None and r.oom is not None else None,
+    )
 
 
 def iter_predictions(
     cfg: SweepConfig, points: Sequence[Point], *, target: Target = "cuda", gpu: GpuModel | str | None = None
-) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(key_id, predicted fields) of each point as soon as its traces have run.
+) -> Iterator[tuple[str, Prediction]]:
+    """(key_id, prediction) of each point as soon as its traces have run.
 
     The traces are those estimate_points runs (every point's layer classes are registered before the
     first trace), in the points' order, so a sweep measuring the points in that order gets the first
@@ -463,5 +455,5 @@ def iter_predictions(
         job()
         ready = [p for p in pending if est.ready(p)]
         pending = [p for p in pending if p not in ready]
-        yield from ((p.key_id, predicted_fields(est.estimate(p))) for p in ready)
-    yield from ((p.key_id, predicted_fields(est.estimate(p))) for p in pending)
+        yield from ((p.key_id, prediction_of(est.estimate(p))) for p in ready)
+    yield from ((p.key_id, prediction_of(est.estimate(p))) for p in pending)

@@ -1,21 +1,18 @@
 """The device model per GPU: memory the caching allocator may use, the CUDA context, library workspaces. No torch.
 
-Every figure carries its source. Only the H200's were measured by ckptbench (results/h200-gpu-check-2);
-the others come from datasheets or from out-of-memory messages users published (PyTorch prints the
-card's total capacity, what the process holds in all and what its allocator reserved; the difference
-is memory outside the allocator: the CUDA context, kernels loaded by libraries), and are labelled
-estimates wherever they are shown. The context depends on the CUDA version, lazy module loading and
-the libraries a process loads, so a figure from another process is an estimate even on the same card.
+The figures of every card are config/cards.py's, each with its source. Only the H200's were measured by
+ckptbench (results/h200-gpu-check-2); the others are labelled estimates wherever they are shown. The context
+depends on the CUDA version, lazy module loading and the libraries a process loads, so a figure from another
+process is an estimate even on the same card; where none was published for a card, its architecture's stands in
+(and says so).
 """
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
 
-from ckptbench.errors import ConfigError
-from ckptbench.train.flops import peak_tflops_for
+from ckptbench.config.cards import CARDS, Card, card_named, card_or_size, suggest
 
 GIB, MIB, KIB = 2**30, 2**20, 2**10
 # PyTorch's cuBLAS workspace default (aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize,
@@ -31,7 +28,8 @@ CUBLASLT_WORKSPACE = 1024 * KIB
 
 @dataclass(frozen=True)
 class GpuModel:
-    """One card: what torch reports as its memory, and what a training process uses outside the allocator."""
+    """One card as the device model sees it: what torch reports as its memory, what a training process uses outside
+    the allocator, and the peaks a step time is carried over with (config/cards.py holds the figures)."""
 
     key: str
     name: str  # torch.cuda.get_device_name
@@ -41,20 +39,13 @@ class GpuModel:
     context_bytes: int  # held by the process outside the caching allocator (CUDA context, library kernels)
     context_source: str
     measured: bool = False  # both figures measured by ckptbench on this card
-    # Peak memory bandwidth (bytes/s) from the vendor's datasheet: with the dense bf16 peak (train/flops.py
-    # PEAK_TFLOPS), what carries a step time fitted on one card over to another (analysis/step_time.py).
+    # Peak memory bandwidth (bytes/s) and the dense bf16 tensor-core peak (TFLOP/s) from the vendor's datasheet: what
+    # carries a step time fitted on one card over to another (analysis/step_time.py).
     memory_bandwidth_bytes_per_s: float | None = None
     bandwidth_source: str = ""
-
-    @property
-    def bf16_peak_tflops(self) -> float | None:
-        """The dense bf16 tensor-core peak (TFLOP/s) of the card, from train/flops.py's datasheet table."""
-        return peak_tflops_for(self.name)
-
-    @property
-    def peak_source(self) -> str:
-        """Where the bf16 peak comes from."""
-        return f"vendor datasheet, dense bf16 without sparsity: {self.bf16_peak_tflops:g} TFLOP/s (train/flops.py)"
+    bf16_peak_tflops: float | None = None
+    peak_source: str = ""
+    capability_known: bool = True  # False for a card given by its memory size alone (the workspace is assumed)
 
     def cublas_workspace_bytes(self, config: str | None = None) -> int:
         """One cuBLAS handle's workspace (CUBLAS_WORKSPACE_CONFIG ':SIZE_KIB:COUNT...' when set)."""
@@ -65,90 +56,82 @@ class GpuModel:
         return HOPPER_CUBLAS_WORKSPACE if self.capability[0] == 9 else DEFAULT_CUBLAS_WORKSPACE
 
     @property
+    def memory_label(self) -> str:
+        """How its memory figure was obtained: measured (by ckptbench), given (--gpu SIZE) or estimated."""
+        return "measured" if self.measured else "given" if self.total_source.startswith("given") else "estimated"
+
+    @property
+    def context_label(self) -> str:
+        return "measured" if self.measured else "estimated"
+
+    @property
     def label(self) -> str:
         """How a table names the card and the status of its figures."""
         return self.name if self.measured else f"{self.name} (figures estimated)"
 
 
-def _gib(value: float) -> int:
-    return int(value * GIB)
+def _context(card: Card) -> tuple[int, str]:
+    """The card's context, or, where none was published, an architecture's: the measured card of the same compute
+    capability major (the H200 for Hopper), else the median of the published figures of that major, else of all."""
+    if card.context_bytes is not None:
+        return card.context_bytes, card.context_source
+    same = [c for c in CARDS if c.capability[0] == card.capability[0] and c.context_bytes is not None]
+    measured = [c for c in same if c.measured]
+    if measured:
+        ref = measured[0]
+        return ref.context_bytes or 0, f"estimate: the {ref.key}'s measured context (same architecture)"
+    pool = same or [c for c in CARDS if c.context_bytes is not None]
+    figures = sorted(c.context_bytes or 0 for c in pool)
+    median = figures[len(figures) // 2]
+    keys = ", ".join(c.key for c in pool)
+    return median, f"estimate: the median of the published contexts of {keys} (none published for this card)"
 
 
-GPUS: dict[str, GpuModel] = {
-    g.key: g
-    for g in (
-        GpuModel(
-            "h200", "NVIDIA H200", (9, 0), 150_109_880_320,
-            "measured: results/h200-gpu-check-2/check/run.json (gpu_total_memory_bytes)",
-            _gib(139.47 - 132.21 - 6.52),
-            "measured: the out-of-memory message in results/h200-gpu-check-2/gpu_check.log (139.47 GiB in "
-            "use by the process, 132.21 allocated + 6.52 reserved-unallocated by PyTorch), torch 2.11, CUDA 13.0",
-            measured=True,
-            memory_bandwidth_bytes_per_s=4.8e12,
-            bandwidth_source="NVIDIA H200 datasheet (H200 SXM): 4.8 TB/s HBM3e",
-        ),
-        GpuModel(
-            "h100-80gb", "NVIDIA H100 80GB HBM3", (9, 0), _gib(79.11),
-            "estimate: 'total capacity of 79.11 GiB' in a published OOM message (vllm-project/vllm#27508)",
-            _gib(139.47 - 132.21 - 6.52), "estimate: the H200's measured context (same architecture)",
-            memory_bandwidth_bytes_per_s=3.35e12,
-            bandwidth_source="NVIDIA H100 datasheet (H100 SXM 80GB): 3.35 TB/s HBM3",
-        ),
-        GpuModel(
-            "a100-80gb", "NVIDIA A100-SXM4-80GB", (8, 0), _gib(79.25),
-            "estimate: '79.25 GiB total capacity' in a published OOM message (levihsu/OOTDiffusion#235)",
-            _gib(79.27 - 74.53 - 4.23),
-            "estimate: a published A800-80GB OOM message (hahnyuan/PB-LLM#3): 79.27 GiB in use, 74.53 + 4.23 "
-            "reserved by PyTorch",
-            memory_bandwidth_bytes_per_s=2.039e12,
-            bandwidth_source="NVIDIA A100 datasheet (A100 80GB SXM): 2,039 GB/s HBM2e",
-        ),
-        GpuModel(
-            "a100-40gb", "NVIDIA A100-SXM4-40GB", (8, 0), _gib(39.50),
-            "estimate: 'total capacity of 39.50 GiB' in a published OOM message (TianheWu/CoSeR#10)",
-            _gib(14.25 - 12.87 - 912.01 / 1024),
-            "estimate: the same message: 14.25 GiB in use, 12.87 GiB + 912.01 MiB reserved by PyTorch",
-            memory_bandwidth_bytes_per_s=1.555e12,
-            bandwidth_source="NVIDIA A100 datasheet (A100 40GB SXM): 1,555 GB/s HBM2",
-        ),
-        GpuModel(
-            "l40s", "NVIDIA L40S", (8, 9), _gib(44.42),
-            "estimate: 'total capacity of 44.42 GiB' in a published OOM message (stepfun-ai/Step-Video-T2V#8)",
-            _gib(44.29 - 43.88),
-            "estimate: the same message: 44.29 GiB in use, 43.88 GiB reserved by PyTorch",
-            memory_bandwidth_bytes_per_s=864e9,
-            bandwidth_source="NVIDIA L40S datasheet: 864 GB/s GDDR6",
-        ),
+def model_of(card: Card) -> GpuModel:
+    """The device model of a card of the table."""
+    context, context_source = _context(card)
+    return GpuModel(
+        card.key, card.name, card.capability, card.memory_bytes, card.memory_source, context, context_source,
+        measured=card.measured, memory_bandwidth_bytes_per_s=card.bandwidth_bytes_per_s,
+        bandwidth_source=card.bandwidth_source, bf16_peak_tflops=card.bf16_tflops,
+        peak_source=f"dense bf16 tensor-core peak: {card.flops_source}" if card.bf16_tflops else "",
     )
-}
+
+
+def sized(total_bytes: int, *, tflops: float | None = None, bandwidth_bytes_per_s: float | None = None) -> GpuModel:
+    """A card given by its memory alone ('24GiB'): the allocator's limit is that size; its context is the median of
+    the published ones (an estimate), its cuBLAS workspace a non-Hopper card's, and its peaks only where given."""
+    figures = sorted(c.context_bytes for c in CARDS if c.context_bytes is not None)
+    context = figures[len(figures) // 2]
+    text = f"{total_bytes / GIB:.2f}GiB"
+    return GpuModel(
+        text, f"a {total_bytes / GIB:.2f} GiB card", (8, 0), total_bytes, "given: --gpu", context,
+        f"estimate: the median of the {len(figures)} published contexts of the card table", measured=False,
+        memory_bandwidth_bytes_per_s=bandwidth_bytes_per_s, bandwidth_source="given: --bandwidth" if
+        bandwidth_bytes_per_s else "", bf16_peak_tflops=tflops, peak_source="given: --tflops" if tflops else "",
+        capability_known=False,
+    )
+
+
+GPUS: dict[str, GpuModel] = {c.key: model_of(c) for c in CARDS}
 DEFAULT_GPU = "h200"
 
 
 def gpu_model(key: str) -> GpuModel:
-    """The model of a card by its key ('a100-80gb'); ConfigError naming the known ones."""
-    found = GPUS.get(key.lower())
-    if found is None:
-        hint = suggest_cards(key)
-        extra = f" (did you mean {' or '.join(map(repr, hint))}?)" if hint else ""
-        raise ConfigError(f"--gpu: unknown card {key!r}{extra}; known: {', '.join(GPUS)}")
-    return found
+    """The model of a card by its key, an alias or torch's name ('a100-80gb', '4090'), or a memory size ('24GiB');
+    ConfigError naming the choices otherwise."""
+    found = card_or_size(key)
+    if isinstance(found, int):
+        return sized(found)
+    return GPUS[found.key]
 
 
 def suggest_cards(key: str) -> list[str]:
-    """The cards a mistyped key most likely means: every card the key names short ('h100' -> 'h100-80gb',
-    'a100' -> both A100s, 'nvidia h200' -> 'h200'), else the closest spelling."""
-    text = key.lower().strip().removeprefix("nvidia").strip(" -_")
-    short = [k for k in GPUS if k == text or k.startswith(text + "-") or k.split("-")[0] == text]
-    if text and short:
-        return short
-    return difflib.get_close_matches(text, list(GPUS), n=1)
+    """The cards a mistyped key most likely means."""
+    return suggest(key)
 
 
 def gpu_for_name(name: str | None) -> GpuModel | None:
     """The model of a card torch names ``name`` ('NVIDIA H200'), if ckptbench has one."""
-    if not name:
-        return None
-    for gpu in GPUS.values():
-        if gpu.name == name:
-            return gpu
-    return None
+    card = card_named(name)
+    return GPUS[card.key] if card is not None else None

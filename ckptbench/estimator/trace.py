@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 from transformers import masking_utils
 
-from ckptbench.config.grid import Point
+from ckptbench.config.grid import Point, prepared_key
 from ckptbench.config.layouts import LayoutPlan, parse_layout
 from ckptbench.config.parallel import parse_parallel
 from ckptbench.config.schema import SweepConfig
@@ -161,15 +161,13 @@ _PREPARED_KEPT = 8  # the last few are kept
 
 
 def _reuse_key(cfg: SweepConfig, point: Point, num_layers: int | None, target: str) -> tuple[Any, ...] | None:
-    """What a prepared short model depends on, or None where one is prepared for each trace: sharded points (their
-    process group is the trace's), LoRA (peft swaps fake parameters), optimizers in the backward or offloaded (hooks,
-    host copies) and activation offloading."""
-    if num_layers is None or point.parallel != "none" or point.lora != "none" or point.optimizer_in_backward:
+    """What a prepared short model depends on, or None where one is prepared for each trace: the axes config/grid.py
+    declares ``prepared`` (sharded points: their process group is the trace's; LoRA: peft swaps fake parameters;
+    optimizers in the backward or offloaded: hooks, host copies; activation offloading)."""
+    axes = prepared_key(point)
+    if num_layers is None or axes is None:
         return None
-    if point.optimizer_offload != "none" or point.offload != "none":
-        return None
-    return (cfg.model.model_dump_json(), cfg.seed, cfg.lr, cfg.zero_grad_to_none, num_layers, point.precision,
-            point.optimizer, target)
+    return (cfg.model.model_dump_json(), cfg.seed, cfg.lr, cfg.zero_grad_to_none, num_layers, *axes, target)
 
 
 def _adopt_prepared(tracker: StepTracker, prepared: _Prepared) -> None:

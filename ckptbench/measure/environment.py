@@ -10,10 +10,13 @@ import socket
 import statistics
 import subprocess
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import ckptbench
+from ckptbench.results.meta import RunEnvironment
+from ckptbench.results.record import PointRecord
 
 if TYPE_CHECKING:  # torch is imported only where it is used: the CLI collects facts before it loads torch
     import torch
@@ -50,21 +53,30 @@ def _driver_version() -> str | None:
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
-def placement(device: torch.device) -> dict[str, Any]:
-    """Where a point runs: the host, and on CUDA the GPU's model and its index on the host (the
-    physical index: CUDA_VISIBLE_DEVICES, which pins a fanned-out job, is resolved)."""
-    where: dict[str, Any] = {"host": socket.gethostname(), "gpu_name": None, "gpu_index": None}
-    if device.type == "cuda":
-        import torch
+@dataclass(frozen=True)
+class Placement:
+    """Where a point runs: the host, and on CUDA the GPU's model and its index on the host (None on CPU)."""
 
-        if not torch.cuda.is_available():  # a Slurm login node plans GPU jobs without one
-            return where
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-        physical = visible[index] if index < len(visible) else str(index)
-        where["gpu_name"] = torch.cuda.get_device_name(index)
-        where["gpu_index"] = int(physical) if physical.isdigit() else None  # a GPU UUID stays unknown
-    return where
+    host: str
+    gpu_name: str | None = None
+    gpu_index: int | None = None
+
+
+def placement(device: torch.device) -> Placement:
+    """Where a point runs on ``device`` (the GPU's physical index: CUDA_VISIBLE_DEVICES, which pins a fanned-out
+    job, is resolved)."""
+    host = socket.gethostname()
+    if device.type != "cuda":
+        return Placement(host)
+    import torch
+
+    if not torch.cuda.is_available():  # a Slurm login node plans GPU jobs without one
+        return Placement(host)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    physical = visible[index] if index < len(visible) else str(index)
+    # A GPU UUID in CUDA_VISIBLE_DEVICES leaves the index unknown.
+    return Placement(host, torch.cuda.get_device_name(index), int(physical) if physical.isdigit() else None)
 
 
 def available_cpus() -> int:
@@ -104,24 +116,24 @@ def spread_warning(step_times_s: Sequence[float]) -> str | None:
     )
 
 
-def host_state(step_times_s: Sequence[float], *, cpus: int) -> dict[str, Any]:
-    """A point's record fields about the host as it ended: its load, and warnings when its step times
-    may mislead (none when all is well: a record carries them only when they say something)."""
+def with_host_state(record: PointRecord, *, cpus: int) -> PointRecord:
+    """``record`` with the host's state as the point ended: its load, and warnings when its step times may
+    mislead (none when all is well: a record carries them only when they say something)."""
     load = load_average()
-    warnings = [w for w in (busy_warning(load, cpus), spread_warning(step_times_s)) if w]
-    state: dict[str, Any] = {"load_average_1m": load} if load is not None else {}
-    return {**state, "warnings": warnings} if warnings else state
+    warnings = [w for w in (busy_warning(load, cpus), spread_warning(record.step_times_s)) if w]
+    state = {"load_average_1m": load} if load is not None else {}
+    return record.updated(**state, **({"warnings": warnings} if warnings else {}))
 
 
-def environment_notes(environment: dict[str, Any]) -> list[str]:
+def environment_notes(environment: RunEnvironment) -> list[str]:
     """Warnings about the host as a sweep starts: already busy, or more threads than CPUs."""
-    cpus = int(environment.get("cpus_available") or 1)
+    cpus = int(environment.cpus_available or 1)
     notes = []
-    busy = busy_warning(environment.get("load_average_1m"), cpus)
+    busy = busy_warning(environment.load_average_1m, cpus)
     if busy is not None:
         notes.append(f"the machine was {busy} (at the start; each point records its own)")
-    threads = environment.get("torch_num_threads")
-    if environment.get("device_type") == "cpu" and isinstance(threads, int) and threads > cpus:
+    threads = environment.torch_num_threads
+    if environment.device_type == "cpu" and threads is not None and threads > cpus:
         notes.append(f"cpu_threads {threads} is more than the {cpus} CPUs available: threads will wait for each other")
     return notes
 
@@ -142,36 +154,34 @@ def intra_op_threads(device_type: str, threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def collect(device_type: str, *, cpu_threads: int = 1) -> dict[str, Any]:
+def collect(device_type: str, *, cpu_threads: int = 1) -> RunEnvironment:
     """Versions, host (CPUs, load, threads) and (on CUDA) GPU name, memory, driver and CUDA version."""
     import torch
     import transformers
 
-    info: dict[str, Any] = {
-        "ckptbench_version": ckptbench.__version__,
-        "git_sha": git_sha(),
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "device_type": device_type,
-        "cpu_count": os.cpu_count(),
-        "cpus_available": available_cpus(),
+    sha = git_sha()
+    load = load_average()  # at the start of the sweep, before CUDA starts
+    # Every fact is written, null where it is unknown here; the GPU's capability only where there is one.
+    gpu = torch.cuda.get_device_properties(0) if device_type == "cuda" and torch.cuda.is_available() else None
+    environment = RunEnvironment(
+        ckptbench_version=ckptbench.__version__,
+        git_sha=sha,
+        hostname=socket.gethostname(),
+        platform=platform.platform(),
+        python=platform.python_version(),
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        device_type=device_type,
+        cpu_count=os.cpu_count(),
+        cpus_available=available_cpus(),
         # The intra-op threads the points ran with: the config's cpu_threads on CPU, torch's default on CUDA.
-        "torch_num_threads": cpu_threads if device_type == "cpu" else torch.get_num_threads(),
-        "load_average_1m": load_average(),  # at the start of the sweep
-        "gpu_name": None,
-        "gpu_total_memory_bytes": None,
-        "cuda_version": torch.version.cuda,
-        "driver_version": None,
-    }
-    if device_type == "cuda" and torch.cuda.is_available():  # a Slurm login node plans GPU jobs without one
-        props = torch.cuda.get_device_properties(0)
-        info.update(
-            gpu_name=props.name,
-            gpu_total_memory_bytes=int(props.total_memory),
-            gpu_capability=f"{props.major}.{props.minor}",
-            driver_version=_driver_version(),
-        )
-    return info
+        torch_num_threads=cpu_threads if device_type == "cpu" else torch.get_num_threads(),
+        load_average_1m=load,
+        gpu_name=gpu.name if gpu is not None else None,
+        gpu_total_memory_bytes=int(gpu.total_memory) if gpu is not None else None,
+        cuda_version=torch.version.cuda,
+        driver_version=_driver_version() if gpu is not None else None,
+    )
+    if gpu is None:  # on CPU; or a Slurm login node, which plans GPU jobs without a GPU
+        return environment
+    return environment.model_copy(update={"gpu_capability": f"{gpu.major}.{gpu.minor}"})

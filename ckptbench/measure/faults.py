@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch only where a hook needs it: the CLI reads active() before torch is imported
@@ -53,7 +54,7 @@ def ignored() -> list[str]:
     return [] if enabled() else sorted(_set())
 
 
-def matches(spec: str | None, key: dict[str, Any]) -> bool:
+def matches(spec: str | None, key: Mapping[str, object]) -> bool:
     """Whether a ``FIELD=VALUE;...`` spec selects the point with this key."""
     if not spec:
         return False
@@ -64,11 +65,11 @@ def matches(spec: str | None, key: dict[str, Any]) -> bool:
     return True
 
 
-def _selected(name: str, key: dict[str, Any]) -> bool:
+def _selected(name: str, key: Mapping[str, object]) -> bool:
     return enabled() and matches(os.environ.get(f"CKPTBENCH_TEST_{name}"), key)
 
 
-def fire(key: dict[str, Any], *, model: Any, probe: Probe, device: torch.device) -> None:
+def fire(key: Mapping[str, object], *, model: Any, probe: Probe, device: torch.device) -> None:
     """Inject the fault the environment asks for into the point with this key (normally nothing)."""
     if _selected("CRASH", key):
         print("ckptbench test hook: killing the point's process (CKPTBENCH_TEST_CRASH)", file=sys.stderr)
@@ -91,7 +92,7 @@ def fire(key: dict[str, Any], *, model: Any, probe: Probe, device: torch.device)
         raise RuntimeError("injected failure (CKPTBENCH_TEST_ERROR)")
 
 
-def fire_job(key: dict[str, Any]) -> None:
+def fire_job(key: Mapping[str, object]) -> None:
     """In a fanned-out job: die the way a killed job dies, when the environment asks for it."""
     if _selected("JOB_CRASH", key):
         print("ckptbench test hook: killing the job (CKPTBENCH_TEST_JOB_CRASH)", file=sys.stderr)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ckptbench.config.grid import AXIS_DEFAULTS, Point
-from ckptbench.results.record import PointRecord
+from ckptbench.results.record import LossCheck, PointRecord
 
 # Relative tolerance per precision, used when the config's loss_rtol is null. Layouts run the same
 # operations (checkpointing only recomputes them), so their losses differ only where kernels or the
@@ -125,7 +125,7 @@ class LossReferences:
 
     def check(
         self, point: Point, losses: Sequence[float], *, rtol: float, recomputed: RecomputedLoss | None
-    ) -> dict[str, Any]:
+    ) -> LossCheck:
         """The record's ``loss_check`` for an ok point's losses (warm-up then measured steps)."""
         found = self._reference(point)
         if found is not None:
@@ -138,19 +138,19 @@ class LossReferences:
 
 def compare(
     losses: Sequence[float], reference: Sequence[float], *, rtol: float, kind: str, reference_point: str
-) -> dict[str, Any]:
+) -> LossCheck:
     """Compare the first steps that both have; a non-finite loss anywhere is a mismatch."""
     # Equal lengths unless an earlier, resumed run used other step counts; a recomputed reference has one.
     steps = min(len(losses), len(reference))
     pairs = list(zip(losses[:steps], reference[:steps], strict=True))
     finite = steps > 0 and all(math.isfinite(x) for x in [*losses, *reference[:steps]])
     diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in pairs) if finite else None
-    return {
-        "reference": kind,
-        "reference_point": reference_point,
-        "reference_losses": [float(x) for x in reference[:steps]],
-        "steps": steps,
-        "rtol": rtol,
-        "max_rel_diff": diff,
-        "match": diff is not None and diff <= rtol,
-    }
+    return LossCheck(
+        reference=kind,
+        reference_point=reference_point,
+        reference_losses=[float(x) for x in reference[:steps]],
+        steps=steps,
+        rtol=rtol,
+        max_rel_diff=diff,
+        match=diff is not None and diff <= rtol,
+    )

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ckptbench.config.grid import Point
+from ckptbench.config.grid import Point, model_setup
 from ckptbench.config.schema import SweepConfig
 from ckptbench.measure.probes import Probe
 from ckptbench.measure.window import Tracking
@@ -19,15 +19,16 @@ from ckptbench.train.step import param_dtype
 
 @dataclass
 class ModelSlot:
-    """The model of the last (precision, LoRA, parallel) setup; ``build`` replaces it when that changes."""
+    """The model of the last setup (the axes config/grid.py declares ``builds_model``: precision, LoRA, parallel);
+    ``build`` replaces it when that changes."""
 
-    setup: tuple[str, str, str] | None = None
+    setup: tuple[Any, ...] | None = None
     model: Any = None
     sharded: Sharded | None = None
     build_s: float | None = None  # how long the last build took, until a record takes it
 
     def holds(self, point: Point) -> bool:
-        return self.setup == (point.precision, point.lora, point.parallel)
+        return self.setup == model_setup(point)
 
     def build(self, point: Point, *, cfg: SweepConfig, device: torch.device, probe: Probe) -> None:
         """Build the point's model on ``device`` (the old one must be freed first) and count it."""
@@ -43,7 +44,7 @@ class ModelSlot:
         with Tracking(probe):
             self.sharded = shard(model, point.parallel, precision=point.precision, device=device, mesh=mesh)
         probe.sync()
-        self.model, self.setup = model, (point.precision, point.lora, point.parallel)
+        self.model, self.setup = model, model_setup(point)
         self.build_s = time.perf_counter() - t0
 
     def take_build_s(self) -> float | None:

@@ -15,6 +15,7 @@ from ckptbench.estimator.live_storage import (
     creates_storage,
     storage_tensors,
 )
+from ckptbench.results.record import PointMemory
 
 
 class Probe(Protocol):
@@ -223,18 +224,17 @@ class ElsewhereProbe:
 LEAK_TOLERANCE_BYTES = 1 << 20  # 1 MiB: allocator bookkeeping and tiny caches stay below it
 
 
-def leak_check(probe: Probe, baseline: int | None) -> dict[str, Any]:
-    """Whether a point left memory allocated: the allocated bytes after it against its baseline."""
+def leak_check(probe: Probe, baseline: int | None, memory: PointMemory) -> PointMemory:
+    """``memory`` with whether the point left memory allocated: the allocated bytes after it against its
+    baseline (unchanged without a baseline: the point failed before it had one)."""
     if baseline is None:
-        return {}
+        return memory
     after = probe.allocated()
     leak = after - baseline
-    return {
-        "baseline_allocated_bytes": baseline,
-        "after_point_allocated_bytes": after,
-        "leaked_bytes": leak,
-        "leaked": leak > LEAK_TOLERANCE_BYTES,
-    }
+    return memory.updated(
+        baseline_allocated_bytes=baseline, after_point_allocated_bytes=after, leaked_bytes=leak,
+        leaked=leak > LEAK_TOLERANCE_BYTES,
+    )
 
 
 def tensor_bytes(tensors: Iterable[Any]) -> int:

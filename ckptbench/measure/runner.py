@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
+from pydantic import ValidationError
 
 from ckptbench.config.grid import Point, key_without
 from ckptbench.config.layouts import LayoutPlan, parse_layout
@@ -21,13 +22,13 @@ from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import CkptbenchError, ConfigError, RunFailure
 from ckptbench.measure import faults
 from ckptbench.measure.device import is_fatal_device_error
-from ckptbench.measure.environment import available_cpus, host_state, intra_op_threads, placement
+from ckptbench.measure.environment import available_cpus, intra_op_threads, placement, with_host_state
 from ckptbench.measure.loss_check import LossReferences
 from ckptbench.measure.model_slot import ModelSlot
 from ckptbench.measure.probes import Probe, leak_check
 from ckptbench.measure.progress import PROBES_GUESS, Progress, ProgressCounter
 from ckptbench.measure.window import measure_checked
-from ckptbench.results.record import PointRecord
+from ckptbench.results.record import PointRecord, Prediction
 from ckptbench.train.flops import peak_tflops_for, step_flops
 from ckptbench.train.model import llama_config, model_shape
 from ckptbench.train.unavailable import TechniqueUnavailable
@@ -45,26 +46,30 @@ class Search(Protocol):
 
 
 class Predictions(Protocol):
-    """What the runner asks as each point starts: the point's predicted record fields, or None."""
+    """What the runner asks as each point starts: the point's prediction, or None."""
 
-    def get(self, key_id: str, /) -> dict[str, Any] | None: ...
+    def get(self, key_id: str, /) -> Prediction | None: ...
 
 
 class Place(Protocol):
     """Where a point runs apart from this process: a fresh process, or one per rank of a sharded point."""
 
-    def measure(self, point: Point, base: dict[str, Any], *, known: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        """The fields of the point's record, from ``base`` on (an error record if it failed there); ``known``:
-        the ok and out-of-memory records of the points before it (loss references, OOM skips)."""
+    def measure(self, point: Point, base: PointRecord, *, known: Sequence[PointRecord]) -> PointRecord:
+        """The point's record, from ``base`` on (an error record if it failed there); ``known``: the ok and
+        out-of-memory records of the points before it (loss references, OOM skips)."""
         ...
 
 
 @dataclass(frozen=True)
 class PointStart:
-    """What a point needs before it is measured: its plan, its base record, or why it is skipped."""
+    """What a point needs before it is measured: its plan, its base record, or why it is skipped.
+
+    The base record holds what is known before the point runs (its plan, FLOPs, prediction, probe, placement)
+    and says 'error' until a measurement says otherwise.
+    """
 
     plan: LayoutPlan
-    base: dict[str, Any]
+    base: PointRecord
     skipped: PointRecord | None = None
 
 
@@ -84,18 +89,18 @@ class Runner:
     isolate: bool = False  # every point runs in ``place`` (--isolate): this process never builds a model
     losses: LossReferences = field(default_factory=LossReferences)  # each cell's loss reference, from points run
     done: dict[str, PointRecord] = field(default_factory=dict)  # the record of every finished point, by key_id
-    history: list[dict[str, Any]] = field(default_factory=list)  # ok/oom records, for points run elsewhere
+    history: list[PointRecord] = field(default_factory=list)  # ok/oom records, for points run elsewhere
     _slot: ModelSlot = field(default_factory=ModelSlot)
     _oom_at: dict[tuple[Any, ...], int] = field(default_factory=dict)
     _broken: bool = False  # a fatal device error happened: no more CUDA calls
     _points_run: int = 0  # points measured in this process so far
-    # Estimates made before each point runs, by key_id: the fields its record keeps (predicted peak allocated,
+    # Estimates made before each point runs, by key_id: what its record keeps (predicted peak allocated,
     # reserved, the predicted OOM); asked for as each point starts (sweep/predictions.py may make them in the
     # background; ``get`` waits for one that is still being made).
-    predictions: Predictions = field(default_factory=dict[str, "dict[str, Any] | None"])
+    predictions: Predictions = field(default_factory=dict[str, "Prediction | None"])
     # Predicts a search probe just before it runs (probes are not known up front); None: no prediction.
-    predict: Callable[[Point], dict[str, Any] | None] | None = None
-    _probe_predictions: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    predict: Callable[[Point], Prediction | None] | None = None
+    _probe_predictions: dict[str, Prediction | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         try:  # checks the values of model.overrides before anything runs
@@ -174,7 +179,7 @@ class Runner:
         if self.predict is not None and probe.key_id not in self._probe_predictions:
             self._probe_predictions[probe.key_id] = self.predict(probe)
 
-    def _predicted(self, point: Point) -> dict[str, Any] | None:
+    def _predicted(self, point: Point) -> Prediction | None:
         if point.key_id in self._probe_predictions:
             return self._probe_predictions[point.key_id]
         return self.predictions.get(point.key_id)
@@ -198,7 +203,7 @@ class Runner:
             self._oom_at[where] = min(point.batch_size, self._oom_at.get(where, point.batch_size))
         self.losses.remember(point, record)
         if record.status in ("ok", "oom"):
-            self.history.append(record.to_json())  # sent to child processes: loss references and OOM skips
+            self.history.append(record)  # sent to child processes: loss references and OOM skips
 
     def run_point(
         self, point: Point, *, allow_skip: bool = True, search: bool = False, fresh: bool = False
@@ -212,13 +217,13 @@ class Runner:
             return start.skipped
         started = time.perf_counter()
         if self.place is not None and self._runs_apart(point, fresh=fresh):
-            fields = self._measure_apart(self.place, point, start.base)
+            record = self._measure_apart(self.place, point, start.base)
         else:
-            fields = self._measure_here(point, start.plan, start.base)
-        fields["wall_s"] = time.perf_counter() - started
-        if not fields.get("isolated"):  # measured here; processes/launch.py judged the host of one measured apart
-            fields.update(host_state(fields.get("step_times_s") or [], cpus=self.cpus))
-        return self.finish_point(point, fields)
+            record = self._measure_here(point, start.plan, start.base)
+        record = record.updated(wall_s=time.perf_counter() - started)
+        if not record.isolated:  # measured here; processes/launch.py judged the host of one measured apart
+            record = with_host_state(record, cpus=self.cpus)
+        return self.finish_point(point, record)
 
     def _runs_apart(self, point: Point, *, fresh: bool) -> bool:
         """Whether a point runs in the place apart: every point of an isolated sweep, a sharded point (one
@@ -227,7 +232,7 @@ class Runner:
         own_settings = point.allocator != "default" and point.parallel == "none"
         return self.isolate or point.parallel != "none" or (self.device.type == "cuda" and (fresh or own_settings))
 
-    def _measure_apart(self, place: Place, point: Point, base: dict[str, Any]) -> dict[str, Any]:
+    def _measure_apart(self, place: Place, point: Point, base: PointRecord) -> PointRecord:
         """Measure a point in ``place``; a sharded point that needs more GPUs than are visible is skipped.
 
         This process's model is freed first so that the point's processes have the card; this process's CUDA
@@ -237,7 +242,7 @@ class Runner:
             visible = torch.cuda.device_count()
             if point.world_size > visible:
                 reason = f"{point.parallel} needs {point.world_size} GPUs; {visible} visible here"
-                return {**base, "status": "skipped", "reason": reason}
+                return base.updated(status="skipped", reason=reason)
         if not self.isolate:  # an isolated sweep's process holds no model and no cache
             self.close()
         return place.measure(point, base, known=self.history)
@@ -245,46 +250,46 @@ class Runner:
     def start_point(self, point: Point, *, allow_skip: bool = True, search: bool = False) -> PointStart:
         """A point's plan and base record, or its skipped record when a smaller batch ran out of memory."""
         plan = parse_layout(point.layout, self.shape.num_layers)
-        base = self._base_record(point, plan)
-        if search:
-            base["search"] = True
+        base = self._base_record(point, plan, search=search)
         skip_from = self._oom_at.get(key_without(point, "batch_size"))
         if allow_skip and self.cfg.skip_after_oom and skip_from is not None and point.batch_size > skip_from:
             reason = f"batch {skip_from} already ran out of memory"
-            skipped = PointRecord.model_validate({**base, "status": "skipped", "reason": reason})
-            return PointStart(plan, base, skipped)
+            return PointStart(plan, base, base.updated(status="skipped", reason=reason))
         return PointStart(plan, base)
 
-    def _base_record(self, point: Point, plan: LayoutPlan) -> dict[str, Any]:
-        """The fields every record of ``point`` starts from: its plan, FLOPs, predictions, probe and placement."""
+    def _base_record(self, point: Point, plan: LayoutPlan, *, search: bool) -> PointRecord:
+        """What every record of ``point`` starts from: its plan, FLOPs, prediction, probe and placement."""
         model_flops, hw_flops = step_flops(
             self.shape, plan, tokens=point.tokens, seq_len=point.seq_len, frozen_base=point.lora != "none",
             recompute_lm_head=point.loss == "chunked",
         )
-        return {
-            "key": point.key,
-            "status": None,
-            "reason": None,
-            "plan": {"layers": list(plan.layers), "granularity": plan.granularity, "targets": list(plan.targets)},
-            "layers_checkpointed": plan.describe_layers(),
-            "num_checkpointed": len(plan.layers),
-            "tokens_per_step": point.tokens,
-            "model_flops_per_step": model_flops,
-            "hardware_flops_per_step": hw_flops,
+        # Estimates (ckptbench estimate), made before the point runs, kept next to the measurement.
+        prediction = self._predicted(point)
+        base = PointRecord(
+            key=point.key,
+            status="error",  # until the measurement says otherwise
+            reason=None,
+            plan={"layers": list(plan.layers), "granularity": plan.granularity, "targets": list(plan.targets)},
+            layers_checkpointed=plan.describe_layers(),
+            num_checkpointed=len(plan.layers),
+            tokens_per_step=point.tokens,
+            model_flops_per_step=model_flops,
+            hardware_flops_per_step=hw_flops,
             # Of all the point's GPUs: FLOPs and tokens per step count every rank.
-            "peak_tflops": self.peak_tflops * point.world_size if self.peak_tflops else None,
-            # Estimates (ckptbench estimate), made before the point runs, kept next to the measurement.
-            **(self._predicted(point) or {}),
-            "probe": self.probe.kind,
-            "process": "in-process",
-            "points_before": self._points_run,
-            "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
-            **self.placement,
-        }
+            peak_tflops=self.peak_tflops * point.world_size if self.peak_tflops else None,
+            probe=self.probe.kind,
+            process="in-process",
+            points_before=self._points_run,
+            allocator_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+            host=self.placement.host,
+            gpu_name=self.placement.gpu_name,
+            gpu_index=self.placement.gpu_index,
+            **(prediction.given() if prediction is not None else {}),
+        )
+        return base.updated(search=True) if search else base  # only a search's probe says so
 
-    def finish_point(self, point: Point, fields: dict[str, Any]) -> PointRecord:
-        """The validated record of a measured point, remembered for the points after it."""
-        record = PointRecord.model_validate(fields)
+    def finish_point(self, point: Point, record: PointRecord) -> PointRecord:
+        """A measured point's record, remembered for the points after it."""
         self.remember(point, record)
         return record
 
@@ -301,19 +306,21 @@ class Runner:
             self._slot.build(point, cfg=self.cfg, device=self.device, probe=self.probe)
         return self._slot.model
 
-    def _measure_here(self, point: Point, plan: LayoutPlan, base: dict[str, Any]) -> dict[str, Any]:
+    def _measure_here(self, point: Point, plan: LayoutPlan, base: PointRecord) -> PointRecord:
         """Measure a point in this process; a failure (out of memory, an error) is a record, not a crash."""
-        record = dict(base)
+        record = base
         failure: tuple[str, str] | None = None
         baseline: int | None = None
         try:
             model = self._model(point)
-            record["model_build_s"] = self._slot.take_build_s()
+            record = record.updated(model_build_s=self._slot.take_build_s())
             self.probe.release()  # as in a fresh process: only the model's (and libraries') segments stay
             self._points_run += 1
             baseline = self.probe.allocated()
             faults.fire(point.key, model=model, probe=self.probe, device=self.device)
-            record.update(self._measure(model, point, plan))
+            record = self._measure(model, point, plan, record)
+        except ValidationError:  # a record this ckptbench cannot write is its bug, not the point's failure
+            raise
         except torch.OutOfMemoryError as exc:
             failure = ("oom", _first_line(exc))
         except (TechniqueUnavailable, ModuleNotFoundError) as exc:
@@ -323,19 +330,17 @@ class Runner:
             self._broken = is_fatal_device_error(exc)
         # Outside the except block: the traceback (and the tensors its frames hold) is gone now.
         if failure is not None:
-            record["status"], record["reason"] = failure
+            record = record.updated(status=failure[0], reason=failure[1])
         if self._broken:
-            record["fatal"] = True
-            return record  # no cleanup: any further CUDA call would fail the same way
+            return record.updated(fatal=True)  # no cleanup: any further CUDA call would fail the same way
         t0 = time.perf_counter()
         self._cleanup()
-        parts = {**record.get("overhead_parts_s", {}), "cleanup": time.perf_counter() - t0}
-        record["overhead_parts_s"] = parts
-        record["memory"] = {**record.get("memory", {}), **leak_check(self.probe, baseline)}
-        if record["memory"].get("leaked"):
+        parts = {**record.overhead_parts_s, "cleanup": time.perf_counter() - t0}
+        memory = leak_check(self.probe, baseline, record.memory)
+        if memory.leaked:
             self.close()  # drops the model: the next point gets a fresh one, not the leak
-            record["model_rebuilt"] = True
-        return record
+            return record.updated(overhead_parts_s=parts, memory=memory, model_rebuilt=True)
+        return record.updated(overhead_parts_s=parts, memory=memory)
 
     def _cleanup(self) -> None:
         if self._slot.model is not None:
@@ -349,9 +354,9 @@ class Runner:
         # training process would see).
         self.probe.release()
 
-    def _measure(self, model: Any, point: Point, plan: LayoutPlan) -> dict[str, Any]:
+    def _measure(self, model: Any, point: Point, plan: LayoutPlan, base: PointRecord) -> PointRecord:
         return measure_checked(
-            model, point, plan, losses=self.losses, sharded=self._slot.sharded, cfg=self.cfg, probe=self.probe,
+            model, point, plan, base, losses=self.losses, sharded=self._slot.sharded, cfg=self.cfg, probe=self.probe,
             device=self.device, init_std=self.llama.initializer_range, vocab_size=self.llama.vocab_size,
         )
 

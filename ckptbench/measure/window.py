@@ -10,12 +10,14 @@ from typing import Any
 
 import torch
 
+from ckptbench.config.compat import refusal
 from ckptbench.config.grid import Point
 from ckptbench.config.layouts import LayoutPlan
 from ckptbench.config.schema import SweepConfig
 from ckptbench.estimator.live_storage import storage_tensors
 from ckptbench.measure.loss_check import LossReferences, RecomputedLoss, loss_rtol
 from ckptbench.measure.probes import Probe, TrackerProbe, tensor_bytes
+from ckptbench.results.record import LossCheck, PointMemory, PointRecord
 from ckptbench.train.checkpointing import applied
 from ckptbench.train.losses import loss_head
 from ckptbench.train.model import attention, reset_weights
@@ -29,6 +31,7 @@ def measure_checked(
     model: Any,
     point: Point,
     plan: LayoutPlan,
+    base: PointRecord,
     *,
     losses: LossReferences,
     sharded: Sharded | None,
@@ -37,11 +40,12 @@ def measure_checked(
     device: torch.device,
     init_std: float,
     vocab_size: int,
-) -> dict[str, Any]:
-    """Measure ``point`` on ``model`` (sharded as ``sharded`` says); a record's fields with its loss check."""
-    common: dict[str, Any] = {"cfg": cfg, "probe": probe, "device": device, "init_std": init_std,
-                              "vocab_size": vocab_size}
-    recomputed, parts, fresh = None, {}, False
+) -> PointRecord:
+    """Measure ``point`` on ``model`` (sharded as ``sharded`` says): ``base`` with what it measured and its
+    loss check."""
+    recomputed: RecomputedLoss | None = None
+    parts: dict[str, float] = {}
+    fresh = False
     if losses.needs_recomputed(point):  # before the window: the point's memory is not touched
         # The first step's loss depends only on the cell (initial weights, batch, precision): one
         # recomputation serves every layout of the cell (a 7B forward pass each time otherwise).
@@ -53,25 +57,28 @@ def measure_checked(
             # refilled by resizing later): the CPU tracker must see them made, as in any first step.
             # It is not reset: fresh, with the seed's weights (see measure_point).
             with Tracking(probe) if distributed else contextlib.nullcontext():
-                recomputed = recompute_first_loss(model, point, reset=not distributed, **common)
+                recomputed = recompute_first_loss(model, point, reset=not distributed, cfg=cfg, probe=probe,
+                                                  device=device, init_std=init_std, vocab_size=vocab_size)
             if sharded is not None:
                 sharded.reshard()  # fsdp2:N:noreshard keeps the forward's unsharded weights otherwise
             losses.keep_recomputed(point, recomputed)
             parts["loss_recompute"] = time.perf_counter() - t0
             fresh = True  # it reset the weights, and forward passes without gradients leave them so
-    result = measure_point(model, point, plan, reset=not fresh, sharded=sharded, **common)
-    result["overhead_parts_s"] = {**parts, **result.get("overhead_parts_s", {})}
-    if result["status"] == "ok":
+    result = measure_point(model, point, plan, base, reset=not fresh, sharded=sharded, cfg=cfg, probe=probe,
+                           device=device, init_std=init_std, vocab_size=vocab_size)
+    checked: dict[str, LossCheck] = {}
+    if result.ok:
         rtol = loss_rtol(point.precision, cfg.loss_rtol)
-        steps = result["warmup_losses"] + result["losses"]
-        result["loss_check"] = losses.check(point, steps, rtol=rtol, recomputed=recomputed)
-    return result
+        steps = result.warmup_losses + result.losses
+        checked["loss_check"] = losses.check(point, steps, rtol=rtol, recomputed=recomputed)
+    return result.updated(overhead_parts_s={**parts, **result.overhead_parts_s}, **checked)
 
 
 def measure_point(
     model: Any,
     point: Point,
     plan: LayoutPlan,
+    base: PointRecord,
     *,
     cfg: SweepConfig,
     probe: Probe,
@@ -80,8 +87,8 @@ def measure_point(
     vocab_size: int,
     reset: bool = True,
     sharded: Sharded | None = None,
-) -> dict[str, Any]:
-    """Reset the weights, apply the point's plan and techniques, warm up, measure; a record's fields.
+) -> PointRecord:
+    """Reset the weights, apply the point's plan and techniques, warm up, measure: ``base`` with what it measured.
 
     ``reset=False`` when the weights are already the seed's initial ones (recompute_first_loss has just
     reset them and left them untouched): resetting twice costs time and changes nothing. A sharded
@@ -91,7 +98,7 @@ def measure_point(
     """
     why = unsupported(point)
     if why is not None:
-        return {"status": "skipped", "reason": why}
+        return base.updated(status="skipped", reason=why)
     distributed = sharded is not None and sharded.spec.distributed
     reset = reset and not distributed
     t0 = time.perf_counter()
@@ -130,32 +137,29 @@ def measure_point(
             use_autocast=sharded.autocast if sharded else True,
         )
         try:
-            result = _window(trainer, batch, probe=probe, cfg=cfg)
+            result = _window(trainer, batch, base, probe=probe, cfg=cfg)
         finally:
             if hasattr(optimizer, "remove_hooks"):  # optimizer_in_backward: the model outlives the point
                 optimizer.remove_hooks()
-        result["memory"].update(_static_memory(model, optimizer, in_backward=point.optimizer_in_backward))
+        memory = _static_memory(model, result.memory, optimizer, in_backward=point.optimizer_in_backward)
         del trainer, optimizer
+    extra: dict[str, object] = {}  # the fields only some points have
     if reset:
-        result["overhead_parts_s"] = {"weights_reset": reset_s}
+        extra["overhead_parts_s"] = {"weights_reset": reset_s}
     if host is not None:
-        result["host_offload_peak_bytes"] = host.peak_bytes
+        extra["host_offload_peak_bytes"] = host.peak_bytes
     if loss_impl is not None:
-        result["loss_implementation"] = loss_impl
+        extra["loss_implementation"] = loss_impl
     if point.compile:
-        result["compile_s"] = result["warmup_times_s"][0]  # the first warm-up step compiles
+        extra["compile_s"] = result.warmup_times_s[0]  # the first warm-up step compiles
         torch._dynamo.reset()
-    return result
+    return result.updated(memory=memory, **extra)
 
 
 def unsupported(point: Point) -> str | None:
-    """Why a combination of techniques cannot be measured (None when it can)."""
-    if point.compile and point.offload != "none":
-        return "torch.compile with activation offloading is not supported"
-    if point.optimizer_in_backward and point.precision == "amp_fp16":
-        # The loss scaler must unscale and check every gradient before any parameter is stepped.
-        return "optimizer_in_backward with amp_fp16: the gradient scaler needs the whole step"
-    return None
+    """Why a combination of techniques cannot be measured (None when it can): config/compat.py's rules enforced at
+    load or here (the optimizer's own are enforced when it is built)."""
+    return refusal(point, ("load", "measure"))
 
 
 def recompute_first_loss(
@@ -200,8 +204,10 @@ def recompute_first_loss(
     return RecomputedLoss(loss=loss, rows=rows, batch_size=point.batch_size)
 
 
-def _window(trainer: Trainer, batch: torch.Tensor, *, probe: Probe, cfg: SweepConfig) -> dict[str, Any]:
-    """Warm-up, then the measured steps with peak statistics reset right before them."""
+def _window(
+    trainer: Trainer, batch: torch.Tensor, base: PointRecord, *, probe: Probe, cfg: SweepConfig
+) -> PointRecord:
+    """Warm-up, then the measured steps with peak statistics reset right before them: ``base`` with them."""
     warm_times, warm_losses = _steps(trainer, batch, cfg.warmup_steps, probe=probe)
     start_alloc = probe.allocated()
     probe.reset_peak()
@@ -209,19 +215,19 @@ def _window(trainer: Trainer, batch: torch.Tensor, *, probe: Probe, cfg: SweepCo
     times, losses = _steps(trainer, batch, cfg.measured_steps, probe=probe)
     after = probe.counters()
     context = probe.outside_allocator()
-    return {
-        "status": "ok",
-        "warmup_times_s": warm_times,
-        "warmup_losses": warm_losses,
-        "step_times_s": times,
-        "losses": losses,
-        "peak_allocated_bytes": probe.peak_allocated(),
-        "peak_reserved_bytes": probe.peak_reserved(),
-        "num_alloc_retries": after["num_alloc_retries"] - before["num_alloc_retries"],
-        "num_ooms": after["num_ooms"] - before["num_ooms"],
-        "memory": {"window_start_allocated_bytes": start_alloc},
+    return base.updated(
+        status="ok",
+        warmup_times_s=warm_times,
+        warmup_losses=warm_losses,
+        step_times_s=times,
+        losses=losses,
+        peak_allocated_bytes=probe.peak_allocated(),
+        peak_reserved_bytes=probe.peak_reserved(),
+        num_alloc_retries=after["num_alloc_retries"] - before["num_alloc_retries"],
+        num_ooms=after["num_ooms"] - before["num_ooms"],
+        memory=PointMemory(window_start_allocated_bytes=start_alloc),
         **({"context_bytes": context} if context is not None else {}),
-    }
+    )
 
 
 def _steps(trainer: Trainer, batch: torch.Tensor, n: int, *, probe: Probe) -> tuple[list[float], list[float]]:
@@ -252,8 +258,11 @@ class Tracking:
             self.tracker.__exit__(*exc)
 
 
-def _static_memory(model: Any, optimizer: torch.optim.Optimizer, *, in_backward: bool) -> dict[str, int]:
-    """Parameters, gradients (one per trainable parameter, same dtype) and optimizer state, in bytes.
+def _static_memory(
+    model: Any, memory: PointMemory, optimizer: torch.optim.Optimizer, *, in_backward: bool
+) -> PointMemory:
+    """``memory`` with the parameters, gradients (one per trainable parameter, same dtype) and optimizer state,
+    in bytes.
 
     With the optimizer in backward no gradient outlives its own step: none is static (0 bytes).
     Optimizer state in host memory (torchao's CPU offload keeps it in per-parameter CPU optimizers,
@@ -265,11 +274,9 @@ def _static_memory(model: Any, optimizer: torch.optim.Optimizer, *, in_backward:
     # A sharded parameter's gradient is sharded like it: count this rank's part (a DTensor's local shard).
     local = [t for p in params if p.requires_grad for t in storage_tensors(p)]
     grads = 0 if in_backward else sum(t.numel() * t.element_size() for t in local)
-    return {
-        "params_bytes": tensor_bytes(params),
-        "grads_bytes": grads,
-        "optimizer_state_bytes": tensor_bytes(tensors),
-    }
+    return memory.updated(
+        params_bytes=tensor_bytes(params), grads_bytes=grads, optimizer_state_bytes=tensor_bytes(tensors)
+    )
 
 
 def _offloaded(optimizer: Any) -> bool:

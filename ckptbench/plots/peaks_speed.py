@@ -97,13 +97,13 @@ def plot_peak_memory(run: Run, path: Path, *, budget_bytes: int | None = None, s
     facets = data.facets()
     fig = Figure(figsize=(_width(data), 3.8 * len(facets)), layout="constrained")
     axes = fig.subplots(len(facets), 1, squeeze=False)[:, 0]
-    total = run.environment.get("gpu_total_memory_bytes")
+    total = run.environment.gpu_total_memory_bytes
     for ax, (label, rows) in zip(axes, facets, strict=True):
         _grouped_bars(ax, data, rows, lambda r: _scaled(r["peak_reserved_bytes"], data))
         ax.set_ylabel(f"peak reserved ({data.unit})")
         ax.set_title(label or None, fontsize=10)
         if total:
-            _hline(ax, total / data.scale, f"{run.environment.get('gpu_name') or 'GPU'}: {data.size(total)}",
+            _hline(ax, total / data.scale, f"{run.environment.gpu_name or 'GPU'}: {data.size(total)}",
                    "#555555", ":")
         if budget_bytes:
             _hline(ax, budget_bytes / data.scale, f"budget {data.size(budget_bytes)}", "#c44e52", "--")

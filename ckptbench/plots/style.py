@@ -85,8 +85,7 @@ def describe_run(run: Run) -> str:
     model = str(model_spec.get("preset") or "model") + (" (overrides)" if model_spec.get("overrides") else "")
     seqs = sorted({p.key.get("seq_len") for p in run.points}, key=lambda v: (v is None, v))
     precisions = list(dict.fromkeys(str(p.key.get("precision")) for p in run.points))
-    env = run.environment
-    device = env.get("gpu_name") or "CPU (live-tensor tracker)"
+    device = run.environment.gpu_name or "CPU (live-tensor tracker)"
     return f"{model}, seq {', '.join(str(s) for s in seqs)}, {'/'.join(precisions)}, {device}"
 
 

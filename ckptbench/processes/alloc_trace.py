@@ -12,6 +12,7 @@ import gzip
 import json
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -101,7 +102,7 @@ def write_trace(path: str | Path, *, extra: dict[str, Any] | None = None) -> Pat
     return out
 
 
-def trace_file_name(key: dict[str, Any]) -> str:
+def trace_file_name(key: Mapping[str, object]) -> str:
     """A file name for a point's trace: its layout, batch, sequence and the axes off their defaults."""
     from ckptbench.config.grid import setup_label
 
@@ -115,16 +116,21 @@ def trace_file_name(key: dict[str, Any]) -> str:
 def trace_points(cfg: SweepConfig, out_dir: Path, *, gpu_name: str | None = None) -> list[dict[str, Any]]:
     """Run every point of ``cfg`` in its own process with the allocator's history on; one trace file each.
 
-    Returns each point's record (as the child wrote it) with ``trace_file`` set.
+    Returns each point's record as JSON (as the child wrote it; why it has none when it failed) with
+    ``trace_file`` set: the lines of records.jsonl.
     """
 
     from ckptbench.processes.launch import point_request, run_child
+    from ckptbench.processes.outcome import ProcessFailure
 
     out: list[dict[str, Any]] = []
     for point in cfg.points_list():
         path = out_dir / trace_file_name(point.key)
-        request = {**point_request(cfg, point, gpu_name=gpu_name, known=[]), "allocator_trace": str(path)}
+        request = point_request(cfg, point, gpu_name=gpu_name, known=[]).model_copy(
+            update={"allocator_trace": str(path)}
+        )
         with workdir("trace") as tmp:
-            record = run_child(request, workdir=Path(tmp), timeout_s=None)  # with the point's allocator settings
-        out.append({**(record or {}), "trace_file": path.name if path.exists() else None})
+            outcome = run_child(request, workdir=Path(tmp), timeout_s=None)  # with the point's allocator settings
+        fields = outcome.fields() if isinstance(outcome, ProcessFailure) else outcome.to_json()
+        out.append({**fields, "trace_file": path.name if path.exists() else None})
     return out

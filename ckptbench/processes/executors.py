@@ -24,18 +24,20 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ckptbench.config.cluster import SlurmSpec
 from ckptbench.processes import fresh
+from ckptbench.processes.outcome import JobResult
+from ckptbench.processes.request import PointRequest
 
 if TYPE_CHECKING:  # only a fanned-out sweep imports submitit: a plain sweep runs where it is not installed
     import submitit
 
-JobFunction = Callable[..., dict[str, Any]]
+JobFunction = Callable[..., JobResult]
 
 
 @dataclass
 class Submitted:
     """A job in flight, and the GPUs (or CPU slots) it holds until it ends."""
 
-    job: submitit.Job[dict[str, Any]]
+    job: submitit.Job[JobResult]
     slots: tuple[int, ...] = ()
 
 
@@ -43,7 +45,7 @@ class Submitted:
 class Request:
     """One point to start: its request for the point process, and how many ranks (GPUs) it needs."""
 
-    request: dict[str, Any]
+    request: PointRequest
     world_size: int = 1
 
 
@@ -118,7 +120,7 @@ class LocalPool:
             # The job ends when this process is gone: a local job must not outlive a killed sweep.
             with _interrupts_not_inherited():
                 # The job's point is forked by this sweep's fork server (same machine): no second import of torch.
-                request = {**item.request, "forkserver": fresh.shared_address(dict(os.environ))}
+                request = item.request.model_copy(update={"forkserver": fresh.shared_address(dict(os.environ))})
                 out.append(Submitted(self.executor.submit(fn, request, timeout_s, os.getpid()), slots))
         return out
 

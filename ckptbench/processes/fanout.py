@@ -28,8 +28,10 @@ from ckptbench.measure.progress import PROBES_GUESS, Progress, ProgressCounter
 from ckptbench.measure.runner import Runner, Search
 from ckptbench.processes.executors import LocalPool, Pool, Request, SlurmPool, Submitted, cancel
 from ckptbench.processes.job import run_point_job
-from ckptbench.processes.launch import child_fields, point_request
+from ckptbench.processes.launch import child_record, point_request
+from ckptbench.processes.outcome import JobResult, ProcessFailure
 from ckptbench.processes.schedule import prerequisites, ready
+from ckptbench.results.meta import RunEnvironment
 from ckptbench.results.record import PointRecord
 
 if TYPE_CHECKING:  # only a fanned-out sweep imports submitit
@@ -45,7 +47,7 @@ class _Flight:
 
     sub: Submitted
     point: Point
-    base: dict[str, Any]
+    base: PointRecord
     index: int
 
 
@@ -76,7 +78,7 @@ class Fanout:
             self.runner.close()
 
     def _grid(self, points: list[Point]) -> None:
-        done = [Point.from_key(r.key) for r in self.runner.done.values()]
+        done = [r.point for r in self.runner.done.values() if r.point is not None]
         waits = prerequisites(points, done, skip_after_oom=self.runner.cfg.skip_after_oom,
                               reference_cells=self.runner.losses.reference_cells)
         by_id = {p.key_id: p for p in points}
@@ -124,7 +126,7 @@ class Fanout:
         assert self.pool is not None
         started: list[Point] = []
         batch: list[Request] = []
-        flights: list[tuple[Point, dict[str, Any], int]] = []
+        flights: list[tuple[Point, PointRecord, int]] = []
         for point in points:
             start = self.runner.start_point(point, allow_skip=not search, search=search)
             why = self.pool.never_fits(point.world_size)
@@ -136,7 +138,7 @@ class Fanout:
             started.append(point)
             if start.skipped is not None or why is not None:
                 record = start.skipped or self.runner.finish_point(
-                    point, {**start.base, "status": "skipped", "reason": why}
+                    point, start.base.updated(status="skipped", reason=why)
                 )
                 self._record(point, index, record)
                 continue
@@ -163,16 +165,20 @@ class Fanout:
             force = False  # one forced query refreshes every job's state
             del self._flights[key]
             self.pool.release(flight.sub)
-            fields = child_fields(flight.base, _job_result(flight.sub.job, local=self.pool.kind == "local"))
-            fields.update(executor=self.pool.kind, job_id=fields.get("job_id") or str(flight.sub.job.job_id))
-            self._record(flight.point, flight.index, self.runner.finish_point(flight.point, fields))
+            result = _job_result(flight.sub.job, local=self.pool.kind == "local")
+            record = child_record(flight.base, result.outcome).updated(
+                executor=self.pool.kind, job_id=result.job_id or str(flight.sub.job.job_id)
+            )
+            self._record(flight.point, flight.index, self.runner.finish_point(flight.point, record))
 
     def _record(self, point: Point, index: int, record: PointRecord) -> None:
         self.runner.done[point.key_id] = record
         self._on_record(Progress(index, self._counter.total, point, record))
 
 
-def make_fanout(cfg: SweepConfig, cluster: ClusterSpec, *, timeout_s: float | None) -> tuple[Fanout, dict[str, Any]]:
+def make_fanout(
+    cfg: SweepConfig, cluster: ClusterSpec, *, timeout_s: float | None
+) -> tuple[Fanout, RunEnvironment]:
     """The fan-out of a sweep and the environment to store (nothing is started yet).
 
     This process measures nothing: the jobs choose their device (a Slurm login node has no GPU), so
@@ -185,9 +191,10 @@ def make_fanout(cfg: SweepConfig, cluster: ClusterSpec, *, timeout_s: float | No
         except ValueError as exc:
             raise ConfigError(f"{exc} (the jobs run on the CPU)") from None
     probe = ElsewhereProbe("cuda" if device_type == "cuda" else "cpu-tracker")
-    environment = {**collect_environment(device_type, cpu_threads=cfg.cpu_threads), "probe": probe.kind,
-                   "executor": cluster.executor}
-    runner = Runner(cfg, torch.device(device_type), probe, environment.get("gpu_name"))
+    environment = collect_environment(device_type, cpu_threads=cfg.cpu_threads).model_copy(
+        update={"probe": probe.kind, "executor": cluster.executor}
+    )
+    runner = Runner(cfg, torch.device(device_type), probe, environment.gpu_name)
     return Fanout(runner, cluster, timeout_s), environment
 
 
@@ -215,14 +222,14 @@ def _planned_device(cfg: SweepConfig, executor: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _job_result(job: submitit.Job[dict[str, Any]], *, local: bool) -> dict[str, Any]:
+def _job_result(job: submitit.Job[JobResult], *, local: bool) -> JobResult:
     """What the job returned, or why it returned nothing (it died, was killed or cancelled)."""
     try:
         if local and not job.paths.result_pickle.exists():
             # A local job's process has ended without a result: no shared file system to wait for
             # (submitit's result() would wait 15 s for the file first).
             raise RuntimeError(f"job {job.job_id} ended without a result (state {job.state})")
-        result: dict[str, Any] = job.result()
+        result: JobResult = job.result()
         return result
     except Exception as exc:  # submitit: UncompletedJobError (no result), FailedJobError (it raised)
         first = next((line for line in str(exc).splitlines() if line.strip()), exc.__class__.__name__)
@@ -232,4 +239,4 @@ def _job_result(job: submitit.Job[dict[str, Any]], *, local: bool) -> dict[str, 
             tail = ""
         last = " | ".join(line.strip() for line in tail.splitlines()[-3:] if line.strip())
         reason = f"the job ended without a record ({first.strip()[:200]})"
-        return {"reason": f"{reason}; stderr: {last[-300:]}" if last else reason, "stderr_tail": tail}
+        return JobResult(ProcessFailure(f"{reason}; stderr: {last[-300:]}" if last else reason, stderr_tail=tail))

@@ -10,28 +10,29 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from ckptbench.measure import faults
 from ckptbench.processes.launch import run_child
+from ckptbench.processes.outcome import JobResult
+from ckptbench.processes.request import PointRequest
 from ckptbench.processes.workdirs import workdir
 
 
-def run_point_job(request: dict[str, Any], timeout_s: float | None, watch_pid: int | None = None) -> dict[str, Any]:
+def run_point_job(request: PointRequest, timeout_s: float | None, watch_pid: int | None = None) -> JobResult:
     """Run one point in fresh processes on this node (its GPUs are the job's); its record, or why
-    it has none ({'reason', 'stderr_tail'}); either way with the submitit job id.
+    it has none; either way with the submitit job id.
 
     ``watch_pid`` (local jobs: the sweep's process): when that process is gone (killed without a chance
     to cancel its jobs), this job ends, and with it the point's processes.
     """
-    faults.fire_job(request["key"])
+    faults.fire_job(request.key)
     if watch_pid is not None:
         _end_with(watch_pid)
     job_id = _job_id()
     with workdir("job") as tmp:
         # The point's processes end themselves when this job's process is gone (processes/point_process.py).
-        result = run_child({**request, "parent_pid": os.getpid()}, workdir=Path(tmp), timeout_s=timeout_s)
-    return {**(result or {}), "job_id": job_id}
+        here = request.model_copy(update={"parent_pid": os.getpid()})
+        return JobResult(run_child(here, workdir=Path(tmp), timeout_s=timeout_s), job_id)
 
 
 def _job_id() -> str | None:

@@ -13,7 +13,6 @@ record into a failure description with the tail of its stderr.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -21,18 +20,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ckptbench.config.alloc_conf import axis_to_conf
 from ckptbench.config.grid import Point
 from ckptbench.config.parallel import parse_parallel
 from ckptbench.config.schema import SweepConfig
-from ckptbench.measure.environment import available_cpus, host_state
+from ckptbench.measure.environment import available_cpus, with_host_state
 from ckptbench.processes import fresh
 from ckptbench.processes.fresh import Child
+from ckptbench.processes.outcome import Outcome, ProcessFailure
 from ckptbench.processes.ranks import merge_ranks
+from ckptbench.processes.request import PointRequest
 from ckptbench.processes.workdirs import workdir
-from ckptbench.results.store import write_json_atomic
+from ckptbench.results.record import PREDICTION_FIELDS, PointRecord
 
 # Allowance for a point process to start (imports, CUDA context) before --point-timeout applies.
 START_TIMEOUT_S = 300.0
@@ -51,49 +51,47 @@ class FreshProcesses:
     gpu_name: str | None = None
     timeout_s: float | None = None  # --point-timeout: from when the point's process is ready
 
-    def measure(self, point: Point, base: dict[str, Any], *, known: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        """Run a point in a fresh process: the fields of its record (an error record if it failed)."""
+    def measure(self, point: Point, base: PointRecord, *, known: Sequence[PointRecord]) -> PointRecord:
+        """Run a point in a fresh process: its record (an error record if it failed)."""
         request = point_request(self.cfg, point, gpu_name=self.gpu_name, known=known)
         with workdir("point") as tmp:
-            child = run_child(request, workdir=Path(tmp), timeout_s=self.timeout_s)
-        return child_fields(base, child)
+            outcome = run_child(request, workdir=Path(tmp), timeout_s=self.timeout_s)
+        return child_record(base, outcome)
 
 
 def point_request(
-    cfg: SweepConfig, point: Point, *, gpu_name: str | None, known: Sequence[dict[str, Any]]
-) -> dict[str, Any]:
+    cfg: SweepConfig, point: Point, *, gpu_name: str | None, known: Sequence[PointRecord]
+) -> PointRequest:
     """What a point's own process needs: the config, the point, and the records it learns from (loss
     references, OOMs) of the points before it."""
-    return {
-        "config": cfg.model_dump(mode="json"),
-        "key": point.key,
-        "gpu_name": gpu_name,
-        "done": list(known),
-        "parent_pid": os.getpid(),
-    }
+    return PointRequest(
+        config=cfg.model_dump(mode="json"), key=point.key, gpu_name=gpu_name, done=list(known), parent_pid=os.getpid()
+    )
 
 
 # What only the sweep's process knows of a point: the predictions made before the run, whether a search
 # proposed it. A child's record carries them over from the base record.
-PARENT_FIELDS = ("predicted_peak_allocated_bytes", "predicted_peak_reserved_bytes", "predicted_oom", "search")
+PARENT_FIELDS = (*PREDICTION_FIELDS, "search")
 ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 
-def child_fields(base: dict[str, Any], child: dict[str, Any] | None) -> dict[str, Any]:
-    """A point's record fields from what its process returned (its record, or a failure on top of
-    ``base``), with this process's predictions, marked as measured in a fresh process."""
-    if child is None or "key" not in child:
-        record = {**base, **(child or {}), "status": "error"}
+def child_record(base: PointRecord, outcome: Outcome) -> PointRecord:
+    """A point's record from what its process left (its record, or a failure on top of ``base``), with this
+    process's predictions, marked as measured in a fresh process."""
+    if isinstance(outcome, ProcessFailure):
+        record = base.updated(**outcome.fields(), status="error")
     else:
-        record = {**child, **{k: base[k] for k in PARENT_FIELDS if base.get(k) is not None}}
-    record.pop("fatal", None)  # the next point gets a fresh process and CUDA context
-    record.update(process="fresh", points_before=0, allocator_conf=base.get("allocator_conf", ""), isolated=True)
-    return record
+        given = base.given()
+        record = outcome.updated(**{k: given[k] for k in PARENT_FIELDS if given.get(k) is not None})
+    # Not fatal: the next point gets a fresh process and CUDA context.
+    return record.without("fatal").updated(
+        process="fresh", points_before=0, allocator_conf=base.allocator_conf, isolated=True
+    )
 
 
-def run_child(request: dict[str, Any], *, workdir: Path, timeout_s: float | None) -> dict[str, Any] | None:
+def run_child(request: PointRequest, *, workdir: Path, timeout_s: float | None) -> Outcome:
     """Run one point in a child process, or in one process per rank for a sharded point: its record
-    (ranks merged), or {'reason', 'stderr_tail'} when it failed.
+    (ranks merged), or why it has none.
 
     The point's ``allocator`` setting configures the caching allocator in its processes: torch reads it
     once, when CUDA starts, so it can only be set for a new process (torch 2.9+ reads PYTORCH_ALLOC_CONF
@@ -101,10 +99,11 @@ def run_child(request: dict[str, Any], *, workdir: Path, timeout_s: float | None
     """
     ranks = _ranks(request)
     request_path = workdir / "request.json"
-    files = {"result": str(workdir / "result.json"), "ready": str(workdir / "ready")}
-    write_json_atomic(request_path, {**request, **files})
+    request.model_copy(update={"result": str(workdir / "result.json"), "ready": str(workdir / "ready")}).write(
+        request_path
+    )
     env = dict(os.environ)
-    alloc_conf = axis_to_conf(str(request["key"].get("allocator", "default")))
+    alloc_conf = axis_to_conf(str(request.key.get("allocator", "default")))
     if alloc_conf:
         env.update(dict.fromkeys(ALLOC_CONF_VARS, alloc_conf))
     env["PYTHONPATH"] = fresh.python_path(env)
@@ -114,7 +113,7 @@ def run_child(request: dict[str, Any], *, workdir: Path, timeout_s: float | None
         for rank in ranks:
             env_rank = {**env, **_rank_env(rank, len(ranks), port)}
             procs.append(fresh.start(request_path, env=env_rank, stderr_path=_stderr_path(workdir, rank),
-                                     via=request.get("forkserver")))
+                                     via=request.forkserver))
         problem = _wait(procs, ready=workdir / "ready", timeout_s=timeout_s)
     finally:
         for proc in procs:
@@ -122,17 +121,15 @@ def run_child(request: dict[str, Any], *, workdir: Path, timeout_s: float | None
     results = [_collect(workdir, rank, proc, problem) for rank, proc in zip(ranks, procs, strict=False)]
     if ranks == [None]:
         return _judge_host(results[0])
-    return _judge_host(merge_ranks(results)) if results else {"reason": "no rank process could be started"}
+    return _judge_host(merge_ranks(results)) if results else ProcessFailure("no rank process could be started")
 
 
-def _judge_host(record: dict[str, Any]) -> dict[str, Any]:
+def _judge_host(outcome: Outcome) -> Outcome:
     """The host's load and warnings as the point ends, judged here, where its processes ran: the ranks'
     own judgments are replaced (the spread warning belongs to the point's merged step times)."""
-    if "key" not in record:
-        return record
-    for name in ("warnings", "load_average_1m"):
-        record.pop(name, None)
-    return {**record, **host_state(record.get("step_times_s") or [], cpus=available_cpus())}
+    if isinstance(outcome, ProcessFailure):
+        return outcome
+    return with_host_state(outcome.without("warnings", "load_average_1m"), cpus=available_cpus())
 
 
 def result_path(base: str | Path, rank: int | None) -> Path:
@@ -141,9 +138,9 @@ def result_path(base: str | Path, rank: int | None) -> Path:
     return path if rank is None else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
 
 
-def _ranks(request: dict[str, Any]) -> list[int | None]:
+def _ranks(request: PointRequest) -> list[int | None]:
     """[None] for a single-device point; the ranks 0..N-1 of a sharded one (even a world of one)."""
-    spec = parse_parallel(str(request["key"].get("parallel", "none")))
+    spec = parse_parallel(str(request.key.get("parallel", "none")))
     return list(range(spec.world_size)) if spec.distributed else [None]
 
 
@@ -169,17 +166,16 @@ def _stderr_path(workdir: Path, rank: int | None) -> Path:
     return workdir / ("stderr.txt" if rank is None else f"stderr.rank{rank}.txt")
 
 
-def _collect(workdir: Path, rank: int | None, proc: Child, problem: str | None) -> dict[str, Any]:
+def _collect(workdir: Path, rank: int | None, proc: Child, problem: str | None) -> Outcome:
     """A process's record, or why it has none (with the tail of its stderr)."""
     path = result_path(workdir / "result.json", rank)
     if path.exists():  # written atomically: complete whenever it exists
-        record: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-        return record
+        return PointRecord.model_validate_json(path.read_bytes())  # as this ckptbench wrote it: checked as such
     tail = _tail(_stderr_path(workdir, rank))
     what = problem or _exit_text(proc.returncode)
     last = " | ".join(line.strip() for line in tail.splitlines()[-3:] if line.strip())
     reason = f"{what}; stderr: {last[-300:]}" if last else f"{what}; no stderr output"
-    return {"reason": reason, "stderr_tail": tail, "exit_code": proc.returncode}
+    return ProcessFailure(reason, stderr_tail=tail, exit_code=proc.returncode)
 
 
 def _wait(procs: list[Child], *, ready: Path, timeout_s: float | None) -> str | None:

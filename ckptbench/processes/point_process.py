@@ -10,7 +10,6 @@ outlives ``--point-timeout`` as a failed point (``status: error``) with the tail
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -27,8 +26,8 @@ from ckptbench.measure.environment import intra_op_threads, placement
 from ckptbench.measure.runner import Runner
 from ckptbench.processes.alloc_trace import start_recording, write_trace
 from ckptbench.processes.launch import result_path
+from ckptbench.processes.request import PointRequest
 from ckptbench.processes.workdirs import alive
-from ckptbench.results.record import PointRecord
 from ckptbench.results.store import write_json_atomic
 from ckptbench.train.parallel import RankInfo, init_process_group
 
@@ -54,25 +53,26 @@ def child_main(request_path: str) -> int:
     its own GPU (cuda:LOCAL_RANK) or the CPU, measures its part of the point and writes its record
     to its own file; the launcher merges the ranks' records (processes/ranks.py).
     """
-    request = json.loads(Path(request_path).read_text(encoding="utf-8"))
-    _exit_with_parent(int(request["parent_pid"]))
-    trace_path = request.get("allocator_trace")
+    request = PointRequest.load(request_path)
+    _exit_with_parent(request.parent_pid)
+    trace_path = request.allocator_trace
     if trace_path:  # before anything touches the GPU: the trace starts from an empty allocator
         start_recording()
-    cfg = parse_config(request["config"], source="isolated point config")
+    cfg = parse_config(request.config, source="isolated point config")
     rank = RankInfo.from_env()
     device = _device(cfg, rank)
     if rank is not None:
         init_process_group(rank, device)
     # The GPU this process runs on names the peak for MFU (a fanned-out job's may differ from the sweep's).
-    gpu_name = placement(device)["gpu_name"] or request.get("gpu_name")
+    gpu_name = placement(device).gpu_name or request.gpu_name
     # No place: this process measures the point itself (a sharded point's rank, its part of it).
     runner = Runner(cfg, device, make_probe(cfg, device), gpu_name=gpu_name)
-    for done in request["done"]:
-        record = PointRecord.read(done)  # an earlier run's records (--resume) come from disk
-        runner.remember(Point.from_key(record.key), record)
-    point = Point.from_key(request["key"])  # a grid point or a search probe
-    Path(request["ready"]).touch()  # from here on, --point-timeout applies
+    for done in request.done:  # an earlier run's records (--resume) come from disk: read as such
+        if done.point is not None:
+            runner.remember(done.point, done)
+    point = Point.from_key(request.key)  # a grid point or a search probe
+    assert request.ready is not None and request.result is not None  # the launcher names both (run_child)
+    Path(request.ready).touch()  # from here on, --point-timeout applies
     try:
         # The parent already decided this point runs (OOM skips are its call), so never skip here.
         with intra_op_threads(device.type, cfg.cpu_threads):  # as a sweep in one process runs its points
@@ -84,7 +84,7 @@ def child_main(request_path: str) -> int:
         runner.close()
         if rank is not None:
             torch.distributed.destroy_process_group()
-    write_json_atomic(result_path(request["result"], rank.rank if rank else None), record.to_json())
+    write_json_atomic(result_path(request.result, rank.rank if rank else None), record.to_json())
     return 0
 
 

@@ -173,8 +173,8 @@ def runs_section(answers: Answers) -> str:
     rows = []
     for run in answers.runs:
         env = run.environment
-        rows.append({"run": str(run.path), "GPU": str(env.get("gpu_name") or env.get("device_type") or "-"),
-                     "torch": str(env.get("torch") or "-"), "created": str(run.meta.get("created_at") or "-"),
+        rows.append({"run": str(run.path), "GPU": str(env.gpu_name or env.device_type or "-"),
+                     "torch": str(env.torch or "-"), "created": str(run.meta.created_at or "-"),
                      "points": str(len(run.points))})
     return "## Runs\n\n" + markdown_table(rows, ("run", "GPU", "torch", "created", "points"), right={"points"})
 

@@ -80,7 +80,7 @@ def transfer_section(answers: Answers) -> str:
     card = f" ({fmt_bytes(t.gpu_total_memory_bytes)})" if t.gpu_total_memory_bytes else ""
     if t.speed_ratio is not None:
         peaks = (f"The {t.gpu_name}'s dense bf16 peak is {t.gpu_peak_tflops:g} TFLOP/s, the {t.target}'s "
-                 f"{t.target_peak_tflops:g} ({t.speed_ratio:.2f}x; datasheet figures from train/flops.py, not "
+                 f"{t.target_peak_tflops:g} ({t.speed_ratio:.2f}x; datasheet figures from config/cards.py, not "
                  "measured), so step times and tokens/s here are not A100 numbers.")
     else:
         peaks = f"The runs recorded no peak FLOP rate; step times and tokens/s here are not {t.target} numbers."

@@ -80,7 +80,7 @@ def write_report(
         sections.append(markdown_tune(search, run=run, size=size))
     sections.append(_plots_section(plots))
     sections.append("## All points\n\n" + summary_markdown(run, size=size))
-    if run.environment.get("device_type") == "cpu":
+    if run.environment.device_type == "cpu":
         sections.append(
             "Memory on CPU is measured by ckptbench's live-tensor tracker (reserved = allocated); "
             "CPU step times include the tracker's overhead.\n"
@@ -113,11 +113,11 @@ def write_plots(
 
 def _header(run: Run, size: SizeUnit) -> str:
     """Title, run line and facts; sizes in the report's one unit."""
-    env, cfg = run.environment, run.config
-    total = env.get("gpu_total_memory_bytes")
+    cfg = run.config
+    total = run.environment.gpu_total_memory_bytes
     lines = [f"# ckptbench report: {run.title}\n", f"{run_header(run)}\n"]
-    if run.meta.get("note"):
-        lines.append(f"> **Note:** {run.meta['note']}\n")
+    if run.meta.note:
+        lines.append(f"> **Note:** {run.meta.note}\n")
     facts = [
         ("GPU memory", size(total) if total else None),
         ("model", (cfg.get("model") or {}).get("preset")),
@@ -125,8 +125,8 @@ def _header(run: Run, size: SizeUnit) -> str:
         ("steps", f"{cfg.get('warmup_steps')} warm-up + {cfg.get('measured_steps')} measured"
          if cfg.get("measured_steps") is not None else None),
         ("memory cap", size(cfg["memory_cap_gib"] * 2**30) if cfg.get("memory_cap_gib") else None),
-        ("created", run.meta.get("created_at")),
-        ("git", run.meta.get("git_sha")),
+        ("created", run.meta.created_at),
+        ("git", run.meta.git_sha),
     ]
     shown = [f"{name}: {value}" for name, value in facts if value]
     if shown:

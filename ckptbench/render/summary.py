@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ckptbench.config.grid import setup_label
 from ckptbench.render.tables import Column, FitTable, markdown_of, status_style
 from ckptbench.results.frame import to_frame
+from ckptbench.results.meta import SearchAnswer, TimingEntry
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run, write_text_atomic
 from ckptbench.units import SizeUnit, fmt_bytes, fmt_percent, tried_allocation_bytes
@@ -167,10 +167,10 @@ def summary_table(run: Run) -> FitTable:
 def run_header(run: Run) -> str:
     """One line naming the machine and software a run was measured on."""
     env = run.environment
-    where = env.get("gpu_name") or f"CPU ({env.get('probe', 'live-tensor tracker')})"
+    where = env.gpu_name or f"CPU ({env.probe or 'live-tensor tracker'})"
     line = (
-        f"{run.title}: {where}, torch {env.get('torch')}, transformers {env.get('transformers')}, "
-        f"status {run.meta.get('status', '?')}"
+        f"{run.title}: {where}, torch {env.torch}, transformers {env.transformers}, "
+        f"status {run.meta.status or '?'}"
     )
     mixed = run.mixed_gpus
     return f"{line}; points ran on different GPU models: {mixed}" if mixed else line
@@ -187,7 +187,7 @@ def write_summaries(run: Run) -> tuple[Path, Path]:
     csv_path, md_path = run.path / "summary.csv", run.path / "summary.md"
     write_text_atomic(csv_path, frame.to_csv(index=False))
     note = ""
-    if run.environment.get("device_type") == "cpu":
+    if run.environment.device_type == "cpu":
         note = (
             "\nMemory on CPU is measured by ckptbench's live-tensor tracker (reserved = allocated); "
             "CPU step times include the tracker's overhead.\n"
@@ -204,19 +204,19 @@ SEARCH_COLUMNS = (Column("search"), Column("cell", wrap=True), Column("answer", 
 def search_rows(run: Run) -> list[dict[str, str]]:
     """One row per search of a run (batch_size: max, layout: fit) with its measured answer."""
     rows = []
-    for s in run.meta.get("searches") or []:
-        if s.get("kind") == "tune":
+    for s in run.meta.searches:
+        if s.kind == "tune":
             continue  # `ckptbench tune` prints (and `report` shows) its own search: render/tune.py
-        answer = s.get("answer") or {}
-        if s.get("kind") == "batch_max":
-            text = "nothing fits" if answer.get("batch_size") is None else f"batch {answer['batch_size']}"
-            if answer.get("first_failing_batch_size"):
-                text += f" (batch {answer['first_failing_batch_size']} does not fit)"
+        answer = s.answer or SearchAnswer()
+        if s.kind == "batch_max":
+            text = "nothing fits" if answer.batch_size is None else f"batch {answer.batch_size}"
+            if answer.first_failing_batch_size:
+                text += f" (batch {answer.first_failing_batch_size} does not fit)"
         else:
-            k = answer.get("num_checkpointed")
-            text = "nothing fits, even 'all'" if k is None else f"{answer['layout']} ({k} layers)"
-        probes = ", ".join(str(p) for p in s.get("probes", []))
-        rows.append({"search": str(s.get("kind")), "cell": str(s.get("group")), "answer": text, "probes": probes})
+            k = answer.num_checkpointed
+            text = "nothing fits, even 'all'" if k is None else f"{answer.layout} ({k} layers)"
+        probes = ", ".join(str(p) for p in s.probes)
+        rows.append({"search": str(s.kind), "cell": str(s.group), "answer": text, "probes": probes})
     return rows
 
 
@@ -225,15 +225,15 @@ def search_table(run: Run) -> FitTable:
     return FitTable(search_rows(run), SEARCH_COLUMNS, title="searches (measured)")
 
 
-def timing_line(entry: dict[str, Any]) -> str:
+def timing_line(entry: TimingEntry) -> str:
     """Where one sweep command's wall time went (run.json timing, sweep/timing.py), in one line."""
     parts = [
-        ("start-up", "startup_s"), ("environment", "environment_s"), ("predictions", "predictions_s"),
-        ("waiting for predictions", "predictions_wait_s"), ("steps", "steps_s"),
-        ("per-point overhead", "point_overhead_s"), ("between points", "between_points_s"),
-        ("finish", "finish_s"),
+        ("start-up", entry.startup_s), ("environment", entry.environment_s), ("predictions", entry.predictions_s),
+        ("waiting for predictions", entry.predictions_wait_s), ("steps", entry.steps_s),
+        ("per-point overhead", entry.point_overhead_s), ("between points", entry.between_points_s),
+        ("finish", entry.finish_s),
     ]
-    shown = ", ".join(f"{name} {entry[k]:.1f} s" for name, k in parts if entry.get(k) is not None)
-    wall, steps = entry.get("command_wall_s"), entry.get("steps_s")
+    shown = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in parts if seconds is not None)
+    wall, steps = entry.command_wall_s, entry.steps_s
     ratio = f" ({wall / steps:.2f}x the steps)" if wall and steps else ""
     return f"time: {wall or 0:.1f} s in all{ratio}: {shown}"

@@ -1,15 +1,18 @@
-"""Rendering of a tune search (run.json ``searches`` entry of kind 'tune'): the answer, the best point of
-every layout family, the measured steps of the search with their reasons, and what was dropped why."""
+"""Rendering of a tune search (run.json ``searches`` entry of kind 'tune', read as analysis/tune_record.py's
+``TuneRecord``): the answer, the best point of every layout family, the measured steps of the search with their
+reasons, and what was dropped why."""
 
 from __future__ import annotations
 
-from typing import Any
+import warnings
 
+from pydantic import ValidationError
 from rich.console import Group
 from rich.text import Text
 
 from ckptbench.analysis.marks import NOISY_KINDS
 from ckptbench.analysis.recommend import Recommendation
+from ckptbench.analysis.tune_record import TuneRecord
 from ckptbench.config.grid import filled_key
 from ckptbench.render.recommend import markdown_pareto, pareto_columns, pareto_rows
 from ckptbench.render.tables import Column, FitTable, markdown_of
@@ -38,57 +41,66 @@ DROP_EXAMPLES = 3  # dropped candidates shown per reason (all of them are in run
 MEASURED = "every figure measured"
 
 
-def size_unit(search: dict[str, Any]) -> SizeUnit:
+def size_unit(search: TuneRecord) -> SizeUnit:
     """One unit for every size of the search's output (units.py)."""
-    sizes = [search.get("limit_bytes")]
-    sizes += [m.get("peak_reserved_bytes") for m in (search.get("family_best") or {}).values()]
-    sizes += [d.get("peak_reserved_bytes") for d in search.get("decisions", [])]
-    return SizeUnit.for_sizes(int(x) for x in sizes if isinstance(x, int | float))
+    sizes: list[int | None] = [search.limit_bytes]
+    sizes += [m.peak_reserved_bytes for m in search.family_best.values()]
+    sizes += [d.peak_reserved_bytes for d in search.decisions]
+    return SizeUnit.for_sizes(sizes)
 
 
-def tune_search(run: Run) -> dict[str, Any] | None:
-    """The run's tune search, if it has one."""
-    return next((s for s in run.meta.get("searches") or [] if s.get("kind") == "tune"), None)
+def tune_search(run: Run) -> TuneRecord | None:
+    """The run's tune search, if it has one (a damaged one is left out with a warning naming it)."""
+    stored = next((s for s in run.meta.searches if s.kind == "tune"), None)
+    if stored is None:
+        return None
+    try:
+        return TuneRecord.model_validate(stored.to_json())
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err.get("loc", ())) or "searches"
+        warnings.warn(f"{run.path}: ignored the tune search ({where}: {err.get('msg', 'invalid')})", stacklevel=2)
+        return None
 
 
-def answer_text(search: dict[str, Any], *, size: SizeUnit | None = None) -> str:
+def answer_text(search: TuneRecord, *, size: SizeUnit | None = None) -> str:
     """One sentence: the winner, its speed and memory, and what (if anything) changes the training."""
     size = size or size_unit(search)
-    limit = size(int(search["limit_bytes"]))
-    best = search.get("answer")
+    limit = size(search.limit_bytes)
+    best = search.answer
     if best is None:
         return f"No measured point fits under {limit}; see the dropped and measured candidates below."
-    changes = search.get("semantic_changes") or []
+    changes = search.semantic_changes
     semantics = "changes to training: " + ", ".join(changes) if changes else (
         "same training as the config (full parameters, its optimizer and precision)"
     )
     return (
-        f"{best['label']}: {best['tokens_per_s']:,.0f} tokens/s measured at {size(best['peak_reserved_bytes'])} "
+        f"{best.label}: {best.tokens_per_s:,.0f} tokens/s measured at {size(best.peak_reserved_bytes)} "
         f"peak reserved (limit {limit}); {semantics}."
     )
 
 
-def search_facts(search: dict[str, Any]) -> list[str]:
+def search_facts(search: TuneRecord) -> list[str]:
     """How the search went: points measured, why it stopped, how predictions were judged."""
-    counts = ", ".join(f"{n} {kind}" for kind, n in sorted(search.get("counts", {}).items()))
-    margin = search.get("margin") or {}
+    counts = ", ".join(f"{n} {kind}" for kind, n in sorted(search.counts.items()))
+    source = search.margin.source if search.margin is not None else "none"
     lines = [
-        f"Measured {search.get('measured_points', 0)} point(s); stopped because {search.get('stopped_by')}.",
+        f"Measured {search.measured_points} point(s); stopped because {search.stopped_by}.",
         f"Candidates: {counts}.",
         "Fit predictions: the estimate's peak reserved where it gives one; otherwise its peak allocated times a "
-        f"margin learned from the measured points ({margin.get('source', 'none')}).",
+        f"margin learned from the measured points ({source}).",
     ]
-    lines += [f"Note: {n}" for n in (search.get("space") or {}).get("notes", [])]
+    lines += [f"Note: {n}" for n in (search.space.notes if search.space is not None else [])]
     return lines
 
 
-def noisy_winner(search: dict[str, Any], run: Run | None) -> str | None:
+def noisy_winner(search: TuneRecord, run: Run | None) -> str | None:
     """A line when the winner's measured steps were flagged busy or spread: its speed may mislead."""
-    best = search.get("answer")
+    best = search.answer
     if best is None or run is None:
         return None
     # run.json keeps the key as written; records read back name every axis (an axis added since: its fill)
-    want = filled_key(best.get("key") or {})
+    want = filled_key(best.key)
     rec = next((r for r in run.points if r.ok and dict(r.key) == want), None)
     kinds = sorted({k for k in rec.warning_kinds if k in NOISY_KINDS}) if rec is not None else []
     if not kinds:
@@ -98,58 +110,60 @@ def noisy_winner(search: dict[str, Any], run: Run | None) -> str | None:
             "host before trusting the ranking.")
 
 
-def family_rows(search: dict[str, Any], *, size: SizeUnit | None = None) -> list[dict[str, str]]:
-    best = search.get("answer") or {}
+def family_rows(search: TuneRecord, *, size: SizeUnit | None = None) -> list[dict[str, str]]:
+    best = search.answer
     size = size or size_unit(search)
     rows = []
-    for family, m in (search.get("family_best") or {}).items():
-        ratio = m["tokens_per_s"] / best["tokens_per_s"] if best.get("tokens_per_s") else None
+    for family, m in search.family_best.items():
+        ratio = m.tokens_per_s / best.tokens_per_s if best is not None and best.tokens_per_s else None
         rows.append({
             "family": family,
-            "point": m["label"] + ("  (winner)" if m["key"] == best.get("key") else ""),
-            "ckpt layers": m.get("layers_checkpointed") or "-",
-            "reserved": size(m["peak_reserved_bytes"]),
-            "tok/s": f"{m['tokens_per_s']:,.0f}",
+            "point": m.label + ("  (winner)" if best is not None and m.key == best.key else ""),
+            "ckpt layers": m.layers_checkpointed or "-",
+            "reserved": size(m.peak_reserved_bytes),
+            "tok/s": f"{m.tokens_per_s:,.0f}",
             "vs best": "-" if ratio is None else f"{ratio:.0%}",
         })
     return rows
 
 
-def step_rows(search: dict[str, Any], *, size: SizeUnit | None = None) -> list[dict[str, str]]:
+def step_rows(search: TuneRecord, *, size: SizeUnit | None = None) -> list[dict[str, str]]:
     """The measured candidates in the order they were measured, with why and what came out."""
     rows, size = [], size or size_unit(search)
-    for i, d in enumerate(d for d in search.get("decisions", []) if d["action"] == "measured"):
-        row = {"#": str(i + 1), "point": d["label"], "why measured": d["why"], "tok/s": "-", "reserved": "-"}
-        if d.get("status") == "ok":
-            row.update({"tok/s": f"{d['tokens_per_s']:,.0f}", "reserved": size(d["peak_reserved_bytes"])})
-            row["result"] = "fits" if d.get("fits") else str(d.get("note"))
+    for i, d in enumerate(d for d in search.decisions if d.action == "measured"):
+        row = {"#": str(i + 1), "point": d.label, "why measured": d.why, "tok/s": "-", "reserved": "-"}
+        if d.status == "ok":
+            speed = "-" if d.tokens_per_s is None else f"{d.tokens_per_s:,.0f}"  # no tokens recorded: no rate
+            row.update({"tok/s": speed, "reserved": size(d.peak_reserved_bytes)})
+            row["result"] = "fits" if d.fits else str(d.note)
         else:
-            row["result"] = f"{d.get('status')}: {d.get('note') or ''}"
+            row["result"] = f"{d.status}: {d.note or ''}"
         rows.append(row)
     return rows
 
 
-def dropped_rows(search: dict[str, Any]) -> list[dict[str, str]]:
-    """A few dropped candidates per reason kind, with the reason."""
+def dropped_rows(search: TuneRecord) -> list[dict[str, str]]:
+    """A few dropped candidates per reason, with the reason: the reason's head (its text before the first colon:
+    'predicted not to fit', 'cannot beat all b=8 (1,354 tokens/s)') groups them, as shown."""
     shown: dict[str, int] = {}
     rows = []
-    for d in search.get("decisions", []):
-        if d["action"] != "dropped":
+    for d in search.decisions:
+        if d.action != "dropped":
             continue
-        kind = str(d["why"]).split(":", 1)[0]
-        shown[kind] = shown.get(kind, 0) + 1
-        if shown[kind] <= DROP_EXAMPLES:
-            rows.append({"point": d["label"], "why dropped": d["why"]})
+        head = d.why.split(":", 1)[0]
+        shown[head] = shown.get(head, 0) + 1
+        if shown[head] <= DROP_EXAMPLES:
+            rows.append({"point": d.label, "why dropped": d.why})
     return rows
 
 
-def rich_tune(search: dict[str, Any], rec: Recommendation, *, run: Run | None = None) -> Group:
+def rich_tune(search: TuneRecord, rec: Recommendation, *, run: Run | None = None) -> Group:
     """The terminal answer of `ckptbench tune`: every table fitted to the terminal (render/tables.py)."""
     hint = "--format json has every field"
     front = rec.pareto
     needed = any(c.context_bytes for c in front)
     parts: list[FitTable | Text] = [
-        Text("tune: " + answer_text(search), style="bold green" if search.get("answer") else "yellow"),
+        Text("tune: " + answer_text(search), style="bold green" if search.answer is not None else "yellow"),
         FitTable(family_rows(search), FAMILY_TABLE, title="Best measured point of each layout family",
                  title_justify="left", caption=MEASURED, complete_hint=hint),
         FitTable(pareto_rows(front, limit_bytes=rec.limit_bytes, size=rec.size),
@@ -169,7 +183,7 @@ def rich_tune(search: dict[str, Any], rec: Recommendation, *, run: Run | None = 
 
 
 def markdown_tune(
-    search: dict[str, Any], rec: Recommendation | None = None, *, run: Run | None = None, size: SizeUnit | None = None
+    search: TuneRecord, rec: Recommendation | None = None, *, run: Run | None = None, size: SizeUnit | None = None
 ) -> str:
     """The search as a report section (in ``size``, the report's one unit, when given)."""
     out = ["## Tune: the fastest setup under the budget\n", f"**{answer_text(search, size=size)}**\n"]

@@ -42,5 +42,4 @@ def measured_gpu(path: str | Path) -> str | None:
     p = Path(path)
     if not (p / RUN_FILE).is_file():
         return None
-    name = load_run(p).meta.get("environment", {}).get("gpu_name")
-    return str(name) if name else None
+    return load_run(p).environment.gpu_name or None

@@ -21,7 +21,8 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails
 
-from ckptbench.config.grid import KEY_AXES, filled_key, key_id
+from ckptbench.config.grid import KEY_AXES, Point, filled_key, key_id, point_of
+from ckptbench.results.given import GivenFields
 
 Status = Literal["ok", "oom", "error", "skipped"]
 # Counts stay within int64: a damaged 10**400 would overflow every float statistic made from it.
@@ -57,9 +58,10 @@ def _may_hold_record(annotation: Any) -> bool:
     return any(_may_hold_record(arg) for arg in typing.get_args(annotation))
 
 
-class _Record(BaseModel):
+class _Record(GivenFields):
     # "allow" stores the unknown fields of a read (and dumps them back); the validator below refuses
-    # them everywhere else, with pydantic's own extra_forbidden error at each one's location.
+    # them everywhere else (a record built, or ``updated``), with pydantic's own extra_forbidden error at each
+    # one's location. Written (``to_json``): exactly the fields that were given.
     model_config = ConfigDict(extra="allow", frozen=True)
 
     @model_validator(mode="after")
@@ -84,6 +86,7 @@ class _Record(BaseModel):
                     if inner:  # (most records have none: no set update, no text per read)
                         names.update(f"{name}.{field}" for field in inner)
         return sorted(names) if names else []
+
 
 
 class PointMemory(_Record):
@@ -134,8 +137,37 @@ class RankRecord(_Record):
     wall_s: Seconds | None = None
 
 
-class PointRecord(_Record):
-    """One finished point: its key, status, raw measurements and where they came from."""
+class PredictedOom(_Record):
+    """Where the replayed caching allocator ran out of memory (estimator/replay.py), as a record keeps it."""
+
+    phase: str | None = None  # 'setup', 'warm-up step 1', 'measured step 2'
+    segment: str | None = None  # the step segment ('logits@0', 'bwd:3@0', 'opt'), or '' outside a step
+    where: str | None = None  # the segment in words
+    request_bytes: Bytes | None = None  # what it tried to reserve ("Tried to allocate" in torch's message)
+    allocated_bytes: Bytes | None = None
+    reserved_bytes: Bytes | None = None
+
+
+class Prediction(_Record):
+    """What a point's record keeps of the estimate made before it ran (estimator/api.py ``prediction_of``).
+
+    Declared once, here: a ``PointRecord`` holds these fields flat, as points.jsonl always has, and the sweep's
+    process carries them over to a record made in another process (processes/launch.py).
+    """
+
+    predicted_peak_allocated_bytes: Bytes | None = None
+    # The caching allocator's replay (estimator/replay.py) on this GPU; the predicted out-of-memory error
+    # (phase, segment, request_bytes) instead when it runs out.
+    predicted_peak_reserved_bytes: Bytes | None = None
+    predicted_oom: PredictedOom | None = None
+
+
+PREDICTION_FIELDS = tuple(Prediction.model_fields)
+
+
+class PointRecord(Prediction):
+    """One finished point: its key, status, raw measurements and where they came from; the prediction made
+    before it ran (``Prediction``'s fields, flat)."""
 
     key: dict[str, Scalar] = Field(min_length=1)
     status: Status
@@ -146,11 +178,6 @@ class PointRecord(_Record):
     losses: list[float] = Field(default_factory=list)
     peak_allocated_bytes: Bytes | None = None
     peak_reserved_bytes: Bytes | None = None
-    predicted_peak_allocated_bytes: Bytes | None = None  # an estimate made before the run
-    # Estimates made before the run: the caching allocator's replay (estimator/replay.py) on this GPU;
-    # the predicted out-of-memory error (phase, segment, request_bytes) instead when it runs out.
-    predicted_peak_reserved_bytes: Bytes | None = None
-    predicted_oom: dict[str, Any] | None = None
     num_alloc_retries: Count | None = None
     num_ooms: Count | None = None
     memory: PointMemory = Field(default_factory=PointMemory)
@@ -250,6 +277,18 @@ class PointRecord(_Record):
         change: reading and comparing two 20,000-point runs asks for it 200,000 times)."""
         return key_id(self.key)
 
+    @functools.cached_property
+    def point(self) -> Point | None:
+        """The point the key names, made once; None when the key is not a point of this version (a field
+        missing or extra, a wrong type: config/grid.py ``point_of``)."""
+        return point_of(self.key)
+
+    @property
+    def prediction(self) -> Prediction | None:
+        """The estimate made before the point ran, or None when the sweep recorded none."""
+        given = {name: getattr(self, name) for name in PREDICTION_FIELDS if name in self.model_fields_set}
+        return Prediction(**given) if given else None
+
     @property
     def ok(self) -> bool:
         return self.status == "ok"
@@ -327,13 +366,9 @@ class PointRecord(_Record):
             return None
         return max(0, self.peak_allocated_bytes - static)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, float | None]:
         """Every derived statistic by name (the columns ``to_frame`` adds)."""
         return {name: getattr(self, name) for name in STAT_NAMES}
-
-    def to_json(self) -> dict[str, Any]:
-        """The record as written to points.jsonl: exactly the fields that were set."""
-        return self.model_dump(mode="json", exclude_unset=True)
 
 
 STAT_NAMES = (

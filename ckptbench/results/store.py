@@ -20,7 +20,7 @@ from ckptbench.config.files import read_bounded
 from ckptbench.errors import ResultsError, RunFailure
 from ckptbench.results.json_text import MAX_DEPTH, TooDeep, loads_bounded, loads_object_fields
 from ckptbench.results.lock import LOCK_FILE, lock_run_dir, writer_alive
-from ckptbench.results.meta import checked_meta
+from ckptbench.results.meta import RunEnvironment, RunMeta, checked_meta
 from ckptbench.results.record import PointRecord
 from ckptbench.results.repair import MAX_POINTS_BYTES, repair_points_file
 
@@ -77,14 +77,15 @@ class RunWriter:
     full disk still ends saying how it ended instead of 'running'.
     """
 
-    def __init__(self, run_dir: Path, meta: dict[str, Any]) -> None:
+    def __init__(self, run_dir: Path, meta: RunMeta) -> None:
         self.run_dir = run_dir
         self._lock = None
         try:
             self._lock = lock_run_dir(run_dir)
             if (run_dir / RUN_FILE).exists():  # checked under the lock: no race with another --out
                 raise ResultsError(f"{run_dir}: already holds a run; choose another --out (nothing changed)")
-            self.meta = {"schema_version": SCHEMA_VERSION, **meta}
+            # run.json as written: the JSON of its typed fields, updated as the run goes (set_status).
+            self.meta: dict[str, Any] = meta.to_json()
             write_json_atomic(run_dir / RUN_FILE, self.meta)
             self.hold_reserve()
         except OSError as exc:  # a full disk, a quota: no run was started, and none is left half-made
@@ -163,7 +164,7 @@ class Run:
     """A loaded run: its metadata, point records (the latest per key) and any load warnings."""
 
     path: Path
-    meta: dict[str, Any]
+    meta: RunMeta
     points: list[PointRecord]
     warnings: list[str] = field(default_factory=list)
 
@@ -176,21 +177,21 @@ class Run:
     @property
     def title(self) -> str:
         """The run's own name (run.json ``name``, the config's name) for titles; else the directory name."""
-        name = self.meta.get("name")
-        return shown_name(name) if isinstance(name, str) and name else self.name
+        return shown_name(self.meta.name) if self.meta.name else self.name
 
     @property
     def command(self) -> str:
         """The command that wrote the run, 'sweep' or 'tune' (run.json ``command``; runs written before it was
         recorded: 'tune' when they hold tune's options, else 'sweep')."""
-        written = self.meta.get("command")
+        written = self.meta.command
         if written in ("sweep", "tune"):
-            return str(written)
-        return "tune" if "tune" in self.meta else "sweep"
+            return written
+        return "tune" if "tune" in self.meta.model_fields_set else "sweep"
 
     @property
     def config(self) -> dict[str, Any]:
-        return self.meta.get("config") or {}
+        """The resolved config the run was measured with, as JSON (config/load.py ``parse_config`` types it)."""
+        return self.meta.config
 
     def sizes(self) -> list[int]:
         """Every peak the run holds, measured or predicted: what picks the display unit of its sizes."""
@@ -200,15 +201,15 @@ class Run:
         return [s for group in found for s in group if s is not None]
 
     @property
-    def environment(self) -> dict[str, Any]:
-        return self.meta.get("environment") or {}
+    def environment(self) -> RunEnvironment:
+        return self.meta.environment
 
     @property
     def gpu_models(self) -> dict[str, int]:
         """How many measured points ran on each GPU model (a point's own record, else the run's GPU);
         more than one model means the run mixes cards (a fanned-out sweep on a mixed cluster)."""
         counts: dict[str, int] = {}
-        run_gpu = self.environment.get("gpu_name")  # looked up once, not per point
+        run_gpu = self.environment.gpu_name  # looked up once, not per point
         for rec in self.points:
             if rec.status in ("ok", "oom"):
                 name = rec.gpu_name or run_gpu
@@ -275,14 +276,14 @@ def load_run(ref: str | Path, *, results_root: Path = Path("results")) -> Run:
             f"{path}: written by {which} ckptbench (schema {version!r}, this one reads {SCHEMA_VERSION}); "
             f"use ckptbench {meta.get('ckptbench_version', '?')} to read it"
         )
-    run = Run(path=path, meta={}, points=[])
+    run = Run(path=path, meta=RunMeta(schema_version=SCHEMA_VERSION), points=[])
     for name in too_deep:
         _skip(run, f"{path / RUN_FILE}: ignored field {name!r} (nested more than {MAX_DEPTH} levels deep)")
     run.meta, notes = checked_meta(meta, source=str(path / RUN_FILE))
     for note in notes:
         _skip(run, note)
-    if run.meta.get("status") == "running" and writer_alive(path) is False:
-        run.meta["status"] = "interrupted"  # in memory only: a reader never writes the run
+    if run.meta.status == "running" and writer_alive(path) is False:
+        run.meta = run.meta.model_copy(update={"status": "interrupted"})  # in memory only: a reader never writes
         _skip(run, f"{path}: run.json says 'running' but no ckptbench process holds the run: it was "
                    f"interrupted (killed?); finish it with: ckptbench {run.command} CONFIG --resume {path}")
     _read_points(run)

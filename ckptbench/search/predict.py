@@ -11,13 +11,13 @@ budget; without it, no predicted out-of-memory error (under the config's memory 
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig
-from ckptbench.estimator.api import Estimator, predicted_fields
+from ckptbench.estimator.api import Estimator, prediction_of
 from ckptbench.estimator.gpus import GpuModel
 from ckptbench.estimator.record import Estimate
+from ckptbench.results.record import Prediction
 from ckptbench.units import GIB
 
 
@@ -42,10 +42,10 @@ class SearchPredictor:
                 self._estimates[point.key_id] = None
         return self._estimates[point.key_id]
 
-    def record(self, point: Point) -> dict[str, Any] | None:
-        """The predicted fields of a probe's record (estimates, made before it runs)."""
+    def record(self, point: Point) -> Prediction | None:
+        """What a probe's record keeps of its estimate, made before it runs."""
         est = self._estimate(point)
-        return None if est is None else predicted_fields(est)
+        return None if est is None else prediction_of(est)
 
     def __call__(self, point: Point) -> bool | None:
         est = self._estimate(point)

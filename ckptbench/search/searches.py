@@ -2,7 +2,8 @@
 
 Each search proposes one point at a time and is told whether it fitted (results/fit.py: ``measured_fits``
 under the config's ``budget_gib``); the runner measures every proposal as an ordinary point (recorded,
-OOM included), so the answer rests on measurements only.
+OOM included), so the answer rests on measurements only. What a search found is typed (``BatchMaxOutcome``,
+``LayoutFitOutcome``); ``outcome`` is its JSON, as run.json keeps it under ``searches``.
 Given a ``predict`` function (whether a point is predicted to fit: search/predict.py), a search
 starts where the estimate puts the boundary and measures only around it (its two sides first), in a
 fresh process each: the GPU time goes to the boundary. Pure: no torch.
@@ -23,6 +24,35 @@ from ckptbench.results.record import PointRecord
 Predict = Callable[[Point], "bool | None"]  # whether a point is predicted to fit (None: no prediction)
 
 _SHORT = {"layout": "{}", "batch_size": "b={}", "seq_len": "s={}", "precision": "{}"}
+
+
+@dataclass(frozen=True)
+class BatchMaxOutcome:
+    """What ``batch_size: max`` found for one cell: the largest batch measured to fit (None: not even 1)."""
+
+    template: Point
+    batch_size: int | None
+    first_failing_batch_size: int | None  # the smallest batch measured not to fit; None: up to the limit fitted
+    probes: tuple[int, ...]  # the batch sizes measured, in order
+    predicting: bool  # whether the search was given predictions
+    predicted: int | None  # the largest batch predicted to fit (0: none); None when none was made
+
+    kind = "batch_max"
+
+
+@dataclass(frozen=True)
+class LayoutFitOutcome:
+    """What ``layout: fit`` found for one cell: the fewest first layers to checkpoint that fit (None: not even
+    'all')."""
+
+    template: Point
+    layout: str | None  # the layout that checkpoints them ('none', 'first:k', 'all')
+    num_checkpointed: int | None
+    probes: tuple[str, ...]  # the layouts measured, in order
+    predicting: bool  # whether the search was given predictions
+    predicted: int | None  # the fewest predicted to fit (num_layers + 1: none); None when none was made
+
+    kind = "layout_fit"
 
 
 def group_label(point: Point, axis: str) -> str:
@@ -46,7 +76,7 @@ class BatchMaxSearch:
     predicted: int | None = None  # the largest batch predicted to fit (0: none), once asked
     _plan: list[int] = field(default_factory=list)
 
-    kind = "batch_max"
+    kind = BatchMaxOutcome.kind
 
     def _predict_boundary(self) -> None:
         """Double, then bisect, on predictions alone: the largest batch predicted to fit."""
@@ -107,14 +137,21 @@ class BatchMaxSearch:
                 self._plan.insert(0, point.batch_size - 1)  # the prediction was one too high: try one less
         return ok
 
+    def result(self) -> BatchMaxOutcome:
+        """What the search found, from its measured probes."""
+        return BatchMaxOutcome(self.template, self.largest_fit, self.smallest_fail, tuple(self.probes),
+                               predicting=self.predict is not None, predicted=self.predicted)
+
     def outcome(self) -> dict[str, Any]:
+        """``result`` as run.json keeps it (the runner hands it to the sweep to write)."""
+        r = self.result()
         return {
-            "kind": self.kind,
-            "group": group_label(self.template, "batch_size"),
-            "key": {k: v for k, v in self.template.key.items() if k != "batch_size"},
-            "answer": {"batch_size": self.largest_fit, "first_failing_batch_size": self.smallest_fail},
-            "predicted": None if self.predict is None else {"batch_size": self.predicted},
-            "probes": self.probes,
+            "kind": r.kind,
+            "group": group_label(r.template, "batch_size"),
+            "key": {k: v for k, v in r.template.key.items() if k != "batch_size"},
+            "answer": {"batch_size": r.batch_size, "first_failing_batch_size": r.first_failing_batch_size},
+            "predicted": {"batch_size": r.predicted} if r.predicting else None,
+            "probes": list(r.probes),
         }
 
 
@@ -140,7 +177,7 @@ class LayoutFitSearch:
     predicted: int | None = None  # the fewest first layers predicted to fit (num_layers + 1: none fits)
     _plan: list[int] = field(default_factory=list)
 
-    kind = "layout_fit"
+    kind = LayoutFitOutcome.kind
 
     def _layout(self, k: int) -> str:
         return "none" if k == 0 else "all" if k == self.num_layers else f"first:{k}"
@@ -186,8 +223,8 @@ class LayoutFitSearch:
             return 0
         if lo is None:  # nothing failed yet: measure 'none' unless it is the answer
             return 0 if hi and 0 not in self.peaks else None
-        if hi is None:
-            return self.num_layers if self.num_layers not in self.peaks else None
+        if hi is None:  # nothing fitted yet: 'all' next, unless it was measured ('all' not fitting: no answer)
+            return self.num_layers if lo < self.num_layers else None
         if hi - lo <= 1:
             return None
         guess = self._guess(budget_bytes)
@@ -226,19 +263,23 @@ class LayoutFitSearch:
             return self.num_layers
         return int(layout.split(":", 1)[1])
 
-    def outcome(self) -> dict[str, Any]:
+    def result(self) -> LayoutFitOutcome:
+        """What the search found, from its measured probes."""
         k = self.fit_k
+        return LayoutFitOutcome(self.template, None if k is None else self._layout(k), k, tuple(self.probes),
+                                predicting=self.predict is not None, predicted=self.predicted)
+
+    def outcome(self) -> dict[str, Any]:
+        """``result`` as run.json keeps it (the runner hands it to the sweep to write)."""
+        r = self.result()
+        k = r.num_checkpointed
         return {
-            "kind": self.kind,
-            "group": group_label(self.template, "layout"),
-            "key": {kk: v for kk, v in self.template.key.items() if kk != "layout"},
-            "answer": {
-                "layout": None if k is None else self._layout(k),
-                "num_checkpointed": k,
-                "layers": None if k is None else list(range(k)),
-            },
-            "predicted": None if self.predict is None else {"num_checkpointed": self.predicted},
-            "probes": self.probes,
+            "kind": r.kind,
+            "group": group_label(r.template, "layout"),
+            "key": {kk: v for kk, v in r.template.key.items() if kk != "layout"},
+            "answer": {"layout": r.layout, "num_checkpointed": k, "layers": None if k is None else list(range(k))},
+            "predicted": {"num_checkpointed": r.predicted} if r.predicting else None,
+            "probes": list(r.probes),
         }
 
 

@@ -46,7 +46,9 @@ class TuneSearch:
         return record.ok
 
     def outcome(self) -> dict[str, Any]:
-        return self.planner.outcome()
+        """The search as run.json keeps it, as JSON (what the runner hands the sweep to write): the planner's
+        typed ``TuneRecord``."""
+        return self.planner.outcome().to_json()
 
     def fresh(self, point: Point) -> bool:
         return False  # every candidate in the sweep's process, as a grid point (after the cache is emptied)
@@ -136,7 +138,7 @@ def _estimate(estimator: Estimator, point: Point, cfg: SweepConfig) -> Estimate:
     for axis, value, other, why in STAND_INS:
         if getattr(stand_in, axis) == value:
             substitute = other if other is not None else cfg.optimizer
-            fields: dict[str, Any] = {axis: substitute}
+            fields: dict[str, Any] = {axis: substitute}  # an axis by name (STAND_INS): Point's fields differ in type
             stand_in = replace(stand_in, **fields)
             because.append(f"{axis}={substitute}, {why}")
     if stand_in == point:

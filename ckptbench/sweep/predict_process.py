@@ -54,8 +54,8 @@ def main() -> int:
         points = [Point.from_key(key) for key in request["keys"]]
         card = request.get("gpu")
         gpu = GpuModel(**{**card, "capability": tuple(card["capability"])}) if card else None
-        for key_id, fields in iter_predictions(cfg, points, target=request["target"], gpu=gpu):
-            _send({"key_id": key_id, "fields": fields})
+        for key_id, prediction in iter_predictions(cfg, points, target=request["target"], gpu=gpu):
+            _send({"key_id": key_id, "fields": prediction.to_json()})
     except Exception as exc:  # reported to the sweep, which records its points without predictions
         _send({"error": f"{exc.__class__.__name__}: {exc}"})
         return 1

@@ -31,6 +31,7 @@ from typing import IO, TYPE_CHECKING, Any
 import ckptbench
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig
+from ckptbench.results.record import Prediction
 
 if TYPE_CHECKING:
     from ckptbench.estimator.gpus import GpuModel
@@ -43,7 +44,7 @@ MAX_WAIT_S = 60.0
 
 def predict_in_process(
     cfg: SweepConfig, points: Sequence[Point], *, target: str, gpu: GpuModel | None = None
-) -> tuple[dict[str, dict[str, Any]], str | None]:
+) -> tuple[dict[str, Prediction], str | None]:
     """Predictions of ``points`` made here and now, and why there are none (None when they were made)."""
     try:
         from ckptbench.estimator.api import predict_records
@@ -58,7 +59,7 @@ class BackgroundPredictions:
 
     def __init__(self, proc: subprocess.Popen[str]) -> None:
         self.proc = proc
-        self._values: dict[str, dict[str, Any]] = {}
+        self._values: dict[str, Prediction] = {}
         self._requested: set[str] = set()
         self._cond = threading.Condition()
         self._finished = False
@@ -103,7 +104,7 @@ class BackgroundPredictions:
         except OSError as exc:
             self._finish(f"the prediction process is gone ({exc.__class__.__name__})")
 
-    def get(self, key_id: str, /) -> dict[str, Any] | None:
+    def get(self, key_id: str, /) -> Prediction | None:
         if key_id not in self._requested:
             return None  # a search probe: never asked for
         with self._cond:
@@ -125,7 +126,7 @@ class BackgroundPredictions:
     def _take(self, msg: dict[str, Any]) -> None:
         with self._cond:
             if "key_id" in msg:
-                self._values[msg["key_id"]] = msg["fields"]
+                self._values[msg["key_id"]] = Prediction.model_validate(msg["fields"])
             elif "done" in msg:
                 self.background_s = msg.get("elapsed_s")
                 self._finished = True

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckptbench.config.grid import point_of
 from ckptbench.config.load import parse_config
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
+from ckptbench.results.meta import RunEnvironment
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 
@@ -64,7 +64,7 @@ def check_command(run: Run, command: str) -> None:
         )
 
 
-def check_resumable(cfg: SweepConfig, run: Run, environment: dict[str, Any], *, command: str = "sweep") -> None:
+def check_resumable(cfg: SweepConfig, run: Run, environment: RunEnvironment, *, command: str = "sweep") -> None:
     """Raise ConfigError (one line) unless ``run`` can be continued by ``command`` with ``cfg`` on this machine."""
     check_command(run, command)
     if not run.config:
@@ -79,7 +79,7 @@ def check_resumable(cfg: SweepConfig, run: Run, environment: dict[str, Any], *, 
             f"(run: {_short(old)}, now: {_short(new)}); resume with the run's config or start a new run"
         )
     for name in ENVIRONMENT_FIELDS:
-        old, new = run.environment.get(name), environment.get(name)
+        old, new = getattr(run.environment, name), getattr(environment, name)
         if old != new:
             raise ConfigError(
                 f"--resume {run.path}: the run was measured with {name} {old!r}, this machine has {new!r}; "
@@ -96,5 +96,5 @@ def done_records(run: Run) -> dict[str, PointRecord]:
     return {
         record.key_id: record
         for record in run.points
-        if record.status in DONE_STATUSES and point_of(record.key) is not None
+        if record.status in DONE_STATUSES and record.point is not None
     }

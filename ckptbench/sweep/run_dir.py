@@ -10,9 +10,18 @@ from typing import Any
 
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ResultsError, RunFailure
+from ckptbench.results.meta import Resume, RunEnvironment, RunMeta, RunOptions
 from ckptbench.results.paths import check_writable_dir
 from ckptbench.results.record import PointRecord
-from ckptbench.results.store import RUN_FILE, Run, RunWriter, create_run_dir, load_run, resolve_run_path
+from ckptbench.results.store import (
+    RUN_FILE,
+    SCHEMA_VERSION,
+    Run,
+    RunWriter,
+    create_run_dir,
+    load_run,
+    resolve_run_path,
+)
 from ckptbench.sweep.resume import check_resumable, done_records
 
 
@@ -38,15 +47,29 @@ def check_paths(*, out: Path | None, resume: Path | None, results_root: Path) ->
 
 def start_run(
     cfg: SweepConfig, *, out: Path | None, resume: Path | None, results_root: Path,
-    environment: dict[str, Any], options: dict[str, Any], num_points: int, meta: dict[str, Any] | None = None,
+    environment: RunEnvironment, options: RunOptions, num_points: int, meta: dict[str, Any] | None = None,
 ) -> tuple[RunWriter, dict[str, PointRecord], list[str]]:
-    """The writer of a new or reopened run, the points it already holds and the notes of loading it."""
+    """The writer of a new or reopened run, the points it already holds and the notes of loading it; ``meta``:
+    more run.json fields, as JSON (a tune run's options, its command)."""
     command = str((meta or {}).get("command", "sweep"))
     if resume is not None:
         writer, run = _open_run(cfg, resume=resume, environment=environment, options=options, command=command)
         return writer, done_records(run), run.warnings
-    fields = {"num_points": num_points, "options": options, "command": command, **(meta or {})}
-    return _new_run(cfg, out=out, results_root=results_root, environment=environment, meta=fields), {}, []
+    run_meta = RunMeta.model_validate({
+        "schema_version": SCHEMA_VERSION,
+        "ckptbench_version": environment.ckptbench_version,
+        "git_sha": environment.git_sha,
+        "created_at": _now(),
+        "name": cfg.name,
+        "status": "running",
+        "environment": environment,
+        "config": cfg.model_dump(mode="json"),
+        "num_points": num_points,
+        "options": options,
+        "command": command,
+        **(meta or {}),
+    })
+    return RunWriter(_prepare_dir(cfg, out, results_root), run_meta), {}, []
 
 
 def _prepare_dir(cfg: SweepConfig, out: Path | None, results_root: Path) -> Path:
@@ -66,7 +89,7 @@ def _prepare_dir(cfg: SweepConfig, out: Path | None, results_root: Path) -> Path
 
 
 def _open_run(
-    cfg: SweepConfig, *, resume: Path, environment: dict[str, Any], options: dict[str, Any], command: str
+    cfg: SweepConfig, *, resume: Path, environment: RunEnvironment, options: RunOptions, command: str
 ) -> tuple[RunWriter, Run]:
     """Lock an existing run, re-read it under the lock, check it still matches, and mark it running."""
     with warnings.catch_warnings():
@@ -82,35 +105,13 @@ def _open_run(
         except BaseException:
             writer.close()
             raise
-    history = [*run.meta.get("resumes", []), {"at": _now(), "git_sha": environment["git_sha"], **options}]
-    writer.meta = run.meta
+    resumed = Resume(at=_now(), git_sha=environment.git_sha, **options.given())
+    history = [*run.meta.resumes, resumed]
+    writer.meta = run.meta.to_json()
     try:
         writer.hold_reserve()
-        writer.set_status("running", resumes=history)
+        writer.set_status("running", resumes=[r.to_json() for r in history])
     except OSError as exc:  # a full disk: run.json is written whole or not at all, so it is as it was
         writer.close()
         raise RunFailure(f"{resume}: cannot resume the run ({exc.strerror or exc}); nothing was run") from None
     return writer, run
-
-
-def _new_run(
-    cfg: SweepConfig,
-    *,
-    out: Path | None,
-    results_root: Path,
-    environment: dict[str, Any],
-    meta: dict[str, Any],
-) -> RunWriter:
-    return RunWriter(
-        _prepare_dir(cfg, out, results_root),
-        {
-            "ckptbench_version": environment["ckptbench_version"],
-            "git_sha": environment["git_sha"],
-            "created_at": _now(),
-            "name": cfg.name,
-            "status": "running",
-            "environment": environment,
-            "config": cfg.model_dump(mode="json"),
-            **meta,
-        },
-    )

@@ -9,7 +9,7 @@ import shutil
 import signal
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,14 +28,15 @@ from ckptbench.measure.runner import Runner, Search
 from ckptbench.processes.fanout import Fanout, attach_pool, make_fanout
 from ckptbench.processes.launch import FreshProcesses
 from ckptbench.processes.workdirs import remove_stale_workdirs
-from ckptbench.results.record import PointRecord
+from ckptbench.results.meta import RunEnvironment, RunOptions, RunTiming
+from ckptbench.results.record import PointRecord, Prediction
 from ckptbench.results.store import RunWriter
 from ckptbench.search.searches import make_searches
 from ckptbench.sweep.predictions import BackgroundPredictions, choose_predictions
 from ckptbench.sweep.run_dir import check_paths, start_run
 from ckptbench.sweep.timing import SweepClock, timing_recorder
 
-Timing = Callable[[list[PointRecord], str], dict[str, Any]]
+Timing = Callable[[list[PointRecord], str], RunTiming]
 
 
 @dataclass
@@ -69,8 +70,8 @@ class SweepPlan:
 
     points: list[Point] | None = None
     searches: list[Search] | None = None
-    predictions: dict[str, dict[str, Any] | None] | None = None  # by key_id: the fields each record keeps
-    meta: dict[str, Any] = field(default_factory=dict)  # more run.json fields (e.g. the tune options)
+    predictions: Mapping[str, Prediction | None] | None = None  # by key_id: what each record keeps
+    meta: dict[str, Any] = field(default_factory=dict)  # more run.json fields as JSON (e.g. the tune options)
 
 
 def run_sweep(
@@ -136,9 +137,10 @@ def _sweep(
     resume = check_paths(out=out, resume=resume, results_root=results_root)
     runner, fanout, environment = make_runner(cfg, isolate=isolate, timeout_s=point_timeout_s, cluster=cluster)
     points = cfg.points_list() if plan.points is None else plan.points
-    options: dict[str, Any] = {"isolate": isolate or fanned, "point_timeout_s": point_timeout_s}
-    if fanned:
-        options["cluster"] = cluster.model_dump(mode="json")
+    options = RunOptions(
+        isolate=isolate or fanned, point_timeout_s=point_timeout_s,
+        **({"cluster": cluster.model_dump(mode="json")} if fanned else {}),
+    )
     writer: RunWriter | None = None
     done: dict[str, PointRecord] = {}
     records: list[PointRecord] = []
@@ -174,7 +176,7 @@ def _sweep(
                 gpu=gpu,
             )
             notes += why
-        clock.extra["predictions_mode"] = "off" if not predict else "background" if bg else "in-process"
+        clock.note_predictions(predictions_mode="off" if not predict else "background" if bg else "in-process")
         clock.mark("predictions")
         timing = timing_recorder(clock, writer, bg, earlier_points=len(done))
         _run_points(runner, points, done, writer, on_progress, fanout=fanout, searches=searches, records=records,
@@ -241,7 +243,7 @@ def check_model_builds(cfg: SweepConfig) -> None:
 
 def make_runner(
     cfg: SweepConfig, *, isolate: bool, timeout_s: float | None, cluster: ClusterSpec | None = None
-) -> tuple[Runner, Fanout | None, dict[str, Any]]:
+) -> tuple[Runner, Fanout | None, RunEnvironment]:
     """Check that this machine can run ``cfg`` and build the runner (with the place for the points it runs
     apart), the fan-out that drives it when the sweep fans out, and the environment; nothing is written yet."""
     if cluster is not None and cluster.executor == "slurm" and shutil.which("sbatch") is None:
@@ -262,10 +264,9 @@ def make_runner(
             raise ConfigError(f"{exc} (device {cfg.device!r} runs on the CPU here)") from None
     environment = collect_environment(device.type, cpu_threads=cfg.cpu_threads)
     probe = make_probe(cfg, device)
-    environment["probe"] = probe.kind
-    if faults.active():  # a run measured with fault hooks says so for good
-        environment["test_hooks"] = faults.active()
-    gpu_name = environment.get("gpu_name")
+    hooks = faults.active()  # a run measured with fault hooks says so for good
+    environment = environment.model_copy(update={"probe": probe.kind, **({"test_hooks": hooks} if hooks else {})})
+    gpu_name = environment.gpu_name
     place = FreshProcesses(cfg, gpu_name, timeout_s=timeout_s)  # a timeout comes with --isolate (_check_options)
     return Runner(cfg, device, probe, gpu_name, place=place, isolate=isolate), None, environment
 
@@ -320,7 +321,8 @@ def _run_points(
             on_progress(event)
 
     for rec in done.values():  # loss references, OOM skips and search probes carry over
-        runner.remember(Point.from_key(rec.key), rec)
+        if rec.point is not None:  # always: a done record names a point of this version (sweep/resume.py)
+            runner.remember(rec.point, rec)
     todo = [p for p in points if p.key_id not in done]
     clock.mark("points_start")
     try:
@@ -333,7 +335,7 @@ def _run_points(
     failure = _no_success(held)
     t = timing(records, "failed" if failure else "complete")
     # sweep_wall_s: the points' wall time over every invocation (timing.points_s), kept for older readers.
-    _finish_status(writer, held, ended, failure, searches=outcomes, timing=t, sweep_wall_s=t["points_s"])
+    _finish_status(writer, held, ended, failure, searches=outcomes, timing=t.to_json(), sweep_wall_s=t.points_s)
 
 
 # ---------------------------------------------------------------- how the run ended
@@ -353,8 +355,8 @@ def _signals_deferred() -> Iterator[None]:
         mask(signal.SIG_SETMASK, old)
 
 
-def _mark_status(writer: RunWriter, status: str, finished: int, timing: dict[str, Any] | None) -> None:
-    extra = {} if timing is None else {"timing": timing, "sweep_wall_s": timing["points_s"]}
+def _mark_status(writer: RunWriter, status: str, finished: int, timing: RunTiming | None) -> None:
+    extra = {} if timing is None else {"timing": timing.to_json(), "sweep_wall_s": timing.points_s}
     with contextlib.suppress(OSError):  # best effort: the points themselves are already on disk
         writer.set_status(status, finished_points=finished, **extra)
 

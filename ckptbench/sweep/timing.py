@@ -27,18 +27,12 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ckptbench.errors import CkptbenchError
+from ckptbench.results.meta import SUMMED, RunTiming, TimingEntry
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import RUN_FILE, RunWriter
 from ckptbench.sweep.predictions import BackgroundPredictions
-
-# Numbers summed over invocations into timing's top level.
-SUMMED = (
-    "command_wall_s", "startup_s", "environment_s", "predictions_s", "predictions_wait_s", "points_s",
-    "steps_s", "point_overhead_s", "model_build_s", "between_points_s", "finish_s",
-)
 
 
 def process_start_monotonic() -> float:
@@ -60,7 +54,8 @@ class SweepClock:
     process_start: float
     resumed: bool = False
     marks: dict[str, float] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)  # predictions' mode, wait, background time
+    # What the entry says of the predictions, as it becomes known: their mode, wait and background time.
+    predictions: TimingEntry = field(default_factory=TimingEntry)
     started_at: str = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])  # tells this invocation's entry apart
 
@@ -71,68 +66,75 @@ class SweepClock:
     def _between(self, a: str, b: str) -> float | None:
         return self.marks[b] - self.marks[a] if a in self.marks and b in self.marks else None
 
-    def entry(self, records: Sequence[PointRecord], status: str) -> dict[str, Any]:
+    def note_predictions(self, **fields: str | float | None) -> None:
+        """What the entry says of the predictions: ``predictions_mode``, ``_wait_s``, ``_background_s``."""
+        self.predictions = self.predictions.updated(**fields)
+
+    def entry(self, records: Sequence[PointRecord], status: str) -> TimingEntry:
         """This invocation's timing entry (points_s up to the last mark: the end, or an interruption)."""
         ran = [r for r in records if r.wall_s is not None]
         steps = sum(sum(r.warmup_times_s) + sum(r.step_times_s) for r in records)
         overhead = sum(r.overhead_s or 0.0 for r in ran)
         points_end = self.marks.get("points_end", time.monotonic())
         points_s = points_end - self.marks["points_start"] if "points_start" in self.marks else None
-        return {
-            "id": self.id,
-            "started_at": self.started_at,
-            "resumed": self.resumed,
-            "status": status,
-            "startup_s": self.marks["entry"] - self.process_start if "entry" in self.marks else None,
-            "environment_s": self._between("entry", "environment"),
-            "predictions_s": self._between("environment", "predictions"),
-            "points_s": points_s,
-            "steps_s": steps,
-            "point_overhead_s": overhead,
-            "model_build_s": sum(r.model_build_s or 0.0 for r in records),
-            "between_points_s": None if points_s is None else points_s - sum(r.wall_s or 0.0 for r in ran),
-            "points": len(records),
-            **self.extra,
-        }
+        entry = TimingEntry(
+            id=self.id,
+            started_at=self.started_at,
+            resumed=self.resumed,
+            status=status,
+            startup_s=self.marks["entry"] - self.process_start if "entry" in self.marks else None,
+            environment_s=self._between("entry", "environment"),
+            predictions_s=self._between("environment", "predictions"),
+            points_s=points_s,
+            steps_s=steps,
+            point_overhead_s=overhead,
+            model_build_s=sum(r.model_build_s or 0.0 for r in records),
+            between_points_s=None if points_s is None else points_s - sum(r.wall_s or 0.0 for r in ran),
+            points=len(records),
+        )
+        return entry.updated(**self.predictions.given()) if self.predictions.model_fields_set else entry
 
 
-def accumulate(timing: dict[str, Any] | None, entry: dict[str, Any], *, earlier_points: int) -> dict[str, Any]:
+def accumulate(timing: RunTiming | None, entry: TimingEntry, *, earlier_points: int) -> RunTiming:
     """run.json's timing with this invocation's entry added (or updated) and the totals re-summed."""
-    invocations = list((timing or {}).get("invocations", []))
-    if invocations and invocations[-1].get("id") == entry["id"]:
-        invocations[-1] = {**invocations[-1], **entry}  # the same invocation, now finished
+    invocations = list(timing.invocations) if timing is not None else []
+    if invocations and invocations[-1].id == entry.id:
+        invocations[-1] = invocations[-1].updated(**entry.given())  # the same invocation, now finished
     else:
         invocations.append(entry)
-    totals = {name: sum(e.get(name) or 0.0 for e in invocations) for name in SUMMED}
-    out: dict[str, Any] = {**totals, "invocations": invocations}
+    totals = {name: sum(getattr(e, name) or 0.0 for e in invocations) for name in SUMMED}
+    summed = RunTiming.model_validate({**totals, "invocations": invocations})
     # A run written before timing existed (or resumed from one) has points no entry accounts for.
-    if (timing is None and earlier_points) or (timing or {}).get("untimed_earlier_points"):
-        out["untimed_earlier_points"] = (timing or {}).get("untimed_earlier_points") or earlier_points
-    return out
+    untimed = timing.untimed_earlier_points if timing is not None else None
+    if (timing is None and earlier_points) or untimed:
+        return summed.updated(untimed_earlier_points=untimed or earlier_points)
+    return summed
 
 
-def command_end(entry: dict[str, Any], clock: SweepClock) -> dict[str, Any]:
+def command_end(entry: TimingEntry, clock: SweepClock) -> TimingEntry:
     """The entry completed with the whole command's wall time and what followed the points."""
     now = time.monotonic()
     last = clock.marks.get("points_end")
-    return {**entry, "command_wall_s": now - clock.process_start, "finish_s": None if last is None else now - last}
+    return entry.updated(command_wall_s=now - clock.process_start, finish_s=None if last is None else now - last)
 
 
 def timing_recorder(
     clock: SweepClock, writer: RunWriter, bg: BackgroundPredictions | None, *, earlier_points: int
-) -> Callable[[list[PointRecord], str], dict[str, Any]]:
+) -> Callable[[list[PointRecord], str], RunTiming]:
     """run.json's timing as it stands when this invocation ends with ``status`` after ``records``."""
 
-    def timing(records: list[PointRecord], status: str) -> dict[str, Any]:
+    def timing(records: list[PointRecord], status: str) -> RunTiming:
         if bg is not None:
-            clock.extra.update(predictions_wait_s=bg.wait_s, predictions_background_s=bg.background_s)
+            clock.note_predictions(predictions_wait_s=bg.wait_s, predictions_background_s=bg.background_s)
         entry = clock.entry(records, status)
-        return accumulate(writer.meta.get("timing"), entry, earlier_points=earlier_points)
+        written = writer.meta.get("timing")  # run.json's, as this invocation found it (JSON)
+        return accumulate(None if written is None else RunTiming.model_validate(written), entry,
+                          earlier_points=earlier_points)
 
     return timing
 
 
-def record_command_end(run_dir: Path, clock: SweepClock | None) -> dict[str, Any] | None:
+def record_command_end(run_dir: Path, clock: SweepClock | None) -> TimingEntry | None:
     """Add the whole command's wall time (process start to now) to this invocation's timing entry.
 
     Called by the CLI as its last act, after the summaries are written; best effort (returns the entry).
@@ -143,12 +145,12 @@ def record_command_end(run_dir: Path, clock: SweepClock | None) -> dict[str, Any
         writer = RunWriter.reopen(run_dir)
         try:
             writer.meta = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
-            timing = writer.meta.get("timing") or {}
-            last = (timing.get("invocations") or [{}])[-1]
-            if last.get("id") != clock.id:
+            timing = RunTiming.model_validate(writer.meta.get("timing") or {})
+            last = timing.invocations[-1] if timing.invocations else TimingEntry()
+            if last.id != clock.id:
                 return None
             entry = command_end(last, clock)
-            writer.set_status(writer.meta["status"], timing=accumulate(timing, entry, earlier_points=0))
+            writer.set_status(writer.meta["status"], timing=accumulate(timing, entry, earlier_points=0).to_json())
             return entry
         finally:
             writer.close()

@@ -6,15 +6,16 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ckptbench.analysis.tune import TunePlanner
+from ckptbench.analysis.tune_record import SpaceRecord, TuneRecord
 from ckptbench.analysis.tune_space import TuneSpace, tune_space
 from ckptbench.config.schema import SweepConfig
-from ckptbench.estimator.api import predicted_fields
+from ckptbench.estimator.api import prediction_of
 from ckptbench.estimator.record import EstimateProgress
 from ckptbench.measure.device import current_gpu_model, resolve_device
 from ckptbench.measure.progress import Progress
+from ckptbench.results.record import Prediction
 from ckptbench.results.store import load_run
 from ckptbench.search.tune import TuneOptions, TuneSearch, estimate_candidates
 from ckptbench.sweep.resume import check_command
@@ -27,7 +28,7 @@ class TuneOutcome:
     """The sweep outcome of the search's run directory and the search's own answer."""
 
     sweep: SweepOutcome
-    search: dict[str, Any]
+    search: TuneRecord  # as run.json keeps it, with what was searched (``space``) added
     space: TuneSpace
     notes: list[str] = field(default_factory=list)
 
@@ -65,12 +66,11 @@ def run_tune(
     planner = TunePlanner(candidates, limit_bytes=options.limit_bytes, max_points=options.max_points,
                           time_budget_s=options.time_budget_s)
     search = TuneSearch(planner)
-    predictions: dict[str, dict[str, Any] | None] = {c.point.key_id: predicted_fields(c.estimate) for c in candidates}
+    predictions: dict[str, Prediction | None] = {c.point.key_id: prediction_of(c.estimate) for c in candidates}
     plan = SweepPlan(points=[], searches=[search], predictions=predictions,
                      meta={"tune": options.to_json(), "command": "tune"})
     sweep = run_sweep(cfg, out=out, results_root=results_root, on_progress=on_progress, resume=resume, plan=plan)
-    result = search.outcome()
-    result["space"] = {"candidates": len(candidates), "notes": notes, "layouts": list(space.layouts),
-                       "batch_sizes": list(space.batch_sizes), "techniques": {k: list(v) for k, v in
-                                                                               space.techniques.items()}}
-    return TuneOutcome(sweep, result, space, notes)
+    searched = SpaceRecord(candidates=len(candidates), notes=notes, layouts=list(space.layouts),
+                           batch_sizes=list(space.batch_sizes),
+                           techniques={k: list(v) for k, v in space.techniques.items()})
+    return TuneOutcome(sweep, planner.outcome().model_copy(update={"space": searched}), space, notes)

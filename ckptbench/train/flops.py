@@ -6,23 +6,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ckptbench.config.cards import BY_KEY, card_named
 from ckptbench.config.layouts import LayoutPlan
 
-# Dense bf16 tensor-core peaks in TFLOP/s (vendor datasheets, without sparsity; L40S: 362.05 dense, 733 sparse).
-PEAK_TFLOPS: dict[str, float] = {
-    "A100": 312.0, "H100": 989.0, "H200": 989.0, "H800": 989.0, "A800": 312.0, "L40S": 362.05,
-}
+# Cards sold under another name with the same chip and clocks (NVIDIA's export variants): their names are not in
+# the card table, their peaks are their twin's.
+_TWINS = {"A800": "a100-80gb", "H800": "h100-80gb"}
 
 
 def peak_tflops_for(gpu_name: str | None) -> float | None:
-    """Look up the dense bf16 peak by GPU name, or None when unknown (then MFU is not reported)."""
-    if not gpu_name:
-        return None
-    upper = gpu_name.upper()
-    for model, tflops in PEAK_TFLOPS.items():
-        if model in upper:
-            return tflops
-    return None
+    """The dense bf16 tensor-core peak (TFLOP/s) of the card torch names ``gpu_name`` (config/cards.py), or None
+    when unknown or without bf16 tensor cores (then MFU is not reported)."""
+    card = card_named(gpu_name)
+    if card is None and gpu_name:
+        twin = next((key for part, key in _TWINS.items() if part in gpu_name.upper()), None)
+        card = BY_KEY[twin] if twin else None
+    return card.bf16_tflops if card is not None else None
 
 
 @dataclass(frozen=True)

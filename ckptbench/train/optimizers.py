@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ckptbench.config.compat import cuda_need, refusal
 from ckptbench.config.grid import Point
 from ckptbench.train.unavailable import TechniqueUnavailable
 
@@ -93,8 +94,9 @@ def build_optimizer(
     point: Point, params: list[nn.Parameter], *, lr: float, zero_grad_to_none: bool
 ) -> torch.optim.Optimizer:
     """The point's optimizer: stepped after backward, in backward (optimizer_in_backward), or on the CPU."""
-    if point.optimizer_in_backward and point.optimizer_offload != "none":
-        raise TechniqueUnavailable("optimizer_in_backward with optimizer_offload: both step from gradient hooks")
+    why = refusal(point, ("optimizer",))  # config/compat.py: the combinations an optimizer refuses
+    if why is not None:
+        raise TechniqueUnavailable(why)
     if point.optimizer_offload == "cpu":
         return _cpu_offloaded(point, params, lr=lr)
     if point.optimizer_in_backward:
@@ -104,10 +106,8 @@ def build_optimizer(
 
 def _cpu_offloaded(point: Point, params: list[nn.Parameter], *, lr: float) -> torch.optim.Optimizer:
     """torchao's CPUOffloadOptimizer: state and step on the CPU, gradients copied out as they land."""
-    if point.optimizer not in _TORCH:
-        raise TechniqueUnavailable(f"optimizer_offload: cpu runs torch's own optimizers, not {point.optimizer}")
     if not all(p.is_cuda for p in params):
-        raise TechniqueUnavailable("optimizer_offload: cpu (torchao's CPUOffloadOptimizer) needs a CUDA device")
+        raise TechniqueUnavailable(f"optimizer_offload: {cuda_need('optimizer_offload', point.optimizer_offload)}")
     cls, options = _TORCH[point.optimizer]
     offload: Any = _torchao("CPUOffloadOptimizer")
     # Freeing the GPU gradient once it is on the host cannot accumulate micro-batches (torchao says so).

@@ -88,7 +88,7 @@ def calibrate(runs: Sequence[Run]) -> Calibration:
         oom_s=max((r.wall_s for r in recs if r.status == "oom" and r.wall_s), default=5.0),
         build_s=max((r.model_build_s or 0.0 for r in recs), default=1.0),
         static_bytes=float(mem_coef[0]), ckpt_per_sample=float(mem_coef[1]), layers_per_sample=float(mem_coef[2]),
-        card_bytes=int(runs[0].environment.get("gpu_total_memory_bytes") or 80 * GIB),
+        card_bytes=int(runs[0].environment.gpu_total_memory_bytes or 80 * GIB),
     )
 
 
