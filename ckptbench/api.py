@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from ckptbench.advise.plan import Plan
     from ckptbench.analysis.compare import Comparison
     from ckptbench.analysis.recommend import Recommendation
     from ckptbench.config.cluster import ClusterSpec
@@ -199,3 +200,73 @@ def recommend(
     budget_bytes = parse_size(f"{budget_gib}GiB", what="budget_gib")
     headroom_bytes = parse_headroom(headroom or DEFAULT_HEADROOM, budget_bytes=budget_bytes)
     return best_fit(loaded, budget_bytes=budget_bytes, headroom_bytes=headroom_bytes, seq_len=seq_len)
+
+
+def plan(
+    model: Any,
+    *,
+    gpu: str = "a100-80gb",
+    batch: int = 2,
+    seq: int = 2048,
+    precision: str = "bf16",
+    optimizer: str = "adamw_fused",
+    parallel: str = "none",
+    headroom: str | None = None,
+    budget: str | None = None,
+    times_from: Sequence[str] = (),
+) -> Plan:
+    """What to checkpoint for ``model`` on ``gpu`` at this batch and sequence length (``ckptbench advise``'s
+    answer, as a typed :class:`~ckptbench.advise.plan.Plan`): the layout and its layers, the micro-batches, the
+    predicted memory and step time with their labels, the margin and the sentence that chose it.
+
+    ``model``: a preset name, a config.json or its folder, a Hugging Face id, a transformers ``PretrainedConfig``,
+    or a transformers model (its config is read; nothing is run on it). ``gpu``: a card (``ckptbench gpus``) or a
+    size ("24GiB"). ``precision``: "bf16" (pure, the default), "amp_bf16" (HF Trainer's bf16=True), ... ``parallel``:
+    "ddp:N" or "fsdp2:N" (every figure per rank). ``headroom``: kept free under the budget (default "5%").
+    Apply it with :func:`apply`; check it with ``ckptbench.hf.PeakMemoryCallback``.
+    """
+    import json
+
+    from ckptbench.advise.advice import advise
+    from ckptbench.advise.plan import plan_of
+    from ckptbench.advise.request import AdviseRequest
+    from ckptbench.results.fit import DEFAULT_HEADROOM
+
+    name, fields = _model_source(model)
+    request = AdviseRequest(
+        model=name, gpu=gpu, batches=(batch,), seqs=(seq,), precision=precision, optimizer=optimizer,
+        parallel=parallel, headroom=headroom or DEFAULT_HEADROOM, budget=budget, times_from=tuple(times_from),
+        model_fields_json=json.dumps(fields, sort_keys=True, default=str) if fields is not None else None,
+    )
+    return plan_of(advise(request))
+
+
+def _model_source(model: Any) -> tuple[str, dict[str, Any] | None]:
+    """(a name, the config fields) of what ``plan`` was given: a string or path names a model; a transformers
+    config or model gives its fields."""
+    if isinstance(model, str | Path):
+        return str(model), None
+    config = getattr(model, "config", model)  # a model (also a peft one: its config is the base model's)
+    to_dict = getattr(config, "to_dict", None)
+    if not callable(to_dict):
+        raise TypeError(f"plan: give a preset, a path, a Hugging Face id, a PretrainedConfig or a model, not "
+                        f"{type(model).__name__}")
+    fields = dict(to_dict())
+    name = str(getattr(config, "name_or_path", "") or fields.get("_name_or_path") or fields.get("model_type"))
+    fields["_name_or_path"] = name
+    return name, fields
+
+
+def apply(model: Any, plan_or_layout: Plan | str) -> Any:
+    """Apply a plan (or a layout such as "first:24") to a transformers model through its own checkpointing switches
+    (activation_checkpointing_enable, then each decoder layer's ``gradient_checkpointing`` flag): exactly the plan's
+    layers recompute in the backward. Returns the model. With HF Trainer keep ``gradient_checkpointing`` (or
+    ``activation_checkpointing``) False in TrainingArguments: True turns every layer on again when training starts.
+    Layouts of parts of layers (``all@mlp``) are not a transformers switch: ValueError (advise prints their code)."""
+    from ckptbench.config.layouts import parse_layout
+    from ckptbench.train.checkpointing import switch_layers
+    from ckptbench.train.model import decoder_layers
+
+    layout = plan_or_layout if isinstance(plan_or_layout, str) else plan_or_layout.layout
+    switch_layers(model, parse_layout(layout, len(decoder_layers(model))))
+    return model

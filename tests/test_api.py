@@ -17,8 +17,8 @@ from ckptbench.errors import ConfigError, ResultsError
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-PUBLIC = {"SweepOptions", "__version__", "compare_runs", "estimate", "load_config", "load_run", "recommend",
-          "run_sweep"}
+PUBLIC = {"SweepOptions", "__version__", "apply", "compare_runs", "estimate", "load_config", "load_run", "plan",
+          "recommend", "run_sweep"}
 
 
 def readme_example() -> str:
@@ -130,7 +130,8 @@ def test_compare_runs_refuses_different_runs_unless_allowed() -> None:
     from ckptbench.results.store import Run
 
     check = load_run(ROOT / "results" / "h200-gpu-check-2" / "check")
-    on_cpu = Run(path=Path("on-cpu"), meta={**check.meta, "environment": {**check.environment, "device_type": "cpu"}},
+    on_cpu_env = check.environment.model_copy(update={"device_type": "cpu"})
+    on_cpu = Run(path=Path("on-cpu"), meta=check.meta.model_copy(update={"environment": on_cpu_env}),
                  points=check.points)
     with pytest.raises(NotComparableRuns, match=r"the devices differ \(cuda vs cpu\).*--allow-different"):
         compare_runs(check, on_cpu)

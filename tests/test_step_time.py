@@ -237,3 +237,34 @@ def test_estimate_times_from_table_and_csv_label_the_time_fitted(seven_b: str) -
     assert {"predicted_step_time_s", "predicted_tokens_per_s", "step_time_source", "step_time_error_bound"} <= set(
         header)
     assert "step (fitted)" not in estimate_markdown(estimates, name="times")  # without --times-from: as before
+
+
+def test_the_shipped_calibration_is_what_the_committed_runs_give_and_predicts_alike(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ckptbench/data/step_time_calibration.json (a plain install's step times) is scripts/make_calibration.py's
+    output on the committed runs, and the model made from it predicts every point as the runs' model does, with the
+    same sources and error bounds."""
+    import json
+    import sys
+
+    from ckptbench.analysis.step_time import CALIBRATION, StepTimeModel, calibration_of, shipped_calibration
+
+    monkeypatch.chdir(ROOT.parent)  # the runs are named relative to the repository root in the sources
+    runs = _runs(*H200_RUNS)
+    for run, name in zip(runs, H200_RUNS, strict=True):
+        run.path = Path("results") / name
+    shipped = json.loads((ROOT.parent / "ckptbench" / "data" / CALIBRATION).read_text())
+    assert shipped == json.loads(json.dumps(calibration_of(runs)))
+    sys.path.insert(0, str(ROOT.parent / "scripts"))
+    try:
+        from make_calibration import main
+    finally:
+        sys.path.pop(0)
+    assert main(["--check"]) == 0
+    from_runs, from_file = StepTimeModel.from_runs(runs), shipped_calibration()
+    a100 = gpu_model("a100-80gb")
+    for cell in from_runs.cells:
+        for o in cell.observations:
+            for gpu in (None, a100):
+                assert from_file.predict(o.point, gpu=gpu) == from_runs.predict(o.point, gpu=gpu)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 
 from ckptbench.advise import answer
 from ckptbench.advise.accumulation import accumulation_rows, micro_points, preferred
@@ -21,17 +20,13 @@ from ckptbench.advise.request import AdviseRequest
 from ckptbench.advise.search import PRIMED, Predictor, family_rows, fewest, largest_batch
 from ckptbench.advise.snippets import Setup, snippets
 from ckptbench.advise.ways_out import recommended, ways_out
-from ckptbench.analysis.step_time import StepTimeModel
+from ckptbench.analysis.step_time import StepTimeModel, shipped_calibration
 from ckptbench.config.grid import Point
 from ckptbench.config.layouts import parse_layout
 from ckptbench.estimator.api import Estimator
 from ckptbench.estimator.record import EstimateProgress
 from ckptbench.results.store import load_run
 from ckptbench.train.checkpointing import transformers_switches
-
-# The committed H200 runs: the default calibration of step times (transferred to the card asked about).
-DEFAULT_TIMES = ("h200-gpu-check-1/check", "h200-gpu-check-1/axes", "h200-gpu-check-2/check")
-RESULTS = Path(__file__).resolve().parent.parent.parent / "results"
 
 
 def advise(
@@ -86,13 +81,13 @@ def advise(
 
 
 def step_times(request: AdviseRequest) -> tuple[StepTimeModel | None, str | None]:
-    """The step-time model of ``--times-from`` (default: the committed H200 runs), or why there is none."""
-    refs = list(request.times_from) or [str(RESULTS / r) for r in DEFAULT_TIMES if (RESULTS / r).is_dir()]
-    if not refs:
-        return None, "no calibration: the committed H200 runs are not here; give --times-from RUN"
+    """The step-time model of ``--times-from``, else the calibration ckptbench ships (the committed H200 runs'
+    measured points, package data: no run directory is read)."""
+    if not request.times_from:
+        return shipped_calibration(), None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # notes about the runs' points are not the answer's subject
-        runs = [load_run(ref) for ref in refs]
+        runs = [load_run(ref) for ref in request.times_from]
     return StepTimeModel.from_runs(runs), None
 
 
@@ -121,6 +116,7 @@ def setup_of(point: Point, num_layers: int) -> Setup:
         precision=point.precision, optimizer=point.optimizer, optimizer_offload=point.optimizer_offload == "cpu",
         lora_rank=int(point.lora[1:]) if point.lora.startswith("r") else None,
         activation_api=transformers_switches()[0], native_every_n=transformers_switches()[1],
+        parallel=point.parallel,
     )
 
 
@@ -151,7 +147,9 @@ def _code_for(o: Option, t: Table) -> str:
 def _measure_command(request: AdviseRequest, num_layers: int) -> str:
     """A sweep that would measure the step times the answer lacks (a config written from these flags)."""
     layouts = ["none", "all", "every:2", f"first:{max(num_layers // 2, 1)}", "all@attn+mlp", "all@selective"]
-    return (f"write a sweep config with model: {{preset: {request.model}}}, device: cuda, optimizer: "
+    model = (f"{{preset: {request.model}}}" if "preset" in request.model_section
+             else "{config: <the model's config.json>}")
+    return (f"write a sweep config with model: {model}, device: cuda, optimizer: "
             f"{request.optimizer}, measured_steps: 3 and sweep: {{layout: [{', '.join(layouts)}], batch_size: "
             f"[{', '.join(map(str, request.batches))}], seq_len: [{', '.join(map(str, request.seqs))}], precision: "
             f"[{request.answered_precision}]}}; run ckptbench sweep CONFIG --out results/advise-{request.model}-"

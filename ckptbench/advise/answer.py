@@ -9,8 +9,9 @@ predicted E'.
 
 from __future__ import annotations
 
-from ckptbench.advise.record import Advice, FamilyScan, Option, Table, safer
-from ckptbench.advise.verdict import TIGHT_BYTES, Verdict, gib
+from ckptbench.advise.record import Advice, Option, Table, safer
+from ckptbench.advise.search import MAX_BATCH_SEARCHED
+from ckptbench.advise.verdict import TIGHT_BYTES, gib
 
 TRAINER_WORDS = {
     "amp_bf16": "HF Trainer's bf16=True (amp_bf16: fp32 weights, gradients and AdamW state, bf16 autocast)",
@@ -69,14 +70,9 @@ def _non_monotone(o: Option) -> str:
     broken = next((c for c in between if not scan.fits(c)), None)
     text = f" {scan.layout(isolated)} fits too ({scan.verdicts[isolated - 1].needs()})"
     if broken is not None:
-        text += f", but {scan.layout(broken)} does not ({_short_reason(scan, broken)})"
+        text += f", but {scan.layout(broken)} does not ({scan.verdicts[broken - 1].reason()})"
     return (text + f": near the limit the caching allocator makes fitting non-monotone, so {scan.layout(robust)}, "
             f"which one more layer cannot break, is the {scan.family} row.")
-
-
-def _short_reason(scan: FamilyScan, count: int) -> str:
-    v: Verdict = scan.verdicts[count - 1]
-    return v.reason()
 
 
 def head(t: Table) -> str:
@@ -139,8 +135,9 @@ def also_sentence(also: list[Table]) -> str:
 def largest_sentences(advice: Advice) -> list[str]:
     out = []
     for seq, (batch, _, verdict) in advice.largest.items():
+        size = f"{batch} or more (the largest searched)" if batch >= MAX_BATCH_SEARCHED else str(batch)
         out.append(f"Largest batch that fits with every layer checkpointed (all) at sequence {seq}, "
-                   f"{advice.request.answered_precision}: {batch} ({verdict.needs()}).")
+                   f"{advice.request.answered_precision}: {size} ({verdict.needs()}).")
     return out
 
 

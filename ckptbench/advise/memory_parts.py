@@ -41,6 +41,8 @@ def parts(option: Option, *, context_label: str) -> list[Part]:
         out += [Part("cached but free (allocator)", r.peak_reserved_bytes - e.peak_bytes, "predicted"),
                 Part("bound's margin (worst under-prediction seen)", bound - r.peak_reserved_bytes, "predicted"),
                 Part("CUDA context", r.context_bytes, context_label)]
+    elif r is None:  # not replayed (verdict.py: ALLOCATED_ONLY): the context is still part of what it needs
+        out.append(Part("CUDA context", option.verdict.limit.card.context_bytes, context_label))
     return out
 
 

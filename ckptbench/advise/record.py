@@ -15,6 +15,7 @@ from ckptbench.advise.verdict import Limit, Verdict, gib
 from ckptbench.analysis.step_time import StepTimePrediction
 from ckptbench.config.grid import Point
 from ckptbench.config.layouts import parse_layout
+from ckptbench.config.parallel import parse_parallel
 from ckptbench.estimator.gpus import GpuModel
 from ckptbench.estimator.record import Estimate
 
@@ -232,16 +233,26 @@ class Advice:
         return self.limit.card
 
     @property
+    def cards_words(self) -> str:
+        """'one NVIDIA H100 80GB HBM3', or '8 x NVIDIA H100 80GB HBM3 (FSDP2; every figure per rank, rank 0)'."""
+        spec = parse_parallel(self.request.parallel)
+        if spec.kind == "none":
+            return f"one {self.card.name}"
+        how = {"ddp": "DDP: every rank holds the whole model", "fsdp2": "FSDP2: parameters, gradients and optimizer "
+               "state sharded"}[spec.kind]
+        return f"{spec.world_size} x {self.card.name} ({how}; every figure per rank, rank 0)"
+
+    @property
     def assumptions(self) -> str:
         r, c = self.request, self.card
         seqs = ", ".join(map(str, r.seqs))
         p = r.answered_precision
         also = f" (and {r.also_precision} in one sentence)" if r.also_precision else ""
         return (
-            f"Assumed: {r.model}, {p} ({PRECISION_MEANS[p]}){also}, optimizer {r.optimizer}, "
+            f"Assumed: {r.model_name}, {p} ({PRECISION_MEANS[p]}){also}, optimizer {r.optimizer}, "
             f"sdpa attention (flash/memory-efficient kernels), sequence {seqs}, no LoRA or offloading, "
-            f"one {c.name}: {gib(c.total_bytes)} usable ({'measured' if c.measured else 'estimated'}), "
-            f"CUDA context {gib(c.context_bytes)} ({'measured' if c.measured else 'estimated'}); fits: "
+            f"{self.cards_words}: {gib(c.total_bytes)} usable ({c.memory_label}), "
+            f"CUDA context {gib(c.context_bytes)} ({c.context_label}); fits: "
             f"within the {self.limit.describe()}."
         )
 
@@ -285,18 +296,21 @@ def _table(t: Table, card_label: str) -> dict[str, Any]:
 
 def advice_json(advice: Advice) -> dict[str, Any]:
     """Every number with its label (the JSON ``--format json`` writes)."""
-    card_label = "measured" if advice.card.measured else "estimated"
+    card_label = advice.card.context_label
     lim = advice.limit
     return {
         "assumptions": advice.assumptions,
         "request": dataclasses.asdict(advice.request),
         "card": {"key": advice.card.key, "name": advice.card.name,
-                 "usable_bytes": _num(advice.card.total_bytes, card_label, "bytes", source=advice.card.total_source),
+                 "usable_bytes": _num(advice.card.total_bytes, advice.card.memory_label, "bytes",
+                                      source=advice.card.total_source),
                  "context_bytes": _num(advice.card.context_bytes, card_label, "bytes",
                                        source=advice.card.context_source)},
-        "limit": {"budget_bytes": _num(lim.budget_bytes, "given" if lim.budget_given else card_label, "bytes"),
+        "limit": {"budget_bytes": _num(lim.budget_bytes, "given" if lim.budget_given else advice.card.memory_label,
+                                       "bytes"),
                   "headroom_bytes": _num(lim.headroom_bytes, "given", "bytes", text=lim.headroom_text),
-                  "limit_bytes": _num(lim.limit_bytes, "given" if lim.budget_given else card_label, "bytes")},
+                  "limit_bytes": _num(lim.limit_bytes, "given" if lim.budget_given else advice.card.memory_label,
+                                      "bytes")},
         "calibration": advice.calibration,
         "tables": [_table(t, card_label) for t in advice.tables],
         "also": [_table(t, card_label) for t in advice.also],

@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import difflib
+import functools
+import json
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import get_args
+from typing import Any, get_args
 
 from pydantic import ValidationError
 
 from ckptbench.advise.verdict import Limit
 from ckptbench.config.axes import OptimizerName, Precision
-from ckptbench.config.presets import PRESETS, preset_names
+from ckptbench.config.cards import card_or_size
+from ckptbench.config.model import ModelSpec
+from ckptbench.config.model_source import model_section
+from ckptbench.config.parallel import parse_parallel
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
-from ckptbench.estimator.gpus import GpuModel, gpu_model
+from ckptbench.estimator.gpus import GPUS, GpuModel, sized
 from ckptbench.results.fit import DEFAULT_HEADROOM
 from ckptbench.units import GIB, MIB, fmt_bytes, parse_headroom, parse_size
 
@@ -51,9 +56,43 @@ class AdviseRequest:
     allow: tuple[str, ...] = field(default=())
     headroom: str = DEFAULT_HEADROOM  # kept free under the budget: a share of it ('5%') or a size ('2GiB')
     budget: str | None = None  # the memory to fit (default: the card's usable memory)
+    parallel: str = "none"  # 'ddp:N' or 'fsdp2:N': N cards, answered per rank
+    model_fields_json: str | None = None  # a config given as fields (ckptbench.plan on a config or a model), as JSON
+    tflops: float | None = None  # a card given by its size: its dense bf16 peak (carries step times over)
+    bandwidth: float | None = None  # ... and its memory bandwidth in TB/s
 
     def card(self) -> GpuModel:
-        return gpu_model(self.gpu)
+        """The card: one of the table (config/cards.py) by key, alias or name, or a memory size with the peaks given."""
+        found = card_or_size(self.gpu)
+        if isinstance(found, int):
+            return sized(found, tflops=self.tflops,
+                         bandwidth_bytes_per_s=self.bandwidth * 1e12 if self.bandwidth is not None else None)
+        for flag, value in (("--tflops", self.tflops), ("--bandwidth", self.bandwidth)):
+            if value is not None:
+                raise ConfigError(f"{flag}: only with --gpu SIZE; {found.key} has its datasheet figures "
+                                  "(ckptbench gpus)")
+        return GPUS[found.key]
+
+    @functools.cached_property
+    def model_section(self) -> dict[str, Any]:
+        """The model as a sweep config's ``model:`` holds it: a preset, a config.json, or a hub id's fields."""
+        if self.model_fields_json is not None:
+            return {"config_fields": json.loads(self.model_fields_json)}
+        return model_section(self.model)
+
+    @property
+    def model_name(self) -> str:
+        """How the answer names the model: the preset, the config.json's folder, the hub id's name."""
+        return self.model_spec().name
+
+    def model_spec(self) -> ModelSpec:
+        """The model checked (a family ckptbench builds; MoE, encoder-decoder and state-space models refused)."""
+        try:
+            return ModelSpec.model_validate(self.model_section)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise ConfigError(f"--model: {str(first.get('msg', 'invalid model')).removeprefix('Value error, ')}") \
+                from None
 
     @property
     def answered_precision(self) -> str:
@@ -95,18 +134,25 @@ class AdviseRequest:
 
     def checked(self) -> AdviseRequest:
         """The request itself, or ConfigError (exit 2) naming the flag and what is allowed."""
-        _choice("--model", self.model, preset_names())
+        spec = self.model_spec()
+        for flag, value in (("--tflops", self.tflops), ("--bandwidth", self.bandwidth)):
+            if value is not None and not 0 < value < math.inf:
+                raise ConfigError(f"{flag}: give a positive number, got {value}")
         self.card()
+        try:
+            parse_parallel(self.parallel)
+        except ValueError as exc:
+            raise ConfigError(f"--parallel: {exc}") from None
         if self.precision is not None:
             _choice("--precision", self.precision, PRECISIONS)
         _choice("--optimizer", self.optimizer, OPTIMIZERS)
         for flag, values in (("--batch", self.batches), ("--seq", self.seqs)):
             if not values or any(v < 1 for v in values):
                 raise ConfigError(f"{flag}: give positive integers, got {' '.join(map(str, values)) or 'none'}")
-        max_pos = int(PRESETS[self.model]["max_position_embeddings"])
-        too_long = [s for s in self.seqs if s > max_pos]
+        max_pos = int(spec.resolved().get("max_position_embeddings") or 0)
+        too_long = [s for s in self.seqs if max_pos and s > max_pos]
         if too_long:
-            raise ConfigError(f"--seq: {too_long[0]} exceeds {self.model}'s max_position_embeddings ({max_pos})")
+            raise ConfigError(f"--seq: {too_long[0]} exceeds {spec.name}'s max_position_embeddings ({max_pos})")
         for item in self.allow:
             _choice("--allow", item, ALLOWABLE)
         self.observed_bytes()
@@ -118,13 +164,13 @@ class AdviseRequest:
         optimizer, on CUDA, at every batch and sequence length (measured_steps 3, as the committed H200 runs were
         measured)."""
         data = {
-            "name": f"advise-{self.model}-{self.gpu}",
-            "model": {"preset": self.model},
+            "name": re.sub(r"[^A-Za-z0-9_.-]+", "-", f"advise-{self.model_spec().name}-{self.gpu}")[:100],
+            "model": self.model_section,
             "device": "cuda",
             "optimizer": self.optimizer,
             "measured_steps": 3,
             "sweep": {"layout": list(layouts), "batch_size": list(self.batches), "seq_len": list(self.seqs),
-                      "precision": list(precisions or self.precisions)},
+                      "precision": list(precisions or self.precisions), "parallel": [self.parallel]},
         }
         try:
             return SweepConfig.model_validate(data)

@@ -23,7 +23,7 @@ GRANULAR = ("all@attn", "all@mlp", "all@attn+mlp", "all@selective")
 PRIMED = ("none", "all", *GRANULAR)
 FAMILIES = ("first", "last", "every")
 MAX_BATCH_SEARCHED = 4096
-_STEPS = 4  # single steps from the linear guess before bisecting
+_SECANT_STEPS = 6  # probes of the secant method before it brackets the largest batch
 
 
 class Predictor:
@@ -159,38 +159,52 @@ def fewest(rows: Sequence[Option]) -> Option | None:
 
 
 def largest_batch(pred: Predictor, base: Point, known: Sequence[Option]) -> tuple[int, Estimate, Verdict] | None:
-    """The largest batch that fits with every layer checkpointed ('all'): extrapolated from the batches already
-    predicted (memory grows linearly in the batch), then checked and stepped by prediction."""
-    alls = sorted((o.point.batch_size, o.verdict.needed_bytes) for o in known
-                  if o.family == "all" and o.accumulation == 1 and o.verdict.needed_bytes is not None)
+    """The largest batch that fits with every layer checkpointed ('all'), by the secant method on what each batch
+    needs (memory grows about linearly in the batch: a new batch costs a new trace, so a few probes, not a
+    bisection over thousands), then held to its neighbour: the answer fits and the next batch does not."""
     at = lambda b: dataclasses.replace(base, layout="all", batch_size=b, micro_batches=1)  # noqa: E731
-    if not alls or not pred.verdict(at(alls[0][0])).fits:
+    first = min((o.point.batch_size for o in known if o.family == "all" and o.accumulation == 1), default=None)
+    if first is None or not pred.verdict(at(first)).fits:
         return None
     limit = pred.limit.limit_bytes
-    if len(alls) >= 2 and (alls[-1][1] or 0) > (alls[0][1] or 0):
-        (b0, n0), (b1, n1) = alls[0], alls[-1]
-        slope = ((n1 or 0) - (n0 or 0)) / (b1 - b0)
-        guess = int(b0 + (limit - (n0 or 0)) / slope)
-    else:
-        guess = alls[0][0] * 2
-    guess = max(1, min(guess, MAX_BATCH_SEARCHED))
-    # Step from the guess, one batch at a time (a linear guess is a step or two off); bisect if it is further.
+    seen: dict[int, int] = {}
+
+    def size(b: int) -> int:
+        """What batch ``b`` needs, or where no figure is predicted (the allocator runs out first) its allocated
+        peak and the context: what the secant steps on (never a verdict)."""
+        if b not in seen:
+            v = pred.verdict(at(b))
+            seen[b] = v.needed_bytes if v.needed_bytes is not None else (v.allocated_bytes or 0) + \
+                pred.card.context_bytes
+        return seen[b]
+
     fits = lambda b: pred.verdict(at(b)).fits  # noqa: E731
-    low = alls[0][0]
-    if fits(guess):
-        best = guess
-        for _ in range(_STEPS):
-            if best >= MAX_BATCH_SEARCHED or not fits(best + 1):
-                break
-            best += 1
-        else:
-            best = largest(fits, best, MAX_BATCH_SEARCHED) or best
+    lo, hi = first, min(first * 2, MAX_BATCH_SEARCHED)  # lo fits; hi is the next probe
+    for _ in range(_SECANT_STEPS):
+        if hi <= lo:
+            break
+        if not fits(hi):
+            break
+        lo = hi
+        slope = (size(hi) - size(first)) / (hi - first) if hi > first else 0.0
+        guess = int(hi + (limit - size(hi)) / slope) if slope > 0 else hi * 2
+        hi = max(lo + 1, min(guess, MAX_BATCH_SEARCHED))
+        if lo >= MAX_BATCH_SEARCHED:
+            hi = lo
+            break
     else:
-        best = guess - 1
-        for _ in range(_STEPS):
-            if best <= low or fits(best):
-                break
-            best -= 1
-        else:
-            best = largest(fits, low, best) or low
-    return best, pred.estimate(at(best)), pred.verdict(at(best))
+        hi = min(lo * 2, MAX_BATCH_SEARCHED)
+    if hi > lo and fits(hi):  # the steps ran out or the cap was reached: the cap fits
+        lo = hi
+    elif hi > lo:
+        # lo fits, hi does not: step down from a linear guess between them, then bisect what is left.
+        slope = (size(hi) - size(lo)) / (hi - lo)
+        guess = lo + int((limit - size(lo)) / slope) if slope > 0 else lo
+        guess = min(max(guess, lo), hi - 1)
+        if guess > lo and fits(guess):
+            lo = guess
+        elif guess > lo:
+            hi = guess
+        if hi - lo > 1:
+            lo = largest(fits, lo, hi - 1) or lo
+    return lo, pred.estimate(at(lo)), pred.verdict(at(lo))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ckptbench.config.layouts import LayoutPlan, compress_ranges
+from ckptbench.config.parallel import ParallelSpec, parse_parallel
 
 # TrainingArguments' and PyTorch's way to say each precision (train/step.py: what the precision means).
 _PRECISION_ARGS = {
@@ -36,6 +37,17 @@ class Setup:
     lora_rank: int | None = None  # LoRA adapters of this rank (peft)
     native_every_n: bool = False  # the installed transformers offers every_n_layers
     activation_api: bool = False  # it names the switch activation_checkpointing_enable (gradient_... deprecated)
+    parallel: str = "none"  # 'ddp:N' or 'fsdp2:N[:noreshard]' (config/parallel.py)
+
+    @property
+    def sharded(self) -> ParallelSpec:
+        return parse_parallel(self.parallel)
+
+    @property
+    def fsdp_checkpoints_all(self) -> bool:
+        """FSDP2 with every whole layer checkpointed: FSDP's own activation checkpointing says it."""
+        p = self.plan
+        return self.sharded.kind == "fsdp2" and p.granularity == "block" and len(p.layers) == p.num_layers
 
     @property
     def every_n(self) -> int | None:
@@ -58,10 +70,11 @@ class Snippets:
     pytorch: str
     torchtitan: str
     megatron: str
+    accelerate: str = ""  # the launcher's settings on several cards ('' on one)
 
     def to_json(self) -> dict[str, str]:
         return {"layout": self.layout, "transformers": self.transformers, "pytorch": self.pytorch,
-                "torchtitan": self.torchtitan, "megatron": self.megatron}
+                "torchtitan": self.torchtitan, "megatron": self.megatron, "accelerate": self.accelerate}
 
 
 def _layers(plan: LayoutPlan) -> str:
@@ -85,6 +98,9 @@ def model_code(setup: Setup) -> str:
     owner = "base" if setup.lora_rank is not None else "model"
     if not plan.layers:
         lines.append("# No checkpointing: leave it off (TRL's SFTConfig turns it on by default).")
+        return "\n".join(lines)
+    if setup.fsdp_checkpoints_all:
+        lines.append("# Every layer under FSDP2: FSDP's own activation checkpointing (fsdp_config below).")
         return "\n".join(lines)
     if plan.granularity != "block":
         sub = {"attn": "self_attn", "mlp": "mlp", "attn+mlp": "self_attn and mlp", "selective": "per-op"}
@@ -114,6 +130,7 @@ def trainer_arguments(setup: Setup) -> str:
     """HF Trainer / TRL: the TrainingArguments (SFTConfig) fields of the setup."""
     n = setup.every_n
     native = n is not None and setup.native_every_n and setup.plan.granularity == "block"
+    native = native and not setup.fsdp_checkpoints_all
     args = [f"per_device_train_batch_size={setup.micro_batch},"]
     if setup.accumulation > 1:
         args.append(f"gradient_accumulation_steps={setup.accumulation},")
@@ -123,12 +140,19 @@ def trainer_arguments(setup: Setup) -> str:
     else:
         why = "  # else train() turns on every layer" if setup.plan.layers else ""
         args.append(f"gradient_checkpointing=False,{why}")
+    spec = setup.sharded
+    if spec.kind == "fsdp2":
+        ac = "True" if setup.fsdp_checkpoints_all else "False"
+        args += ["fsdp=True,", f'fsdp_config={{"version": 2, "activation_checkpointing": {ac},',
+                 f'            "reshard_after_forward": {spec.reshard_after_forward}}},']
     comment, flag = _PRECISION_ARGS.get(setup.precision, (None, None))
     if flag:
         args.append(f"{flag},")
     if setup.optimizer == "adamw_8bit":
         args.append('optim="adamw_bnb_8bit",  # bitsandbytes')
     lines = [comment] if comment else []
+    if spec.distributed:
+        lines.append(f"# launch on {spec.world_size} cards: torchrun --nproc_per_node {spec.world_size} train.py")
     lines += ["args = TrainingArguments(  # or SFTConfig(...) with TRL", "    ...,", *(f"    {a}" for a in args), ")"]
     if setup.optimizer_offload:
         lines += ["# AdamW state on the CPU: Trainer(..., optimizers=(optimizer, None)),",
@@ -196,6 +220,41 @@ def pytorch_code(setup: Setup | LayoutPlan) -> str:
     return "\n".join(lines)
 
 
+def accelerate_settings(setup: Setup) -> str:
+    """accelerate's config (accelerate launch --config_file) for a setup on several cards; '' on one."""
+    spec = setup.sharded
+    if spec.kind == "none":
+        return ""
+    if spec.kind == "ddp":
+        return f"distributed_type: MULTI_GPU\nnum_processes: {spec.world_size}"
+    return "\n".join([
+        "distributed_type: FSDP", f"num_processes: {spec.world_size}", "fsdp_config:", "  fsdp_version: 2",
+        "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP",
+        f"  fsdp_reshard_after_forward: {str(spec.reshard_after_forward).lower()}",
+        f"  fsdp_activation_checkpointing: {str(setup.fsdp_checkpoints_all).lower()}"
+        + ("" if setup.fsdp_checkpoints_all or not setup.plan.layers else "  # the layers: the model code above"),
+    ])
+
+
+def _torchtitan_parallel(setup: Setup) -> str:
+    spec = setup.sharded
+    if spec.kind == "fsdp2":
+        return f"[parallelism] data_parallel_shard_degree = {spec.world_size}; "
+    if spec.kind == "ddp":
+        return f"[parallelism] data_parallel_replicate_degree = {spec.world_size}; "
+    return ""
+
+
+def _megatron_parallel(setup: Setup) -> str:
+    spec = setup.sharded
+    if spec.kind == "fsdp2":
+        return (f"; {spec.world_size} data-parallel ranks, nearest to FSDP2: --use-distributed-optimizer (shards the "
+                "optimizer state only)")
+    if spec.kind == "ddp":
+        return f"; {spec.world_size} data-parallel ranks (torchrun --nproc_per_node {spec.world_size})"
+    return ""
+
+
 def torchtitan_setting(plan: LayoutPlan) -> str:
     """torchtitan's nearest [activation_checkpoint] setting."""
     n, count = plan.num_layers, len(plan.layers)
@@ -240,5 +299,6 @@ def megatron_setting(plan: LayoutPlan) -> str:
 
 def snippets(setup: Setup | LayoutPlan) -> Snippets:
     s = setup if isinstance(setup, Setup) else Setup(setup, micro_batch=1)
-    return Snippets(s.plan.layout, transformers_code(s), pytorch_code(s), torchtitan_setting(s.plan),
-                    megatron_setting(s.plan))
+    titan = _torchtitan_parallel(s) + torchtitan_setting(s.plan)
+    megatron = megatron_setting(s.plan) + _megatron_parallel(s)
+    return Snippets(s.plan.layout, transformers_code(s), pytorch_code(s), titan, megatron, accelerate_settings(s))

@@ -30,6 +30,8 @@ def ways_out(pred: Predictor, table: Table, request: AdviseRequest) -> list[WayO
     for what, change, changes in _VARIANTS:
         if all(getattr(base, k) == v for k, v in change.items()):
             continue  # the question already has it
+        if "parallel" in change and base.parallel != "none":
+            continue  # already spread over cards: more of them is another question
         if "optimizer" in change and base.optimizer != "adamw_fused" and base.optimizer != "adamw_foreach":
             continue  # 8-bit state replaces AdamW's; another optimizer's is another question
         for layout in ("none", "all"):
@@ -44,6 +46,8 @@ def ways_out(pred: Predictor, table: Table, request: AdviseRequest) -> list[WayO
 def recommended(ways: Sequence[WayOut], request: AdviseRequest) -> WayOut | None:
     """The first way out that fits and keeps what is trained (or changes it where --allow says so)."""
     for way in ways:
+        if way.point.parallel != "none" and request.parallel == "none":
+            continue  # a second card: named, but not the code for one card
         if way.fits and (not way.changes_training or "lora" in request.allow):
             return way
     return None

@@ -24,9 +24,12 @@ space of theirs), never by an arbitrary choice among equally good fits.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
@@ -265,6 +268,20 @@ class StepTimeModel:
             cells.append(CellFit.fit(obs, shape=shapes[(gpu_name, _)], gpu_name=gpu_name, loo=loo))
         return cls(tuple(cells))
 
+    @classmethod
+    def from_calibration(cls, data: Mapping[str, Any], *, loo: bool = True) -> StepTimeModel:
+        """The model of a calibration (``calibration_of``): each cell fitted again to the observations it keeps,
+        as ``from_runs`` fits them to the runs they come from (the same predictions, the same sources)."""
+        if data.get("schema") != CALIBRATION_SCHEMA:
+            raise ValueError(f"a step-time calibration of schema {data.get('schema')!r}; this ckptbench reads "
+                             f"{CALIBRATION_SCHEMA}")
+        cells = []
+        for cell in data["cells"]:
+            obs = [Observation(Point.from_key(o["key"]), float(o["step_time_s"]), tuple(o["runs"]))
+                   for o in cell["observations"]]
+            cells.append(CellFit.fit(obs, shape=ModelShape(**cell["shape"]), gpu_name=cell["gpu_name"], loo=loo))
+        return cls(tuple(cells))
+
     def cell_for(self, point: Point, gpu_name: str | None = None) -> CellFit | None:
         """The point's cell: on ``gpu_name`` when it was measured there, else on any card."""
         found = [c for c in self.cells if c.cell == cell_of(point.key)]
@@ -317,6 +334,33 @@ def _transferred(cell: CellFit, point: Point, gpu: GpuModel, tokens: int) -> Ste
         f"{source.key.upper()}"
     )
     return StepTimePrediction(seconds, tokens / seconds, text, None, "transferred")
+
+
+CALIBRATION_SCHEMA = 1
+CALIBRATION = "step_time_calibration.json"  # ckptbench/data/: what a plain install times steps with
+
+
+def calibration_of(runs: Sequence[Run]) -> dict[str, Any]:
+    """What the step-time model is fitted to, as JSON a package can ship: every cell's measured points (each point's
+    key, the mean of its runs' median step times, the runs it comes from), the cell's card and model shape, and the
+    runs' provenance (scripts/make_calibration.py writes it from the committed H200 runs)."""
+    model = StepTimeModel.from_runs(runs, loo=False)
+    return {
+        "schema": CALIBRATION_SCHEMA,
+        "what": "the measured points the step-time model is fitted to (analysis/step_time.py), with their runs",
+        "runs": [{"path": _label(run), "gpu_name": run.environment.gpu_name, "git_sha": run.meta.git_sha,
+                  "created_at": run.meta.created_at, "torch": run.environment.torch,
+                  "transformers": run.environment.transformers} for run in runs],
+        "cells": [{"gpu_name": c.gpu_name, "shape": dataclasses.asdict(c.shape),
+                   "observations": [{"key": o.point.key, "step_time_s": o.step_time_s, "runs": list(o.runs)}
+                                    for o in c.observations]} for c in model.cells],
+    }
+
+
+def shipped_calibration() -> StepTimeModel:
+    """The step-time model of the calibration that ships with ckptbench (package data, no run directory read)."""
+    text = resources.files("ckptbench").joinpath("data", CALIBRATION).read_text(encoding="utf-8")
+    return StepTimeModel.from_calibration(json.loads(text))
 
 
 def _label(run: Run) -> str:

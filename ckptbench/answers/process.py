@@ -1,6 +1,6 @@
 """Does a measured out-of-memory error depend on the process it ran in? (pure)
 
-A point measured in a sweep shares its process with the points before it (README, "Measuring what a
+A point measured in a sweep shares its process with the points before it (docs/measuring.md, "Measuring what a
 fresh training process would see"); the estimator replays the caching allocator as a fresh process
 runs the point. Set side by side, the two say whether a fresh process would have run the point, and
 by how much the allocator's state at the error differs between them.

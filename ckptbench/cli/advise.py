@@ -8,8 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
-from ckptbench.cli.common import Command, err, fail, out
+from ckptbench.cli.common import Command, err, fail, finite, out
 from ckptbench.cli.progress import EstimateProgressBar
+from ckptbench.config.cards import CARDS
 from ckptbench.errors import CkptbenchError
 from ckptbench.results.fit import DEFAULT_HEADROOM
 
@@ -36,6 +37,12 @@ class AdviseCommand(Command):
         return super().parse_args(ctx, spread)
 
 
+# Generated from the card table (config/cards.py): a few common keys and the count.
+_COMMON = ("h100-80gb", "a100-80gb", "a100-40gb", "l40s", "rtx-4090", "a10g", "l4")
+CARD_HELP = (f"A card ({', '.join(k for k in _COMMON if any(c.key == k for c in CARDS))}, ...: `ckptbench gpus` lists "
+             f"all {len(CARDS)}) or its memory size (24GiB).")
+
+
 class AdviseFormat(str, Enum):
     """What advise writes: a table for people, Markdown or JSON (every number labelled)."""
 
@@ -45,10 +52,11 @@ class AdviseFormat(str, Enum):
 
 
 def advise_cmd(
-    model: Annotated[str, typer.Option("--model", metavar="PRESET", help="llama-7b, llama-13b, llama3-8b, ...")]
-    = "llama-7b",
-    gpu: Annotated[str, typer.Option("--gpu", metavar="CARD", help="a100-80gb, a100-40gb, h100-80gb, h200, l40s.")]
-    = "a100-80gb",
+    model: Annotated[str, typer.Option(
+        "--model", metavar="MODEL",
+        help="A preset (llama-7b, llama-3.1-8b, qwen3-8b, ...), a config.json or its folder, or a Hugging Face id "
+             "(org/name: config.json only, the local cache first).")] = "llama-7b",
+    gpu: Annotated[str, typer.Option("--gpu", metavar="CARD|SIZE", help=CARD_HELP)] = "a100-80gb",
     batch: Annotated[list[int] | None, typer.Option("--batch", metavar="N", help="Batch size(s) per step.")] = None,
     seq: Annotated[list[int] | None, typer.Option("--seq", metavar="N", help="Sequence length(s).")] = None,
     precision: Annotated[str | None, typer.Option(
@@ -64,6 +72,14 @@ def advise_cmd(
     budget: Annotated[str | None, typer.Option(
         "--budget", metavar="SIZE", help="Memory to fit within (default: the card's usable memory), e.g. 70GiB.")]
     = None,
+    parallel: Annotated[str, typer.Option(
+        "--parallel", metavar="ddp:N|fsdp2:N", help="N cards, data parallel or FSDP2-sharded: answered per rank.")]
+    = "none",
+    tflops: Annotated[float | None, typer.Option(
+        "--tflops", metavar="TFLOP/S", callback=finite,
+        help="With --gpu SIZE: the card's dense bf16 peak, to carry step times over.")] = None,
+    bandwidth: Annotated[float | None, typer.Option(
+        "--bandwidth", metavar="TB/S", callback=finite, help="With --gpu SIZE: the card's memory bandwidth.")] = None,
     times_from: Annotated[list[str] | None, typer.Option(
         "--times-from", metavar="RUN", help="Fit step times to these runs (default: the committed H200 runs).")]
     = None,
@@ -85,6 +101,7 @@ def advise_cmd(
             model=model, gpu=gpu, batches=tuple(batch or [2]), seqs=tuple(seq or [2048]), precision=precision,
             optimizer=optimizer, times_from=tuple(times_from or ()), observed=observed,
             allow=tuple(a.strip() for a in (allow or "").split(",") if a.strip()), headroom=headroom, budget=budget,
+            tflops=tflops, bandwidth=bandwidth, parallel=parallel,
         ).checked()
     except CkptbenchError as exc:
         raise fail(exc) from None

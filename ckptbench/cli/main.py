@@ -14,6 +14,7 @@ from ckptbench.cli.answers import answers_cmd
 from ckptbench.cli.common import Group, err, example, out
 from ckptbench.cli.compare import compare
 from ckptbench.cli.estimate import estimate
+from ckptbench.cli.gpus import gpus_cmd
 from ckptbench.cli.recommend import recommend_cmd, report_cmd
 from ckptbench.cli.runs import hold_late_signals_until_exit
 from ckptbench.cli.sweep import layouts, sweep
@@ -62,6 +63,7 @@ app.command("trace-allocator", **example(TRACE_EXAMPLE))(trace_allocator)
 app.command(**example("ckptbench tune configs/llama7b-tune.yaml --budget 80 --max-points 25"))(tune)
 ADVISE_EXAMPLE = "ckptbench advise --model llama-7b --gpu a100-80gb --batch 2 8 --seq 2048"
 app.command("advise", **{**example(ADVISE_EXAMPLE), "cls": AdviseCommand})(advise_cmd)
+app.command("gpus", **example("ckptbench gpus --format markdown"))(gpus_cmd)
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from ckptbench.advise.record import Advice, Option, Table, advice_json, gib
+from ckptbench.advise.verdict import ALLOCATED_ONLY
 from ckptbench.render.tables import Column, FitTable, markdown_of
 
 # The verdict columns (setup, needed, fits) are always shown; at 80 columns the others give way, the least
@@ -52,8 +53,12 @@ def _time_label(advice: Advice) -> str:
 
 def _caption(advice: Advice, t: Table) -> str:
     context = "measured" if advice.card.measured else "estimated"
-    arithmetic = any(o.verdict.label != "predicted" for o in t.rows if o.verdict.predicted)
-    star = "; * by arithmetic (see JSON)" if arithmetic else ""
+    labels = {o.verdict.label for o in t.rows if o.verdict.predicted and o.verdict.label != "predicted"}
+    star = ""
+    if labels == {ALLOCATED_ONLY}:
+        star = "; * allocated peak + context: the allocator is not replayed for this setup"
+    elif labels:
+        star = "; * by arithmetic or without the allocator's replay (see JSON)"
     acc = "; 'L, m x b': m micro-batches of b accumulated" if t.accumulation else ""
     return (f"needed: reserved raised to its bound + {context} context, predicted; margin: limit less needed; "
             f"{_time_label(advice)}{acc}{star}")
@@ -109,6 +114,8 @@ def advise_renderable(advice: Advice) -> RenderableType:
                   Text("transformers / HF Trainer / TRL:"), Text(c.transformers, no_wrap=True), Text(""),
                   Text("plain PyTorch:"), Text(c.pytorch, no_wrap=True), Text(""),
                   Text(f"torchtitan: {c.torchtitan}"), Text(f"Megatron-Core: {c.megatron}")]
+        if c.accelerate:
+            parts += [Text(""), Text("accelerate (accelerate launch --config_file):"), Text(c.accelerate, no_wrap=True)]
     return Group(*parts)
 
 
@@ -124,6 +131,8 @@ def advise_markdown(advice: Advice) -> str:
         out += [f"**Code for {advice.code_for}**", "", "transformers / HF Trainer / TRL:", "", "```python",
                 c.transformers, "```", "", "plain PyTorch:", "", "```python", c.pytorch, "```", "",
                 f"- torchtitan: {c.torchtitan}", f"- Megatron-Core: {c.megatron}", ""]
+        if c.accelerate:
+            out += ["accelerate (accelerate launch --config_file):", "", "```yaml", c.accelerate, "```", ""]
     return "\n".join(out)
 
 

@@ -216,7 +216,7 @@ def _caption(estimates: Sequence[Estimate]) -> str:
     text = "breakdown at the predicted peak; fake-tensor trace of the training step, not a measurement"
     if any(e.reserved_bound_bytes is not None for e in estimates):
         text += ("; reserved bound: est. reserved raised by the worst under-prediction seen on the committed H200 runs "
-                 "for its kind of layout (README), what 'fits budget' is decided on")
+                 "for its kind of layout (docs/estimating.md), what 'fits budget' is decided on")
     return text
 
 

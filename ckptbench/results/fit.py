@@ -18,7 +18,7 @@ DEFAULT_HEADROOM = "5%"
 
 # How far the measured peak reserved lay above the replayed allocator's prediction, at worst, on the
 # committed H200 runs (`ckptbench estimate` on results/h200-gpu-check-2/check and
-# results/h200-gpu-check-1/axes: 30 ok points, tests/fixtures/reserved_predictions.json; README, "Reserved
+# results/h200-gpu-check-1/axes: 30 ok points, tests/fixtures/reserved_predictions.json; docs/estimating.md, "Reserved
 # predictions and their bound"), as a share of the prediction, rounded up. A prediction is judged on its
 # upper bound: predicted peak reserved x (1 + that share for its kind of layout).
 # - layouts that recompute no MLP (none, whole layers, attention only; with offloading, micro-batches,

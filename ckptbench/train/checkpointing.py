@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from ckptbench.config.layouts import LayoutPlan
-from ckptbench.train.model import decoder_layers, layer_parts
+from ckptbench.train.model import causal_lm, decoder_layers, layer_parts
 from ckptbench.train.offload import HostOffload
 
 
@@ -31,6 +31,33 @@ def transformers_switches() -> tuple[bool, bool]:
 
     enable = getattr(PreTrainedModel, "activation_checkpointing_enable", None)
     return enable is not None, enable is not None and "every_n_layers" in inspect.signature(enable).parameters
+
+
+def switch_layers(model: nn.Module, plan: LayoutPlan) -> list[int]:
+    """Apply a whole-layer plan to a transformers model through its own switches, for good (a training script's
+    model): checkpointing enabled (non-reentrant), then each decoder layer's ``gradient_checkpointing`` flag set to
+    whether the plan checkpoints it. Returns the layers checkpointed. A plan of parts of layers (attention, MLP,
+    per-op) is not one transformers can say: ValueError (``applied`` wraps such modules instead)."""
+    if plan.granularity != "block":
+        raise ValueError(f"{plan.layout}: transformers checkpoints whole decoder layers only; wrap the modules "
+                         "with torch.utils.checkpoint (ckptbench advise prints the code)")
+    layers = decoder_layers(model)
+    if len(layers) != plan.num_layers:
+        raise ValueError(f"plan is for {plan.num_layers} layers, the model has {len(layers)}")
+    lm = causal_lm(model)
+    kwargs = {"use_reentrant": False}
+    if not plan.layers:
+        disable = getattr(lm, "activation_checkpointing_disable", None) or lm.gradient_checkpointing_disable
+        disable()
+        return []
+    if transformers_switches()[0]:
+        lm.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    chosen = set(plan.layers)
+    for i, layer in enumerate(layers):
+        setattr(layer, "gradient_checkpointing", i in chosen)  # noqa: B010 - a plain flag (nn.Module's typing)
+    return sorted(chosen)
 
 
 def _saved_ops() -> frozenset[Any]:
