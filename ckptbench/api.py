@@ -114,7 +114,7 @@ def estimate(
     else the config's ``memory_cap_gib``. ``full``: trace the whole model for every point (slow). ``workers``:
     the processes the traces and points are spread over (default: one per core; the estimates do not depend on it).
     """
-    from ckptbench.estimator.api import estimate_config, estimate_points, resolve_target
+    from ckptbench.estimator.estimator import estimate_config, estimate_points, resolve_target
     from ckptbench.units import parse_size
 
     cfg = load_config(config)

@@ -87,7 +87,7 @@ def bench_estimate(config: str) -> dict[str, Any]:
     process: the traces, the estimates, the allocator replay's share (the estimates with the card's replay
     minus the same estimates without a card), seconds per point."""
     from ckptbench.config.load import load_config
-    from ckptbench.estimator import api
+    from ckptbench.estimator import estimator as api
     from ckptbench.estimator.workers import worker_count
 
     cfg = load_config(ROOT / config)
@@ -138,7 +138,7 @@ def bench_estimate(config: str) -> dict[str, Any]:
 
 
 def _count_traces(cfg: Any, points: Sequence[Any]) -> int:
-    from ckptbench.estimator import api
+    from ckptbench.estimator import estimator as api
 
     return len(api.Estimator(cfg, target="cuda", gpu=None).jobs(points))
 

@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write the lines to this file")
     args = parser.parse_args(argv)
     from ckptbench.config.load import load_config, parse_config
-    from ckptbench.estimator.api import estimate_config, estimate_points
+    from ckptbench.estimator.estimator import estimate_config, estimate_points
     from ckptbench.estimator.gpus import DEFAULT_GPU, gpu_for_name, gpu_model
     from ckptbench.results.store import load_run
 

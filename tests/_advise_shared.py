@@ -32,8 +32,8 @@ def at_root() -> Iterator[None]:
 
 
 def estimator_for(request: Any) -> Any:
-    from ckptbench.advise.search import PRIMED
-    from ckptbench.estimator.api import Estimator
+    from ckptbench.advise.predictor import PRIMED
+    from ckptbench.estimator.estimator import Estimator
 
     card = request.card()
     on_card = (request.model, request.optimizer, card.key)

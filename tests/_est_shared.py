@@ -4,12 +4,12 @@ Many tests run a command (estimate, report, answers, advise) on the same committ
 run re-traced and re-replayed the same LLaMA-7B points (seconds to tens of seconds each). The fixture
 ``shared_estimates`` memoises, while a test module that asks for it runs, two entry points of the product:
 
-- ``ckptbench.estimator.api.estimate_points``, each point by the exact other arguments (the config's JSON,
+- ``ckptbench.estimator.estimator.estimate_points``, each point by the exact other arguments (the config's JSON,
   the target, the method, the budget, the card, the rank, CUBLAS_WORKSPACE_CONFIG); ``workers`` and
-  ``on_progress`` are left out of the key (the estimates do not depend on them: estimator/api.py), and so
+  ``on_progress`` are left out of the key (the estimates do not depend on them: estimator/estimator.py), and so
   are the other points asked with it (the fast path is exact per point); a call with any point not yet
   estimated estimates all its points, as the product would;
-- the estimator behind ``answers``' claim predictions (advise/claim_predictions.py): one Estimator per
+- the estimator behind ``answers``' claim predictions (advise/answers_predictions.py): one Estimator per
   exact (config, target, method, rank, card), and each point's prediction once per Estimator.
 
 The first test to ask computes with the product's own code; later ones get a deep copy of that result.
@@ -38,7 +38,7 @@ _REPLAYED: set[tuple[Any, ...]] = set()  # id(shared Estimator) -> point -> Pred
 
 
 def _card_key(target: str, gpu: Any) -> str | None:
-    from ckptbench.estimator.api import card
+    from ckptbench.estimator.estimator import card
 
     return card(gpu).key if target == "cuda" else None
 
@@ -77,8 +77,8 @@ def _memo_estimate_points(real: Callable[..., list[Any]]) -> Callable[..., list[
 @pytest.fixture(scope="module")
 def shared_estimates() -> Iterator[None]:
     """Within the module, estimates of a config already estimated in this process come from the memo."""
-    import ckptbench.advise.claim_predictions as claims
-    import ckptbench.estimator.api as api
+    import ckptbench.advise.answers_predictions as claims
+    import ckptbench.estimator.estimator as api
 
     real_estimator, real_predictor = claims.Estimator, claims._Predictor
 

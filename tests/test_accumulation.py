@@ -15,7 +15,7 @@ from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig
 from ckptbench.estimator import replay as replay_module
 from ckptbench.estimator.allocator import DeviceLimit
-from ckptbench.estimator.api import Estimator
+from ckptbench.estimator.estimator import Estimator
 from ckptbench.estimator.event_assembly import StepEvents
 from ckptbench.estimator.gpus import gpu_model
 from ckptbench.estimator.record import Estimate

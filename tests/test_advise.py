@@ -19,7 +19,6 @@ import torch
 from typer.testing import CliRunner
 
 from ckptbench.advise.record import FamilyScan
-from ckptbench.advise.search import largest, smallest
 from ckptbench.advise.snippets import (
     Setup,
     megatron_setting,
@@ -30,6 +29,7 @@ from ckptbench.advise.snippets import (
     transformers_code,
 )
 from ckptbench.advise.verdict import Limit, Outcome, Verdict, judge_needed
+from ckptbench.analysis.boundary import largest, smallest
 from ckptbench.cli.main import app
 from ckptbench.config.layouts import parse_layout
 from ckptbench.estimator.gpus import gpu_model

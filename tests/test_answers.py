@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ckptbench.advise.claim_predictions import predict_for_claims
+from ckptbench.advise.answers_predictions import predict_for_claims
 from ckptbench.answers.claims import Answers, answer_claims
 from ckptbench.answers.evidence import Scope
 from ckptbench.answers.predictions import Pred, Predictions

@@ -119,7 +119,7 @@ def test_no_api_name_is_also_a_module_of_the_package() -> None:
 
     clashes = [name for name in ckptbench.__all__ if importlib.util.find_spec(f"ckptbench.{name}") is not None]
     assert clashes == []
-    importlib.import_module("ckptbench.estimator.api")
+    importlib.import_module("ckptbench.estimator.estimator")
     importlib.import_module("ckptbench.sweep.sweep")
     assert all(callable(getattr(ckptbench, name)) for name in ckptbench.__all__ if name != "__version__")
 

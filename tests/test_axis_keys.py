@@ -16,7 +16,7 @@ from ckptbench.config.axes import WEIGHT_DTYPE
 from ckptbench.config.compat import TORCH_OPTIMIZERS, cuda_need
 from ckptbench.config.grid import _ORDER, AXES, AXIS_DEFAULTS, KEY_AXES, Axis, NeedsCuda, Point, as_is, model_setup
 from ckptbench.config.sweep_axes import PointSpec, SweepAxes
-from ckptbench.estimator.api import _optim_key, _shape_key
+from ckptbench.estimator.estimator import _optim_key, _shape_key
 from ckptbench.estimator.trace import _reuse_key, trace_optimizer, trace_step
 from ckptbench.train.optimizers import _TORCH
 from ckptbench.train.step import param_dtype
@@ -105,7 +105,7 @@ def test_the_declared_transforms_share_a_trace_where_the_step_is_the_same() -> N
     assert _shape_key(two) == _shape_key(four) != _shape_key(BASE)
     amp = dataclasses.replace(BASE, precision="amp_bf16")
     assert _optim_key(amp) == _optim_key(BASE) and _shape_key(amp) != _shape_key(BASE)
-    assert _optim_key(amp)[0] == "float32 weights"  # the label of the optimizer's trace (estimator/api.py)
+    assert _optim_key(amp)[0] == "float32 weights"  # the label of the optimizer's trace (estimator/estimator.py)
     fsdp2, fsdp2_amp = (dataclasses.replace(p, parallel="fsdp2:2") for p in (BASE, amp))
     assert _optim_key(fsdp2) != _optim_key(fsdp2_amp)
     assert _shape_key(BASE)[0] == _optim_key(fsdp2)[0] == "fp32"  # precision first: traces are grouped by the rest

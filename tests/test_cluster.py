@@ -309,7 +309,7 @@ def test_a_plain_sweep_needs_no_submitit() -> None:
     """Only a fanned-out sweep imports submitit: a GPU machine without it still runs every other command."""
     code = (
         "import sys; sys.modules['submitit'] = None\n"  # 'import submitit' now raises ImportError
-        "import ckptbench.sweep.sweep, ckptbench.search.tune, ckptbench.cli.main\n"
+        "import ckptbench.sweep.sweep, ckptbench.search.tune_search, ckptbench.cli.main\n"
         "from ckptbench.processes.executors import LocalPool\n"
         "try:\n    LocalPool(folder=__import__('pathlib').Path('.'), gpus=[])\nexcept ImportError:\n    print('lazy')\n"
     )

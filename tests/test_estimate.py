@@ -18,8 +18,8 @@ from ckptbench.cli.main import app
 from ckptbench.config.grid import Point, key_id
 from ckptbench.config.load import load_config, parse_config
 from ckptbench.config.schema import SweepConfig
-from ckptbench.estimator.api import Estimate, Estimator, estimate_config, estimate_points, iter_predictions
 from ckptbench.estimator.device_model import CudaKernels
+from ckptbench.estimator.estimator import Estimate, Estimator, estimate_config, estimate_points, iter_predictions
 from ckptbench.estimator.record import CATEGORIES
 from ckptbench.measure.device import make_probe, resolve_device
 from ckptbench.measure.progress import Progress

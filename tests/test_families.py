@@ -24,15 +24,15 @@ from ckptbench.config.load import load_config, parse_config
 from ckptbench.config.presets import PUBLISHED, TINY_FAMILIES, preset_source
 from ckptbench.errors import ConfigError
 from ckptbench.estimator import trace as trace_module
-from ckptbench.estimator.api import estimate_points
+from ckptbench.estimator.estimator import estimate_points
 from ckptbench.results.record import PointRecord
 from ckptbench.train.checkpointing import plan_modules
 from ckptbench.train.flops import step_flops
 from ckptbench.train.model import (
     build_model,
     decoder_layers,
+    hf_config,
     layer_parts,
-    llama_config,
     lora_targets,
     model_shape,
 )
@@ -171,7 +171,7 @@ PUBLISHED_PARAMS = {
 def test_published_presets_have_the_published_parameter_counts(preset: str) -> None:
     """The presets' sizes are the published models' (the shape counted on the family's own modules)."""
     cfg = parse_config({"name": "p", "model": {"preset": preset}})
-    hf: Any = llama_config(cfg.model)
+    hf: Any = hf_config(cfg.model)
     shape = model_shape(hf)
     embed = hf.vocab_size * hf.hidden_size
     total = shape.num_layers * shape.layer_params + embed + hf.hidden_size
@@ -184,7 +184,7 @@ def test_flops_are_counted_per_family() -> None:
     """LLaMA's count is unchanged; Gemma's attention is 16 x 256 wide on a 3072 hidden size; Mistral-7B v0.1
     attends within its 4096-token window; biases and q/k norms count in the parameters."""
     def shape(preset: str) -> Any:
-        return model_shape(llama_config(parse_config({"name": "p", "model": {"preset": preset}}).model))
+        return model_shape(hf_config(parse_config({"name": "p", "model": {"preset": preset}}).model))
 
     llama = shape("llama-7b")
     d, ff, v = 4096, 11008, 32000
@@ -300,14 +300,14 @@ def test_config_json_forms(tmp_path: Path) -> None:
     (tmp_path / "ckpt" / "config.json").unlink()
     again = parse_config(dumped)  # a stored run's config: the file is no longer needed
     assert again.model == cfg.model and again.points_list() == cfg.points_list()
-    hf: Any = llama_config(cfg.model)
+    hf: Any = hf_config(cfg.model)
     assert type(hf).__name__ == "Qwen3Config" and hf.num_hidden_layers == 2 and hf.dtype is None
     assert parse_config({"name": "x"}).model_dump(mode="json")["model"] == {
         "preset": "llama-7b", "overrides": {}, "attn_implementation": "sdpa"}  # a preset's spec dumps as before
     bad = parse_config({"name": "x", "model": {"config_fields": json.loads(QWEN3_8B_JSON.read_text()),
                                                "overrides": {"q_norm_eps": 1.0}}})
     with pytest.raises(ConfigError, match=r"model\.overrides\.q_norm_eps: not a Qwen3Config field"):
-        llama_config(bad.model)
+        hf_config(bad.model)
     for model, message in [
         ({"config": "nope/config.json"}, "model.config: no such file 'nope/config.json'"),
         ({"preset": "qwen3-8b", "config": "x.json"}, "model: give either a preset or a config"),

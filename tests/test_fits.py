@@ -13,7 +13,7 @@ import pytest
 from matplotlib.collections import PathCollection
 
 from ckptbench.analysis.recommend import candidates, recommend
-from ckptbench.analysis.tune import Margin, TuneCandidate, TunePlanner, predicted_fit
+from ckptbench.analysis.tune_planner import Margin, TuneCandidate, TunePlanner, predicted_fit
 from ckptbench.answers.evidence import Cite
 from ckptbench.config.grid import Point
 from ckptbench.estimator.gpus import gpu_for_name

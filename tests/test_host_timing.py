@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import ckptbench.measure.window as window_module
-from ckptbench.estimator.api import estimate_points, iter_predictions
+from ckptbench.estimator.estimator import estimate_points, iter_predictions
 from ckptbench.measure.environment import available_cpus, spread_warning
 from ckptbench.render.summary import summary_rows
 from ckptbench.results.meta import RunMeta

@@ -21,7 +21,7 @@ from ckptbench.config.load import load_config
 from ckptbench.estimator import allocator as allocator_module
 from ckptbench.estimator import native_fingerprint
 from ckptbench.estimator.allocator import NATIVE, AllocatorSegment, Block, CachingAllocator, DeviceLimit, SortedBlocks
-from ckptbench.estimator.api import Estimator
+from ckptbench.estimator.estimator import Estimator
 from ckptbench.estimator.gpus import gpu_model
 from tests._native import REQUIRED, WITH_NATIVE
 from tests.conftest import tiny_config

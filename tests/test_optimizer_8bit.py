@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from ckptbench.cli.main import app
 from ckptbench.estimator import optim_8bit
-from ckptbench.estimator.api import Estimator, card, estimate_points
+from ckptbench.estimator.estimator import Estimator, card, estimate_points
 from ckptbench.estimator.event_assembly import segment_events
 from ckptbench.estimator.events import ALLOC
 from ckptbench.measure.device import make_probe, resolve_device

@@ -4,7 +4,7 @@ and the amp precisions (fp32 weights) run one optimizer trace, and their estimat
 from __future__ import annotations
 
 from ckptbench.config.grid import Point
-from ckptbench.estimator.api import Estimator, card
+from ckptbench.estimator.estimator import Estimator, card
 from tests.conftest import tiny_config
 
 _SWEEP = {"layout": ["none", "all"], "batch_size": [2], "seq_len": [64], "precision": ["fp32", "amp_bf16", "bf16"]}

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ckptbench.estimator import trace as trace_module
-from ckptbench.estimator.api import Estimator, card
+from ckptbench.estimator.estimator import Estimator, card
 from tests.conftest import tiny_config
 
 _SWEEP = {

@@ -199,7 +199,7 @@ def test_the_allocator_axis_changes_the_replay_not_the_trace() -> None:
     predicted to take most of the fragmentation away (an estimate until scripts/gpu_stages/10-allocator.sh
     measures it)."""
     from ckptbench.config.load import load_config
-    from ckptbench.estimator.api import estimate_points
+    from ckptbench.estimator.estimator import estimate_points
 
     cfg = load_config(Path(__file__).parents[1] / "configs" / "allocator-axis.yaml")
     est = {e.point.allocator: e for e in estimate_points(cfg, cfg.points_list())}
@@ -244,7 +244,7 @@ def test_a_child_record_keeps_the_parents_predictions_and_is_marked_fresh() -> N
 
 def test_background_predictions_carry_the_reserved_prediction_for_the_sweeps_card() -> None:
     """On CUDA a sweep's predictions come from a process that sees no GPU: the card travels with the request."""
-    from ckptbench.estimator.api import predict_records
+    from ckptbench.estimator.estimator import predict_records
     from ckptbench.sweep.predictions import BackgroundPredictions
 
     cfg = tiny_config(device="cuda", sweep={"layout": ["none", "all"], "batch_size": [2], "seq_len": [64]})

@@ -500,7 +500,7 @@ def test_an_unknown_field_whose_name_holds_a_bracket_is_named(tmp_path: Path) ->
 def test_an_interrupted_tune_names_tune_to_finish_it(
     mini_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ckptbench.sweep import tuning
+    from ckptbench.sweep import tune_run as tuning
     from ckptbench.sweep.sweep import SweepInterrupted
 
     run = Path(shutil.copytree(FIXTURES / "runs" / "few", tmp_path / "run"))

@@ -12,14 +12,14 @@ import pytest
 from ckptbench.config.grid import Point
 from ckptbench.config.load import load_config
 from ckptbench.errors import ConfigError
-from ckptbench.estimator.api import Estimator, estimate_points
+from ckptbench.estimator.estimator import Estimator, estimate_points
 from ckptbench.measure.loss_check import loss_rtol
 from ckptbench.processes.outcome import ProcessFailure
 from ckptbench.processes.ranks import merge_ranks
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import load_run
 from ckptbench.sweep.sweep import run_sweep
-from ckptbench.train.model import llama_config
+from ckptbench.train.model import hf_config
 from tests.conftest import tiny_config
 
 TWO_LAYERS = {"preset": "tiny", "overrides": {"num_hidden_layers": 2}}
@@ -59,7 +59,7 @@ def _gloo_race_bytes(cfg: Any, parallel: str) -> int:
     or 263,168 bytes more on ('fsdp2:2', 'none'). 1 KiB covers the scalars and rounding around it."""
     if not parallel.startswith("fsdp2"):
         return 0
-    llama = llama_config(cfg.model)
+    llama = hf_config(cfg.model)
     return (2 * llama.vocab_size * llama.hidden_size + llama.hidden_size) * 4 + 1024
 
 

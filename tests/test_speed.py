@@ -281,7 +281,7 @@ def test_a_shapes_short_models_of_every_precision_are_traced_together() -> None:
     """The trace groups a worker takes whole: one per shape with its precisions in the grid's order (the autocast ones
     after the plain ones whose fake-tensor cache entries they use), each optimizer trace alone; ``jobs`` is them in
     order, the first short model first."""
-    from ckptbench.estimator.api import Estimator
+    from ckptbench.estimator.estimator import Estimator
     from tests.conftest import tiny_config
 
     cfg = tiny_config(device="cuda", sweep={"layout": ["none", "all"], "batch_size": [1, 2], "seq_len": [32, 64],
@@ -300,7 +300,7 @@ def test_a_shapes_short_models_of_every_precision_are_traced_together() -> None:
 
 def test_estimates_and_progress_do_not_depend_on_the_workers() -> None:
     """The traces and the points spread over forked workers give the estimates one process gives, in order."""
-    from ckptbench.estimator.api import estimate_points
+    from ckptbench.estimator.estimator import estimate_points
     from tests.conftest import tiny_config
 
     cfg = tiny_config(device="cuda", sweep={"layout": ["none", "all", "every:2"], "batch_size": [1, 2, 3],

@@ -222,7 +222,7 @@ def test_estimate_times_from_adds_the_four_fields(seven_b: str) -> None:
 
 def test_estimate_times_from_table_and_csv_label_the_time_fitted(seven_b: str) -> None:
     from ckptbench.config.load import load_config
-    from ckptbench.estimator.api import estimate_config
+    from ckptbench.estimator.estimator import estimate_config
     from ckptbench.render.estimate import estimate_csv, estimate_markdown
 
     cfg = load_config(seven_b)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ckptbench.config.grid import Point
-from ckptbench.estimator.api import estimate_points
+from ckptbench.estimator.estimator import estimate_points
 from ckptbench.measure.device import make_probe, resolve_device
 from ckptbench.measure.progress import Progress
 from ckptbench.measure.runner import Runner

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ckptbench.analysis.recommend import recommend
-from ckptbench.analysis.tune import DecisionKind, Margin, TuneCandidate, TunePlanner, predicted_fit
+from ckptbench.analysis.tune_planner import DecisionKind, Margin, TuneCandidate, TunePlanner, predicted_fit
 from ckptbench.analysis.tune_record import TuneRecord
 from ckptbench.analysis.tune_space import layout_family, parse_allow, tune_space
 from ckptbench.cli.main import app
@@ -22,7 +22,7 @@ from ckptbench.errors import ConfigError
 from ckptbench.estimator.record import Estimate, Reserved
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import load_run
-from ckptbench.search.tune import estimate_candidates
+from ckptbench.search.tune_search import estimate_candidates
 from tests.conftest import tiny_config
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tune"

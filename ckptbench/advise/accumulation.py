@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from ckptbench.advise.predictor import Predictor, family_rows
 from ckptbench.advise.record import Option
-from ckptbench.advise.search import Predictor, family_rows
 from ckptbench.config.grid import Point
 
 MAX_ACCUMULATION_COUNTS = 6  # the divisors weighed, the largest micro-batches first (B = 64: 2, 4, 8, 16, 32, 64)

@@ -15,15 +15,15 @@ from collections.abc import Callable
 from ckptbench.advise import answer
 from ckptbench.advise.accumulation import accumulation_rows, micro_points, preferred
 from ckptbench.advise.memory_parts import observed, parts
+from ckptbench.advise.predictor import PRIMED, Predictor, family_rows, fewest, largest_batch
 from ckptbench.advise.record import Advice, Option, Table, WayOut
 from ckptbench.advise.request import AdviseRequest
-from ckptbench.advise.search import PRIMED, Predictor, family_rows, fewest, largest_batch
 from ckptbench.advise.snippets import Setup, snippets
 from ckptbench.advise.ways_out import recommended, ways_out
 from ckptbench.analysis.step_time import StepTimeModel, shipped_calibration
 from ckptbench.config.grid import Point
 from ckptbench.config.layouts import parse_layout
-from ckptbench.estimator.api import Estimator
+from ckptbench.estimator.estimator import Estimator
 from ckptbench.estimator.record import EstimateProgress
 from ckptbench.results.store import load_run
 from ckptbench.train.checkpointing import transformers_switches

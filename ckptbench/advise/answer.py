@@ -9,8 +9,8 @@ predicted E'.
 
 from __future__ import annotations
 
+from ckptbench.advise.predictor import MAX_BATCH_SEARCHED
 from ckptbench.advise.record import Advice, Option, Table, safer
-from ckptbench.advise.search import MAX_BATCH_SEARCHED
 from ckptbench.advise.verdict import TIGHT_BYTES, gib
 
 TRAINER_WORDS = {

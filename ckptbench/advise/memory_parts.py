@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ckptbench.advise.predictor import Predictor
 from ckptbench.advise.record import Option, Part
 from ckptbench.advise.request import AdviseRequest
-from ckptbench.advise.search import Predictor
 from ckptbench.advise.verdict import Outcome, gib
 from ckptbench.config.grid import Point
 

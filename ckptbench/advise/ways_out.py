@@ -9,9 +9,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from ckptbench.advise.predictor import Predictor
 from ckptbench.advise.record import Table, WayOut
 from ckptbench.advise.request import AdviseRequest
-from ckptbench.advise.search import Predictor
 
 # (what, the point's axes it changes, whether it changes what is trained, the allow name that admits it)
 _VARIANTS: tuple[tuple[str, dict[str, Any], bool], ...] = (

@@ -45,10 +45,6 @@ class MemorySplit:
     def activation_share(self) -> float:
         return self.activation_bytes / self.peak_allocated_bytes if self.peak_allocated_bytes else 0.0
 
-    @property
-    def static_share(self) -> float:
-        return self.static_bytes / self.peak_allocated_bytes if self.peak_allocated_bytes else 0.0
-
 
 def split_of(rec: PointRecord) -> MemorySplit | None:
     """The point's split, or None when it did not run or its static part was not measured."""

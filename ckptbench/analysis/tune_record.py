@@ -1,5 +1,5 @@
 """tune's search as run.json keeps it (the ``searches`` entry of kind 'tune'), typed: written by the planner
-(analysis/tune.py ``TunePlanner.outcome``), read back by `ckptbench tune` and `report` (render/tune.py).
+(analysis/tune_planner.py ``TunePlanner.outcome``), read back by `ckptbench tune` and `report` (render/tune.py).
 
 Written with exactly the fields the planner gives (``to_json``: a field is absent where it was not given, and
 ``null`` where it was given as None), read leniently: a field a newer ckptbench wrote is kept as it is, and a
@@ -61,7 +61,7 @@ class MarginRecord(_Stored):
 
 
 class SpaceRecord(_Stored):
-    """What was searched (sweep/tuning.py adds it to the outcome it returns; run.json has not held it)."""
+    """What was searched (sweep/tune_run.py adds it to the outcome it returns; run.json has not held it)."""
 
     candidates: int = 0
     notes: list[str] = Field(default_factory=list)
@@ -81,6 +81,6 @@ class TuneRecord(_Stored):
     margin: MarginRecord | None = None
     measured_points: int = 0
     stopped_by: str | None = None
-    counts: dict[str, int] = Field(default_factory=dict)  # decisions per kind (analysis/tune.py DecisionKind)
+    counts: dict[str, int] = Field(default_factory=dict)  # decisions per kind (analysis/tune_planner.py DecisionKind)
     decisions: list[DecisionRecord] = Field(default_factory=list)
     space: SpaceRecord | None = None

@@ -1,7 +1,7 @@
 """Points the claims need but no run measured: exact memory predictions and fitted step times, as plain data (pure).
 
-The estimator (estimator/api.py) imports torch, so the answers room never runs it: a room above
-(advise/claim_predictions.py) predicts the points :func:`wanted` names, runs the :class:`Search` es it lists,
+The estimator (estimator/estimator.py) imports torch, so the answers room never runs it: a room above
+(advise/answers_predictions.py) predicts the points :func:`wanted` names, runs the :class:`Search` es it lists,
 and hands the results in as :class:`Predictions` (a mapping point key -> :class:`PredictedPoint`, and the
 step-time model of analysis/step_time.py fitted to the same runs). A claim reads a measured point where
 one exists and a :class:`Pred` otherwise; every number a Pred gives is labelled *predicted* (memory: the

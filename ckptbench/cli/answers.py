@@ -100,7 +100,7 @@ def _answers(runs: list[str], *, budget: str, headroom: str, predict: bool) -> A
 
 def _predictions(runs: list[Run], limit: Budget) -> Predictions:
     """What the claims need that no run measured: predicted on a CPU (tens of seconds; progress on stderr)."""
-    from ckptbench.advise.claim_predictions import predict_for_claims
+    from ckptbench.advise.answers_predictions import predict_for_claims
     from ckptbench.answers.evidence import Scope
     from ckptbench.cli.progress import EstimateProgressBar
 

@@ -74,7 +74,7 @@ def estimate(
     """
     from ckptbench.analysis.step_time import StepTimeModel
     from ckptbench.config.load import with_parallel
-    from ckptbench.estimator.api import estimate_config
+    from ckptbench.estimator.estimator import estimate_config
     from ckptbench.estimator.gpus import gpu_for_name, gpu_model
     from ckptbench.render.estimate import RENDERERS, estimate_table
     from ckptbench.results.inputs import load_input, measured_gpu, measured_reserved
@@ -128,7 +128,7 @@ def estimate(
 
 def _write_snapshots(cfg: SweepConfig, path: Path, *, target: str | None, card: GpuModel | None, full: bool) -> None:
     """--snapshot: the predicted allocator timelines (estimator/snapshot.py), one pickle per point."""
-    from ckptbench.estimator.api import resolve_target
+    from ckptbench.estimator.estimator import resolve_target
     from ckptbench.estimator.gpus import DEFAULT_GPU, gpu_model
     from ckptbench.estimator.snapshot import point_snapshots, snapshot_paths, write_snapshot
 

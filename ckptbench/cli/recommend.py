@@ -135,7 +135,7 @@ def _breakdown_estimates(run: Run) -> list[Estimate]:
     run's stored config; none when that cannot be made (the plot then shows what was measured)."""
     from ckptbench.cli.progress import EstimateProgressBar
     from ckptbench.config.load import parse_config
-    from ckptbench.estimator.api import estimate_points, resolve_target
+    from ckptbench.estimator.estimator import estimate_points, resolve_target
     from ckptbench.plots.breakdown import breakdown_points
     from ckptbench.results.store import RUN_FILE
 

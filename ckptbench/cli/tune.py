@@ -28,7 +28,7 @@ from ckptbench.results.fit import DEFAULT_HEADROOM
 
 if TYPE_CHECKING:  # the search and the sweep import torch; the CLI stays fast to start
     from ckptbench.results.store import Run
-    from ckptbench.search.tune import TuneOptions
+    from ckptbench.search.tune_search import TuneOptions
 
 MaxPointsOpt = Annotated[
     int | None, typer.Option("--max-points", metavar="N", help="Measure at most this many points.")
@@ -71,7 +71,7 @@ def tune(
             out_path, results, resume_dir = run_paths(out_dir, results_root, resume)
             cfg = load_config(config)
             options = _options(budget, headroom, seq_len, max_points, time_budget, allow, fmt)
-            from ckptbench.sweep.tuning import check_tune_paths, run_tune
+            from ckptbench.sweep.tune_run import check_tune_paths, run_tune
 
             check_tune_paths(out=out_path, resume=resume_dir, results_root=results)  # before the bars and estimates
             with EstimateProgressBar(err) as estimating, SweepProgress(0) as progress:
@@ -101,7 +101,7 @@ def _again(config: Path, budget: str | None, headroom: str, seq_len: int | None,
 def _options(budget: str | None, headroom: str, seq_len: int | None, max_points: int | None,
              time_budget: float | None, allow: str | None, fmt: str) -> TuneOptions:
     from ckptbench.analysis.tune_space import parse_allow
-    from ckptbench.search.tune import TuneOptions
+    from ckptbench.search.tune_search import TuneOptions
     from ckptbench.units import parse_headroom, parse_size
 
     if fmt not in ("table", "json"):

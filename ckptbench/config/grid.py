@@ -4,7 +4,7 @@ the grid expanded into points. Pure data.
 From the declaration come: ``Point.key`` and the defaults old keys take, the loop order (``_ORDER``), the sweep's
 lists and explicit points (config/sweep_axes.py), ``SweepConfig.axis_values`` and the CPU refusals
 (config/schema.py), and the keys of what a point's setup shapes: the traced step and the optimizer's trace
-(estimator/api.py), the prepared short model (estimator/trace.py) and the built model (measure/model_slot.py).
+(estimator/estimator.py), the prepared short model (estimator/trace.py) and the built model (measure/model_slot.py).
 ``Point``, ``SweepAxes`` and ``PointSpec`` spell their fields out for mypy; tests/test_axis_keys.py holds them to it.
 """
 
@@ -43,7 +43,7 @@ def as_is(value: Any, point: Point) -> Any:
 
 
 def _one_or_more(micro_batches: Any, point: Point) -> Any:
-    # A short trace runs at most two micro-batches: the second stands for every later one (estimator/api.py).
+    # A short trace runs at most two micro-batches: the second stands for every later one (estimator/estimator.py).
     return min(micro_batches, 2)
 
 

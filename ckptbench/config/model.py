@@ -46,7 +46,7 @@ MAX_SIZE = 2**24
 _Size = Annotated[int, Field(strict=True, ge=1, le=MAX_SIZE)]
 
 
-class LlamaShape(BaseModel):
+class ShapeFields(BaseModel):
     """The fields of the resolved LlamaConfig that decide whether the model can be built at all."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
@@ -85,7 +85,7 @@ class LlamaShape(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _heads_fit(self) -> LlamaShape:
+    def _heads_fit(self) -> ShapeFields:
         heads, kv = self.num_attention_heads, self.num_key_value_heads or self.num_attention_heads
         if self.head_dim is None and self.hidden_size % heads:
             raise ValueError(
@@ -121,7 +121,7 @@ def check_model_shape(resolved: dict[str, Any], overrides: dict[str, Any]) -> No
     if bad is not None:
         raise ValueError(f"{bad}: must be a finite number")
     try:
-        LlamaShape.model_validate(resolved)
+        ShapeFields.model_validate(resolved)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = [str(x) for x in err.get("loc", ())]

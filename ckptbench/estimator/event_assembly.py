@@ -32,7 +32,6 @@ from typing import TypeVar
 from ckptbench.estimator.events import ALLOC, FREE
 from ckptbench.estimator.trace import StepTrace
 
-GLOBAL_ORDER = ("pre", "fwd", "head", "logits", "exit", "back", "bwd", "tail")
 COPY_ALLOC, COPY_LOCAL, COPY_PLACED = range(3)  # how the assembler copies a template event (ShortTemplate.program)
 
 

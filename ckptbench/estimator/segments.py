@@ -17,7 +17,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ckptbench.estimator.tracker import ACTIVATIONS, GRADS, LOGITS_LOSS, TRANSIENT, StepTracker
-from ckptbench.train.model import decoder_layers
+from ckptbench.train.model import causal_lm, decoder_layers
 
 
 class SegmentMarks:
@@ -26,7 +26,7 @@ class SegmentMarks:
     def __init__(self, tracker: StepTracker, model: Any) -> None:
         self.tracker = tracker
         self.model = model
-        self.base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.base = causal_lm(model)
         self.layers = decoder_layers(model)
         self.micro = -1  # index of the running micro-batch
 

@@ -202,7 +202,7 @@ def point_snapshots(
 ) -> list[dict[str, Any]]:
     """Trace ``points`` (as ``ckptbench estimate`` does, each trace once) and return each one's predicted
     snapshot on ``gpu``."""
-    from ckptbench.estimator.api import Estimator, _optim_key
+    from ckptbench.estimator.estimator import Estimator, _optim_key
     from ckptbench.estimator.replay import allocator_settings, device_limit, fast_steps, full_steps, process_model
 
     est = Estimator(cfg, target="cuda", method=method, gpu=gpu)  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ a CPU-target estimate counts as the CPU tracker measures. On top of that it
   logits and loss, transient buffers, other), so the bytes at the peak can be explained;
 - cuts the step into segments (``mark``): one per decoder-layer forward and backward, plus the
   parts before and after the layers, each with its start, peak and end byte vectors, so that
-  ckptbench.estimator.api can re-assemble the step of a model with more layers;
+  ckptbench.estimator.estimator can re-assemble the step of a model with more layers;
 - asks a kernel model (estimator/device_model.py) how the target device's allocator rounds each
   storage and which scratch buffers a kernel holds while it runs (these never surface as
   tensors, so they are added to the peak of the op that uses them);

@@ -30,7 +30,7 @@ from ckptbench.measure.progress import PROBES_GUESS, Progress, ProgressCounter
 from ckptbench.measure.window import measure_checked
 from ckptbench.results.record import PointRecord, Prediction
 from ckptbench.train.flops import peak_tflops_for, step_flops
-from ckptbench.train.model import llama_config, model_shape
+from ckptbench.train.model import hf_config, model_shape
 from ckptbench.train.unavailable import TechniqueUnavailable
 
 
@@ -104,8 +104,8 @@ class Runner:
 
     def __post_init__(self) -> None:
         try:  # checks the values of model.overrides before anything runs
-            self.llama = llama_config(self.cfg.model)
-            self.shape = model_shape(self.llama)
+            self.hf_config = hf_config(self.cfg.model)
+            self.shape = model_shape(self.hf_config)
         except CkptbenchError:
             raise
         except Exception as exc:  # LlamaConfig's own checks of model.overrides (types, head counts...)
@@ -357,7 +357,7 @@ class Runner:
     def _measure(self, model: Any, point: Point, plan: LayoutPlan, base: PointRecord) -> PointRecord:
         return measure_checked(
             model, point, plan, base, losses=self.losses, sharded=self._slot.sharded, cfg=self.cfg, probe=self.probe,
-            device=self.device, init_std=self.llama.initializer_range, vocab_size=self.llama.vocab_size,
+            device=self.device, init_std=self.hf_config.initializer_range, vocab_size=self.hf_config.vocab_size,
         )
 
 def _first_line(exc: BaseException) -> str:

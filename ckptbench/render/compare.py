@@ -193,11 +193,6 @@ def detail_lines(
     return lines
 
 
-def trailer_lines(comp: Comparison, *, only_changed: bool = False) -> list[str]:
-    """What follows the table: failure reasons, added/removed points, then the summary line."""
-    return [*detail_lines(comp, only_changed=only_changed), summary_line(comp)]
-
-
 def warning_lines(comp: Comparison) -> list[str]:
     """Environment differences first, then notes about incomplete runs."""
     env = [f"environment differs: {d}" for d in comp.environment_differences]

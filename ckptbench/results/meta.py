@@ -159,7 +159,7 @@ class RunMeta(_Open):
     resumes: list[Resume] = Field(default_factory=list)
     sweep_wall_s: Annotated[float, Field(ge=0)] = 0.0
     timing: RunTiming | None = None  # the command's own time (sweep/timing.py)
-    tune: dict[str, Any] | None = None  # tune's options (search/tune.py), as JSON
+    tune: dict[str, Any] | None = None  # tune's options (search/tune_search.py), as JSON
     note: str | None = None
     failure: str | None = None
 

@@ -149,7 +149,7 @@ class PredictedOom(_Record):
 
 
 class Prediction(_Record):
-    """What a point's record keeps of the estimate made before it ran (estimator/api.py ``prediction_of``).
+    """What a point's record keeps of the estimate made before it ran (estimator/estimator.py ``prediction_of``).
 
     Declared once, here: a ``PointRecord`` holds these fields flat, as points.jsonl always has, and the sweep's
     process carries them over to a record made in another process (processes/launch.py).

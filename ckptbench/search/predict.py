@@ -14,7 +14,7 @@ import warnings
 
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig
-from ckptbench.estimator.api import Estimator, prediction_of
+from ckptbench.estimator.estimator import Estimator, prediction_of
 from ckptbench.estimator.gpus import GpuModel
 from ckptbench.estimator.record import Estimate
 from ckptbench.results.record import Prediction
@@ -29,18 +29,17 @@ class SearchPredictor:
         self.cfg = cfg
         self.estimator = Estimator(cfg, target="cuda" if gpu is not None else "cpu", gpu=gpu)
         self.budget = int(cfg.budget_gib * GIB) if cfg.budget_gib else None
-        self._estimates: dict[str, Estimate | None] = {}
+        self._failed: set[Point] = set()
 
     def _estimate(self, point: Point) -> Estimate | None:
-        if point.key_id not in self._estimates:
-            try:
-                for _, job in self.estimator.jobs([point]):
-                    job()
-                self._estimates[point.key_id] = self.estimator.estimate(point, budget_bytes=self.budget)
-            except Exception as exc:  # as for the grid: a failing estimate must not cost a measured probe
-                warnings.warn(f"no prediction for {point.key_id}: {exc.__class__.__name__}: {exc}", stacklevel=2)
-                self._estimates[point.key_id] = None
-        return self._estimates[point.key_id]
+        if point in self._failed:
+            return None
+        try:
+            return self.estimator.predict(point, budget_bytes=self.budget)  # made once (the Estimator's memo)
+        except Exception as exc:  # as for the grid: a failing estimate must not cost a measured probe
+            warnings.warn(f"no prediction for {point.key_id}: {exc.__class__.__name__}: {exc}", stacklevel=2)
+            self._failed.add(point)
+            return None
 
     def record(self, point: Point) -> Prediction | None:
         """What a probe's record keeps of its estimate, made before it runs."""

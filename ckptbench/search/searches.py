@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ckptbench.analysis.boundary import largest_by_doubling, smallest
 from ckptbench.config.grid import Point, setup_label
 from ckptbench.config.schema import SweepConfig
 from ckptbench.results.fit import measured_fits, measured_peak_bytes
@@ -80,19 +81,11 @@ class BatchMaxSearch:
 
     def _predict_boundary(self) -> None:
         """Double, then bisect, on predictions alone: the largest batch predicted to fit."""
-        assert self.predict is not None
-        fit, fail, batch = 0, None, 1
-        while fail is None and batch <= self.limit:
-            ok = self.predict(replace(self.template, batch_size=batch))
-            if ok is None:
-                return
-            fit, fail, batch = (batch, None, batch * 2) if ok else (fit, batch, batch)
-        while fail is not None and fail - fit > 1:
-            mid = (fit + fail) // 2
-            ok = self.predict(replace(self.template, batch_size=mid))
-            if ok is None:
-                return
-            fit, fail = (mid, fail) if ok else (fit, mid)
+        predict = self.predict
+        assert predict is not None
+        fit = largest_by_doubling(lambda b: predict(replace(self.template, batch_size=b)), self.limit)
+        if fit is None:
+            return
         self.predicted = fit
         self._plan = [b for b in (fit, fit + 1) if 1 <= b <= self.limit]
 
@@ -195,13 +188,15 @@ class LayoutFitSearch:
             self.predicted = 0 if bottom else self.num_layers + 1
             self._plan = [0] if bottom else [self.num_layers]
             return
-        lo, hi = 0, self.num_layers  # lo predicted not to fit, hi predicted to fit
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            ok = self._ask(mid)
-            if ok is None:
-                return
-            lo, hi = (lo, mid) if ok else (mid, hi)
+        answers: dict[int, bool | None] = {}
+
+        def fits(k: int) -> bool:  # 0 is predicted not to fit and num_layers to fit (checked above)
+            answers[k] = self._ask(k)
+            return bool(answers[k])
+
+        hi = smallest(fits, 1, self.num_layers)
+        if hi is None or any(v is None for v in answers.values()):
+            return
         self.predicted, self._plan = hi, [hi, hi - 1]
 
     def fresh(self, point: Point) -> bool:

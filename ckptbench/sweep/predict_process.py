@@ -40,7 +40,7 @@ def main() -> int:
         os.nice(10)  # lower priority: the sweep's own process keeps the CPU it needs to drive the GPU
     from ckptbench.config.grid import Point
     from ckptbench.config.load import parse_config
-    from ckptbench.estimator.api import iter_predictions
+    from ckptbench.estimator.estimator import iter_predictions
     from ckptbench.estimator.gpus import GpuModel
 
     line = sys.stdin.readline()

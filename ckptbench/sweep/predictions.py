@@ -47,7 +47,7 @@ def predict_in_process(
 ) -> tuple[dict[str, Prediction], str | None]:
     """Predictions of ``points`` made here and now, and why there are none (None when they were made)."""
     try:
-        from ckptbench.estimator.api import predict_records
+        from ckptbench.estimator.estimator import predict_records
 
         return predict_records(cfg, points, target="cuda" if target == "cuda" else "cpu", gpu=gpu), None
     except Exception as exc:  # the estimator is an aid; a failure in it must not cost a measured run

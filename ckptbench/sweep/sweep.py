@@ -222,14 +222,14 @@ def check_model_builds(cfg: SweepConfig) -> None:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from ckptbench.train.model import llama_config
+    from ckptbench.train.model import hf_config
 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # transformers' notes on the config: the error, if any, says it
     try:
         with torch.device("meta"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            AutoModelForCausalLM.from_config(llama_config(cfg.model))  # the family's own class
+            AutoModelForCausalLM.from_config(hf_config(cfg.model))  # the family's own class
     except ConfigError:
         raise
     except Exception as exc:  # transformers raises what it raises: KeyError, AssertionError, ValueError

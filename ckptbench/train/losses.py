@@ -30,6 +30,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from ckptbench.train.model import causal_lm
 from ckptbench.train.unavailable import TechniqueUnavailable
 
 IGNORE_INDEX = -100  # transformers' label for "no prediction here"
@@ -91,18 +92,13 @@ def fused_linear_cross_entropy() -> tuple[LossFn, str]:
     return by_cce, f"cut-cross-entropy {importlib.metadata.version('cut-cross-entropy')}"
 
 
-def _causal_lm(model: nn.Module) -> Any:
-    """The LlamaForCausalLM, also under a peft wrapper."""
-    return getattr(model, "get_base_model", lambda: model)()
-
-
 @contextlib.contextmanager
 def loss_head(model: nn.Module, kind: str) -> Iterator[str | None]:
     """Compute the model's loss the ``kind`` way for the block; yields the implementation used (None: default)."""
     if kind == "default":
         yield None
         return
-    causal = _causal_lm(model)
+    causal = causal_lm(model)
     if type(causal.lm_head) is not nn.Linear:
         raise TechniqueUnavailable(f"loss {kind} needs a plain lm_head (LoRA on lm_head is not supported)")
     if getattr(causal.config, "final_logit_softcapping", None):

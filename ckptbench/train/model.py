@@ -52,7 +52,7 @@ def _repeat_layer_types(fields: dict[str, Any]) -> None:
         fields["layer_types"] = [types[i % len(types)] for i in range(n)]
 
 
-def llama_config(spec: ModelSpec) -> PretrainedConfig:
+def hf_config(spec: ModelSpec) -> PretrainedConfig:
     """The transformers config of a model spec (LlamaConfig, Qwen3Config, ...: the family's own);
     unknown override names are a ConfigError."""
     resolved = spec.resolved()
@@ -80,7 +80,7 @@ def llama_config(spec: ModelSpec) -> PretrainedConfig:
 def uniform_layers(spec: ModelSpec) -> bool:
     """Whether every decoder layer is built alike (not so in Gemma-2: sliding-window and full-attention layers
     alternate; Qwen2/3 with use_sliding_window: the layers past max_window_layers slide)."""
-    types = getattr(llama_config(spec), "layer_types", None)
+    types = getattr(hf_config(spec), "layer_types", None)
     return not types or len(set(types)) == 1
 
 
@@ -102,7 +102,7 @@ def _construct(cfg: PretrainedConfig) -> PreTrainedModel:
 
 def build_model(spec: ModelSpec, *, device: torch.device, dtype: torch.dtype, seed: int) -> PreTrainedModel:
     """Construct the model directly on ``device`` in ``dtype`` (no CPU round trip), in train mode."""
-    cfg = llama_config(spec)
+    cfg = hf_config(spec)
     # Parameters are allocated on the device in the final dtype: a 7B model builds in seconds on a GPU.
     with torch.device(device), _default_dtype(dtype):
         model = _construct(cfg)

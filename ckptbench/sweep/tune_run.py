@@ -7,17 +7,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ckptbench.analysis.tune import TunePlanner
+from ckptbench.analysis.tune_planner import TunePlanner
 from ckptbench.analysis.tune_record import SpaceRecord, TuneRecord
 from ckptbench.analysis.tune_space import TuneSpace, tune_space
 from ckptbench.config.schema import SweepConfig
-from ckptbench.estimator.api import prediction_of
+from ckptbench.estimator.estimator import prediction_of
 from ckptbench.estimator.record import EstimateProgress
 from ckptbench.measure.device import current_gpu_model, resolve_device
 from ckptbench.measure.progress import Progress
 from ckptbench.results.record import Prediction
 from ckptbench.results.store import load_run
-from ckptbench.search.tune import TuneOptions, TuneSearch, estimate_candidates
+from ckptbench.search.tune_search import TuneOptions, TuneSearch, estimate_candidates
 from ckptbench.sweep.resume import check_command
 from ckptbench.sweep.run_dir import check_paths
 from ckptbench.sweep.sweep import SweepOutcome, SweepPlan, run_sweep
@@ -58,7 +58,7 @@ def run_tune(
     device = resolve_device(cfg)
     space = tune_space(cfg, device_type=device.type, seq_len=options.seq_len, allow=options.allow)
     # On a GPU the estimator replays the caching allocator on this card: the fit check judges the predicted
-    # peak reserved plus this card's CUDA context (analysis/tune.py: predicted_fit).
+    # peak reserved plus this card's CUDA context (analysis/tune_planner.py: predicted_fit).
     gpu = current_gpu_model(device) if device.type == "cuda" else None
     candidates, notes = estimate_candidates(cfg, space, limit_bytes=options.limit_bytes,
                                             target="cuda" if device.type == "cuda" else "cpu",

@@ -10,11 +10,12 @@ from collections.abc import Callable, Sequence
 from ckptbench.advise.arithmetic import by_arithmetic, plain_point
 from ckptbench.advise.record import FamilyScan, Option
 from ckptbench.advise.verdict import Limit, Verdict, judge, judge_allocated
+from ckptbench.analysis.boundary import largest
 from ckptbench.analysis.step_time import StepTimeModel, StepTimePrediction
 from ckptbench.config.grid import Point
 from ckptbench.config.layouts import parse_layout
 from ckptbench.config.schema import SweepConfig
-from ckptbench.estimator.api import Estimator
+from ckptbench.estimator.estimator import Estimator
 from ckptbench.estimator.gpus import GpuModel
 from ckptbench.estimator.record import Estimate, EstimateProgress
 
@@ -35,8 +36,6 @@ class Predictor:
                  estimator: Estimator | None = None) -> None:
         self.cfg, self.limit, self.times, self.on_progress = cfg, limit, times, on_progress
         self.estimator = estimator if estimator is not None else Estimator(cfg, target="cuda", gpu=limit.card)
-        self._done: dict[Point, Estimate] = {}
-        self.count = 0
 
     @property
     def card(self) -> GpuModel:
@@ -44,14 +43,11 @@ class Predictor:
 
     def prime(self, points: Sequence[Point]) -> None:
         """Run the traces ``points`` need (together: one short model per shape covers every layer class)."""
-        run_traces(self.estimator, points, self.on_progress)
+        self.estimator.run_traces(points, on_progress=self.on_progress)
 
     def estimate(self, point: Point) -> Estimate:
-        if point not in self._done:
-            self.prime([point])  # nothing to run when its traces ran (jobs also registers a new shape)
-            self._done[point] = self.estimator.estimate(point, budget_bytes=self.card.total_bytes)
-            self.count += 1
-        return self._done[point]
+        """The point's estimate on the card (the Estimator's memo: made once; its traces run where they have not)."""
+        return self.estimator.predict(point, budget_bytes=self.card.total_bytes)
 
     def verdict(self, point: Point) -> Verdict:
         """The point judged against the limit; where the estimator could not trace it (a library missing here),
@@ -73,7 +69,7 @@ class Predictor:
 
     def quick_verdict(self, point: Point) -> Verdict:
         """``verdict``, without replaying the allocator where the allocated peak alone already exceeds the limit."""
-        self.prime([point])
+        self.prime([point])  # nothing to run when its traces ran
         allocated = self.estimator.allocated_peak(point)
         found = judge_allocated(allocated, self.limit) if allocated is not None else None
         return found if found is not None else self.verdict(point)
@@ -85,40 +81,6 @@ class Predictor:
         verdicts = tuple(self.quick_verdict(dataclasses.replace(base, layout=f"{family}:{c}"))
                          for c in range(1, n + 1))
         return FamilyScan(family, n, verdicts)
-
-
-def run_traces(
-    estimator: Estimator, points: Sequence[Point], on_progress: Callable[[EstimateProgress], None] | None
-) -> None:
-    """Run the traces ``points`` need, together, reporting each (a trace that ran is not run again), spread
-    over the cores."""
-    estimator.run_traces(points, on_progress=on_progress)
-
-
-def smallest(fits: Callable[[int], bool], lo: int, hi: int) -> int | None:
-    """The smallest k in lo..hi with ``fits(k)``, by bisection (fitting is monotone in k); None if hi does not."""
-    if not fits(hi):
-        return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-def largest(fits: Callable[[int], bool], lo: int, hi: int) -> int | None:
-    """The largest k in lo..hi with ``fits(k)``, by bisection (monotone); None if lo does not fit."""
-    if not fits(lo):
-        return None
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def family_rows(pred: Predictor, base: Point) -> list[Option]:

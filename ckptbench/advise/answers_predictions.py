@@ -12,14 +12,14 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ckptbench.advise.search import largest, run_traces, smallest
+from ckptbench.analysis.boundary import largest, smallest
 from ckptbench.analysis.step_time import StepTimeModel
 from ckptbench.answers.evidence import Scope
 from ckptbench.answers.predictions import OomFigures, Pred, PredictedPoint, Predictions, Search, wanted
 from ckptbench.config.grid import Point, point_of
 from ckptbench.config.load import parse_config
 from ckptbench.errors import ResultsError
-from ckptbench.estimator.api import Estimator
+from ckptbench.estimator.estimator import Estimator
 from ckptbench.estimator.gpus import DEFAULT_GPU, GpuModel, gpu_for_name, gpu_model
 from ckptbench.estimator.record import Estimate, EstimateProgress
 from ckptbench.results.store import Run
@@ -41,7 +41,7 @@ def predicted_point(e: Estimate) -> PredictedPoint:
 
 
 class _Predictor:
-    """One Estimator for every point: each trace runs once; each point is estimated once."""
+    """The answers' view of one Estimator: each point predicted once (the Estimator's memo), as plain data."""
 
     def __init__(self, estimator: Estimator, on_progress: Callable[[EstimateProgress], None] | None) -> None:
         self.estimator, self.on_progress = estimator, on_progress
@@ -49,12 +49,11 @@ class _Predictor:
 
     def prime(self, points: Sequence[Point]) -> None:
         """Run the traces ``points`` need, together (one short model per shape holds every layer class)."""
-        run_traces(self.estimator, points, self.on_progress)
+        self.estimator.run_traces(points, on_progress=self.on_progress)
 
     def predict(self, point: Point) -> PredictedPoint:
         if point not in self.done:
-            self.prime([point])
-            self.done[point] = predicted_point(self.estimator.estimate(point))
+            self.done[point] = predicted_point(self.estimator.predict(point))
         return self.done[point]
 
 

@@ -1,4 +1,4 @@
-"""`ckptbench tune`: the measuring loop around tune's decisions (analysis/tune.py).
+"""`ckptbench tune`: the measuring loop around tune's decisions (analysis/tune_planner.py).
 
 The space comes from ``analysis.tune_space``; every candidate is estimated first (the estimator runs
 the same Trainer on fake tensors), batch size by batch size, stopping at the first batch where
@@ -14,17 +14,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ckptbench.analysis.tune import Margin, TuneCandidate, TunePlanner, predicted_fit
+from ckptbench.analysis.tune_planner import Margin, TuneCandidate, TunePlanner, predicted_fit
 from ckptbench.analysis.tune_space import TuneSpace
 from ckptbench.config.grid import Point
 from ckptbench.config.layouts import parse_layout
 from ckptbench.config.schema import SweepConfig
-from ckptbench.estimator.api import Estimator, card
+from ckptbench.estimator.estimator import Estimator, card
 from ckptbench.estimator.gpus import GpuModel
 from ckptbench.estimator.record import Estimate, EstimateProgress
 from ckptbench.results.record import PointRecord
 from ckptbench.train.flops import ModelShape, step_flops
-from ckptbench.train.model import llama_config, model_shape
+from ckptbench.train.model import hf_config, model_shape
 
 
 @dataclass
@@ -94,7 +94,7 @@ def estimate_candidates(
     """
     cuda = target == "cuda"
     estimator = Estimator(cfg, target="cuda" if cuda else "cpu", gpu=card(gpu) if cuda else None)
-    shape = model_shape(llama_config(cfg.model))
+    shape = model_shape(hf_config(cfg.model))
     out: list[TuneCandidate] = []
     notes: list[str] = []
     for i, batch in enumerate(sorted(space.batch_sizes)):

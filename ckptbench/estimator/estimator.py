@@ -253,6 +253,13 @@ class Estimator:
         traced = trace_key in (self._full if self.method == "full" else self._costs)
         return (optim in self._optim or optim in self._failed) and (traced or trace_key in self._failed)
 
+    def predict(self, point: Point, *, budget_bytes: int | None = None, budget_is_cap: bool = False) -> Estimate:
+        """The estimate of one point, its traces run here first where they have not run: the one memoised "predict
+        this point" every caller asks (advise, the answers' predictions, a sweep's searches)."""
+        for _, job in self.jobs([point]):  # none when its traces ran (jobs also registers a new shape's classes)
+            job()
+        return self.estimate(point, budget_bytes=budget_bytes, budget_is_cap=budget_is_cap)
+
     def estimate(self, point: Point, *, budget_bytes: int | None = None, budget_is_cap: bool = False) -> Estimate:
         """The estimate of one point (its traces must have run: see ``jobs``), made once (asked again: the same)."""
         memo = (point, budget_bytes, budget_is_cap)
