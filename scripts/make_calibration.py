@@ -1,9 +1,11 @@
 """Write the step-time calibration ckptbench ships (ckptbench/data/step_time_calibration.json) from the committed H200
-runs: the measured points the step-time model is fitted to, with their runs' provenance.
+runs: the measured points the step-time model is fitted to and the op model calibrated on (each point's ops, traced on
+fake tensors from its run's config: estimator.run_op_costs), with their runs' provenance.
 
-    python scripts/make_calibration.py [--check]
+    python scripts/make_calibration.py [--check] [--report]
 
 ``--check`` writes nothing and exits 1 when the shipped file differs from what the runs give (tests run it too).
+``--report`` prints the op model's calibrated rates and its leave-one-out and leave-one-cell-out errors.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def calibration_text() -> str:
     import os
 
     from ckptbench.analysis.step_time import calibration_of
+    from ckptbench.estimator.estimator import run_op_costs
     from ckptbench.results.store import load_run
 
     old = os.getcwd()
@@ -33,16 +36,48 @@ def calibration_text() -> str:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # notes about single points are not the calibration's subject
             runs = [load_run(Path(r)) for r in RUNS]
-        return json.dumps(calibration_of(runs), indent=1, sort_keys=True) + "\n"
+        return json.dumps(calibration_of(runs, run_op_costs(runs)), indent=1, sort_keys=True) + "\n"
     finally:
         os.chdir(old)
+
+
+def report() -> str:
+    """The shipped op model: each calibrated rate, and each point's leave-one-out and leave-one-cell-out error."""
+    from ckptbench.analysis.step_time import shipped_calibration
+
+    lines = []
+    for model in shipped_calibration().op_models:
+        lines.append(f"{model.source()}")
+        lines += [f"  {name:<28} {value:>10.4g} {_unit(name)}" for name, value in model.rates.achieved().items()]
+        lines.append(f"  {'point':<58} {'measured s':>10} {'LOO':>8} {'LOCO':>8}")
+        loco = {json.dumps(dict(c.key), sort_keys=True): c.error for c in model.loco}
+        for c in model.loo:
+            k = c.key
+            name = (f"{k['layout']} b={k['batch_size']} x{k['micro_batches']} {k['precision']} {k['optimizer']} "
+                    f"{k['attn_implementation']} lora={k['lora']}")
+            print_loco = loco.get(json.dumps(dict(k), sort_keys=True))
+            lines.append(f"  {name:<58} {c.measured_s:>10.4f} {_pct(c.error):>8} {_pct(print_loco):>8}")
+    return "\n".join(lines)
+
+
+def _unit(name: str) -> str:
+    return "TFLOP/s" if name.startswith("flop:") else "GB/s" if name.startswith("byte:") else "us"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.2%}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with the shipped file, write nothing")
+    parser.add_argument("--report", action="store_true", help="print the shipped op model's rates and errors")
     args = parser.parse_args(argv)
     from ckptbench.analysis.step_time import CALIBRATION
+
+    if args.report:
+        print(report())
+        return 0
 
     target = ROOT / "ckptbench" / "data" / CALIBRATION
     text = calibration_text()

@@ -87,13 +87,14 @@ class FixedTimes(StepTimeModel):
 
     ms: dict[str, float] = field(default_factory=dict)
 
-    def predict(self, point: Point, *, gpu: Any = None) -> StepTimePrediction | None:
+    def predict(self, point: Point, *, gpu: Any = None, ops: Any = None, shape: Any = None
+                ) -> StepTimePrediction | None:
         ms = self.ms.get(point.key_id)
         if ms is None:
             return None
         return StepTimePrediction(ms / 1e3, point.tokens / (ms / 1e3), "fitted to hand-built points", 0.02, "fitted")
 
-    def why_not(self, point: Point, *, gpu: Any = None) -> str:
+    def why_not(self, point: Point, *, gpu: Any = None, ops: Any = None) -> str:
         return "no measured point of this setup"
 
 

@@ -130,9 +130,10 @@ def test_json_labels_every_number(thread_json: dict[str, Any]) -> None:
     numbers = list(_numbers(thread_json))
     assert len(numbers) > 100
     assert {n["label"].split(":")[0] for n in numbers} <= LABELS
-    # bf16 is calibrated (transferred from the H200); amp_bf16 (the second precision's tables) is not
+    # bf16 is fitted on the H200 and transferred to the A100; amp_bf16 (the second precision's tables), a cell nobody
+    # measured, is modelled from each op's FLOPs and bytes on the H200 and transferred the same way
     assert {n["label"] for n in _numbers(thread_json["tables"]) if n["unit"] == "s"} == {"transferred"}
-    assert {n["label"] for n in _numbers(thread_json["also"]) if n["unit"] == "s"} == {"measure to know"}
+    assert {n["label"] for n in _numbers(thread_json["also"]) if n["unit"] == "s"} == {"transferred"}
     b2, b8 = thread_json["tables"]
     rows = {r["family"]: r for r in b2["rows"]}
     assert rows["none"]["fits"] is True and b2["choice"] == "none"

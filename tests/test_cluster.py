@@ -273,7 +273,8 @@ def test_a_run_on_mixed_gpu_models_says_so_and_compare_refuses_it(tmp_path: Path
     assert {p.mark for p in refused.points} == {"not comparable"}
     assert any("ran on different GPU models" in n for n in refused.notes)
     args = ["compare", str(base), str(new), "--fail-memory", "2"]
-    assert CliRunner().invoke(app, args).exit_code == 0  # nothing compared, so no gate fires
+    gated = CliRunner().invoke(app, args)  # nothing compared: the gate judged nothing, and that is no pass (issue 35)
+    assert gated.exit_code == 2 and "the gates judged nothing" in gated.stderr
     allowed = CliRunner().invoke(app, [*args, "--allow-mixed-gpus"])
     assert allowed.exit_code == 3 and "gate failed" in allowed.output  # the 10% growth, once compared
 

@@ -426,3 +426,58 @@ def test_base_and_new_stay_visible_at_80_columns() -> None:
     header = next(line for line in result.stdout.splitlines() if line.startswith("┃ point"))
     assert [c.strip() for c in header.strip("┃").split("┃")] == ["point", "metric", "base", "new", "mark"]
     assert max(map(len, result.stdout.splitlines()[:-2])) <= 80
+
+
+# --- issue 35: a gate with nothing it could judge never passes --------------------------------------------------
+
+
+def _rewritten(tmp_path: Path, name: str, change: Any) -> Path:
+    """A copy of the base fixture run with each record replaced by ``change(record)``."""
+    run = tmp_path / name
+    run.mkdir()
+    (run / "run.json").write_text((RUNS / "base" / "run.json").read_text())
+    records = [json.loads(line) for line in (RUNS / "base" / "points.jsonl").read_text().splitlines()]
+    (run / "points.jsonl").write_text("".join(json.dumps(change(r)) + "\n" for r in records))
+    return run
+
+
+@pytest.mark.parametrize("status", ["error", "skipped"])
+@pytest.mark.parametrize("gates", [["--fail-memory", "1", "--fail-time", "5"], ["--fail-oom"]], ids=["mem-time", "oom"])
+def test_a_gate_is_not_passed_when_every_new_point_failed(tmp_path: Path, status: str, gates: list[str]) -> None:
+    crashed = _rewritten(tmp_path, "new", lambda r: {"key": r["key"], "status": status})
+    result = cli(str(RUNS / "base"), str(crashed), *gates)
+    assert result.exit_code == 2, result.output
+    assert "4 matched points" in result.stdout and "4 not comparable" in result.stdout
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: the gates judged nothing: none of the 4 matched point(s) could be compared (4 ok in the base, "
+        f"{status} in the new run); a gate with nothing to judge does not pass")
+    assert cli(str(RUNS / "base"), str(crashed)).exit_code == 0  # no gate asked: a comparison, not a verdict
+
+
+def test_a_gate_names_the_points_that_ran_in_the_base_but_failed_in_the_new_run(tmp_path: Path) -> None:
+    def crash_b2(rec: dict[str, Any]) -> dict[str, Any]:
+        return {"key": rec["key"], "status": "error"} if rec["key"]["batch_size"] == 2 else rec
+
+    half = _rewritten(tmp_path, "new", crash_b2)
+    result = cli(str(RUNS / "base"), str(half), "--fail-memory", "1")
+    assert result.exit_code == 2
+    assert "error: the gates cannot judge 2 point(s) that ran in the base run but not in the new one (2 ok in the " \
+        "base, error in the new run): none b=2 s=64 fp32, all b=2 s=64 fp32" in result.stderr
+
+
+def test_a_gate_over_runs_that_mix_gpu_models_judges_nothing_and_fails(tmp_path: Path) -> None:
+    """Peaks tripled in a new run whose points ran on two GPU models: every point is not comparable, so the
+    memory gate cannot see the growth; it must not pass."""
+    base = gpu_copy(tmp_path, "base")
+
+    def tripled_on_two_cards(rec: dict[str, Any]) -> dict[str, Any]:
+        gpu = "NVIDIA H200" if rec["key"]["layout"] == "none" else "NVIDIA H100 80GB HBM3"
+        return {**rec, "peak_allocated_bytes": rec["peak_allocated_bytes"] * 3, "gpu_name": gpu}
+
+    new = _rewritten(tmp_path, "new", tripled_on_two_cards)
+    (new / "run.json").write_text((base / "run.json").read_text())
+    result = cli(str(base), str(new), "--fail-memory", "1")
+    assert result.exit_code == 2, result.output
+    assert "none of the 4 matched point(s) could be compared (new run new ran on different GPU models " \
+        "(--allow-mixed-gpus compares them anyway))" in result.stderr
+    assert cli(str(base), str(new), "--fail-memory", "1", "--allow-mixed-gpus").exit_code == 3  # judged: +200%

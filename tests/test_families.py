@@ -304,10 +304,9 @@ def test_config_json_forms(tmp_path: Path) -> None:
     assert type(hf).__name__ == "Qwen3Config" and hf.num_hidden_layers == 2 and hf.dtype is None
     assert parse_config({"name": "x"}).model_dump(mode="json")["model"] == {
         "preset": "llama-7b", "overrides": {}, "attn_implementation": "sdpa"}  # a preset's spec dumps as before
-    bad = parse_config({"name": "x", "model": {"config_fields": json.loads(QWEN3_8B_JSON.read_text()),
-                                               "overrides": {"q_norm_eps": 1.0}}})
     with pytest.raises(ConfigError, match=r"model\.overrides\.q_norm_eps: not a Qwen3Config field"):
-        hf_config(bad.model)
+        parse_config({"name": "x", "model": {"config_fields": json.loads(QWEN3_8B_JSON.read_text()),
+                                             "overrides": {"q_norm_eps": 1.0}}})  # refused when read, before any trace
     for model, message in [
         ({"config": "nope/config.json"}, "model.config: no such file 'nope/config.json'"),
         ({"preset": "qwen3-8b", "config": "x.json"}, "model: give either a preset or a config"),

@@ -135,3 +135,129 @@ def test_isolate_records_a_crashed_and_a_hung_point_and_goes_on(
     }
     assert [p.status for p in run.points] == ["ok", "error", "error"]
     assert time.monotonic() - started < 240
+
+
+# --- issue 35: a Ctrl-C while a local job is submitted is acted on, never lost ----------------------------------
+
+
+class _StartedJob:
+    """What LocalPool.submit returns for a job: the executor's job object (only held here)."""
+
+    job_id = "1"
+
+
+def test_a_signal_while_a_local_job_starts_is_acted_on_once_it_has_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sweep --executor local`: SIGINT was set to ignored around each submit, so a Ctrl-C then was dropped (the
+    sweep ran to 'complete', exit 0). Now it is held and raised once the job has started; the job itself, started
+    meanwhile, still never gets a terminal's Ctrl-C."""
+    from ckptbench.processes.executors import LocalPool, Request
+    from ckptbench.processes.request import PointRequest
+
+    monkeypatch.setenv("CKPTBENCH_FORKSERVER", "0")  # no fork server to start for the job's points
+    pool = LocalPool(tmp_path / "jobs", gpus=[], cpu_slots=1)
+    started: list[subprocess.Popen[bytes]] = []
+    seen_inside: list[bool] = []
+
+    class Executor:
+        def update_parameters(self, **_: Any) -> None:
+            pass
+
+        def submit(self, *_: Any) -> _StartedJob:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the middle of the submit
+            started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"]))
+            time.sleep(0.3)  # long enough for the signal to be handled, were it not held
+            seen_inside.append(True)
+            return _StartedJob()
+
+    pool.executor = Executor()  # type: ignore[assignment]
+    request = PointRequest(config={}, key={"layout": "none"}, parent_pid=os.getpid())
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pool.submit(lambda: None, [Request(request)], None)  # type: ignore[arg-type, return-value]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert seen_inside == [True] and len(started) == 1  # the submit ran to its end, then the interrupt came
+    job = started[0]
+    job.send_signal(signal.SIGINT)  # a terminal's Ctrl-C reaches the job too: it is not stopped by it
+    assert job.wait(timeout=30) == 0
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())  # this process takes signals again
+
+
+# --- issue 35: every command stopped by a signal says so in one line, with 130 or 143, and leaves no worker ------
+
+
+@pytest.mark.parametrize(("sig", "code", "said"), [
+    (signal.SIGINT, 130, "Ctrl-C (SIGINT)"), (signal.SIGTERM, 143, "SIGTERM"), (signal.SIGHUP, 143, "SIGHUP"),
+], ids=["INT", "TERM", "HUP"])
+def test_a_command_stopped_by_a_signal_says_so_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, sig: int, code: int, said: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from ckptbench.analysis import compare
+    from ckptbench.cli.main import app
+
+    def stopped_midway(*_: Any, **__: Any) -> None:
+        os.kill(os.getpid(), sig)
+        time.sleep(10)  # the signal ends the command here
+        pytest.fail("the signal did not stop the command")
+
+    monkeypatch.setattr(compare, "compare_refs", stopped_midway)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    result = CliRunner().invoke(app, ["compare", "a", "b"])
+    assert (result.exit_code, result.stderr) == (
+        code, f"interrupted: ckptbench compare stopped by {said}; no file was left half-written\n")
+    assert {s: signal.getsignal(s) for s in before} == before  # the handlers are the caller's again
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(x) for x in text.split()]
+
+
+@pytest.mark.slow
+def test_sigterm_stops_an_estimate_and_its_workers_at_once(tmp_path: Path) -> None:
+    """It exited 143 silently and its workers ran on for seconds, printing BrokenPipeError tracebacks."""
+    config = tmp_path / "grid.yaml"
+    config.write_text(json.dumps(tiny_config(sweep={"layout": ["none", "all"], "batch_size": [1, 2, 3, 4],
+                                                    "seq_len": [64, 128, 256], "precision": ["fp32", "bf16"]},
+                                             model={"preset": "tiny", "overrides": {"num_hidden_layers": 4}},
+                                             ).model_dump(mode="json")))
+    proc = subprocess.Popen([sys.executable, "-m", "ckptbench", "estimate", str(config), "--workers", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**ENV, "CKPTBENCH_WORKERS": "2"})
+    deadline = time.monotonic() + 120
+    while len(workers := _children(proc.pid)) < 2:  # the pool's two workers are at work
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert (proc.returncode, stderr) == (143, "interrupted: ckptbench estimate stopped by SIGTERM; no file was "
+                                              "left half-written\n")
+    time.sleep(0.2)
+    assert [pid for pid in workers if Path(f"/proc/{pid}").exists()
+            and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"] == []
+
+
+def test_an_error_found_after_the_progress_bar_started_is_the_only_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It followed an empty bar line ('estimate 0/? 0:00:00' and a blank line off a terminal)."""
+    from typer.testing import CliRunner
+
+    from ckptbench.cli.main import app
+    from ckptbench.errors import ConfigError
+    from ckptbench.estimator import estimator
+    from ckptbench.estimator.record import EstimateProgress
+
+    def fails_after_starting(*_: Any, on_progress: Any = None, **__: Any) -> None:
+        on_progress(EstimateProgress(done=0, total=4, label="none b=1 s=64"))
+        raise ConfigError("sweep: found wrong half-way")
+
+    monkeypatch.setattr(estimator, "estimate_config", fails_after_starting)
+    result = CliRunner().invoke(app, ["estimate", str(REPO / "configs" / "tiny.yaml")])
+    assert (result.exit_code, result.stderr) == (2, "error: sweep: found wrong half-way\n")

@@ -223,6 +223,42 @@ def test_a_full_disk_at_sweep_start_is_one_line_and_leaves_no_directory(small_di
     assert not (small_disk / "run").exists()
 
 
+@pytest.mark.parametrize("free_kib", [4, 32, 60])
+def test_a_disk_with_room_for_run_json_but_not_the_reserve_leaves_no_run(
+    small_disk: Path, mini_config: Path, free_kib: int
+) -> None:
+    """issue 35: run.json fitted, the reserve did not; the run.json left behind said 'running' and a retry with the
+    same --out was refused."""
+    fill(small_disk, leave_bytes=free_kib * 1024)
+    result = invoke(["sweep", str(mini_config), "--out", str(small_disk / "run"), "--no-predict"])
+    assert result.exit_code == 1
+    assert "cannot start the run (No space left on device); nothing was run" in error_line(result)
+    assert not (small_disk / "run").exists()
+
+
+def test_a_start_that_fails_after_run_json_takes_it_back(
+    mini_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same, simulated where no tmpfs can be mounted: the reserve cannot be written."""
+    import errno
+
+    from ckptbench.results import store
+
+    def full(self: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store.RunWriter, "hold_reserve", full)
+    out = tmp_path / "run"
+    result = invoke(["sweep", str(mini_config), "--out", str(out), "--no-predict"])
+    assert result.exit_code == 1
+    assert error_line(result) == f"error: {out}: cannot start the run (No space left on device); nothing was run"
+    assert not out.exists()  # a retry with the same --out is not refused as 'already holds a run'
+    out.mkdir()
+    (out / "mine.txt").write_text("kept")  # a folder that held something before: only the run's files go
+    assert invoke(["sweep", str(mini_config), "--out", str(out), "--no-predict"]).exit_code == 1
+    assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
+
+
 def test_a_full_disk_on_resume_is_one_line_and_changes_nothing(
     mini_run: tuple[Path, Path], small_disk: Path
 ) -> None:
@@ -249,6 +285,23 @@ def test_a_disk_that_fills_during_the_sweep_ends_with_run_json_saying_failed(
     assert meta["status"] == "failed"  # never left 'running'
     points = small_disk / "run" / POINTS_FILE
     assert len(points.read_text().splitlines() if points.exists() else []) < 4
+
+
+@pytest.mark.parametrize("free_kib", [0, 40])
+def test_a_report_on_a_full_disk_is_exit_1_and_leaves_only_whole_files(
+    few_run: Path, small_disk: Path, free_kib: int
+) -> None:
+    """issue 35: a 0-byte or cut PNG, and exit 2 (bad input) for a full disk."""
+    out = small_disk / "report"
+    out.mkdir()
+    fill(small_disk, leave_bytes=free_kib * 1024)
+    result = invoke(["report", str(few_run), "--out", str(out), "--no-estimate"])
+    assert result.exit_code == 1
+    assert "cannot write the report (No space left on device); the files written are whole" in error_line(result)
+    for path in out.iterdir():  # what is there is whole; no temporary file is left
+        assert path.suffix == ".png" and not path.name.startswith("."), path.name
+        data = path.read_bytes()
+        assert data.startswith(b"\x89PNG") and data.endswith(b"IEND\xaeB`\x82"), path.name
 
 
 def test_final_status_written_from_the_reserve_or_one_line(
@@ -322,11 +375,12 @@ def mini_with(tmp_path: Path, **changes: Any) -> Path:
     [
         ({"hidden_act": "nosuch"}, "model.overrides.hidden_act: not an activation transformers knows"),
         ({"hidden_act": "gelu_neww"}, "did you mean 'gelu_new'?"),
-        ({"attention_dropout": 2.0}, "model.overrides.attention_dropout: Input should be less than or equal to 1"),
+        ({"attention_dropout": 2.0}, "model.overrides.attention_dropout: must be from 0 to 1 (got 2.0)"),
         ({"pad_token_id": 1000}, "model.overrides.pad_token_id: pad_token_id (1000) must be a token of the vocab"),
         ({"pad_token_id": -1}, "model.overrides.pad_token_id: Input should be greater than or equal to 0"),
         ({"return_dict": False}, "model.overrides.return_dict: must be true"),
-        ({"rope_parameters": {"rope_type": "nosuch", "rope_theta": 1e4}}, "model.overrides: transformers cannot build"),
+        ({"rope_parameters": {"rope_type": "nosuch", "rope_theta": 1e4}},
+         "model.overrides.rope_parameters.rope_type: must be one of"),
     ],
     ids=["hidden-act", "hidden-act-hint", "dropout", "pad-beyond-vocab", "pad-negative", "return-dict", "rope"],
 )
@@ -343,7 +397,7 @@ def test_model_overrides_transformers_rejects_are_refused_before_the_sweep(
 def test_the_activations_named_are_transformers_own() -> None:
     from transformers.activations import ACT2FN
 
-    from ckptbench.config.model import ACTIVATIONS
+    from ckptbench.config.model_fields import ACTIVATIONS
 
     assert set(ACTIVATIONS) <= set(ACT2FN)
 
@@ -578,7 +632,7 @@ def test_a_columns_that_is_no_positive_width_does_not_silence_errors(tmp_path: P
 
 
 @pytest.mark.slow
-def test_the_folders_a_killed_isolate_sweep_left_are_removed_by_the_next(
+def test_the_folders_of_a_killed_isolate_sweep_are_removed_at_once_or_by_the_next(
     mini_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
 
@@ -599,17 +653,24 @@ def test_the_folders_a_killed_isolate_sweep_left_are_removed_by_the_next(
     while time.monotonic() < deadline and not (list(tmp.glob("ckptbench-point-*"))
                                                and list(tmp.glob("ckptbench-forkserver-*"))):
         time.sleep(0.1)
-    proc.kill()
-    proc.wait()
-    left = list(tmp.glob(f"ckptbench-point-{proc.pid}-*"))
-    assert left, "the killed sweep left its point's folder (SIGKILL runs no cleanup)"
-    server_left = list(tmp.glob(f"ckptbench-forkserver-{proc.pid}-*"))
-    assert server_left, "the killed sweep left its fork server's folder (the socket)"
     alive = tmp / f"ckptbench-point-{os.getpid()}-mine"  # a live process's folder is never touched
     alive.mkdir()
+    left = [*tmp.glob(f"ckptbench-point-{proc.pid}-*"), *tmp.glob(f"ckptbench-forkserver-{proc.pid}-*")]
+    assert len(left) == 2, left
+    proc.kill()  # SIGKILL runs no cleanup in the sweep
+    proc.wait()
+    # issue 35: the fork server and the point's process notice that the sweep is gone and take its folders with
+    # them, without waiting for the next sweep (they stayed until then)
+    deadline = time.monotonic() + 30
+    while any(p.exists() for p in left) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(p.exists() for p in left) and alive.exists()
+    # what a process killed with it could not remove, the next sweep does
+    stale = tmp / f"ckptbench-point-{proc.pid}-stale"
+    stale.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     run_sweep(load_config(mini_config), out=tmp_path / "next", predict=False)
-    assert not any(p.exists() for p in [*left, *server_left]) and alive.exists()
+    assert not stale.exists() and alive.exists()
 
 
 def test_tune_refuses_an_unwritable_out_before_estimating(mini_config: Path, tmp_path: Path) -> None:
@@ -623,3 +684,33 @@ def test_tune_refuses_an_unwritable_out_before_estimating(mini_config: Path, tmp
     assert error_line(result) == f"error: --out {blocker / 'run'}: {blocker} exists and is not a directory"
     assert "estimate" not in result.output and time.monotonic() - start < 10
     shutil.rmtree(short)
+
+
+# --- 10. a terminal that is not UTF-8 (issue 35) -------------------------------------------------------------------
+
+
+def _ascii_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    inherited = {k: v for k, v in os.environ.items() if k not in ("PYTHONUTF8", "PYTHONIOENCODING", "LANG", "LC_ALL")}
+    full = {**inherited, "PYTHONPATH": str(Path(__file__).parents[1]), "COLUMNS": "100", **env}
+    return subprocess.run([sys.executable, "-m", "ckptbench", *args], capture_output=True, timeout=300, env=full,
+                          check=False)
+
+
+def test_a_sweep_on_an_ascii_terminal_completes_without_a_traceback(mini_config: Path, tmp_path: Path) -> None:
+    """It exited 1 with a UnicodeEncodeError traceback after its run had completed ('±' in the summary)."""
+    done = _ascii_cli(["sweep", str(mini_config), "--out", str(tmp_path / "run"), "--no-predict"],
+                      {"PYTHONIOENCODING": "ascii"})
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    out = done.stdout.decode("ascii")  # every byte is ASCII
+    assert "+/- ms" in out or "+/- ms" in done.stderr.decode("ascii")  # said in ASCII, not dropped
+    assert b"Traceback" not in done.stderr
+    assert json.loads((tmp_path / "run" / RUN_FILE).read_text())["status"] == "complete"
+
+
+def test_compare_and_an_undecodable_name_on_a_c_locale_terminal(tmp_path: Path) -> None:
+    run = Path(shutil.copytree(FIXTURES / "runs" / "few", tmp_path / os.fsdecode(b"run-\xff")))
+    done = _ascii_cli(["compare", str(run), str(run), "--fail-memory", "1"],
+                      {"LANG": "C", "LC_ALL": "C", "PYTHONUTF8": "0"})
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    assert b"Traceback" not in done.stderr
+    assert b"ckptbench compare: run-? -> run-?" in done.stdout  # U+FFFD (results/store.py shown_name), in ASCII

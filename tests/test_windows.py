@@ -44,8 +44,8 @@ def _agree(run: Path, code: int, stderr: str, *, total: int = 4) -> None:
     assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
     assert (run / "summary.md").exists()
     status = _status(run)
-    assert (code, status) in ((130, "interrupted"), (0, "complete")), (code, status, stderr)
-    if code == 130:
+    assert (code, status) in ((130, "interrupted"), (143, "interrupted"), (0, "complete")), (code, status, stderr)
+    if code in (130, 143):
         done = len(quiet_load(run).points)
         assert f"interrupted: {done} of {total} points are on disk" in stderr and f"--resume {run}" in stderr
 
@@ -57,17 +57,22 @@ def config(tmp_path: Path) -> Path:
     return path
 
 
-def test_sigterm_once_the_run_directory_exists_but_before_the_first_point(config: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_once_the_run_directory_exists_but_before_the_first_point(config: Path, sig: int) -> None:
+    """SIGHUP (a closed terminal) as SIGTERM: exit 143, the run marked interrupted (it was 129, silent, and
+    run.json said 'running'; issue 35)."""
     run = config.parent / "run"
     proc = _start(config, "--out", str(run))  # with predictions: a second or more before the first point
     while not (run / RUN_FILE).exists():
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.005)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=120)
     _agree(run, proc.returncode, stderr)
-    assert proc.returncode == 130 and "0 of 4 points are on disk" in stderr
+    assert proc.returncode == 143 and "0 of 4 points are on disk" in stderr
     assert json.loads((run / RUN_FILE).read_text())["finished_points"] == 0
+    if sig == signal.SIGHUP:
+        return  # resuming it is the same for either signal
     resumed = CliRunner().invoke(app, ["sweep", str(config), "--resume", str(run), "--no-predict"])
     assert resumed.exit_code == 0, resumed.stderr
     assert _status(run) == "complete" and len(quiet_load(run).points) == 4

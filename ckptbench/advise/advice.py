@@ -2,8 +2,10 @@
 
 Every number carries its label: memory is *predicted* (the estimator: exact allocated bytes, the replayed
 caching allocator's reserved bytes, the card's context from its device model) or *predicted by arithmetic* where
-the estimator cannot trace a setup here; a step time is *fitted* (measured on that card) or *transferred* (from
-another card, unvalidated); the user's figure is *observed*. Every decision keeps the headroom (advise/verdict.py).
+the estimator cannot trace a setup here; a step time is *fitted* (inside a cell measured on that card), *modelled*
+(another cell on a calibrated card: each op's FLOPs and bytes at calibrated rates) or *transferred* (from another
+card by datasheet figures, unvalidated); the user's figure is *observed*. Every decision keeps the headroom
+(advise/verdict.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ckptbench.advise.ways_out import recommended, ways_out
 from ckptbench.analysis.step_time import StepTimeModel, shipped_calibration
 from ckptbench.config.grid import Point
 from ckptbench.config.layouts import parse_layout
-from ckptbench.estimator.estimator import Estimator
+from ckptbench.estimator.estimator import Estimator, run_op_costs
 from ckptbench.estimator.record import EstimateProgress
 from ckptbench.results.store import load_run
 from ckptbench.train.checkpointing import transformers_switches
@@ -81,14 +83,15 @@ def advise(
 
 
 def step_times(request: AdviseRequest) -> tuple[StepTimeModel | None, str | None]:
-    """The step-time model of ``--times-from``, else the calibration ckptbench ships (the committed H200 runs'
-    measured points, package data: no run directory is read)."""
+    """The step-time model of ``--times-from`` (fitted to the runs' points, the op model calibrated on their traced
+    ops), else the calibration ckptbench ships (the committed H200 runs' measured points and ops, package data: no
+    run directory is read)."""
     if not request.times_from:
         return shipped_calibration(), None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # notes about the runs' points are not the answer's subject
         runs = [load_run(ref) for ref in request.times_from]
-    return StepTimeModel.from_runs(runs), None
+    return StepTimeModel.from_runs(runs, ops=run_op_costs(runs)), None
 
 
 def _table(pred: Predictor, base: Point) -> Table:

@@ -5,6 +5,7 @@ layer cannot break, and the largest batch that fits with checkpointing."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 
 from ckptbench.advise.arithmetic import by_arithmetic, plain_point
@@ -18,6 +19,7 @@ from ckptbench.config.schema import SweepConfig
 from ckptbench.estimator.estimator import Estimator
 from ckptbench.estimator.gpus import GpuModel
 from ckptbench.estimator.record import Estimate, EstimateProgress
+from ckptbench.train.flops import ModelShape
 
 # Layouts whose classes every question needs traced together (one short model per shape holds them all).
 GRANULAR = ("all@attn", "all@mlp", "all@attn+mlp", "all@selective")
@@ -61,7 +63,19 @@ class Predictor:
         return verdict
 
     def time(self, point: Point) -> StepTimePrediction | None:
-        return self.times.predict(point, gpu=self.card) if self.times is not None else None
+        """The point's step time on the card: fitted inside a measured cell, else modelled (or transferred) from
+        its traced ops (analysis/step_time.py); None where the model has no calibration for it."""
+        if self.times is None:
+            return None
+        return self.times.predict(point, gpu=self.card, ops=self.estimator.op_costs(point), shape=self.shape)
+
+    @functools.cached_property
+    def shape(self) -> ModelShape | None:
+        """The model's shape for the implied MFU (None where its fields are not LLaMA-shaped)."""
+        try:
+            return ModelShape.of_fields(self.cfg.model.resolved())
+        except (KeyError, TypeError, ValueError):
+            return None
 
     def option(self, family: str, point: Point, scan: FamilyScan | None = None) -> Option:
         return Option(family, self.estimate(point), self.verdict(point), self.time(point), self.cfg.model.num_layers,

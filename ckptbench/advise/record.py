@@ -243,6 +243,15 @@ class Advice:
         return f"{spec.world_size} x {self.card.name} ({how}; every figure per rank, rank 0)"
 
     @property
+    def attention_words(self) -> str:
+        """The attention the answer assumes, and why when it is not sdpa (the family's code has no other)."""
+        if self.request.attention == "sdpa":
+            return "sdpa attention (flash/memory-efficient kernels)"
+        family = self.request.model_spec().family
+        return (f"{self.request.attention} attention ({family.name}'s {family.special.split(',')[0]} needs it: "
+                "the S x S attention scores are materialised)")
+
+    @property
     def assumptions(self) -> str:
         r, c = self.request, self.card
         seqs = ", ".join(map(str, r.seqs))
@@ -250,7 +259,7 @@ class Advice:
         also = f" (and {r.also_precision} in one sentence)" if r.also_precision else ""
         return (
             f"Assumed: {r.model_name}, {p} ({PRECISION_MEANS[p]}){also}, optimizer {r.optimizer}, "
-            f"sdpa attention (flash/memory-efficient kernels), sequence {seqs}, no LoRA or offloading, "
+            f"{self.attention_words}, sequence {seqs}, no LoRA or offloading, "
             f"{self.cards_words}: {gib(c.total_bytes)} usable ({c.memory_label}), "
             f"CUDA context {gib(c.context_bytes)} ({c.context_label}); fits: "
             f"within the {self.limit.describe()}."

@@ -14,11 +14,11 @@ from typing import Any, get_args
 from pydantic import ValidationError
 
 from ckptbench.advise.verdict import Limit
-from ckptbench.config.axes import OptimizerName, Precision
+from ckptbench.config.axes import MAX_BATCH, OptimizerName, Precision
 from ckptbench.config.cards import card_or_size
-from ckptbench.config.model import ModelSpec
+from ckptbench.config.model import MAX_STEP_FLOPS, ModelSpec, step_flops_bound
 from ckptbench.config.model_source import model_section
-from ckptbench.config.parallel import parse_parallel
+from ckptbench.config.parallel import parse_parallel, world_size
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
 from ckptbench.estimator.gpus import GPUS, GpuModel, sized
@@ -85,13 +85,26 @@ class AdviseRequest:
         """How the answer names the model: the preset, the config.json's folder, the hub id's name."""
         return self.model_spec().name
 
+    @functools.cached_property
+    def attention(self) -> str:
+        """The attention the answer assumes: sdpa (flash/memory-efficient kernels) where the family's code has it,
+        else the family's own (Gemma-2 soft-caps its attention logits: eager)."""
+        family = self._validated({**self.model_section, "attn_implementation": "eager"}).family  # every family: eager
+        return "sdpa" if "sdpa" in family.attention else family.attention[0]
+
     def model_spec(self) -> ModelSpec:
-        """The model checked (a family ckptbench builds; MoE, encoder-decoder and state-space models refused)."""
+        """The model checked (a family ckptbench builds; MoE, encoder-decoder and state-space models refused; its
+        fields as transformers takes them), with the attention the answer assumes."""
+        return self._validated({**self.model_section, "attn_implementation": self.attention})
+
+    def _validated(self, section: dict[str, Any]) -> ModelSpec:
         try:
-            return ModelSpec.model_validate(self.model_section)
+            return ModelSpec.model_validate(section)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            raise ConfigError(f"--model: {str(first.get('msg', 'invalid model')).removeprefix('Value error, ')}") \
+            msg = str(exc.errors()[0].get("msg", "invalid model")).removeprefix("Value error, ")
+            # The field as the user gave it: their config.json's, or the hub model's, not a sweep config's section.
+            msg = msg.removeprefix("model.config: ").removeprefix("model.config_fields.").removeprefix("model: ")
+            raise ConfigError(f"--model: {self.model}: {msg}" if not msg.startswith(self.model) else f"--model: {msg}")\
                 from None
 
     @property
@@ -149,15 +162,32 @@ class AdviseRequest:
         for flag, values in (("--batch", self.batches), ("--seq", self.seqs)):
             if not values or any(v < 1 for v in values):
                 raise ConfigError(f"{flag}: give positive integers, got {' '.join(map(str, values)) or 'none'}")
+        if max(self.batches) > MAX_BATCH:
+            raise ConfigError(f"--batch: at most {MAX_BATCH:,} sequences per step (got {max(self.batches):,})")
         max_pos = int(spec.resolved().get("max_position_embeddings") or 0)
         too_long = [s for s in self.seqs if max_pos and s > max_pos]
         if too_long:
             raise ConfigError(f"--seq: {too_long[0]} exceeds {spec.name}'s max_position_embeddings ({max_pos})")
+        self._check_work(spec)
         for item in self.allow:
             _choice("--allow", item, ALLOWABLE)
         self.observed_bytes()
         self.limit()
+        self.config()  # the question as a sweep config: anything it refuses is refused now, before any work
         return self
+
+    def _check_work(self, spec: ModelSpec) -> None:
+        """ConfigError naming --batch unless a step of each batch and sequence length stays countable (its FLOPs
+        fit the int64 a record stores them in: config/schema.py's check, said in the flags' words)."""
+        ranks = world_size(self.parallel)
+        for seq in sorted(self.seqs, reverse=True):
+            per_sequence = step_flops_bound(spec.resolved(), tokens=seq * ranks, seq_len=seq)
+            most = MAX_STEP_FLOPS // per_sequence
+            if max(self.batches) > most:
+                raise ConfigError(
+                    f"--batch: at most {most:,} at --seq {seq} on {spec.name} (got {max(self.batches):,}): a larger "
+                    "step is more work than ckptbench can count (its FLOPs overflow an int64)"
+                )
 
     def config(self, *, layouts: Sequence[str] = ("none",), precisions: Sequence[str] | None = None) -> SweepConfig:
         """The sweep config of the question: the model, precisions (default: every one the answer gives) and
@@ -165,7 +195,7 @@ class AdviseRequest:
         measured)."""
         data = {
             "name": re.sub(r"[^A-Za-z0-9_.-]+", "-", f"advise-{self.model_spec().name}-{self.gpu}")[:100],
-            "model": self.model_section,
+            "model": {**self.model_section, "attn_implementation": self.attention},
             "device": "cuda",
             "optimizer": self.optimizer,
             "measured_steps": 3,
@@ -176,7 +206,16 @@ class AdviseRequest:
             return SweepConfig.model_validate(data)
         except ValidationError as exc:
             first = exc.errors()[0]
-            raise ConfigError(f"advise: {first.get('msg', 'invalid setup')}") from None
+            loc = tuple(str(x) for x in first.get("loc", ()))
+            flag = next((f for path, f in _FLAGS.items() if loc[:len(path)] == path), "advise")
+            msg = str(first.get("msg", "invalid setup")).removeprefix("Value error, ")
+            raise ConfigError(f"{flag}: {msg}" + (f" (got {first['input']!r})" if "input" in first and
+                                                    not isinstance(first["input"], dict | list) else "")) from None
+
+
+# Where the flags land in the sweep config advise validates (a refusal names the flag, not the field).
+_FLAGS = {("sweep", "batch_size"): "--batch", ("sweep", "seq_len"): "--seq", ("sweep", "precision"): "--precision",
+          ("sweep", "parallel"): "--parallel", ("optimizer",): "--optimizer", ("model",): "--model"}
 
 
 def _choice(flag: str, value: str, allowed: Sequence[str]) -> None:

@@ -168,6 +168,7 @@ def compare_runs(
     cpu = "cpu" in (base.environment.device_type, new.environment.device_type)
     points = family_marks(points, [(base_pts[k], new_pts[k]) for k in matched], cpu=cpu, thresholds=thresholds)
     mixed = [f"{side} run {run.name}" for side, run in (("base", base), ("new", new)) if run.mixed_gpus]
+    why: str | None = None  # why no point can be compared, when the runs themselves decide it
     if mixed and not allow_mixed_gpus:
         why = f"{' and '.join(mixed)} ran on different GPU models (--allow-mixed-gpus compares them anyway)"
         points = [not_comparable(p, why) for p in points]
@@ -191,7 +192,7 @@ def compare_runs(
     )
     comp.summary = summarize(comp)
     comp.gate_failures = gate_failures(points, gates=gates)
-    comp.gate_errors = gate_errors(points, gates=gates)
+    comp.gate_errors = gate_errors(points, gates=gates, why_not_comparable=why)
     return comp
 
 
@@ -344,12 +345,39 @@ def gate_failures(points: list[PointChange], *, gates: Gates) -> list[str]:
     return out
 
 
-def gate_errors(points: list[PointChange], *, gates: Gates) -> list[str]:
-    """Why a gate could not be judged: nothing matched (any gate), or --fail-time on points with too few
-    step-time samples (one line each)."""
+def gate_errors(points: list[PointChange], *, gates: Gates, why_not_comparable: str | None = None) -> list[str]:
+    """Why a gate could not be judged, one line each: nothing matched, nothing matched could be compared (every
+    point failed, or the runs mix GPU models), points that ran in the base run but not in the new one (any gate);
+    --fail-time on points with too few or noisy step-time samples. A gate with nothing it could judge never passes.
+    ``why_not_comparable``: why every point is not comparable, when the comparison itself decided so."""
     asked = gates.memory_pct is not None or gates.time_pct is not None or gates.new_oom
-    if asked and not points:
+    if not asked:
+        return []
+    if not points:
         return ["no point matched: the gates have nothing to judge"]
+    if all(p.mark == NOT_COMPARABLE for p in points):
+        why = why_not_comparable or _statuses(points)
+        return [f"the gates judged nothing: none of the {len(points)} matched point(s) could be compared ({why}); "
+                "a gate with nothing to judge does not pass"]
+    out = []
+    lost = [p for p in points if p.base_status in ("ok", "oom") and p.new_status in ("error", "skipped")]
+    if lost:
+        out.append(f"the gates cannot judge {len(lost)} point(s) that ran in the base run but not in the new one "
+                   f"({_statuses(lost)}): {_some(p.label for p in lost)}")
+    return out + _time_gate_errors(points, gates=gates)
+
+
+def _statuses(points: list[PointChange]) -> str:
+    """'4 ok in the base, error in the new run', most common first."""
+    counts: dict[tuple[str, str], int] = {}
+    for p in points:
+        counts[(p.base_status, p.new_status)] = counts.get((p.base_status, p.new_status), 0) + 1
+    pairs = sorted(counts.items(), key=lambda kv: -kv[1])
+    return "; ".join(f"{n} {b} in the base, {s} in the new run" for (b, s), n in pairs)
+
+
+def _time_gate_errors(points: list[PointChange], *, gates: Gates) -> list[str]:
+    """--fail-time on points whose step times are too few or too noisy to judge."""
     if gates.time_pct is None:
         return []
     blind = [(p, t) for p in points if (t := _metric(p, "median_step_time_s")) and t.mark == TOO_FEW]

@@ -1,5 +1,11 @@
 """Step time from measured points: a linear model per cell, fitted by least squares, with leave-one-out error
-bars, and carried over to another card only as a labelled, unvalidated estimate. Pure: numpy, no torch.
+bars (*fitted*); elsewhere the op model of analysis/op_time.py, calibrated on the same points from each point's
+traced ops (*modelled* on a calibrated card, with its leave-one-cell-out error bar; *transferred* to another card by
+its datasheet figures, class by class, unvalidated). Pure: numpy, no torch.
+
+``StepTimeModel.predict`` answers in that order: inside a measured cell on its card the fitted model (it is within
+1.45% leave-one-out on the committed whole-layer and granular points, the op model within 2.2%); in another cell the
+op model, given the point's op costs (``Estimator.op_costs``); without them, a fitted cell carried to another card.
 
 A *cell* is what a step time can be fitted across: the same model, precision, sequence length, optimizer and
 techniques (every key axis but the layout, the batch size and the micro-batches), on the same card. Within a
@@ -25,6 +31,7 @@ space of theirs), never by an arbitrary choice among equally good fits.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import statistics
 from collections.abc import Mapping, Sequence
@@ -35,13 +42,15 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ckptbench.analysis.op_time import OpTimeModel, Rates, Sample, card_of, not_modelled
+from ckptbench.config.cards import BY_KEY, Card
 from ckptbench.config.grid import Point
 from ckptbench.config.layouts import parse_layout
 from ckptbench.config.model import ModelSpec
 from ckptbench.config.presets import PRESETS
 from ckptbench.estimator.gpus import GpuModel, gpu_for_name
 from ckptbench.results.store import Run
-from ckptbench.train.flops import ModelShape, recompute_flops_per_token
+from ckptbench.train.flops import ModelShape, OpCosts, recompute_flops_per_token, step_flops
 
 Bound = Literal["compute", "memory"]
 
@@ -210,15 +219,22 @@ def _fit_of(observations: Sequence[Observation], shape: ModelShape) -> _Fit:
     return _Fit(X, y)
 
 
+Label = Literal["fitted", "modelled", "transferred"]
+
+
 @dataclass(frozen=True)
 class StepTimePrediction:
-    """A predicted step time: fitted on the card, or transferred from another (unvalidated), with its source."""
+    """A predicted step time with its source: *fitted* inside a measured cell, *modelled* from each op's FLOPs and
+    bytes in another cell of a calibrated card (analysis/op_time.py), or *transferred* to another card by its
+    datasheet figures (unvalidated)."""
 
     step_time_s: float
     tokens_per_s: float
     source: str
-    error_bound: float | None  # the cell's largest leave-one-out relative error; None when transferred
-    label: Literal["fitted", "transferred"]
+    error_bound: float | None  # fitted: the cell's largest leave-one-out error; modelled: leave-one-cell-out
+    label: Label
+    mfu: float | None = None  # model FLOPs / (time x the card's dense peak of the precision's dtype): implied
+    terms: tuple[tuple[str, float], ...] = ()  # modelled and transferred: seconds of each op class (sum: the time)
 
     def to_json(self) -> dict[str, Any]:
         """The four JSON fields every predicted point carries."""
@@ -238,13 +254,17 @@ NO_TIME: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class StepTimeModel:
-    """Every cell fitted from one or more runs; predicts a point on a card, or says why it cannot."""
+    """Every cell fitted from one or more runs, and per card the op model calibrated on the same points (where their
+    op costs were given); predicts a point on a card, or says why it cannot."""
 
     cells: tuple[CellFit, ...]
+    op_models: tuple[OpTimeModel, ...] = ()
 
     @classmethod
-    def from_runs(cls, runs: Sequence[Run], *, loo: bool = True) -> StepTimeModel:
-        """Fit every cell the runs' ok points fill (a point measured in several runs: the mean of their medians)."""
+    def from_runs(cls, runs: Sequence[Run], *, loo: bool = True, ops: Mapping[str, OpCosts] | None = None
+                  ) -> StepTimeModel:
+        """Fit every cell the runs' ok points fill (a point measured in several runs: the mean of their medians);
+        with ``ops`` (each point's op costs by key_id: estimator.run_op_costs), calibrate the op model too."""
         times: dict[tuple[Any, ...], dict[str, list[tuple[float, str]]]] = {}
         points: dict[str, Point] = {}
         shapes: dict[tuple[Any, ...], ModelShape] = {}
@@ -266,21 +286,24 @@ class StepTimeModel:
             obs = [Observation(points[k], statistics.fmean(t for t, _ in v), tuple(dict.fromkeys(r for _, r in v)))
                    for k, v in by_key.items()]
             cells.append(CellFit.fit(obs, shape=shapes[(gpu_name, _)], gpu_name=gpu_name, loo=loo))
-        return cls(tuple(cells))
+        return cls(tuple(cells), _op_models(cells, ops or {}, checks=loo))
 
     @classmethod
     def from_calibration(cls, data: Mapping[str, Any], *, loo: bool = True) -> StepTimeModel:
         """The model of a calibration (``calibration_of``): each cell fitted again to the observations it keeps,
-        as ``from_runs`` fits them to the runs they come from (the same predictions, the same sources)."""
+        as ``from_runs`` fits them to the runs they come from (the same predictions, the same sources), and the op
+        model calibrated again on the op costs they keep."""
         if data.get("schema") != CALIBRATION_SCHEMA:
             raise ValueError(f"a step-time calibration of schema {data.get('schema')!r}; this ckptbench reads "
                              f"{CALIBRATION_SCHEMA}")
-        cells = []
+        cells, ops = [], {}
         for cell in data["cells"]:
             obs = [Observation(Point.from_key(o["key"]), float(o["step_time_s"]), tuple(o["runs"]))
                    for o in cell["observations"]]
+            ops.update({Point.from_key(o["key"]).key_id: OpCosts.from_json(o["ops"])
+                        for o in cell["observations"] if o.get("ops") is not None})
             cells.append(CellFit.fit(obs, shape=ModelShape(**cell["shape"]), gpu_name=cell["gpu_name"], loo=loo))
-        return cls(tuple(cells))
+        return cls(tuple(cells), _op_models(cells, ops, checks=loo, kept=data.get("op_models") or ()))
 
     def cell_for(self, point: Point, gpu_name: str | None = None) -> CellFit | None:
         """The point's cell: on ``gpu_name`` when it was measured there, else on any card."""
@@ -288,28 +311,148 @@ class StepTimeModel:
         same = [c for c in found if gpu_name is None or c.gpu_name == gpu_name]
         return (same or found)[0] if found else None
 
-    def predict(self, point: Point, *, gpu: GpuModel | None = None) -> StepTimePrediction | None:
-        """The step time of ``point`` on ``gpu`` (None: any card the model was fitted on); None when no cell
-        determines it, or when carrying it to ``gpu`` lacks a card's figures."""
-        cell = self.cell_for(point, gpu.name if gpu is not None else None)
-        if cell is None:
-            return None
-        tokens = point.batch_size * point.seq_len * point.micro_batches
-        if gpu is None or cell.gpu_name == gpu.name:
-            seconds = cell.predict_s(point)
-            if seconds is None or seconds <= 0:
-                return None
-            return StepTimePrediction(seconds, tokens / seconds, cell.source(), cell.error_bound, "fitted")
-        return _transferred(cell, point, gpu, tokens)
+    def op_model_for(self, gpu_name: str | None) -> OpTimeModel | None:
+        """The op model calibrated on ``gpu_name`` (None: the first calibrated), or None."""
+        found = [m for m in self.op_models if gpu_name is None or m.card == gpu_name]
+        return found[0] if found else None
 
-    def why_not(self, point: Point, *, gpu: GpuModel | None = None) -> str:
+    def predict(self, point: Point, *, gpu: GpuModel | None = None, ops: OpCosts | None = None,
+                shape: ModelShape | None = None) -> StepTimePrediction | None:
+        """The step time of ``point`` on ``gpu`` (None: a card the model was fitted on): *fitted* where its
+        measured cell determines it; else, given its ``ops`` (Estimator.op_costs), *modelled* by the op model of
+        that card, or *transferred* from another card's, class by class; without ``ops``, a fitted cell carried to
+        another card. None when nothing determines it (``why_not`` says why). ``shape``: the model's, for the
+        implied MFU (default: its preset's)."""
+        tokens = point.batch_size * point.seq_len * point.micro_batches
+        shape = shape or _preset_shape(point.model)
+        cell = self.cell_for(point, gpu.name if gpu is not None else None)
+        if cell is not None and (gpu is None or cell.gpu_name == gpu.name):
+            seconds = cell.predict_s(point)
+            if seconds is not None and seconds > 0:
+                return StepTimePrediction(seconds, tokens / seconds, cell.source(), cell.error_bound, "fitted",
+                                          _mfu(point, shape, seconds, card_of(cell.gpu_name)))
+        if ops is not None and not_modelled(point.key) is None:
+            found = self._by_ops(point, ops, gpu, tokens, shape)
+            if found is not None:
+                return found
+        if cell is not None and gpu is not None and cell.gpu_name != gpu.name:
+            return _transferred(cell, point, gpu, tokens)
+        return None
+
+    def _by_ops(self, point: Point, ops: OpCosts, gpu: GpuModel | None, tokens: int, shape: ModelShape | None
+                ) -> StepTimePrediction | None:
+        """Modelled on a calibrated card, else transferred from the first calibrated card that can time it."""
+        own = self.op_model_for(gpu.name if gpu is not None else None)
+        if own is not None:
+            terms = own.rates.terms(ops)
+            if terms is None:
+                return None
+            seconds = sum(terms.values())
+            return StepTimePrediction(seconds, tokens / seconds, own.source(), own.error_bound, "modelled",
+                                      _mfu(point, shape, seconds, card_of(own.card)), tuple(terms.items()))
+        target = _card(gpu)
+        for model in self.op_models if target is not None else ():
+            rates = model.rates.on_card(target)  # type: ignore[arg-type]
+            terms = rates.terms(ops) if rates is not None else None
+            if terms is None:
+                continue
+            seconds = sum(terms.values())
+            source_card = card_of(model.card)
+            on = f" on the {source_card.key.upper()}" if source_card is not None else ""
+            source = f"{_transfer_words(source_card, target)}; {model.source()}{on}"  # type: ignore[arg-type]
+            return StepTimePrediction(seconds, tokens / seconds, source, None, "transferred",
+                                      _mfu(point, shape, seconds, target), tuple(terms.items()))
+        return None
+
+    def why_not(self, point: Point, *, gpu: GpuModel | None = None, ops: OpCosts | None = None) -> str:
         """Why ``predict`` gave no time for ``point``, in a few words."""
         cell = self.cell_for(point, gpu.name if gpu is not None else None)
-        if cell is None:
-            return "no measured point of this setup"
-        if cell.predict_s(point) is None:
+        if cell is not None and cell.predict_s(point) is None and ops is None:
             return f"the {len(cell.observations)} measured points of this setup do not determine it"
-        return f"no bf16 peak or memory bandwidth for {gpu.name if gpu else '?'} or {cell.gpu_name}"
+        if not self.op_models:
+            return "no measured point of this setup" if cell is None else \
+                f"no bf16 peak or memory bandwidth for {gpu.name if gpu else '?'} or {cell.gpu_name}"
+        reason = not_modelled(point.key)
+        if reason is not None:
+            return f"no measured point of this setup, and {reason}"
+        if ops is None:
+            return "no measured point of this setup (its ops were not traced)"
+        own = self.op_model_for(gpu.name if gpu is not None else None)
+        rates: Rates | None = own.rates if own is not None else None
+        if rates is None and _card(gpu) is not None:
+            rates = self.op_models[0].rates.on_card(_card(gpu))  # type: ignore[arg-type]
+        if rates is None:
+            return f"no figures of {gpu.name if gpu else 'this card'} to carry the op rates to"
+        missing = rates.missing(ops)
+        return f"no calibrated rate for its {', '.join(missing)} ops" if missing else "not determined"
+
+
+def _samples(cells: Sequence[CellFit], ops: Mapping[str, OpCosts]) -> dict[str | None, list[Sample]]:
+    """Per card, the cells' points whose op costs are known and timed per op, in the cells' order."""
+    by_card: dict[str | None, list[Sample]] = {}
+    for cell in cells:
+        for o in cell.observations:
+            costs = ops.get(o.point.key_id)
+            if costs is not None and not_modelled(o.point.key) is None:
+                by_card.setdefault(cell.gpu_name, []).append(Sample(o.point.key, cell.cell, costs, o.step_time_s))
+    return by_card
+
+
+def _op_models(cells: Sequence[CellFit], ops: Mapping[str, OpCosts], *, checks: bool,
+               kept: Sequence[Mapping[str, Any]] = ()) -> tuple[OpTimeModel, ...]:
+    """Per card, the op model calibrated on the cells' points whose op costs are known (``kept``: the models a
+    calibration file keeps, ``OpTimeModel.to_json``, read back instead of calibrated again)."""
+    stored = {m["card"]: m for m in kept}
+    found: list[OpTimeModel | None] = []
+    for card, samples in _samples(cells, ops).items():
+        if card in stored and (checks or not stored[card].get("loo")):
+            found.append(OpTimeModel.from_json(samples, stored[card]))
+        elif card in stored:
+            found.append(dataclasses.replace(OpTimeModel.from_json(samples, stored[card]), loo=(), loco=()))
+        else:
+            found.append(OpTimeModel.calibrated(samples, card=card, checks=checks))
+    return tuple(m for m in found if m is not None)
+
+
+def _card(gpu: GpuModel | None) -> Card | None:
+    """The card table's entry of ``gpu``; for a card given by its size with --tflops and --bandwidth, a card of those
+    figures (its bf16 peak only)."""
+    if gpu is None:
+        return None
+    found = BY_KEY.get(gpu.key)
+    if found is not None or not gpu.bf16_peak_tflops or not gpu.memory_bandwidth_bytes_per_s:
+        return found
+    return Card(gpu.key, gpu.name, gpu.capability, gpu.total_bytes, gpu.total_source, gpu.context_bytes,
+                gpu.context_source, bf16_tflops=gpu.bf16_peak_tflops, fp16_tflops=None, flops_source=gpu.peak_source,
+                bandwidth_bytes_per_s=gpu.memory_bandwidth_bytes_per_s, bandwidth_source=gpu.bandwidth_source)
+
+
+def _transfer_words(source: Card | None, target: Card) -> str:
+    name = source.key.upper() if source is not None else "?"
+    peaks = f"{source.bf16_tflops:g}/{target.bf16_tflops:g}" if source and target.bf16_tflops else "?"
+    bands = f"{source.bandwidth_bytes_per_s / 1e12:g}/{target.bandwidth_bytes_per_s / 1e12:g}" if source else "?"
+    return (f"transferred from {name} to {target.key.upper()} class by class (bf16 peak {peaks} TFLOP/s, memory "
+            f"bandwidth {bands} TB/s), unvalidated")
+
+
+def _preset_shape(model: str) -> ModelShape | None:
+    fields = PRESETS.get(model)
+    return ModelShape.of_fields(fields) if fields else None
+
+
+def _mfu(point: Point, shape: ModelShape | None, seconds: float, card: Card | None) -> float | None:
+    """Model FLOPs (train/flops.py: 6N per token plus attention; 4N with a frozen base) over the time at the card's
+    dense peak of the precision's 16-bit dtype; None without a shape, a card or such a peak (fp32)."""
+    if shape is None or card is None:
+        return None
+    dtype = "fp16" if "fp16" in point.precision else "bf16" if "bf16" in point.precision else None
+    peak = {"bf16": card.bf16_tflops, "fp16": card.fp16_tflops}.get(dtype or "")
+    if not peak:
+        return None
+    tokens = point.batch_size * point.seq_len * point.micro_batches
+    model, _ = step_flops(shape, parse_layout(point.layout, shape.num_layers), tokens=tokens, seq_len=point.seq_len,
+                          frozen_base=point.lora != "none")
+    return model / (seconds * peak * 1e12)
 
 
 def _transferred(cell: CellFit, point: Point, gpu: GpuModel, tokens: int) -> StepTimePrediction | None:
@@ -333,32 +476,42 @@ def _transferred(cell: CellFit, point: Point, gpu: GpuModel, tokens: int) -> Ste
         f"memory bandwidth {bands[0] / 1e12:g}/{bands[1] / 1e12:g} TB/s), unvalidated; {cell.source()} on the "
         f"{source.key.upper()}"
     )
-    return StepTimePrediction(seconds, tokens / seconds, text, None, "transferred")
+    return StepTimePrediction(seconds, tokens / seconds, text, None, "transferred",
+                              _mfu(point, cell.shape, seconds, _card(gpu)))
 
 
-CALIBRATION_SCHEMA = 1
+CALIBRATION_SCHEMA = 2
 CALIBRATION = "step_time_calibration.json"  # ckptbench/data/: what a plain install times steps with
 
 
-def calibration_of(runs: Sequence[Run]) -> dict[str, Any]:
+def calibration_of(runs: Sequence[Run], ops: Mapping[str, OpCosts] | None = None) -> dict[str, Any]:
     """What the step-time model is fitted to, as JSON a package can ship: every cell's measured points (each point's
-    key, the mean of its runs' median step times, the runs it comes from), the cell's card and model shape, and the
-    runs' provenance (scripts/make_calibration.py writes it from the committed H200 runs)."""
+    key, the mean of its runs' median step times, the runs it comes from, and with ``ops`` its step's op costs:
+    estimator.run_op_costs), the cell's card and model shape, and the runs' provenance (scripts/make_calibration.py
+    writes it from the committed H200 runs). The fits are made again from it when it is read."""
     model = StepTimeModel.from_runs(runs, loo=False)
+    ops = ops or {}
     return {
         "schema": CALIBRATION_SCHEMA,
-        "what": "the measured points the step-time model is fitted to (analysis/step_time.py), with their runs",
+        "what": "the measured points the step-time model is fitted to (analysis/step_time.py) and the op model "
+                "calibrated on (analysis/op_time.py: each point's ops as [class, FLOPs, bytes, count]), with their "
+                "runs",
         "runs": [{"path": _label(run), "gpu_name": run.environment.gpu_name, "git_sha": run.meta.git_sha,
                   "created_at": run.meta.created_at, "torch": run.environment.torch,
                   "transformers": run.environment.transformers} for run in runs],
         "cells": [{"gpu_name": c.gpu_name, "shape": dataclasses.asdict(c.shape),
-                   "observations": [{"key": o.point.key, "step_time_s": o.step_time_s, "runs": list(o.runs)}
+                   "observations": [{"key": o.point.key, "step_time_s": o.step_time_s, "runs": list(o.runs),
+                                     "ops": ops[o.point.key_id].to_json() if o.point.key_id in ops else None}
                                     for o in c.observations]} for c in model.cells],
+        # the op model as calibrated on them, with its held-out checks: read back, not refitted (no scipy, ~0.4 s)
+        "op_models": [m.to_json() for m in _op_models(model.cells, ops, checks=True)],
     }
 
 
+@functools.cache
 def shipped_calibration() -> StepTimeModel:
-    """The step-time model of the calibration that ships with ckptbench (package data, no run directory read)."""
+    """The step-time model of the calibration that ships with ckptbench (package data, no run directory read; made
+    once per process: its checks refit the op model some forty times)."""
     text = resources.files("ckptbench").joinpath("data", CALIBRATION).read_text(encoding="utf-8")
     return StepTimeModel.from_calibration(json.loads(text))
 

@@ -6,7 +6,8 @@ and hands the results in as :class:`Predictions` (a mapping point key -> :class:
 step-time model of analysis/step_time.py fitted to the same runs). A claim reads a measured point where
 one exists and a :class:`Pred` otherwise; every number a Pred gives is labelled *predicted* (memory: the
 estimator's allocated bytes are exact, its reserved bytes replay the card's caching allocator in a
-fresh process) or *fitted* (a step time from the time model, with its leave-one-out error bound).
+fresh process), *fitted* (a step time from the time model inside a measured cell, with its leave-one-out error
+bound) or *modelled* (another cell, from the point's op costs, with the op model's leave-one-cell-out bound).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from ckptbench.analysis.step_time import StepTimeModel, StepTimePrediction
 from ckptbench.answers.evidence import Scope, key_label, key_short
 from ckptbench.config.grid import key_id, point_of
 from ckptbench.results.fit import predicted_fits, predicted_needed_bytes
+from ckptbench.train.flops import OpCosts
 from ckptbench.units import fmt_bytes
 
-PREDICTED, FITTED = "predicted", "fitted"
+PREDICTED, FITTED, MODELLED = "predicted", "fitted", "modelled"
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class PredictedPoint:
     grads_bytes: int | None = None
     optimizer_state_bytes: int | None = None
     note: str | None = None
+    ops: OpCosts | None = None  # its step's op costs (Estimator.op_costs), for a modelled step time; None: not given
 
     @property
     def key_id(self) -> str:
@@ -219,13 +222,15 @@ class Predictions:
         return self.points.get(key_id(key))
 
     def time(self, key: Mapping[str, Any]) -> StepTimePrediction | None:
-        """The fitted step time of the point, on the card the runs were measured on; None where the time model
-        cannot say (no measured point of its cell, or the cell's points do not determine it)."""
+        """The step time of the point on the card the runs were measured on: fitted inside a measured cell, else
+        modelled from its op costs where its prediction carries them; None where the time model cannot say (no
+        measured point of its cell and no op costs, or the cell's points do not determine it)."""
         point = point_of(key)
         if self.times is None or point is None:
             return None
-        found = self.times.predict(point)
-        return found if found is not None and found.label == FITTED else None
+        memory = self.memory(key)
+        found = self.times.predict(point, ops=memory.ops if memory is not None else None)
+        return found if found is not None and found.label in (FITTED, MODELLED) else None
 
     def why_no_time(self, key: Mapping[str, Any]) -> str:
         point = point_of(key)
@@ -270,19 +275,28 @@ class Predictions:
         return cell.source()
 
 
+def time_label(c: Any) -> str:
+    """How a cited point's step time is labelled: 'measured', or its prediction's own label ('fitted', 'modelled')."""
+    if c.tag != PREDICTED:
+        return str(c.tag)
+    time = getattr(c, "time", None)
+    return time.label if time is not None else FITTED
+
+
 def fmt_time(c: Any) -> str:
-    """'418.5 ms/step (fitted)' or '388.3 ms/step (measured)'; 'step time not predicted' without one."""
+    """'418.5 ms/step (fitted)', '512.0 ms/step (modelled)' or '388.3 ms/step (measured)'; 'step time not
+    predicted' without one."""
     s = c.step_s
     if not s:
         return "step time not predicted"
-    return f"{s * 1e3:.1f} ms/step ({FITTED if c.tag == PREDICTED else c.tag})"
+    return f"{s * 1e3:.1f} ms/step ({time_label(c)})"
 
 
 def fmt_tok(c: Any) -> str:
     t = c.tps
     if not t:
         return "tokens/s not predicted"
-    return f"{t:,.0f} tok/s ({FITTED if c.tag == PREDICTED else c.tag})"
+    return f"{t:,.0f} tok/s ({time_label(c)})"
 
 
 def fmt_mem(c: Any) -> str:

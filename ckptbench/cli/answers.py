@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ckptbench.cli.common import HeadroomOpt, err, fail, warn
-from ckptbench.errors import CkptbenchError, ResultsError
+from ckptbench.errors import CkptbenchError, ConfigError, RunFailure
 from ckptbench.results.fit import DEFAULT_HEADROOM
 
 if TYPE_CHECKING:  # imported when the claims are answered: the CLI stays fast to start
@@ -52,8 +52,9 @@ def answers_cmd(
         done = publish_answers(answers, out=out_file, readme=readme, command=command)
     except CkptbenchError as exc:
         raise fail(exc) from None
-    except OSError as exc:
-        raise fail(ResultsError(f"answers: {exc}")) from None
+    except OSError as exc:  # a full disk: a failure of the disk (exit 1), not bad input; no file is left cut
+        raise fail(RunFailure(f"answers: cannot write {out_file or readme} ({exc.strerror or exc}); the files written "
+                              "are whole, none is cut")) from None
     if not answers.in_scope:
         sc = answers.scope
         warn(f"these runs hold no {sc.model} point at seq {sc.seq_len} in {sc.precision}, the setup the claims are "
@@ -80,7 +81,11 @@ def _check_outputs(out_file: Path | None, readme: Path | None) -> None:
         check_not_run_file(readme, option="--readme")
         # Before the predictions (tens of seconds): a README without the markers is refused at once. The
         # README is read again when the table is written (publish_answers), which refuses it as well.
-        readme_block_bounds(read_bounded_text(readme, limit_bytes=MAX_README_BYTES, what="a README (Markdown)"))
+        try:
+            text = read_bounded_text(readme, limit_bytes=MAX_README_BYTES, what="a README (Markdown)")
+        except OSError as exc:  # a README that is not there or cannot be read: the command line's mistake
+            raise ConfigError(f"--readme {readme}: cannot read it ({exc.strerror or exc})") from None
+        readme_block_bounds(text)
 
 
 def _answers(runs: list[str], *, budget: str, headroom: str, predict: bool) -> Answers:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import codecs
 import contextlib
+import io
 import math
 import os
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Iterator, Mapping
 from enum import Enum
@@ -175,19 +179,111 @@ class Command(TyperCommand):
         return _no_flag_types(super().get_params(ctx))
 
 
+# The signals that stop a command, and its exit code for each: 128 + the signal's number, and SIGHUP (a closed
+# terminal or ssh session) as SIGTERM, 143, not 129 (issue 35).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+def signal_exit_code(signum: int) -> int:
+    """130 for Ctrl-C (SIGINT), 143 for SIGTERM and SIGHUP."""
+    return 130 if signum == signal.SIGINT else 143
+
+
+def signal_text(signum: int) -> str:
+    """'Ctrl-C (SIGINT)', 'SIGTERM', 'SIGHUP'."""
+    name = signal.Signals(signum).name
+    return "Ctrl-C (SIGINT)" if signum == signal.SIGINT else name
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal (SIGINT, SIGTERM, SIGHUP) in a command: raised where the command is, as Ctrl-C always was,
+    so that ``finally`` blocks and context managers (a pool of workers, a temporary file) clean up."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal_text(signum))
+        self.signum = signum
+
+
+class CommandSignals:
+    """SIGINT, SIGTERM and SIGHUP raise ``Stopped`` in the command (once; later ones are ignored while it stops).
+
+    Without this, SIGTERM and SIGHUP ended a command at once, silently, with no cleanup (an estimate's workers ran
+    on for seconds, printing BrokenPipeError tracebacks). A process forked from this one (an estimate's workers)
+    inherits the handler: there it does what the signal would have done, ending that process quietly."""
+
+    def __init__(self) -> None:
+        self.signum: int = signal.SIGINT
+        self.stopping = False
+        self.pid = os.getpid()
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> CommandSignals:
+        if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
+            self.previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        return self
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if os.getpid() != self.pid:  # a forked worker: the signal's own action
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        if not self.stopping:
+            self.stopping, self.signum = True, signum
+            raise Stopped(signum)
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
+            # A sweep whose final status is written ignores signals until the process ends (cli/runs.py
+            # Interrupts.keep_after_exit): that stays.
+            if signal.getsignal(sig) == self._handle:
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)  # None: set outside Python
+
+
+def stop_children() -> None:
+    """End the worker processes this process started (an estimate's pool), without waiting for their work."""
+    multiprocessing = sys.modules.get("multiprocessing")
+    if multiprocessing is None:
+        return
+    children = multiprocessing.active_children()
+    for child in children:
+        with contextlib.suppress(Exception):
+            child.terminate()
+    for child in children:
+        with contextlib.suppress(Exception):
+            child.join(timeout=2)
+
+
+def stopped_exit(command: str | None, signum: int) -> typer.Exit:
+    """After a stop signal in a command that does not say more itself: one line on stderr, exit 130 or 143. What
+    a command writes is written whole or not at all (results/store.py atomic_file), so nothing is left cut."""
+    stop_children()
+    name = f"ckptbench {command}" if command else "ckptbench"
+    err.print(f"[yellow]interrupted:[/yellow] {escape(name)} stopped by {signal_text(signum)}; no file was left "
+              "half-written", soft_wrap=True)
+    return typer.Exit(signal_exit_code(signum))
+
+
 class Group(TyperGroup):
     """The application: --help and --version show no value type either, and click's errors go through
     the one error handler (``fail``): one line and exit code 2 for a bad option value, an unknown option
-    or a missing argument, instead of a usage box."""
+    or a missing argument, instead of a usage box. A stop signal is one line and exit code 130 or 143."""
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _no_flag_types(super().get_params(ctx))
 
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as exc:  # before click, which would print an empty line and abort
+            signum = getattr(exc, "signum", signal.SIGINT)
+            raise stopped_exit(ctx.invoked_subcommand, signum) from None
+
     def main(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("standalone_mode", True) is False:
             return super().main(*args, **kwargs)
+        _tolerant_streams()
         try:
-            with warnings.catch_warnings():  # restores Python's own display when the command returns
+            with warnings.catch_warnings(), CommandSignals():  # both restored when the command returns
                 warnings.showwarning = _show_warning
                 # Not standalone: click hands us its errors and exit codes instead of printing and exiting.
                 code = super().main(*args, **{**kwargs, "standalone_mode": False})
@@ -195,7 +291,38 @@ class Group(TyperGroup):
             if type(exc).__name__ == "NoArgsIsHelpError":  # no command given: the help was the answer
                 sys.exit(getattr(exc, "exit_code", EXIT_BAD_INPUT))
             code = fail(exc).exit_code
+        except typer.Abort:  # a signal while click parsed the command line
+            code = stopped_exit(None, signal.SIGINT).exit_code
         sys.exit(code if isinstance(code, int) else 0)
+
+
+# What a terminal that is not UTF-8 (PYTHONIOENCODING=ascii, LANG=C with PYTHONUTF8=0) gets for the few characters
+# ckptbench prints beyond ASCII; any other becomes '?'. Tables switch to ASCII borders by themselves (rich).
+_ASCII = {"±": "+/-", "×": "x", "…": "...", "—": "-", "–": "-", "≈": "~", "≤": "<=", "≥": ">=", "→": "->",
+          "µ": "u", "·": "-", "’": "'", "‘": "'", "“": '"', "”": '"', "✓": "v", "✗": "x", "↑": "^", "↓": "v",
+          "\u2009": " ", "\u00a0": " "}
+_ERRORS = "ckptbench-ascii"
+
+
+def _ascii_fallback(exc: UnicodeError) -> tuple[str | bytes, int]:
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    text = exc.object[exc.start:exc.end]
+    if all("\udc80" <= c <= "\udcff" for c in text):  # a file name's undecodable bytes: written as they were
+        return codecs.lookup_error("surrogateescape")(exc)
+    return "".join(_ASCII.get(c, "?") for c in text), exc.end
+
+
+codecs.register_error(_ERRORS, _ascii_fallback)
+
+
+def _tolerant_streams() -> None:
+    """stdout and stderr never raise UnicodeEncodeError (issue 35: `sweep` under PYTHONIOENCODING=ascii exited 1
+    with a traceback after its run had completed): a character the encoding lacks is written as ASCII."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.errors in ("strict", "surrogateescape"):
+            with contextlib.suppress(Exception):
+                stream.reconfigure(errors=_ERRORS)
 
 
 def example(*lines: str) -> dict[str, Any]:

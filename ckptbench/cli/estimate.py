@@ -10,7 +10,7 @@ import typer
 
 from ckptbench.cli.common import BudgetOpt, Format, FormatOpt, err, fail, out, reading, warn
 from ckptbench.cli.progress import EstimateProgressBar
-from ckptbench.errors import CkptbenchError, ConfigError
+from ckptbench.errors import CkptbenchError, ConfigError, RunFailure
 
 if TYPE_CHECKING:  # the estimator imports torch: the CLI stays fast to start
     from ckptbench.config.schema import SweepConfig
@@ -52,8 +52,10 @@ def estimate(
     gpu: GpuOpt = None,
     times_from: Annotated[
         list[str] | None,
-        typer.Option("--times-from", metavar="RUN", help="Add step times fitted to these runs' measured points "
-                     "(repeat for several runs): predicted step time, tokens/s, their source and error bound."),
+        typer.Option("--times-from", metavar="RUN", help="Add step times from these runs' measured points (repeat "
+                     "for several runs): fitted inside their measured cells, modelled from each point's ops in "
+                     "others, transferred to another card; predicted step time, tokens/s, their source and "
+                     "error bound."),
     ] = None,
     snapshot: Annotated[
         Path | None,
@@ -74,7 +76,7 @@ def estimate(
     """
     from ckptbench.analysis.step_time import StepTimeModel
     from ckptbench.config.load import with_parallel
-    from ckptbench.estimator.estimator import estimate_config
+    from ckptbench.estimator.estimator import estimate_config, points_op_costs, resolve_target, run_op_costs
     from ckptbench.estimator.gpus import gpu_for_name, gpu_model
     from ckptbench.render.estimate import RENDERERS, estimate_table
     from ckptbench.results.inputs import load_input, measured_gpu, measured_reserved
@@ -99,10 +101,8 @@ def estimate(
                  "measurements and the error columns are left out")
             measured, reserved = {}, {}
         budget_bytes = parse_size(budget) if budget is not None else None
-        if snapshot is not None:  # checked before the estimate: never over a run's own files
-            from ckptbench.results.paths import check_not_run_file
-
-            check_not_run_file(snapshot, option="--snapshot")
+        if snapshot is not None:  # checked before the estimate: where each file goes, and that it can be made
+            _check_snapshots(_snapshot_config(cfg, gpu), snapshot, target=target)
         with EstimateProgressBar(err) as bar:
             estimates = estimate_config(
                 cfg, target=target, budget_bytes=budget_bytes, method="full" if full else "fast",
@@ -110,13 +110,15 @@ def estimate(
             )
         times = None
         if times_from:
-            model = StepTimeModel.from_runs([load_run(ref) for ref in times_from])
-            times = {e.point.key_id: model.predict(e.point, gpu=gpu_model(e.reserved.gpu) if e.reserved else None)
-                     for e in estimates}
+            # Fitted inside the runs' measured cells; elsewhere modelled (or transferred) from each point's op costs.
+            runs = [load_run(ref) for ref in times_from]
+            model = StepTimeModel.from_runs(runs, ops=run_op_costs(runs))
+            ops = points_op_costs(cfg, [e.point for e in estimates], target=resolve_target(cfg, target),
+                                  gpu=card)
+            times = {e.point.key_id: model.predict(e.point, gpu=gpu_model(e.reserved.gpu) if e.reserved else None,
+                                                   ops=ops.get(e.point.key_id)) for e in estimates}
         if snapshot is not None:
-            # As the estimate: a card given by --gpu is the limit, not the config's emulation cap.
-            snap_cfg = cfg.model_copy(update={"memory_cap_gib": None}) if gpu is not None else cfg
-            _write_snapshots(snap_cfg, snapshot, target=target, card=card, full=full)
+            _write_snapshots(_snapshot_config(cfg, gpu), snapshot, card=card, full=full)
     except CkptbenchError as exc:
         raise fail(exc) from None
     if fmt is Format.table:
@@ -126,21 +128,40 @@ def estimate(
                                               times=times))
 
 
-def _write_snapshots(cfg: SweepConfig, path: Path, *, target: str | None, card: GpuModel | None, full: bool) -> None:
-    """--snapshot: the predicted allocator timelines (estimator/snapshot.py), one pickle per point."""
+def _snapshot_config(cfg: SweepConfig, gpu: str | None) -> SweepConfig:
+    """As the estimate: a card given by --gpu is the limit, not the config's emulation cap."""
+    return cfg.model_copy(update={"memory_cap_gib": None}) if gpu is not None else cfg
+
+
+def _check_snapshots(cfg: SweepConfig, path: Path, *, target: str | None) -> None:
+    """--snapshot, before any trace: a CUDA target, and a file each point's timeline can be written to (not a run's
+    own file, through a link either; not a FIFO, which blocked the write forever; in a folder that can be made)."""
     from ckptbench.estimator.estimator import resolve_target
-    from ckptbench.estimator.gpus import DEFAULT_GPU, gpu_model
-    from ckptbench.estimator.snapshot import point_snapshots, snapshot_paths, write_snapshot
+    from ckptbench.estimator.snapshot import snapshot_paths
+    from ckptbench.results.paths import check_not_run_file, check_output_file
 
     if resolve_target(cfg, target) != "cuda":
         raise ConfigError("--snapshot: a CUDA allocator timeline needs a CUDA target (--gpu CARD or --target cuda)")
+    check_not_run_file(path, option="--snapshot")  # the name given, also when each point's file has its own
+    for out_path in snapshot_paths(path, cfg.points_list()):
+        check_output_file(out_path, option="--snapshot")
+
+
+def _write_snapshots(cfg: SweepConfig, path: Path, *, card: GpuModel | None, full: bool) -> None:
+    """--snapshot: the predicted allocator timelines (estimator/snapshot.py), one pickle per point, each written
+    whole or not at all; a full disk is a failure of the disk (exit 1), not bad input."""
+    from ckptbench.estimator.gpus import DEFAULT_GPU, gpu_model
+    from ckptbench.estimator.snapshot import point_snapshots, snapshot_paths, write_snapshot
+
     points = cfg.points_list()
     paths = snapshot_paths(path, points)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         for out_path, snap in zip(paths, point_snapshots(cfg, points, gpu=card or gpu_model(DEFAULT_GPU),
                                                           method="full" if full else "fast"), strict=True):
             err.print(f"snapshot: {write_snapshot(snap, out_path)}", markup=False)
     except OSError as exc:
-        raise ConfigError(f"--snapshot: cannot write {path}: {exc}") from None
+        raise RunFailure(f"--snapshot: cannot write {path} ({exc.strerror or exc}); no snapshot file is left cut"
+                         ) from None
     err.print("open a snapshot at https://pytorch.org/memory_viz (every address and size in it is predicted)",
               markup=False)

@@ -17,6 +17,16 @@ if TYPE_CHECKING:  # the runner imports torch; the CLI stays fast to start
     from ckptbench.measure.progress import Progress as PointEvent
 
 
+def _stop(progress: Progress, exc: tuple[Any, ...]) -> None:
+    """Stop a bar; when an error or a signal stopped the work, erase it: the one line that says why stays alone
+    (issue 35: an error found after the bar started followed an empty 'estimate 0/?' line)."""
+    if exc and exc[0] is not None:
+        progress.live.transient = True
+        progress.live.stop()  # not Progress.stop: off a terminal, it prints an empty line after the bar
+        return
+    progress.__exit__(*exc)
+
+
 class SweepProgress:
     """A rich progress bar over points on stderr, with a line per finished point."""
 
@@ -40,7 +50,7 @@ class SweepProgress:
 
     def __exit__(self, *exc: Any) -> None:
         if self.started:
-            self.progress.__exit__(*exc)
+            _stop(self.progress, exc)
 
     def update(self, event: PointEvent) -> None:
         if not self.started:
@@ -86,7 +96,7 @@ class EstimateProgressBar:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.progress.__exit__(*exc)
+        _stop(self.progress, exc)
 
     def update(self, event: EstimateProgress) -> None:
         label = "" if event.done == event.total else f"tracing {event.label}"

@@ -9,7 +9,7 @@ import typer
 
 from ckptbench.cli.common import BudgetOpt, Format, HeadroomOpt, RunArg, SeqLenOpt, err, fail, out, path_option, warn
 from ckptbench.cli.gc_pause import gc_paused
-from ckptbench.errors import CkptbenchError, ConfigError, ResultsError
+from ckptbench.errors import CkptbenchError, ConfigError, RunFailure
 from ckptbench.results.fit import DEFAULT_HEADROOM
 
 if TYPE_CHECKING:  # the estimator imports torch; the CLI stays fast to start
@@ -123,8 +123,10 @@ def report_cmd(
             files = write_report(loaded, out_dir=target, rec=rec, estimates=estimates)
     except CkptbenchError as exc:
         raise fail(exc) from None
-    except OSError as exc:
-        raise fail(ResultsError(f"cannot write the report: {exc}")) from None
+    except OSError as exc:  # a full disk: a failure of the disk (exit 1), not bad input; no file is left cut
+        where = target or run
+        raise fail(RunFailure(f"{where}: cannot write the report ({exc.strerror or exc}); the files written are "
+                              "whole, none is cut")) from None
     for plot in files.plots:
         err.print(f"plot: {plot}", markup=False)
     out.print(str(files.markdown), markup=False)

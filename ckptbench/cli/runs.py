@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.markup import escape
 
-from ckptbench.cli.common import err, path_option
+from ckptbench.cli.common import STOP_SIGNALS, Stopped, err, path_option, signal_exit_code
 from ckptbench.errors import CkptbenchError
 
 if TYPE_CHECKING:  # the sweep imports torch; the CLI stays fast to start
@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # the sweep imports torch; the CLI stays fast to start
 
 
 class Interrupts:
-    """Ctrl-C and SIGTERM raise KeyboardInterrupt once; later ones are ignored while the run is marked.
+    """Ctrl-C, SIGTERM and SIGHUP (a closed terminal: as SIGTERM) raise KeyboardInterrupt once; later ones are
+    ignored while the run is marked.
 
     Two windows need more than that:
 
@@ -46,7 +47,7 @@ class Interrupts:
     def __enter__(self) -> Interrupts:
         self.fired = self.finishing = self.late = False
         self.signum: int = signal.SIGINT
-        self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
         self.previous_hook = sys.unraisablehook
         sys.unraisablehook = self._unraisable
         return self
@@ -56,7 +57,7 @@ class Interrupts:
             self.late = True
         elif not self.fired:
             self.fired, self.signum = True, signum
-            raise KeyboardInterrupt
+            raise Stopped(signum)
 
     def _unraisable(self, info: sys.UnraisableHookArgs) -> None:
         dropped = info.exc_type is not None and issubclass(info.exc_type, KeyboardInterrupt)
@@ -73,6 +74,7 @@ class Interrupts:
         sys.unraisablehook = self.previous_hook
         for sig, handler in self.previous.items():
             # SIG_IGN survives interpreter shutdown (Python resets only its own handlers to the default).
+            handler = handler if handler is not None else signal.SIG_DFL  # None: set outside Python
             signal.signal(sig, signal.SIG_IGN if self.finishing and self.keep_after_exit else handler)
 
 
@@ -105,8 +107,10 @@ def finish(run_dir: Path, clock: SweepClock | None) -> None:
     gc.freeze()
 
 
-def interrupted(exc: KeyboardInterrupt, config: Path, *, again: str | None = None) -> typer.Exit:
-    """Say what is on disk after Ctrl-C/SIGTERM (and write the partial summaries); exit code 130.
+def interrupted(exc: KeyboardInterrupt, config: Path, *, again: str | None = None, signum: int = signal.SIGINT
+                ) -> typer.Exit:
+    """Say what is on disk after Ctrl-C/SIGTERM/SIGHUP (and write the partial summaries); exit code 130 for
+    Ctrl-C, 143 for SIGTERM and SIGHUP (cli/common.py ``signal_exit_code``).
 
     ``again``: the command that continues the run, up to ``--resume RUN`` (default: ckptbench sweep CONFIG);
     a tune run names tune and its options, whose searches have no total of points known in advance."""
@@ -114,7 +118,7 @@ def interrupted(exc: KeyboardInterrupt, config: Path, *, again: str | None = Non
     run_dir, finished, total = (getattr(exc, name, None) for name in ("run_dir", "finished", "total"))
     if run_dir is None:
         err.print("[yellow]interrupted:[/yellow] before the sweep started; no point was run, nothing was written")
-        return typer.Exit(130)
+        return typer.Exit(signal_exit_code(signum))
     with contextlib.suppress(CkptbenchError, OSError):  # the points themselves are safe already
         summarize_run(run_dir)
     with contextlib.suppress(Exception):  # the command's wall time is a nicety here
@@ -126,7 +130,7 @@ def interrupted(exc: KeyboardInterrupt, config: Path, *, again: str | None = Non
         f"{escape(again)} --resume {escape(shlex.quote(str(run_dir)))}",
         soft_wrap=True,
     )
-    return typer.Exit(130)
+    return typer.Exit(signal_exit_code(signum))
 
 
 def summarize_run(run_dir: Path) -> Run:

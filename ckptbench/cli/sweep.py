@@ -119,7 +119,7 @@ def sweep(
         except CkptbenchError as exc:
             raise fail(exc) from None
         except KeyboardInterrupt as exc:
-            raise interrupted(exc, config) from None
+            raise interrupted(exc, config, signum=interrupts.signum) from None
         for note in outcome.warnings:
             warn(note)
         try:

@@ -81,7 +81,8 @@ def tune(
         except CkptbenchError as exc:
             raise fail(exc) from None
         except KeyboardInterrupt as exc:
-            raise interrupted(exc, config, again=_again(config, budget, headroom, seq_len, allow)) from None
+            raise interrupted(exc, config, again=_again(config, budget, headroom, seq_len, allow),
+                              signum=interrupts.signum) from None
         try:
             run = summarize_run(outcome.sweep.run_dir)
         except (CkptbenchError, OSError) as exc:  # the records are on disk; only the summary is missing

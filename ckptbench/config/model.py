@@ -1,26 +1,24 @@
 """Which model to build: a preset or a checkpoint's config.json, plus config overrides, and the checks that
 the result can be built.
 
-The resolved model (preset or config.json, then overrides) is checked here, before anything runs: a supported
-architecture (config/families.py), positive sizes, attention heads that divide the hidden size, key/value heads
-that divide the attention heads, finite numbers. Other fields are checked by transformers when the runner
-builds the config. No torch.
+The resolved model (preset or config.json, then overrides) is checked here, before anything runs, whichever command
+reads it: a supported architecture (config/families.py) and attention, then the fields as transformers' config
+class takes them (config/model_fields.py: sizes and heads, each declared field's type and bounds, the rotary
+settings, finite numbers), each error naming the field where it was written (``model.overrides.FIELD`` or
+``model.config: FIELD``). A config.json is read bounded, a regular file only (config/files.py). No torch.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-import math
+import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_serializer,
@@ -29,111 +27,10 @@ from pydantic import (
 
 from ckptbench.config.axes import AttnImpl, _shown, _Strict
 from ckptbench.config.families import DEFAULT_MODEL_TYPE, FAMILIES, Family, family_of
+from ckptbench.config.files import read_bounded_text
+from ckptbench.config.model_fields import check_model_fields
 from ckptbench.config.presets import PRESETS, preset_names
-
-# transformers' ACT2FN names (5.x; tests/test_robust_inputs.py holds this list to the installed one).
-ACTIVATIONS = frozenset({
-    "gelu", "gelu_10", "gelu_accurate", "gelu_fast", "gelu_new", "gelu_python", "gelu_python_tanh",
-    "gelu_pytorch_tanh", "hardswish", "laplace", "leaky_relu", "linear", "mish", "prelu", "quick_gelu", "relu",
-    "relu2", "relu6", "sigmoid", "silu", "sqrtsoftplus", "swish", "tanh", "xielu",
-})
-MAX_LAYERS = 4096  # far above any real LLaMA; keeps layout expansion cheap for absurd inputs
-# Far above any real model (LLaMA-3 405B: hidden 16384, vocab 128256) and far below where a tensor's
-# element count overflows int64 (a size of 10**25 would only fail inside torch, in every point).
-MAX_SIZE = 2**24
-
-# strict: YAML's `true` or "128" is not a size; LlamaConfig would take them and fail later.
-_Size = Annotated[int, Field(strict=True, ge=1, le=MAX_SIZE)]
-
-
-class ShapeFields(BaseModel):
-    """The fields of the resolved LlamaConfig that decide whether the model can be built at all."""
-
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
-
-    vocab_size: _Size
-    hidden_size: _Size
-    intermediate_size: _Size
-    num_hidden_layers: Annotated[int, Field(strict=True, ge=1, le=MAX_LAYERS)]
-    num_attention_heads: _Size
-    num_key_value_heads: _Size | None = None  # None: as many as num_attention_heads (LlamaConfig's rule)
-    head_dim: _Size | None = None  # None: hidden_size / num_attention_heads
-    max_position_embeddings: _Size
-    initializer_range: float = Field(default=0.02, ge=0)  # the std of the initial weights
-    # The activation of the MLP, by its name in transformers' ACT2FN (an unknown one failed in every point).
-    hidden_act: str = "silu"
-    attention_dropout: float = Field(default=0.0, ge=0, le=1)  # a probability (2.0 failed at the first step)
-    # The embedding's padding row: a token of the vocabulary, or None (out of it, building the model failed).
-    pad_token_id: Annotated[int, Field(strict=True, ge=0)] | None = None
-    # The training step reads the loss from the model's output object: a tuple (False) has no .loss.
-    return_dict: bool = True
-
-    @field_validator("return_dict")
-    @classmethod
-    def _output_object(cls, value: bool) -> bool:
-        if not value:
-            raise ValueError("must be true: the training step reads the loss from the model's output object")
-        return value
-
-    @field_validator("hidden_act")
-    @classmethod
-    def _known_activation(cls, value: str) -> str:
-        if value not in ACTIVATIONS:
-            hint = difflib.get_close_matches(value, sorted(ACTIVATIONS), n=1)
-            extra = f"; did you mean {hint[0]!r}?" if hint else ""
-            raise ValueError(f"not an activation transformers knows{extra} (allowed: {', '.join(sorted(ACTIVATIONS))})")
-        return value
-
-    @model_validator(mode="after")
-    def _heads_fit(self) -> ShapeFields:
-        heads, kv = self.num_attention_heads, self.num_key_value_heads or self.num_attention_heads
-        if self.head_dim is None and self.hidden_size % heads:
-            raise ValueError(
-                f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads ({heads})"
-            )
-        if heads % kv:
-            raise ValueError(f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})")
-        if (self.head_dim or self.hidden_size // heads) % 2:  # rotary embeddings rotate pairs of channels
-            raise ValueError(f"the head size ({self.head_dim or self.hidden_size // heads}) must be even")
-        if self.pad_token_id is not None and self.pad_token_id >= self.vocab_size:
-            raise ValueError(
-                f"pad_token_id ({self.pad_token_id}) must be a token of the vocabulary (below vocab_size "
-                f"{self.vocab_size}) or null"
-            )
-        return self
-
-
-def _non_finite(value: Any, path: str) -> str | None:
-    """The dotted path of the first NaN or infinity inside ``value``, or None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return path
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for name, inner in items:
-        found = _non_finite(inner, f"{path}.{name}")
-        if found is not None:
-            return found
-    return None
-
-
-def check_model_shape(resolved: dict[str, Any], overrides: dict[str, Any]) -> None:
-    """Raise ValueError('model.overrides.FIELD: ...') unless the resolved model can be built."""
-    bad = _non_finite(overrides, "model.overrides")
-    if bad is not None:
-        raise ValueError(f"{bad}: must be a finite number")
-    try:
-        ShapeFields.model_validate(resolved)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = [str(x) for x in err.get("loc", ())]
-        msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
-        if not loc and msg.startswith("pad_token_id"):
-            loc = ["pad_token_id"]
-        if not loc:  # the heads check: name the field the user changed
-            heads_fields = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim")
-            loc = [next((f for f in heads_fields if f in overrides), "num_attention_heads")]
-        given = f" (got {_shown(err.get('input'))})" if err.get("loc") else ""
-        raise ValueError(f"model.overrides.{'.'.join(loc)}: {msg}{given}") from None
-
+from ckptbench.errors import ConfigError
 
 MAX_CONFIG_JSON_BYTES = 4 * 2**20  # a config.json is a few KiB
 # The validation context key holding the folder a relative model.config path is read from (config/load.py
@@ -143,25 +40,26 @@ DEFAULT_PRESET = "llama-7b"
 
 
 def read_config_json(path: str, *, base: Path | None) -> dict[str, Any]:
-    """The fields of a checkpoint's config.json (a local file), or ValueError in one line."""
+    """The fields of a checkpoint's config.json (a local regular file, at most MAX_CONFIG_JSON_BYTES), or
+    ValueError in one line: a FIFO, a device (/dev/zero) or a huge file is refused before it is read."""
     p = Path(path).expanduser()
     where = p if p.is_absolute() or base is None else base / p
     try:
-        if where.is_file() and where.stat().st_size > MAX_CONFIG_JSON_BYTES:
-            raise ValueError(f"model.config: {path} is larger than {MAX_CONFIG_JSON_BYTES // 2**20} MiB; "
-                             "a config.json is a few KiB")
-        data = json.loads(where.read_text(encoding="utf-8"))
+        text = read_bounded_text(where, limit_bytes=MAX_CONFIG_JSON_BYTES, what="a config.json", error=ConfigError)
+    except ConfigError as exc:
+        raise ValueError(f"model.config: {exc}") from None
     except FileNotFoundError:
         hint = f" (relative paths are read from {base})" if base is not None and not p.is_absolute() else ""
         raise ValueError(f"model.config: no such file {path!r}{hint}") from None
-    except IsADirectoryError:
-        raise ValueError(f"model.config: {path} is a directory; name its config.json") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"model.config: {path} is not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"model.config: {path} is not JSON (line {exc.lineno}: {exc.msg})") from None
     except OSError as exc:
         raise ValueError(f"model.config: cannot read {path} ({exc.__class__.__name__}: {exc.strerror})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"model.config: {path} is not JSON (line {exc.lineno}: {exc.msg})") from None
+    except (ValueError, RecursionError):  # an integer past Python's digit limit; arrays nested thousands deep
+        raise ValueError(f"model.config: {path} is not a config.json: it holds an integer of more than "
+                         f"{sys.get_int_max_str_digits():,} digits or values nested too deep") from None
     if not isinstance(data, dict):
         raise ValueError(f"model.config: {path} must hold a JSON object of config fields, got {type(data).__name__}")
     return data
@@ -179,8 +77,8 @@ class ModelSpec(_Strict):
     # time (torch_dtype, transformers_version, _name_or_path, architectures, token ids) are kept as a record
     # and ignored when the model is built (train/model.py).
     config_fields: dict[str, Any] | None = None
-    # Any field of the family's transformers config, for example {num_hidden_layers: 16}; sizes and head counts
-    # are checked here (check_model_shape), everything else by transformers when the sweep starts.
+    # Any field of the family's transformers config, for example {num_hidden_layers: 16}; checked as transformers
+    # takes it (config/model_fields.py) when the config is read.
     overrides: dict[str, Any] = Field(default_factory=dict)
     # 'sdpa' (PyTorch scaled_dot_product_attention) or 'eager' (materialises the S x S attention matrix).
     attn_implementation: AttnImpl = "sdpa"
@@ -232,7 +130,18 @@ class ModelSpec(_Strict):
             raise ValueError(f"model.{'preset' if self.preset is not None else 'config'}: {exc}") from None
         if self.attn_implementation not in family.attention:
             raise ValueError(attention_refusal(family, self.attn_implementation, "model.attn_implementation"))
+        check_model_fields(self.resolved(), family=family, overrides=self.overrides,
+                           attn_implementation=self.attn_implementation, label=self.field_label)
         return self
+
+    def field_label(self, path: str) -> str:
+        """How an error names the model field ``path`` where it was written: 'model.overrides.rope_theta',
+        'model.config: rope_theta' (a config.json), 'model.config_fields.rope_theta' (fields given inline)."""
+        if path.split(".")[0] in self.overrides:
+            return f"model.overrides.{path}"
+        if self.preset is not None:
+            return f"model.preset: {self.preset}'s {path}"
+        return f"model.config: {path}" if self.config else f"model.config_fields.{path}"
 
     def resolved(self) -> dict[str, Any]:
         """The preset's (or config.json's) fields with the overrides applied."""

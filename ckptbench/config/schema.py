@@ -20,7 +20,6 @@ from ckptbench.config.model import (
     ModelSpec,
     attention_refusal,
     check_lora,
-    check_model_shape,
     step_flops_bound,
 )
 from ckptbench.config.parallel import world_size
@@ -103,7 +102,6 @@ class SweepConfig(_Strict):
     @model_validator(mode="after")
     def _check_against_model(self) -> SweepConfig:
         resolved = self.model.resolved()
-        check_model_shape(resolved, self.model.overrides)
         num_layers = int(resolved["num_hidden_layers"])
         _check_grid_size(self)
         _check_layouts(self, num_layers)

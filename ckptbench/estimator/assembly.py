@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from ckptbench.config.layouts import LayoutPlan, parse_layout
 from ckptbench.estimator.trace import StepTrace
 from ckptbench.estimator.tracker import StepSegment, Vector, add
+from ckptbench.train.flops import OpCosts
 
 # Ordered so that classes holding fewer shared tensors come first (see the module docstring).
 CLASS_ORDER: tuple[str, ...] = ("none", "mlp", "attn", "attn+mlp", "block", "selective")
@@ -281,6 +282,42 @@ class _Walk:
                 peak, where = candidate, label
             level = add(level, step.delta)
         self.level, self.peak, self.where = level, peak, where
+
+
+def assemble_ops(
+    trace: StepTrace, short: Sequence[str], optimizer: StepTrace, classes: Sequence[str], micro_batches: int = 1
+) -> OpCosts:
+    """Every op of a full model's step whose decoder layers have these checkpoint classes, from a short model's
+    trace (``short``: its layer classes) and the whole model's optimizer trace: what the step-time model times.
+
+    As ``assemble`` walks the bytes: each layer's forward and backward segments are those of the short model's
+    middle layer of its class (a checkpointed layer's backward holds its recomputed forward), the first and last
+    layers corrected by the short model's boundary layers less its middle layer of their class, the segments
+    before and after the layers once per micro-batch (micro-batches after the first as the short model's second),
+    then the optimizer step and zero_grad.
+    """
+    last, c0 = len(short) - 1, short[0]
+    middle = {c: i for i, c in reversed(list(enumerate(short))) if 0 < i < last}
+    parts: list[tuple[OpCosts, int]] = [(trace.ops("start"), 1)]
+    traced = min(micro_batches, 2)
+    for k in range(traced):
+        times = 1 if k == 0 else micro_batches - 1
+        at = f"@{k}"
+        parts += [(trace.ops(g + at), times) for g in GLOBALS]
+        for c in sorted(set(classes)):
+            n = sum(1 for x in classes if x == c) * times
+            parts += [(trace.ops(f"fwd:{middle[c]}{at}"), n), (trace.ops(f"bwd:{middle[c]}{at}"), n)]
+        for short_layer in (0, last):  # the full model's first and last layers (it has more than three)
+            for kind in ("fwd", "bwd"):
+                boundary, typical = trace.ops(f"{kind}:{short_layer}{at}"), trace.ops(f"{kind}:{middle[c0]}{at}")
+                parts += [(boundary, times), (typical, -times)]
+    parts += [(optimizer.ops("opt"), 1), (optimizer.ops("zero"), 1)]
+    return OpCosts.of(parts)
+
+
+def trace_ops(trace: StepTrace) -> OpCosts:
+    """Every op of a fully traced step (its own optimizer step included)."""
+    return OpCosts.of((costs, 1) for _, costs in trace.op_costs)
 
 
 def describe_segment(label: str) -> str:

@@ -30,25 +30,30 @@ from typing import Any, Literal
 
 from ckptbench.config.grid import Point, optimizer_step_key, step_key
 from ckptbench.config.layouts import parse_layout
+from ckptbench.config.load import parse_config
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
 from ckptbench.estimator.assembly import (
     Peak,
     StepCosts,
     assemble,
+    assemble_ops,
     describe_segment,
     layer_classes,
     plans_for,
     short_model_classes,
+    trace_ops,
 )
 from ckptbench.estimator.event_assembly import AssemblyError
-from ckptbench.estimator.gpus import DEFAULT_GPU, GpuModel, gpu_model
+from ckptbench.estimator.gpus import DEFAULT_GPU, GpuModel, gpu_for_name, gpu_model
 from ckptbench.estimator.record import CATEGORIES, Estimate, EstimateProgress, Reserved
 from ckptbench.estimator.replay import StreamTooShort, fast_steps, full_steps, predict_reserved
 from ckptbench.estimator.trace import Prepared, StepTrace, trace_optimizer, trace_step
 from ckptbench.estimator.tracker import GRADS, OPTIMIZER_STATE, PARAMS
 from ckptbench.estimator.workers import map_pieces, worker_count
 from ckptbench.results.record import PredictedOom, Prediction
+from ckptbench.results.store import Run
+from ckptbench.train.flops import CHECKPOINTED_PASS, OpCosts
 from ckptbench.train.model import uniform_layers
 from ckptbench.train.unavailable import TechniqueUnavailable
 from ckptbench.units import GIB
@@ -284,6 +289,23 @@ class Estimator:
         return assemble(self._costs[trace_key], self._optim[_optim_key(point)], self.classes(point),
                         point.micro_batches)
 
+    def op_costs(self, point: Point) -> OpCosts | None:
+        """Every op of the point's step (class, FLOPs, bytes: estimator/op_costs.py), its recomputation where its
+        layout recomputes, its traces run here first where they have not; None when it could not be traced."""
+        for _, job in self.jobs([point]):
+            job()
+        trace_key = self._trace_key(point)
+        if self._failed.get(_optim_key(point)) or self._failed.get(trace_key):
+            return None
+        classes = self.classes(point)
+        if self.method == "full":
+            ops = trace_ops(self._traces[trace_key])
+        else:
+            ops = assemble_ops(self._traces[trace_key], trace_key[-1], self._optim[_optim_key(point)], classes,
+                               point.micro_batches)
+        whole = any(c not in ("none", "selective") for c in classes)  # checkpointed layers or their parts
+        return ops.plus(OpCosts({(CHECKPOINTED_PASS, 0, 0): point.micro_batches})) if whole else ops
+
     def _estimate(self, point: Point, *, budget_bytes: int | None, budget_is_cap: bool) -> Estimate:
         trace_key = self._trace_key(point)
         peak = self._peak(point)
@@ -382,6 +404,37 @@ def estimate_points(
     if on_progress is not None:
         on_progress(EstimateProgress(ran, ran, "done"))
     return est.estimate_each(points, budget_bytes=budget_bytes, budget_is_cap=budget_is_cap, workers=workers)
+
+
+def points_op_costs(
+    cfg: SweepConfig, points: Sequence[Point], *, target: Target = "cuda", gpu: GpuModel | str | None = None
+) -> dict[str, OpCosts]:
+    """The op costs (``Estimator.op_costs``) of ``points``, by key_id (a point that cannot be traced is left out):
+    what a modelled step time needs. Traces only (no allocator replay)."""
+    est = Estimator(cfg, target=target, gpu=card(gpu) if target == "cuda" else None)
+    found: dict[str, OpCosts] = {}
+    for point in points:
+        try:
+            costs = est.op_costs(point)
+        except (ConfigError, TechniqueUnavailable):
+            costs = None  # offloading on a CPU target, a technique the estimator refuses: not timed per op
+        if costs is not None:
+            found[point.key_id] = costs
+    return found
+
+
+def run_op_costs(runs: Sequence[Run]) -> dict[str, OpCosts]:
+    """The op costs (``Estimator.op_costs``) of every ok point of ``runs``, by key_id, each traced with the config
+    of the first run that holds it (for a CUDA run, on its card; a CPU run's, as the CPU runs it): what the
+    step-time model is calibrated with. A point that cannot be traced is left out."""
+    found: dict[str, OpCosts] = {}
+    for run in runs:
+        points = [r.point for r in run.points if r.ok and r.point is not None and r.key_id not in found]
+        if points:
+            gpu = gpu_for_name(run.environment.gpu_name)
+            found.update(points_op_costs(parse_config(run.config, source=str(run.path)), points,
+                                         target="cuda" if gpu is not None else "cpu", gpu=gpu))
+    return found
 
 
 def card(gpu: GpuModel | str | None) -> GpuModel:

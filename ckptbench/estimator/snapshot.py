@@ -29,6 +29,7 @@ from ckptbench.estimator.events import ALLOC
 from ckptbench.estimator.gpus import GpuModel
 from ckptbench.estimator.recorded import FORMAT, VERSION, RecordedTrace
 from ckptbench.estimator.replay import ProcessModel
+from ckptbench.results.store import atomic_file
 
 SOURCE = "ckptbench estimate (predicted)"  # the frames' file name: nothing here was measured
 _SEGMENT_UP = ("segment_alloc", "segment_map")
@@ -233,8 +234,9 @@ def snapshot_paths(path: Path, points: Sequence[Point]) -> list[Path]:
 
 
 def write_snapshot(snapshot: dict[str, Any], path: Path) -> Path:
-    """Pickle the snapshot as ``torch.cuda.memory._dump_snapshot`` does (open it at pytorch.org/memory_viz)."""
-    with path.open("wb") as f:
+    """Pickle the snapshot as ``torch.cuda.memory._dump_snapshot`` does (open it at pytorch.org/memory_viz), written
+    whole or not at all (a full disk or Ctrl-C leaves no cut pickle; a link at ``path`` keeps its file)."""
+    with atomic_file(path) as tmp, tmp.open("wb") as f:
         pickle.dump(snapshot, f)
     return path
 

@@ -59,6 +59,7 @@ from ckptbench.estimator.tracker import (
     Vector,
 )
 from ckptbench.train.checkpointing import applied
+from ckptbench.train.flops import NO_OPS, OpCosts
 from ckptbench.train.losses import loss_head
 from ckptbench.train.model import apply_lora, attention, build_model, decoder_layers
 from ckptbench.train.offload import HostOffload
@@ -86,6 +87,12 @@ class StepTrace:
     roles: tuple[tuple[int, str], ...] = ()  # StepTracker.roles: (event id, producing segment)
     build: tuple[int, ...] = ()  # bytes of each parameter and buffer, in the order a build allocates them
     host: frozenset[int] = frozenset()  # event ids of tensors that live in host memory on the target
+    # Each segment's ops: class, FLOPs and bytes (estimator/op_costs.py), in the order the segments opened.
+    op_costs: tuple[tuple[str, OpCosts], ...] = ()
+
+    def ops(self, label: str) -> OpCosts:
+        """The ops of the segment ``label`` (none when it ran no op)."""
+        return dict(self.op_costs).get(label, NO_OPS)
 
     def get(self, label: str) -> StepSegment:
         for seg in self.segments:
@@ -260,6 +267,7 @@ def _result(tracker: StepTracker, static: Vector) -> StepTrace:
         workspaces=frozenset(tracker.events.workspaces),
         release_events=tuple(tracker.release_events),
         roles=tuple(tracker.roles.items()),
+        op_costs=tracker.ops.result(),
     )
 
 

@@ -16,7 +16,9 @@ a CPU-target estimate counts as the CPU tracker measures. On top of that it
   storage and which scratch buffers a kernel holds while it runs (these never surface as
   tensors, so they are added to the peak of the op that uses them);
 - logs every allocation and free in execution order (``events``, estimator/events.py), with the
-  segment it happened in, for the caching-allocator replay.
+  segment it happened in, for the caching-allocator replay;
+- counts every op's class, FLOPs and bytes in the open segment (``ops``, estimator/op_costs.py), for the
+  step-time model; it counts no memory.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from ckptbench.estimator.live_storage import (
     storage_key,
     storage_tensors,
 )
+from ckptbench.estimator.op_costs import OpCounter
 from ckptbench.estimator.record import CATEGORIES
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
@@ -72,6 +75,7 @@ class StepTracker(CountingMode):
         self.pending_label: str | None = None  # a segment to open right before the next op
         self.defer_shared = defer_shared
         self.events = EventLog()
+        self.ops = OpCounter()  # each op's FLOPs and bytes per segment (no memory counted there)
         # Storage metadata: (category, number of the segment that allocated it, allocation event id).
         self.storages: LiveStorageCounter[tuple[int, int, int]] = LiveStorageCounter(
             round_bytes=kernels.block_bytes, on_release=self._released, on_resize=self._resized
@@ -241,6 +245,7 @@ class StepTracker(CountingMode):
         if func is _UNSCALE:
             self._zero_flags.add(storage_key(args[1]))
         out = func(*args, **(kwargs or {}))
+        self.ops.count(func, args, kwargs, out, self._label)
         category = self.tag
         if category == TRANSIENT and torch.is_grad_enabled():
             category = ACTIVATIONS  # checkpoint recomputation runs with grad enabled inside backward

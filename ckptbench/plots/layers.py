@@ -10,13 +10,12 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ckptbench.analysis.layer_series import CellSeries, Series
-from ckptbench.plots.style import empty_note, plain_text
+from ckptbench.plots.style import empty_note, plain_text, save
 from ckptbench.units import GIB
 
 FAMILY_STYLE = {"first": ("#4c72b0", "o"), "last": ("#dd8452", "s"), "every": ("#55a868", "^"),
                 "range": ("#8172b3", "D"), "layers": ("#937860", "v")}
 MAX_CELLS = 6  # columns; a run with more cells shows those with the most measured layouts
-DPI = 110
 
 
 def _pick(cells: Sequence[CellSeries]) -> list[CellSeries]:
@@ -101,5 +100,4 @@ def plot_layers(cells: Sequence[CellSeries], path: Path, *, title: str, limit_by
     axes_time[0].set_ylabel("median step (ms)")
     _saving_panel(fig.add_subplot(grid[:, n]), shown)
     fig.suptitle(f"Memory and step time against the number of checkpointed layers: {title}", fontsize=11)
-    fig.savefig(path, dpi=DPI, metadata={"Software": None})
-    return path
+    return save(fig, path, bbox_inches=None, metadata={"Software": None})

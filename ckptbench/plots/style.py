@@ -14,7 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ckptbench.results.frame import to_frame
-from ckptbench.results.store import Run
+from ckptbench.results.store import Run, atomic_file
 from ckptbench.units import SizeUnit
 
 DPI = 110
@@ -112,8 +112,11 @@ def short_axis(name: str) -> str:
     return {"seq_len": "seq", "batch_size": "batch"}.get(name, name)
 
 
-def save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+def save(fig: Figure, path: Path, **options: Any) -> Path:
+    """The PNG written whole or not at all (results/store.py atomic_file): a full disk or Ctrl-C half-way through
+    never leaves a cut PNG, nor replaces an earlier good one with it."""
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=DPI, **({"bbox_inches": "tight"} | options))
     return path
 
 

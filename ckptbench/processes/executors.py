@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ckptbench.config.cluster import SlurmSpec
@@ -61,19 +62,39 @@ class Pool(Protocol):
     def release(self, done: Submitted) -> None: ...
 
 
+# The signals that stop a sweep (cli/runs.py Interrupts): held while a local job starts, acted on after.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
 @contextlib.contextmanager
 def _interrupts_not_inherited() -> Iterator[None]:
-    """Start submitit's local controller (and through it the job) with Ctrl-C ignored: a terminal's Ctrl-C
-    reaches the whole process group, and each controller printed KeyboardInterrupt tracebacks (four for two
-    jobs). The sweep handles Ctrl-C alone; its jobs end when it is gone (run_point_job's watch_pid)."""
+    """Start submitit's local controller (and through it the job) with Ctrl-C blocked: a terminal's Ctrl-C reaches
+    the whole process group, and each controller printed KeyboardInterrupt tracebacks (four for two jobs). The
+    sweep handles Ctrl-C alone; its jobs end when it is gone (run_point_job's watch_pid).
+
+    SIGINT is blocked in this thread, not ignored: a blocked signal stays blocked in the processes started now
+    (the mask is inherited across fork and exec), while one ignored here was lost to this process too (issue 35:
+    a Ctrl-C during a submit left the sweep running to 'complete', exit 0). A stop signal that arrives meanwhile
+    is held and raised again once the job has started, so the sweep acts on it after the submit."""
     if threading.current_thread() is not threading.main_thread():  # signal handlers are the main thread's
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # an ignored signal stays ignored across exec
+    held: list[int] = []
+
+    def hold(signum: int, _frame: FrameType | None) -> None:
+        held.append(signum)
+
+    previous = {sig: signal.signal(sig, hold) for sig in STOP_SIGNALS}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        # The handlers first: a SIGINT pending on this thread is delivered when the mask is restored, to them.
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)  # None: set outside Python
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if held:
+            signal.raise_signal(held[0])
 
 
 @dataclass

@@ -27,7 +27,10 @@ import socket
 import sys
 import traceback
 import warnings
+from pathlib import Path
 from typing import Any
+
+from ckptbench.processes.workdirs import owner_of, remove_workdirs_of
 
 _REAP_S = 0.05  # how often children that ended are looked for while no request comes
 
@@ -59,6 +62,9 @@ def _child(request: dict[str, Any], inherited: list[int]) -> None:
         os.close(out)
         os.close(null)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        # A server started while a local job was submitted has SIGINT blocked (processes/executors.py): a point
+        # takes it as a process of its own would.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         os.chdir(request["cwd"])
         os.environ.clear()  # the launcher's environment at launch, not the one this server started with
         os.environ.update(request["env"])
@@ -95,6 +101,19 @@ def _forks_can_use_cuda(torch: Any) -> bool:
 
 
 def main(address: str) -> int:
+    """Serve until the sweep that started this server is done or gone. When it was killed (SIGKILL runs no cleanup),
+    its temporary folders (this server's socket, its points' folders) go with this server, not at the next sweep;
+    the sweep is found by the name of the server's folder (processes/workdirs.py), not as os.getppid(), which is no
+    longer the sweep when it was killed while this server was importing torch."""
+    starter = owner_of(Path(address).parent)
+    try:
+        return _serve(address)
+    finally:
+        if starter is not None:
+            remove_workdirs_of(starter)  # nothing while the sweep runs: a closed stdin is its ordinary goodbye
+
+
+def _serve(address: str) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launchers decide when points end
     # Python 3.12+ warns at every fork of a process with native threads (torch's import starts some, that hold
     # no lock a point needs: torch's DataLoader forks such processes all the time).

@@ -15,7 +15,7 @@ from ckptbench.measure import faults
 from ckptbench.processes.launch import run_child
 from ckptbench.processes.outcome import JobResult
 from ckptbench.processes.request import PointRequest
-from ckptbench.processes.workdirs import workdir
+from ckptbench.processes.workdirs import remove_workdirs_of, workdir
 
 
 def run_point_job(request: PointRequest, timeout_s: float | None, watch_pid: int | None = None) -> JobResult:
@@ -51,11 +51,17 @@ def _end_with(pid: int) -> None:
             try:
                 os.kill(pid, 0)  # signal 0: only asks whether the process exists
             except ProcessLookupError:
-                os._exit(3)  # the point's processes follow: they watch this one
+                _end()
             except PermissionError:
                 pass  # it exists (owned by someone else: not ours to judge)
             if _ended(pid):  # exited, not yet reaped by its parent (a zombie answers signal 0)
-                os._exit(3)
+                _end()
+
+    def _end() -> None:
+        # The sweep's folders and this job's own go too; the point's processes follow: they watch this one.
+        remove_workdirs_of(pid)
+        remove_workdirs_of(os.getpid(), check_alive=False)
+        os._exit(3)
 
     threading.Thread(target=watch, daemon=True, name="ckptbench-sweep-watch").start()
 

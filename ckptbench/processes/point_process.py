@@ -27,7 +27,7 @@ from ckptbench.measure.runner import Runner
 from ckptbench.processes.alloc_trace import start_recording, write_trace
 from ckptbench.processes.launch import result_path
 from ckptbench.processes.request import PointRequest
-from ckptbench.processes.workdirs import alive
+from ckptbench.processes.workdirs import alive, remove_workdirs_of
 from ckptbench.results.store import write_json_atomic
 from ckptbench.train.parallel import RankInfo, init_process_group
 
@@ -41,6 +41,7 @@ def _exit_with_parent(parent_pid: int) -> None:
         while True:
             time.sleep(1.0)
             if not alive(parent_pid):
+                remove_workdirs_of(parent_pid)  # its folders (this point's among them): no cleanup ran in it
                 os._exit(3)
 
     threading.Thread(target=watch, daemon=True, name="ckptbench-parent-watch").start()

@@ -1,5 +1,7 @@
 """The temporary folders of points, jobs and traces run in other processes: named after the process that
-owns them, so that the folders a killed sweep left behind (SIGKILL runs no cleanup) are removed by the next."""
+owns them, so that the folders a killed sweep left behind (SIGKILL runs no cleanup) are removed: by the processes
+it started, which notice that it is gone and take its folders with them (``remove_workdirs_of``), and else by the
+next sweep (``remove_stale_workdirs``)."""
 
 from __future__ import annotations
 
@@ -51,3 +53,27 @@ def remove_stale_workdirs(root: Path | None = None) -> list[Path]:
         if not path.exists():
             removed.append(path)
     return removed
+
+
+def remove_workdirs_of(pid: int, root: Path | None = None, *, check_alive: bool = True) -> list[Path]:
+    """Remove the folders of process ``pid`` (once it is gone, unless ``check_alive`` is False: a process removing its
+    own on its way out); the ones removed. Called by the processes a sweep started (a point's process, a job, the
+    fork server) when they find that the sweep was killed: its folders go with it, not at the next sweep."""
+    if check_alive and alive(pid):
+        return []
+    base = Path(root or tempfile.gettempdir())
+    removed = []
+    for path in base.glob(f"ckptbench-*-{pid}-*"):
+        found = _NAME.fullmatch(path.name)
+        if found is None or int(found.group(2)) != pid:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            removed.append(path)
+    return removed
+
+
+def owner_of(folder: Path) -> int | None:
+    """The pid a folder of ``workdir`` is named after (None for any other name)."""
+    found = _NAME.fullmatch(folder.name)
+    return int(found.group(2)) if found else None

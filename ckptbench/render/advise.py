@@ -15,7 +15,8 @@ from ckptbench.render.tables import Column, FitTable, markdown_of
 # The verdict columns (setup, needed, fits) are always shown; at 80 columns the others give way, the least
 # important first (the highest priority number).
 COLUMNS = [
-    Column("setup"), Column("needed", numeric=True), Column("fits"), Column("margin", priority=1, numeric=True),
+    Column("setup"), Column("needed", numeric=True, keep=1), Column("fits", keep=2),
+    Column("margin", priority=1, numeric=True),
     Column("step s", priority=2, numeric=True), Column("tok/s", priority=3, numeric=True),
     Column("reserved", priority=4, numeric=True), Column("context", priority=5, numeric=True),
 ]
@@ -96,9 +97,19 @@ def _sections(advice: Advice) -> Iterator[tuple[str, list[str]]]:
             lines.append(f"  {w.what}, {w.where}: {fit}: {v.needs() if w.fits else v.reason()} ({v.label})")
         yield f"What does fit at batch {t.batch}, sequence {t.seq} when no layout does", lines
     times = sorted({o.time.source for t in advice.tables for o in t.rows if o.time is not None})
-    yield "Step times", times or [advice.calibration or "no calibration for this setup"]
+    yield "Step times", (times + _mfu_lines(advice)) or [advice.calibration or "no calibration for this setup"]
     if advice.measure:
         yield "Measure to know", [advice.measure]
+
+
+def _mfu_lines(advice: Advice) -> list[str]:
+    """The implied MFU of each table's timed rows that fit (model FLOPs over the time at the card's dense peak)."""
+    lines = []
+    for t in advice.tables:
+        rows = [f"{o.setup} {o.time.mfu:.0%}" for o in t.rows if o.fits and o.time is not None and o.time.mfu]
+        if rows:
+            lines.append(f"implied MFU at batch {t.batch}, sequence {t.seq}, {t.precision}: {'; '.join(rows)}")
+    return lines
 
 
 def advise_renderable(advice: Advice) -> RenderableType:

@@ -15,16 +15,17 @@ from ckptbench.render.tables import Column, FitTable, csv_text, names, numeric_n
 from ckptbench.units import SizeUnit, fmt_percent
 
 # The values and the verdict (base, new, mark) stay in a narrow terminal; the p-value, ratio and delta
-# (new minus base: readable from the two) give way first.
+# (new minus base: readable from the two) give way first. Narrower still (40 columns), base goes, then the mark:
+# each point's metric and its new value stay.
 TABLE_COLUMNS = (
     Column("point", wrap=True, min_width=14),
-    Column("metric", wrap=True, min_width=10),
-    Column("base", numeric=True),
-    Column("new", numeric=True),
+    Column("metric", wrap=True, min_width=10, keep=1),
+    Column("base", numeric=True, keep=4),
+    Column("new", numeric=True, keep=2),
     Column("delta", priority=2, numeric=True),
     Column("ratio", priority=3, numeric=True),
     Column("p", priority=4, numeric=True),
-    Column("mark", wrap=True, min_width=10),
+    Column("mark", wrap=True, min_width=10, keep=3),
 )
 COLUMNS = tuple(names(TABLE_COLUMNS))
 _RIGHT = numeric_names(TABLE_COLUMNS)

@@ -85,7 +85,7 @@ def _reserved_columns(
         return []
     # Beside a run's measurements the allocated comparison (measured, error) comes first at 80 columns; on a card
     # with a budget the verdict (needed, fits) does.
-    cols = [Column("est. reserved", priority=1 if with_measured or _verdicts(estimates) else 0, numeric=True)]
+    cols = [Column("est. reserved", priority=1 if with_measured or _verdicts(estimates) else 0, numeric=True, keep=2)]
     if any(e.reserved_bound_bytes is not None for e in estimates):  # what 'fits budget' is judged on
         cols.append(Column("reserved bound", priority=2 if _verdicts(estimates) else 1, numeric=True))
     if reserved:
@@ -124,15 +124,17 @@ def estimate_columns(
     setup = bool(set(axes) & set(_TECHNIQUES))
     # With a setup column the text columns fold ('every:2@' over 'selective') so that no number is cut.
     cols = [Column("layout", wrap=True, min_width=9, breaks="@", fold=True) if setup else Column("layout")]
-    cols += [Column("batch", numeric=True), Column("seq", numeric=True)]
-    cols += [Column("precision")] if "precision" in axes else []
-    cols += [Column("setup", wrap=True, min_width=10, breaks="=_", fold=True)] if setup else []
+    # Narrower than the always-shown columns (40 columns): the point (layout, batch, seq) and its predicted peak
+    # stay; precision and setup go first, then the verdict and the measurement (keep).
+    cols += [Column("batch", numeric=True, keep=1), Column("seq", numeric=True, keep=1)]
+    cols += [Column("precision", keep=3)] if "precision" in axes else []
+    cols += [Column("setup", wrap=True, min_width=10, breaks="=_", fold=True, keep=3)] if setup else []
     cols.append(Column("est. peak", numeric=True))
     if _verdicts(estimates):  # on a card with a budget: what must fit, and whether it does, kept at 80 columns
-        cols += [Column("needed", numeric=True), Column("fits")]
+        cols += [Column("needed", numeric=True, keep=2), Column("fits", keep=2)]
     if measured:
         # Comparing the prediction with the run's measurement is why a run directory is passed: always shown.
-        cols += [Column("measured", numeric=True), Column("error", numeric=True)]
+        cols += [Column("measured", numeric=True, keep=2), Column("error", numeric=True, keep=2)]
     cols += _reserved_columns(estimates, reserved, with_measured=bool(measured))
     cols += [Column(STEP_COLUMN, priority=1, numeric=True), Column(TOKENS_COLUMN, priority=2, numeric=True)] \
         if times is not None else []

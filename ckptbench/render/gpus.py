@@ -11,8 +11,9 @@ from ckptbench.render.tables import Column, FitTable, csv_text, markdown_of, nam
 # The figures first; the sources give way at 80 columns (Markdown, CSV and JSON hold them all).
 _SOURCES = ("memory source", "context source", "flops source", "bandwidth source")
 COLUMNS = [
-    Column("key"), Column("memory", numeric=True), Column("context", numeric=True),
-    Column("bf16 TFLOP/s", numeric=True), Column("TB/s", numeric=True), Column("capability", priority=1),
+    Column("key"), Column("memory", numeric=True, keep=1), Column("context", numeric=True, keep=2),
+    Column("bf16 TFLOP/s", numeric=True, keep=3), Column("TB/s", numeric=True, keep=4),
+    Column("capability", priority=1),
     Column("name", priority=2, wrap=True, min_width=12),
     *(Column(name, priority=9, wrap=True, min_width=30) for name in _SOURCES),
 ]

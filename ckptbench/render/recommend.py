@@ -9,26 +9,28 @@ from ckptbench.analysis.recommend import Recommendation, RecommendCandidate
 from ckptbench.render.tables import Column, FitTable, markdown_of
 from ckptbench.units import SizeUnit
 
+# In a terminal too narrow for the columns always shown (40 columns): the point, its tokens/s and what it needs
+# stay; the distance to the limit and the role go first (keep).
 CHOICE_COLUMNS = (
-    Column("role"),
+    Column("role", keep=3),
     Column("point", wrap=True, min_width=14),
     Column("ckpt layers", priority=4, wrap=True, min_width=10),
     Column("reserved", priority=2, numeric=True),  # measured peak reserved
-    Column("needed", numeric=True),  # peak reserved + CUDA context: what the limit is compared with
+    Column("needed", numeric=True, keep=2),  # peak reserved + CUDA context: what the limit is compared with
     Column("allocated", priority=3, numeric=True),
     Column("activation", priority=3, numeric=True),
-    Column("tok/s", numeric=True),
+    Column("tok/s", numeric=True, keep=1),
     Column("vs best", priority=1, numeric=True),
-    Column("vs limit", numeric=True),  # budget minus headroom: the same figure as the sentence
+    Column("vs limit", numeric=True, keep=4),  # budget minus headroom: the same figure as the sentence
 )
 PARETO_COLUMNS = (
     Column("point", wrap=True, min_width=14),
     Column("ckpt layers", priority=3, wrap=True, min_width=10),
     Column("reserved", priority=1, numeric=True),
-    Column("needed", numeric=True),
+    Column("needed", numeric=True, keep=2),
     Column("allocated", priority=2, numeric=True),
-    Column("tok/s", numeric=True),
-    Column("fits"),
+    Column("tok/s", numeric=True, keep=1),
+    Column("fits", keep=3),
 )
 _STYLE = {"best": "bold green", "no fit": "yellow", "smallest": "yellow"}
 MEASURED_CAPTION = "every figure measured by the run"

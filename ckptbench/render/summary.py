@@ -12,25 +12,26 @@ from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run, write_text_atomic
 from ckptbench.units import SizeUnit, fmt_bytes, fmt_percent, tried_allocation_bytes
 
-# In display order; a narrow terminal leaves out the highest priority numbers first.
+# In display order; a narrow terminal leaves out the highest priority numbers first. Narrower still (40 columns),
+# the status and the step time go too (keep): each point and its peak stay.
 COLUMNS: tuple[Column, ...] = (
     Column("layout"),
-    Column("batch", numeric=True),
-    Column("seq", numeric=True),
+    Column("batch", numeric=True, keep=1),
+    Column("seq", numeric=True, keep=1),
     Column("precision", priority=5),
     Column("ckpt layers", priority=6, wrap=True, min_width=10),
     Column("peak", numeric=True),
     Column("reserved", priority=2, numeric=True),
     Column("activation", priority=3, numeric=True),
-    Column("step ms", numeric=True),
+    Column("step ms", numeric=True, keep=2),
     Column("± ms", priority=4, numeric=True),
     Column("tok/s", priority=1, numeric=True),  # what the sweep is run for: the last to give way
     Column("MFU", priority=2, numeric=True),
     Column("HFU", priority=4, numeric=True),
     # A long status ('skipped: batch 16 already ran out of memory') wraps before tok/s gives way.
-    Column("status", wrap=True, min_width=13, gives_way=True),
+    Column("status", wrap=True, min_width=13, gives_way=True, keep=3),
 )
-_SETUP = Column("setup", wrap=True, min_width=10, breaks="=_", fold=True)
+_SETUP = Column("setup", wrap=True, min_width=10, breaks="=_", fold=True, keep=3)
 # With a setup column the layout folds too ('every:2@' over 'selective'), so that no number is cut at 80 columns.
 _FOLDED_LAYOUT = Column("layout", wrap=True, min_width=9, breaks="@", fold=True)
 _PREDICTED = (Column("predicted", priority=4, numeric=True), Column("pred. err", priority=4, numeric=True))

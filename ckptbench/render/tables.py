@@ -3,9 +3,11 @@
 Every table declares its columns with a priority. ``fit_columns`` decides, for a given width, which
 columns are shown and how wide: numbers are never shortened or wrapped; text columns marked ``wrap``
 fold onto more lines down to their minimum width; when even that is too wide, the columns with the
-highest priority number are left out, and the table's caption names them. ``FitTable`` is a rich
-renderable that makes that decision at print time, with the width of the console it is printed on.
-Markdown and CSV are always complete.
+highest priority number are left out, and the table's caption names them. When even the columns always
+shown do not fit (40 columns, 20), every text column folds down to a narrow floor that keeps each number in
+it whole, and then always-shown columns are left out too (the highest ``keep`` first), and named: a number is
+never cut, at any width. ``FitTable`` is a rich renderable that makes that decision at
+print time, with the width of the console it is printed on. Markdown and CSV are always complete.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import csv
 import io
 import re
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, JustifyMethod, RenderResult
@@ -51,6 +53,9 @@ class Column:
     # A wrapping column of secondary text (a status) that folds down to ``min_width`` before any optional
     # column is left out: optional columns are chosen as if it were at its minimum.
     gives_way: bool = False
+    # Only when even the always-shown columns (priority 0) do not fit the width: the one with the highest ``keep``
+    # is left out first (ties: the rightmost), until the rest fits or one column is left.
+    keep: int = 0
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,9 @@ def fit_columns(columns: Sequence[Column], rows: Sequence[dict[str, str]], width
     """Which columns to show at ``width`` (in display order) and how wide each one's content is."""
     natural = {c.name: _natural(c, rows) for c in columns}
     minimum = {c.name: _minimum(c, natural[c.name], rows) for c in columns}
+    essential = [c for c in columns if c.priority == 0] or list(columns[:1])
+    if sum(minimum[c.name] for c in essential) + _overhead(len(essential)) > width:
+        return _narrow_fit(columns, rows, width, natural)
     # Essential columns first; then the others, most important first (ties: leftmost), each one that
     # still fits at its minimum width next to the chosen ones at a comfortable width: a column is
     # added only where it does not force a more important one to wrap (up to _COMFORTABLE cells).
@@ -144,6 +152,53 @@ def fit_columns(columns: Sequence[Column], rows: Sequence[dict[str, str]], width
     shown = [c for c in columns if c in chosen]  # back in display order
     widths = _share(shown, natural, minimum, room=width - _overhead(len(shown)))
     left_out = tuple(c.name for c in columns if c not in shown)
+    return Fit(columns=tuple(shown), widths=tuple(widths[c.name] for c in shown), left_out=left_out)
+
+
+# In a terminal too narrow for the columns always shown, a text column folds down to this many cells (or its
+# longest word, up to _NARROW_WORD), never below the longest piece of it that holds a digit ('s=2048', '1.95 GiB').
+_NARROW_TEXT, _NARROW_WORD = 6, 10
+_DIGIT = re.compile(r"\d")
+
+
+def _narrow_floor(col: Column, natural: int, rows: Sequence[dict[str, str]]) -> int:
+    """How narrow a column may become when not even the always-shown columns fit: a number column as wide as its
+    widest cell (its header may wrap: never a number); a text column folds, keeping each number in it whole."""
+    header_word = max(cell_len(w) for w in col.name.split())
+    if col.numeric:
+        cells = (cell_len(line) for row in rows for line in row.get(col.name, "").splitlines())
+        return max(max(cells, default=0), header_word)
+    pieces = [p.rstrip() for row in rows for p in _pieces(row.get(col.name, ""), col.breaks)]
+    numbers = max((cell_len(p) for p in pieces if _DIGIT.search(p)), default=0)
+    words = min(max((cell_len(p) for p in pieces), default=0), _NARROW_WORD)
+    return min(natural, max(_NARROW_TEXT, min(header_word, _NARROW_WORD), words, numbers))
+
+
+def _narrow_fit(columns: Sequence[Column], rows: Sequence[dict[str, str]], width: int,
+                natural: dict[str, int]) -> Fit:
+    """The fit when even the always-shown columns do not fit at their minimum: every text column may fold (to its
+    narrow floor), and always-shown columns are left out, the highest ``keep`` first (ties: the rightmost), until
+    the rest fits; the first column stays, folded to the width if it must."""
+    floor = {c.name: _narrow_floor(c, natural[c.name], rows) for c in columns}
+    kept = [c for c in columns if c.priority == 0] or list(columns[:1])
+    for col in sorted(kept, key=lambda c: (c.keep, kept.index(c)), reverse=True)[:-1]:
+        if sum(floor[c.name] for c in kept) + _overhead(len(kept)) <= width:
+            break
+        kept.remove(col)
+    room = width - _overhead(len(kept))
+    if len(kept) == 1 and not kept[0].numeric:  # one text column left: as wide as the terminal allows
+        floor[kept[0].name] = max(1, min(floor[kept[0].name], room))
+    folding = {c.name: replace(c, wrap=True, fold=True, min_width=floor[c.name]) if not c.numeric else c
+               for c in kept}
+    shown = [folding[c.name] for c in kept]
+    widths = {c.name: natural[c.name] for c in shown}
+    excess = sum(widths.values()) - room
+    # Text folds first (the rightmost first), then a number column's header wraps down to its widest cell.
+    for col in sorted(shown, key=lambda c: (not c.numeric, shown.index(c)), reverse=True):
+        give = max(0, min(excess, widths[col.name] - floor[col.name]))
+        widths[col.name] -= give
+        excess -= give
+    left_out = tuple(c.name for c in columns if c.name not in folding)
     return Fit(columns=tuple(shown), widths=tuple(widths[c.name] for c in shown), left_out=left_out)
 
 
@@ -194,9 +249,12 @@ class FitTable:
         table = Table(title=rich_safe(self.title) if self.title else None,
                       caption=rich_safe("\n".join(captions)) or None, header_style="bold",
                       title_justify=self.title_justify)
+        narrow = sum(fit.widths) + _overhead(len(fit.widths)) > width or any(
+            w < cell_len(c.name) for c, w in zip(fit.columns, fit.widths, strict=True))
         for col, w in zip(fit.columns, fit.widths, strict=True):
+            # A header wider than its column (a narrow terminal) wraps: never its cells, which fit.
             table.add_column(col.name, justify="right" if col.numeric else "left", width=w,
-                             no_wrap=not col.wrap, overflow="fold")
+                             no_wrap=not col.wrap and not narrow, overflow="fold")
         for row, style in zip(self.rows, self.styles, strict=True):
             cells = (wrap_text(row.get(c.name, ""), w, breaks=c.breaks) if c.wrap else row.get(c.name, "")
                      for c, w in zip(fit.columns, fit.widths, strict=True))

@@ -1,4 +1,5 @@
-"""Where a command may write: ``--out``, ``--results`` and ``--resume`` checked before anything runs.
+"""Where a command may write: ``--out``, ``--results``, ``--resume`` and an output file (``--snapshot``)
+checked before anything runs.
 
 Each problem (a file where a folder is needed, a folder nobody may write, /proc, a name or a path longer
 than the file system allows) is one ConfigError naming the option, raised before a model is built or a
@@ -8,15 +9,18 @@ run directory created, instead of an OSError traceback after the sweep has start
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 
-from ckptbench.errors import ConfigError
+from ckptbench.errors import ConfigError, RunFailure
 from ckptbench.results.lock import LOCK_FILE
 from ckptbench.results.store import POINTS_FILE, RUN_FILE
 
 _NAME_MAX, _PATH_MAX = 255, 4096  # Linux's limits, used where pathconf cannot tell
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no space (or quota) left: not the user's mistake
 
 
 def _limit(path: Path, name: str, default: int) -> int:
@@ -70,6 +74,9 @@ def check_writable_dir(path: Path, *, option: str) -> None:
     try:  # the only test that holds for root, read-only mounts and /proc alike: try it
         os.rmdir(tempfile.mkdtemp(prefix=".ckptbench-write-test-", dir=existing))
     except OSError as exc:
+        if exc.errno in _DISK_FULL:  # the disk's failure (exit 1), not a mistake on the command line
+            raise RunFailure(f"{option} {_shown(path)}: cannot create a folder in {_shown(existing)} "
+                             f"({exc.strerror or exc}); nothing was written") from None
         raise ConfigError(
             f"{option} {_shown(path)}: cannot create a folder in {_shown(existing)} ({exc.strerror or exc})"
         ) from None
@@ -97,3 +104,24 @@ def _resolved(path: Path) -> Path:
         return path.resolve()
     except (OSError, RuntimeError):  # a symlink loop: the file will not be written either
         return path.absolute()
+
+
+_NOT_FILES = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+              (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
+def check_output_file(path: Path, *, option: str) -> None:
+    """ConfigError (one line, naming ``option``) unless ``path`` can become a regular file this process writes: not
+    a run's own file (through a link either), not a FIFO, device, socket or folder (a FIFO blocked the write
+    forever), in a folder that is or can be made and written. Checked before the work whose result it holds."""
+    check_not_run_file(path, option=option)
+    try:
+        mode = path.stat().st_mode  # links followed: what a write would reach
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise ConfigError(f"{option} {_shown(path)}: cannot look at it ({exc.strerror or exc})") from None
+    if mode is not None and not stat.S_ISREG(mode):
+        kind = next((name for test, name in _NOT_FILES if test(mode)), "not a regular file")
+        raise ConfigError(f"{option} {_shown(path)}: is {kind}, not a file to write; give a file name")
+    check_writable_dir(path.parent, option=option)

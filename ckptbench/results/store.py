@@ -10,6 +10,7 @@ import json
 import os
 import tempfile
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,13 +43,35 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write text through a temporary file and a rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write bytes through a temporary file and a rename."""
+    with atomic_file(path) as tmp, open(tmp, "wb") as fh:
+        fh.write(data)
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """A temporary file beside ``path`` for the block to write (a plot, a pickle, a report); on success it is synced
+    and renamed onto ``path``, on any failure (a full disk, Ctrl-C) removed: ``path`` is either what it was or the
+    whole new file, never a cut one. The rename replaces the name, not what it pointed to: a hard link or a symbolic
+    link at ``path`` keeps its other file as it was. The temporary file keeps ``path``'s suffix (matplotlib reads
+    the format from it)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:100]}.", suffix=path.suffix, dir=path.parent)
     try:
-        os.fchmod(fd, 0o644)  # mkstemp makes it private; results are meant to be shared
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            os.fchmod(fd, 0o644)  # mkstemp makes it private; results are meant to be shared
+        finally:
+            os.close(fd)
+        yield Path(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -80,6 +103,7 @@ class RunWriter:
     def __init__(self, run_dir: Path, meta: RunMeta) -> None:
         self.run_dir = run_dir
         self._lock = None
+        wrote = False  # run.json is this writer's: a start that fails after writing it takes it back
         try:
             self._lock = lock_run_dir(run_dir)
             if (run_dir / RUN_FILE).exists():  # checked under the lock: no race with another --out
@@ -87,13 +111,18 @@ class RunWriter:
             # run.json as written: the JSON of its typed fields, updated as the run goes (set_status).
             self.meta: dict[str, Any] = meta.to_json()
             write_json_atomic(run_dir / RUN_FILE, self.meta)
+            wrote = True
             self.hold_reserve()
         except OSError as exc:  # a full disk, a quota: no run was started, and none is left half-made
+            # (issue 35: with 4-64 KiB free, run.json fitted but the reserve did not, and the run.json left behind,
+            # 'running', made a retry with the same --out refused)
             self.close()
-            _unmake(run_dir)
+            _unmake(run_dir, run_file=wrote)
             raise RunFailure(f"{run_dir}: cannot start the run ({exc.strerror or exc}); nothing was run") from None
         except BaseException:
             self.close()
+            if wrote:  # a signal between run.json and the reserve: no run was started either
+                _unmake(run_dir, run_file=True)
             raise
 
     @classmethod
@@ -149,12 +178,14 @@ class RunWriter:
             self._lock = None
 
 
-def _unmake(run_dir: Path) -> None:
-    """Remove what a run that could not start left (its lock, its reserve, a half-written temporary file)
-    and the folder when nothing else is in it: a failed start leaves no run directory holding only '.lock'."""
+def _unmake(run_dir: Path, *, run_file: bool = False) -> None:
+    """Remove what a run that could not start left (its lock, its reserve, a half-written temporary file, and
+    ``run_file``: the run.json it wrote) and the folder when nothing else is in it: a failed start leaves no run
+    directory holding only '.lock', nor a run.json saying 'running' of a run that never ran."""
     with contextlib.suppress(OSError):
         for path in run_dir.iterdir():
-            if path.name in (LOCK_FILE, RESERVE_FILE) or path.name.startswith(f".{RUN_FILE}."):
+            ours = path.name in (LOCK_FILE, RESERVE_FILE) or (run_file and path.name == RUN_FILE)
+            if ours or path.name.startswith(f".{RUN_FILE}."):
                 path.unlink()
         run_dir.rmdir()  # fails, as it should, when anything else is there
 

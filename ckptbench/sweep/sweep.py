@@ -25,6 +25,7 @@ from ckptbench.measure.environment import collect as collect_environment
 from ckptbench.measure.environment import environment_notes
 from ckptbench.measure.progress import Progress
 from ckptbench.measure.runner import Runner, Search
+from ckptbench.processes.executors import STOP_SIGNALS
 from ckptbench.processes.fanout import Fanout, attach_pool, make_fanout
 from ckptbench.processes.launch import FreshProcesses
 from ckptbench.processes.workdirs import remove_stale_workdirs
@@ -49,12 +50,12 @@ class SweepOutcome:
     already_done: int = 0
     warnings: list[str] = field(default_factory=list)
     failure: str | None = None  # why the run failed although every point ran (no point succeeded)
-    late_signal: bool = False  # Ctrl-C/SIGTERM came after the final status was written: nothing was cut
+    late_signal: bool = False  # Ctrl-C/SIGTERM/SIGHUP came after the final status was written: nothing was cut
     clock: SweepClock | None = None  # this invocation's clock: record_command_end adds the command's wall time
 
 
 class SweepInterrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM stopped the sweep; the finished points are on disk in ``run_dir``."""
+    """Ctrl-C, SIGTERM or SIGHUP stopped the sweep; the finished points are on disk in ``run_dir``."""
 
     def __init__(self, run_dir: Path, *, finished: int, total: int, clock: SweepClock | None = None) -> None:
         super().__init__(f"{run_dir}: {finished} of {total} points finished")
@@ -343,12 +344,12 @@ def _run_points(
 
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
-    """Hold Ctrl-C/SIGTERM while a record is appended, so a line is never half-written by us."""
+    """Hold Ctrl-C/SIGTERM/SIGHUP while a record is appended, so a line is never half-written by us."""
     mask = getattr(signal, "pthread_sigmask", None)
     if mask is None:
         yield
         return
-    old = mask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    old = mask(signal.SIG_BLOCK, set(STOP_SIGNALS))
     try:
         yield
     finally:

@@ -1,8 +1,9 @@
-"""Model FLOPs (MFU) and hardware FLOPs (HFU, counting recomputation) per training step."""
+"""Model FLOPs (MFU) and hardware FLOPs (HFU, counting recomputation) per training step, and each op's FLOPs and bytes
+(``OpCosts``: what the step-time model of analysis/op_time.py times). No torch."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,3 +111,78 @@ def step_flops(
     if recompute_lm_head:
         recompute += tokens * 2 * shape.lm_head_params
     return model, model + recompute
+
+
+# -- each op's cost: what the step-time model of analysis/op_time.py times -----------------------------------------
+
+# The classes a traced op is counted in (estimator/op_costs.py decides; the dtype follows a compute class's name):
+# 'matmul:bf16' (mm, addmm: the projections, the MLP, the LM head), 'attention:sdpa:bf16' (a fused attention kernel,
+# forward or backward), 'attention:eager:bf16' (bmm, baddbmm: eager attention's score and value products), 'memory'
+# (elementwise ops, norms, softmax, the loss, the embedding: memory-bound), 'copy' (casts and copies), 'optimizer'
+# (the optimizer step's ops), 'communication' (collectives: not timed).
+COMPUTE_KINDS = ("matmul", "attention")
+MEMORY, COPY, OPTIMIZER, COMMUNICATION = "memory", "copy", "optimizer", "communication"
+# Not an op: a forward-backward pass with checkpointed layers (whole layers, attention or MLP), counted once per pass
+# by Estimator.op_costs. Checkpointing costs each such pass more than its recomputed ops (analysis/op_time.py).
+CHECKPOINTED_PASS = "checkpointed pass"
+
+OpKey = tuple[str, int, int]  # (class, FLOPs, bytes read and written) of one op
+
+
+def is_compute(op_class: str) -> bool:
+    """Whether a class is timed by its FLOPs (and bytes) rather than by its bytes alone."""
+    return op_class.split(":", 1)[0] in COMPUTE_KINDS
+
+
+@dataclass(frozen=True)
+class OpCosts:
+    """The ops of (a stretch of) a training step, grouped: how many ops of each (class, FLOPs, bytes). Plain data:
+    counted by estimator/op_costs.py on the traced step, added up per layout by estimator/assembly.py, timed by
+    analysis/op_time.py. A count may be negative in a correction (a boundary layer less a middle one)."""
+
+    counts: Mapping[OpKey, int]
+
+    @classmethod
+    def of(cls, parts: Iterable[tuple[OpCosts, int]]) -> OpCosts:
+        """The sum of ``parts``, each (costs, how many times)."""
+        total: dict[OpKey, int] = {}
+        for costs, times in parts:
+            if times:
+                for key, n in costs.counts.items():
+                    total[key] = total.get(key, 0) + n * times
+        return cls({k: n for k, n in sorted(total.items()) if n})
+
+    def plus(self, other: OpCosts, times: int = 1) -> OpCosts:
+        return OpCosts.of([(self, 1), (other, times)])
+
+    @property
+    def ops(self) -> int:
+        """How many ops (kernels) these are."""
+        return sum(n for (c, _, _), n in self.counts.items() if c != CHECKPOINTED_PASS)
+
+    def count(self, op_class: str) -> int:
+        """How many ops of one class."""
+        return sum(n for (c, _, _), n in self.counts.items() if c == op_class)
+
+    def flops(self, op_class: str | None = None) -> int:
+        """FLOPs of every op (of one class)."""
+        return sum(f * n for (c, f, _), n in self.counts.items() if op_class is None or c == op_class)
+
+    def bytes(self, op_class: str | None = None) -> int:
+        """Bytes read and written by every op (of one class)."""
+        return sum(b * n for (c, _, b), n in self.counts.items() if op_class is None or c == op_class)
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return tuple(sorted({c for c, _, _ in self.counts}))
+
+    def to_json(self) -> list[list[Any]]:
+        """[[class, FLOPs, bytes, count], ...], sorted."""
+        return [[c, f, b, n] for (c, f, b), n in sorted(self.counts.items())]
+
+    @classmethod
+    def from_json(cls, data: Iterable[Sequence[Any]]) -> OpCosts:
+        return cls({(str(c), int(f), int(b)): int(n) for c, f, b, n in data})
+
+
+NO_OPS = OpCosts({})

@@ -23,18 +23,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 
 from ckptbench.config.families import FAMILIES, family_of
 from ckptbench.config.model import LoraSpec, ModelSpec
+from ckptbench.config.model_fields import IGNORED_FIELDS
 from ckptbench.errors import ConfigError
 from ckptbench.train.flops import ModelShape
 from ckptbench.train.optimizers import bitsandbytes_quietly
-
-# Fields of a config.json that change neither memory nor time: kept in the run's record (model.config_fields),
-# never passed to transformers. ckptbench's precision axis decides the dtype; the batch is random token ids
-# (no padding, no special tokens); nothing is loaded, quantized or generated.
-IGNORED_FIELDS = frozenset({
-    "torch_dtype", "dtype", "transformers_version", "_name_or_path", "architectures", "auto_map", "use_cache",
-    "bos_token_id", "eos_token_id", "pad_token_id", "quantization_config", "_attn_implementation",
-    "attn_implementation", "model_type",
-})
 
 
 @functools.cache

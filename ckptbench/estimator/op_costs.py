@@ -1,0 +1,192 @@
+"""Each traced op's cost, per segment of the step: its class, FLOPs and bytes read and written (``OpCounter``).
+
+The ``StepTracker`` (estimator/tracker.py) hands every op it dispatches to an ``OpCounter``, which counts it in
+the open segment as one op of (class, FLOPs, bytes) (``train.flops.OpCosts``: plain data, kept on the
+``StepTrace``). estimator/assembly.py adds the segments up per layout, so a layer's recomputation is counted
+where the layout recomputes it: a checkpointed layer's backward segment holds its forward once more.
+
+- **FLOPs** are torch.utils.flop_counter's registered formulas (``flop_registry``: mm, addmm, bmm, baddbmm, the
+  fused attention kernels, forward and backward). The CPU's fused attention (what the fake step runs,
+  estimator/device_model.py) is not registered: it is counted by the formula of the CUDA flash kernel it stands
+  for, with the same arguments (query, key, value first; the backward's gradient before them). Like PyTorch's, the
+  attention formulas count the whole score matrix, also under a causal mask (a kernel that skips masked blocks
+  shows it in its calibrated rate). Every other op counts no FLOPs: it is timed by its bytes.
+- **Bytes** are what an op reads and writes: every tensor argument and every output (a list of tensors, as the
+  optimizer's multi-tensor ops take, counts each), each as the memory its shape spans (a broadcast dimension,
+  stride 0, is read once). An in-place op reads and writes its tensor.
+- **Classes** (train/flops.py): ``matmul:<dtype>``, ``attention:sdpa:<dtype>`` (a fused kernel),
+  ``attention:eager:<dtype>`` (bmm and baddbmm: in the dense families ckptbench builds, only eager attention's score
+  and value products), ``memory`` (elementwise, norms, softmax, the loss, the embedding), ``copy`` (casts, copies,
+  concatenation), ``optimizer`` (every op of the optimizer step, and the multi-tensor ops wherever they run),
+  ``communication`` (collectives). Views, empty tensors and metadata ops launch no kernel and are not counted. A
+  matmul doing less than one FLOP per byte it moves (the rotary embedding's outer product) is a memory op.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import flop_registry
+
+from ckptbench.train.flops import COMMUNICATION, COPY, MEMORY, OPTIMIZER, OpCosts, OpKey
+
+_aten = torch.ops.aten
+# The CPU's fused attention, counted by the formula of the CUDA kernel it stands for (same leading arguments).
+_TWINS: dict[Any, Any] = {
+    _aten._scaled_dot_product_flash_attention_for_cpu: _aten._scaled_dot_product_flash_attention,
+    _aten._scaled_dot_product_flash_attention_for_cpu_backward: _aten._scaled_dot_product_flash_attention_backward,
+}
+_MATMUL = frozenset({"mm", "addmm", "_scaled_mm", "_int_mm"})
+_BATCHED = frozenset({"bmm", "baddbmm"})
+_ATTENTION = frozenset({
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",
+    "_flash_attention_forward", "_flash_attention_backward", "_efficient_attention_forward",
+    "_efficient_attention_backward",
+})
+_COPY = frozenset({"_to_copy", "copy_", "clone", "cat", "slice_backward", "select_backward", "constant_pad_nd",
+                   "_copy_from", "_copy_from_and_resize"})
+# Ops that launch no kernel: they make a tensor without writing it, or describe one.
+_FREE = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_unsafe_view",
+                   "lift_fresh", "_local_scalar_dense", "set_", "resize_", "sym_size", "sym_stride", "sym_numel",
+                   "sym_storage_offset", "is_same_size", "_has_compatible_shallow_copy_type", "record_stream"})
+_COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d", "c10d_functional", "_c10d_functional_autograd"})
+_NO_KERNEL_NAMESPACES = frozenset({"prim", "profiler"})
+# Segments of the optimizer step (estimator/trace.py): every op there is the optimizer's.
+OPTIMIZER_SEGMENTS = frozenset({"opt", "zero", "opt_first", "grads", "grads_first"})
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
+           torch.int8: "int8", torch.float8_e4m3fn: "fp8", torch.float8_e5m2: "fp8"}
+
+_NOT_COUNTED = "-"  # an op's kind when it launches no kernel
+MIN_INTENSITY = 1.0  # FLOPs per byte below which a matmul is counted as a memory op
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """'bf16', 'fp16', 'fp32', ...: how a class names a dtype."""
+    return _DTYPES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def kind_of(func: Any) -> str:
+    """An op's kind, before its dtype and segment: matmul, attention:sdpa, attention:eager, memory, copy,
+    optimizer, communication, or '-' (no kernel: a view, an empty tensor, metadata)."""
+    if getattr(func, "is_view", False):
+        return _NOT_COUNTED
+    namespace = getattr(func, "namespace", "aten")
+    name = func._overloadpacket.__name__ if hasattr(func, "_overloadpacket") else str(func)
+    if namespace in _NO_KERNEL_NAMESPACES or name in _FREE:
+        return _NOT_COUNTED
+    if namespace in _COLLECTIVE_NAMESPACES:
+        return COMMUNICATION
+    if name in _MATMUL:
+        return "matmul"
+    if name in _BATCHED:
+        return "attention:eager"
+    if name in _ATTENTION:
+        return "attention:sdpa"
+    if name.startswith(("_foreach_", "_fused_adam", "_fused_sgd")):
+        return OPTIMIZER
+    if name in _COPY:
+        return COPY
+    return MEMORY
+
+
+def tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors of an op's argument or output: itself, or those of a list, tuple or dict (one level deep, as
+    ops take them)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            if isinstance(v, torch.Tensor):
+                yield v
+            elif isinstance(v, (list, tuple)):
+                yield from (x for x in v if isinstance(x, torch.Tensor))
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from tensors(v)
+
+
+def spanned_bytes(t: torch.Tensor) -> int:
+    """The bytes a tensor's shape spans, a broadcast (stride 0) dimension once."""
+    elements = 1
+    for size, stride in zip(t.shape, t.stride(), strict=True):
+        if size == 0:
+            return 0
+        if stride:
+            elements *= size
+    return elements * t.element_size()
+
+
+def mutated_arguments(func: Any) -> tuple[int, ...]:
+    """The positions of the arguments an op writes in place (its schema's annotations: ``add_``'s self, every list
+    of ``_foreach_mul_`` or ``_fused_adamw_`` it updates)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return ()
+    return tuple(i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
+
+
+def _compute_dtype(kind: str, args: tuple[Any, ...], out: Any) -> str:
+    """The dtype a compute op runs in: its first tensor input's (the query, a matmul's left operand)."""
+    first = next((t for a in args for t in tensors(a)), None)
+    if first is None:
+        first = next(tensors(out), None)
+    return dtype_name(first.dtype) if first is not None else "?"
+
+
+def _formula(func: Any) -> Callable[..., int] | None:
+    packet = getattr(func, "_overloadpacket", None)
+    found = flop_registry.get(packet)
+    if found is None and packet in _TWINS:
+        found = flop_registry.get(_TWINS[packet])
+    return found
+
+
+class OpCounter:
+    """Counts each op the tracker sees in the segment open at the time (ops before the first segment, the model's
+    preparation, are not the step's)."""
+
+    def __init__(self) -> None:
+        self.segments: dict[str, Counter[OpKey]] = {}
+        self._kinds: dict[Any, str] = {}
+        self._mutated: dict[Any, tuple[int, ...]] = {}
+
+    def count(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any,
+              label: str | None) -> None:
+        if label is None:
+            return
+        kind = self._kinds.get(func)
+        if kind is None:
+            kind = self._kinds[func] = kind_of(func)
+        if kind == _NOT_COUNTED:
+            return
+        segment = label.partition("@")[0]
+        if kind != COMMUNICATION and (segment in OPTIMIZER_SEGMENTS):
+            kind = OPTIMIZER
+        moved = sum(spanned_bytes(t) for a in args for t in tensors(a))
+        moved += sum(spanned_bytes(t) for v in (kwargs or {}).values() for t in tensors(v))
+        mutated = self._mutated.get(func)
+        if mutated is None:
+            mutated = self._mutated[func] = mutated_arguments(func)
+        if mutated:  # written in place (what it returns is what it wrote)
+            moved += sum(spanned_bytes(t) for i in mutated if i < len(args) for t in tensors(args[i]))
+        else:
+            moved += sum(spanned_bytes(t) for t in tensors(out))
+        flops = 0
+        if kind in ("matmul", "attention:sdpa", "attention:eager"):
+            formula = _formula(func)
+            flops = int(formula(*args, **(kwargs or {}), out_val=out)) if formula is not None else 0
+            # An outer or matrix-vector product (the rotary angles' fp32 matmul) does fewer FLOPs than it moves
+            # bytes: memory-bound on any device, so timed with the memory ops (and not by a dtype's peak).
+            kind = f"{kind}:{_compute_dtype(kind, args, out)}" if flops >= moved * MIN_INTENSITY else MEMORY
+        self.segments.setdefault(label, Counter())[(kind, flops, moved)] += 1
+
+    def result(self) -> tuple[tuple[str, OpCosts], ...]:
+        """Each segment's ops, in the order the segments opened (plain data for the trace)."""
+        return tuple((label, OpCosts(dict(sorted(c.items())))) for label, c in self.segments.items())
