@@ -19,6 +19,10 @@ Writes ``results/tool-speed/<date>-<host>[-<tag>]/bench.json`` and ``bench.md`` 
 (measure/environment.py's collector). Run from the repository root::
 
     PYTHONPATH=$PWD python scripts/bench_tool.py --tag before
+
+``--before REV`` runs the whole-command comparison instead (scripts/bench_whole_commands.py): the thread's question
+cold and asked again (the same card, another card, another precision), the 66-point estimate warm and the 704-point
+estimate cold, as fresh processes with their own trace cache folders, this checkout and ``REV`` alternating.
 """
 
 from __future__ import annotations
@@ -296,6 +300,12 @@ def _step(name: str, fn: Callable[[], Any], timings: dict[str, float]) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--before" or a.startswith("--before=") for a in argv):
+        from scripts.bench_whole_commands import main as whole_commands
+
+        whole_commands(argv)
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "tool-speed")
     parser.add_argument("--tag", default="", help="appended to the result folder's name (before, after)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,16 @@ import torch
 
 from ckptbench.config.load import parse_config
 from ckptbench.config.schema import SweepConfig
+from ckptbench.estimator.trace_cache import ENV_DIR as TRACE_CACHE_ENV
 from ckptbench.estimator.workers import WORKERS_ENV
+
+# The estimator's traces are kept on disk (estimator/trace_cache.py). The tests never read or write the user's cache:
+# they have a folder of their own, made once by the pytest process that starts (pytest-xdist's workers inherit it),
+# used by the tests marked ``trace_cache`` (``disk_trace_cache`` below); the others trace afresh, as many of them count
+# traces or patch what a trace runs, which the cache's version (the code's hash) does not see.
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    _OWN_CACHE = "CKPTBENCH_TEST_CACHE_DIR" not in os.environ
+    os.environ[TRACE_CACHE_ENV] = os.environ.get("CKPTBENCH_TEST_CACHE_DIR") or tempfile.mkdtemp(prefix="ckptbench-t-")
 
 if "PYTEST_XDIST_WORKER" in os.environ:
     # pytest-xdist already runs one worker per core: estimates (and the commands tests start) stay in their process,
@@ -40,6 +50,14 @@ def tiny_data(**overrides: Any) -> dict[str, Any]:
 def tiny_config(**overrides: Any) -> SweepConfig:
     """The validated config of tiny_data(**overrides)."""
     return parse_config(tiny_data(**overrides))
+
+
+@pytest.fixture(autouse=True)
+def disk_trace_cache(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trace cache off (``CKPTBENCH_CACHE_DIR=off``), but for tests marked ``trace_cache``: the tests' own
+    folder, shared by the run's workers."""
+    if "trace_cache" not in request.keywords:
+        monkeypatch.setenv(TRACE_CACHE_ENV, "off")
 
 
 @pytest.fixture(autouse=True)
@@ -204,6 +222,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Under --dist loadfile a unit runs on one worker: a unit split across workers fails the run (the shared
     work of SHARED_WORK would be made once per worker, and the scheduler would not be what it says)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ and _OWN_CACHE:
+        shutil.rmtree(os.environ[TRACE_CACHE_ENV], ignore_errors=True)
     split = sorted(unit for unit, workers in _WORKERS_OF.items() if len(workers) > 1)
     if split and session.config.getvalue("dist") == "loadfile":
         print(f"\nerror: units ran on more than one worker: {', '.join(split)}")

@@ -36,6 +36,8 @@ from ckptbench.estimator.gpus import gpu_model
 from ckptbench.units import GIB
 from tests._advise_shared import ROOT, advise_shared, at_root, rendered
 
+pytestmark = pytest.mark.trace_cache  # its traces kept on disk, shared with the other files that ask for them
+
 GOLDEN = Path(__file__).parent / "fixtures" / "advise_a100_b2_b8_80col.txt"
 THREAD = {"model": "llama-7b", "gpu": "a100-80gb", "batches": (2, 8), "seqs": (2048,)}
 LABELS = {"predicted", "estimated", "measured", "fitted", "transferred", "measure to know", "given"}

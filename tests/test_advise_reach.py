@@ -16,6 +16,8 @@ from typer.testing import CliRunner
 
 from ckptbench.cli.main import app
 
+pytestmark = pytest.mark.trace_cache  # its traces kept on disk, shared with the other files that ask for them
+
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 # A LLaMA-family config.json the project has never seen (no preset has these sizes).

@@ -16,6 +16,8 @@ import pytest
 
 from tests._advise_shared import advise_shared, rendered
 
+pytestmark = pytest.mark.trace_cache  # its traces kept on disk, shared with the other files that ask for them
+
 THREAD = {"model": "llama-7b", "batches": (2, 8), "seqs": (2048,)}
 REQUESTS: list[dict[str, Any]] = [
     {**THREAD, "gpu": "a100-80gb"},

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import pytest
+
 from ckptbench.answers import verdicts
 from ckptbench.answers.predictions import Predictions
 from ckptbench.answers.verdicts import (
@@ -17,6 +19,8 @@ from ckptbench.answers.verdicts import (
     Verdict,
 )
 from tests.handbuilt import answers, base_points, key, predicted, predictions, pt, run_of, times
+
+pytestmark = pytest.mark.trace_cache  # its traces kept on disk, shared with the other files that ask for them
 
 H, F, W, OPEN = Verdict.HOLDS, Verdict.FAILS, Verdict.ONLY_WHEN, Verdict.OPEN
 

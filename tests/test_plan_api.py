@@ -12,6 +12,8 @@ import torch
 import ckptbench
 from ckptbench.config.presets import PRESETS
 
+pytestmark = pytest.mark.trace_cache  # its traces kept on disk, shared with the other files that ask for them
+
 # A 1 GiB card (its context an estimate) with 610 MiB to use: no checkpointing does not fit the tiny model at
 # batch 8, sequence 128, fp32 (652 MiB with the context), a few layers checkpointed do.
 CARD = {"gpu": "1GiB", "budget": "610MiB", "headroom": "0", "batch": 8, "seq": 128, "precision": "fp32"}

@@ -46,6 +46,7 @@ def accumulation_rows(pred: Predictor, base: Point) -> list[Option]:
     """For every count m of micro-batches: the best setup that fits at micro-batches of B/m (none when none
     fits at that count)."""
     rows = []
+    pred.warm([dataclasses.replace(m, layout=layout) for m in micro_points(base) for layout in ("none", "all")])
     for micro in micro_points(base):
         best = preferred(family_rows(pred, micro))
         if best is not None:

@@ -27,8 +27,9 @@ from ckptbench.config.grid import Point
 from ckptbench.config.layouts import parse_layout
 from ckptbench.estimator.estimator import Estimator, run_op_costs
 from ckptbench.estimator.record import EstimateProgress
+from ckptbench.estimator.trace_cache import default_cache
 from ckptbench.results.store import load_run
-from ckptbench.train.checkpointing import transformers_switches
+from ckptbench.train.switches import transformers_switches
 
 
 def advise(
@@ -112,13 +113,20 @@ def _why(advice: Advice) -> None:
     advice.why = parts(option, context_label="measured" if advice.card.measured else "estimated")
 
 
+def _switches() -> tuple[bool, bool]:
+    """``transformers_switches``, kept in the trace cache (it depends on the transformers version, which keys it)."""
+    cache = default_cache()
+    return transformers_switches() if cache is None else cache.memo(("transformers_switches",), transformers_switches)
+
+
 def setup_of(point: Point, num_layers: int) -> Setup:
     """The code's view of a point: its layout, micro-batch, accumulation and techniques."""
+    switches = _switches()
     return Setup(
         parse_layout(point.layout, num_layers), micro_batch=point.batch_size, accumulation=point.micro_batches,
         precision=point.precision, optimizer=point.optimizer, optimizer_offload=point.optimizer_offload == "cpu",
         lora_rank=int(point.lora[1:]) if point.lora.startswith("r") else None,
-        activation_api=transformers_switches()[0], native_every_n=transformers_switches()[1],
+        activation_api=switches[0], native_every_n=switches[1],
         parallel=point.parallel,
     )
 

@@ -47,6 +47,17 @@ class Predictor:
         """Run the traces ``points`` need (together: one short model per shape covers every layer class)."""
         self.estimator.run_traces(points, on_progress=self.on_progress)
 
+    def warm(self, points: Sequence[Point]) -> None:
+        """Predict ``points`` side by side (``Estimator.predict_many``) where their verdict needs the allocator's
+        replay (a point whose allocated peak alone exceeds the limit is judged without one: ``quick_verdict``)."""
+        self.prime(points)
+        needed = []
+        for p in points:
+            allocated = self.estimator.allocated_peak(p)
+            if allocated is None or judge_allocated(allocated, self.limit) is None:
+                needed.append(p)
+        self.estimator.predict_many(needed, budget_bytes=self.card.total_bytes)
+
     def estimate(self, point: Point) -> Estimate:
         """The point's estimate on the card (the Estimator's memo: made once; its traces run where they have not)."""
         return self.estimator.predict(point, budget_bytes=self.card.total_bytes)
@@ -103,8 +114,11 @@ def family_rows(pred: Predictor, base: Point) -> list[Option]:
     predicted); then each granularity of all layers. Rows that checkpoint the same layers as an earlier row
     (every:1, first:n, last:n are all) are left out."""
     at = lambda layout: dataclasses.replace(base, layout=layout)  # noqa: E731
+    pred.warm([at(layout) for layout in PRIMED])
     rows = [pred.option("none", at("none")), pred.option("all", at("all"))]
     if not rows[0].fits:
+        n = pred.cfg.model.num_layers
+        pred.warm([at(f"{family}:{c}") for family in FAMILIES for c in range(1, n + 1)])
         for family in FAMILIES:
             scan = pred.scan(base, family)
             robust = scan.robust

@@ -11,6 +11,7 @@ from rich.markup import escape
 from ckptbench import __version__
 from ckptbench.cli.advise import AdviseCommand, advise_cmd
 from ckptbench.cli.answers import answers_cmd
+from ckptbench.cli.cache import cache_cmd
 from ckptbench.cli.common import Group, err, example, out
 from ckptbench.cli.compare import compare
 from ckptbench.cli.estimate import estimate
@@ -64,6 +65,7 @@ app.command(**example("ckptbench tune configs/llama7b-tune.yaml --budget 80 --ma
 ADVISE_EXAMPLE = "ckptbench advise --model llama-7b --gpu a100-80gb --batch 2 8 --seq 2048"
 app.command("advise", **{**example(ADVISE_EXAMPLE), "cls": AdviseCommand})(advise_cmd)
 app.command("gpus", **example("ckptbench gpus --format markdown"))(gpus_cmd)
+app.command("cache", **example("ckptbench cache clear"))(cache_cmd)
 
 
 def main() -> None:

@@ -28,8 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ckptbench.config.layouts import LayoutPlan, parse_layout
-from ckptbench.estimator.trace import StepTrace
-from ckptbench.estimator.tracker import StepSegment, Vector, add
+from ckptbench.estimator.step_trace import StepSegment, StepTrace, Vector, add
 from ckptbench.train.flops import OpCosts
 
 # Ordered so that classes holding fewer shared tensors come first (see the module docstring).

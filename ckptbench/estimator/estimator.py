@@ -48,13 +48,12 @@ from ckptbench.estimator.event_assembly import AssemblyError
 from ckptbench.estimator.gpus import DEFAULT_GPU, GpuModel, gpu_for_name, gpu_model
 from ckptbench.estimator.record import CATEGORIES, Estimate, EstimateProgress, Reserved
 from ckptbench.estimator.replay import StreamTooShort, fast_steps, full_steps, predict_reserved
-from ckptbench.estimator.trace import Prepared, StepTrace, trace_optimizer, trace_step
-from ckptbench.estimator.tracker import GRADS, OPTIMIZER_STATE, PARAMS
+from ckptbench.estimator.step_trace import GRADS, OPTIMIZER_STATE, PARAMS, StepTrace
+from ckptbench.estimator.trace_cache import TraceCache, default_cache
 from ckptbench.estimator.workers import map_pieces, worker_count
 from ckptbench.results.record import PredictedOom, Prediction
 from ckptbench.results.store import Run
 from ckptbench.train.flops import CHECKPOINTED_PASS, OpCosts
-from ckptbench.train.model import uniform_layers
 from ckptbench.train.unavailable import TechniqueUnavailable
 from ckptbench.units import GIB
 
@@ -82,8 +81,10 @@ class Estimator:
     _traces: dict[Any, StepTrace] = field(default_factory=dict)  # short (or full) traces, for the replay
     _classes: dict[tuple[Any, ...], set[str]] = field(default_factory=dict)
     _failed: dict[Any, str] = field(default_factory=dict)
-    _prepared: Prepared = field(default_factory=dict)  # short models prepared once for traces of several shapes
+    _prepared: dict[Any, Any] = field(default_factory=dict)  # short models prepared once for traces of several shapes
     _estimates: dict[tuple[Point, int | None, bool], Estimate] = field(default_factory=dict)  # each point once
+    # traces kept on disk between commands (estimator/trace_cache.py); None: traced in this process only
+    cache: TraceCache | None = field(default_factory=default_cache)
 
     def __post_init__(self) -> None:
         # A model no longer than the shortest short model ([c0, c0, c0]) costs nothing more to trace
@@ -92,14 +93,24 @@ class Estimator:
         # Re-assembly assumes identical decoder layers: a model whose layers differ (Gemma-2's alternating
         # sliding-window and full-attention layers, each holding its own mask) is traced whole.
         short = self.cfg.model.num_layers <= len(short_model_classes({"none"}))
-        if self.method == "fast" and (short or not uniform_layers(self.cfg.model)):
+        if self.method == "fast" and (short or not self._uniform_layers()):
             self.method = "full"
+
+    def _uniform_layers(self) -> bool:
+        """Whether every decoder layer is built alike (train/model.py: transformers' config says), kept in the cache."""
+        def uniform() -> bool:
+            from ckptbench.train.model import uniform_layers  # transformers: only when the cache does not know
+
+            return uniform_layers(self.cfg.model)
+
+        key = ("uniform_layers", self.cfg.model.model_dump_json())
+        return uniform() if self.cache is None else self.cache.memo(key, uniform)
 
     def on_card(self, gpu: GpuModel) -> Estimator:
         """An Estimator of the same config that replays ``gpu``'s allocator. A trace does not depend on the card
         but for the cuBLAS workspace its kernels take (estimator/gpus.py): where that is the same, the new one
         shares this one's traces (and any trace either runs later); else it starts with none."""
-        other = Estimator(self.cfg, target=self.target, method=self.method, rank=self.rank, gpu=gpu)
+        other = Estimator(self.cfg, target=self.target, method=self.method, rank=self.rank, gpu=gpu, cache=self.cache)
         if other._workspace == self._workspace:
             for name in (*_TRACE_STORES, "_classes", "_prepared"):
                 setattr(other, name, getattr(self, name))
@@ -123,18 +134,18 @@ class Estimator:
         cache about half as often as the first, an autocast one a tenth as often); each other trace alone."""
         groups: list[list[Job]] = []
         for key, p in {_optim_key(p): p for p in points}.items():
-            if key not in self._optim and key not in self._failed:
+            if key not in self._optim and key not in self._failed and not self._load("optimizer", key):
                 label = f"{key[0]} {p.optimizer}: optimizer step of the whole model"
                 groups.append([(label, self._guarded(key, self._trace_optim, p))])
         if self.method == "full":
-            todo = [p for p in dict.fromkeys(points) if p not in self._full]
+            todo = [p for p in dict.fromkeys(points) if p not in self._full and not self._load("whole", p)]
             return groups + [[(_label(p, "whole model"), self._guarded(p, self._trace_full, p))] for p in todo]
         optimizer_groups = len(groups)
         for p in points:
             self._classes.setdefault(_shape_key(p), set()).update(self.classes(p))
         shapes: dict[tuple[Any, ...], list[Job]] = {}
         for key, p in {self._short_key(p): p for p in points}.items():
-            if key not in self._costs and key not in self._failed:
+            if key not in self._costs and key not in self._failed and not self._load("short", key):
                 label = _label(p, f"{len(key[-1])}-layer model")
                 shapes.setdefault(key[1:], []).append((label, self._guarded(key, self._trace_short, p)))
         groups += shapes.values()
@@ -228,12 +239,42 @@ class Estimator:
     def _workspace(self) -> int | None:
         return self.gpu.cublas_workspace_bytes(os.environ.get("CUBLAS_WORKSPACE_CONFIG")) if self.gpu else None
 
+    def _cache_key(self, kind: str, key: Any) -> tuple[Any, ...]:
+        """What a trace depends on beyond its trace key: the config's settings a trace reads (estimator/trace.py),
+        the target, the rank and the cuBLAS workspace (the code's versions key the cache's folder)."""
+        cfg = self.cfg
+        return ("trace", kind, key, cfg.model.model_dump_json(), cfg.lora.model_dump_json(), cfg.seed, cfg.lr,
+                cfg.zero_grad_to_none, self.target, self.rank, self._workspace)
+
+    def _load(self, kind: str, key: Any) -> bool:
+        """Take the trace ``kind`` of ``key`` from the disk cache into this Estimator; whether it was there."""
+        found = None if self.cache is None else self.cache.get(self._cache_key(kind, key))
+        if found is None:
+            return False
+        if kind == "optimizer":
+            self._optim[key] = found
+        elif kind == "short":
+            self._costs[key], self._traces[key] = found
+        else:
+            self._full[key], self._traces[key] = found
+        return True
+
+    def _keep(self, kind: str, key: Any, value: Any) -> None:
+        if self.cache is not None:
+            self.cache.put(self._cache_key(kind, key), value)
+
     def _trace_optim(self, point: Point) -> None:
-        self._optim[_optim_key(point)] = trace_optimizer(
+        from ckptbench.estimator.trace import trace_optimizer  # torch and transformers: only to trace
+
+        key = _optim_key(point)
+        self._optim[key] = trace_optimizer(
             self.cfg, point, target=self.target, rank=self.rank, cublas_workspace_bytes=self._workspace
         )
+        self._keep("optimizer", key, self._optim[key])
 
     def _trace_short(self, point: Point) -> None:
+        from ckptbench.estimator.trace import trace_step
+
         key = self._short_key(point)
         classes, micro = key[-1], min(point.micro_batches, 2)
         trace = trace_step(
@@ -243,13 +284,17 @@ class Estimator:
         )
         self._costs[key] = StepCosts.from_trace(trace, classes, micro)
         self._traces[key] = trace
+        self._keep("short", key, (self._costs[key], trace))
 
     def _trace_full(self, point: Point) -> None:
+        from ckptbench.estimator.trace import trace_step
+
         trace = trace_step(
             self.cfg, point, target=self.target, rank=self.rank, cublas_workspace_bytes=self._workspace
         )
         self._full[point] = Peak.of_trace(trace)
         self._traces[point] = trace
+        self._keep("whole", point, (self._full[point], trace))
 
     def ready(self, point: Point) -> bool:
         """Whether every trace ``point`` needs has run (or failed): ``estimate`` can answer now."""
@@ -264,6 +309,20 @@ class Estimator:
         for _, job in self.jobs([point]):  # none when its traces ran (jobs also registers a new shape's classes)
             job()
         return self.estimate(point, budget_bytes=budget_bytes, budget_is_cap=budget_is_cap)
+
+    def predict_many(self, points: Sequence[Point], *, budget_bytes: int | None = None, budget_is_cap: bool = False,
+                     workers: int | None = None) -> None:
+        """``predict`` of every point not predicted yet, their traces and then their allocator replays spread over
+        ``workers`` forked workers (None: one per core): what a search about to ask for many points asks first, so
+        that the replays it needs run side by side. The memo holds them after; the estimates are those ``predict``
+        would make one by one."""
+        todo = [p for p in dict.fromkeys(points) if (p, budget_bytes, budget_is_cap) not in self._estimates]
+        if not todo:
+            return
+        self.run_traces(todo, workers=workers)
+        made = self.estimate_each(todo, budget_bytes=budget_bytes, budget_is_cap=budget_is_cap, workers=workers)
+        for p, e in zip(todo, made, strict=True):
+            self._estimates[(p, budget_bytes, budget_is_cap)] = e
 
     def estimate(self, point: Point, *, budget_bytes: int | None = None, budget_is_cap: bool = False) -> Estimate:
         """The estimate of one point (its traces must have run: see ``jobs``), made once (asked again: the same)."""

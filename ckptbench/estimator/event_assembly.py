@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ckptbench.estimator.events import ALLOC, FREE
-from ckptbench.estimator.trace import StepTrace
+from ckptbench.estimator.step_trace import StepTrace
 
 COPY_ALLOC, COPY_LOCAL, COPY_PLACED = range(3)  # how the assembler copies a template event (ShortTemplate.program)
 

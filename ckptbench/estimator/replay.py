@@ -34,7 +34,7 @@ from ckptbench.estimator.allocator import AllocatorOOM, Block, CachingAllocator,
 from ckptbench.estimator.event_assembly import StepEvents, assemble_step, of_trace, segment_events, traced_step
 from ckptbench.estimator.events import ALLOC
 from ckptbench.estimator.gpus import CUBLASLT_WORKSPACE, GpuModel
-from ckptbench.estimator.trace import StepTrace
+from ckptbench.estimator.step_trace import StepTrace
 
 
 @dataclass(frozen=True)
@@ -230,18 +230,21 @@ class MicroPlan:
         keys: list[tuple[int, ...]] = []
         shapes: list[tuple[Any, ...]] = []
         freed: set[int] = set()
+        stream = events.events
+        find, free = origin.get, freed.add  # the loop below runs once per event of the step: locals only
         for m in range(len(starts) - 1):
             made: list[int] = []
             shape: list[Any] = []
-            for op, key, nbytes in events.events[starts[m] : starts[m + 1]]:
+            keep, note = made.append, shape.append
+            for op, key, nbytes in stream[starts[m] : starts[m + 1]]:
                 if op == ALLOC:
                     origin[key] = (m, len(made))
-                    made.append(key)
-                    shape.append(nbytes)
+                    keep(key)
+                    note(nbytes)
                 else:
-                    freed.add(key)
-                    at = origin.get(key)
-                    shape.append(("g", key) if at is None else ("r", m - at[0], at[1]))
+                    free(key)
+                    at = find(key)
+                    note(("g", key) if at is None else ("r", m - at[0], at[1]))
             keys.append(tuple(made))
             shapes.append(tuple(shape))
         periodic = len(shapes) - 1

@@ -44,9 +44,9 @@ from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
 from ckptbench.estimator import optim_8bit
 from ckptbench.estimator.device_model import kernel_model
-from ckptbench.estimator.events import Event
 from ckptbench.estimator.fake_mode import fake_mode
 from ckptbench.estimator.segments import SegmentMarks
+from ckptbench.estimator.step_trace import StepTrace
 from ckptbench.estimator.tracker import (
     GRADS,
     LOGITS_LOSS,
@@ -54,12 +54,10 @@ from ckptbench.estimator.tracker import (
     OTHER,
     PARAMS,
     TRANSIENT,
-    StepSegment,
     StepTracker,
     Vector,
 )
 from ckptbench.train.checkpointing import applied
-from ckptbench.train.flops import NO_OPS, OpCosts
 from ckptbench.train.losses import loss_head
 from ckptbench.train.model import apply_lora, attention, build_model, decoder_layers
 from ckptbench.train.offload import HostOffload
@@ -69,40 +67,6 @@ from ckptbench.train.step import Trainer, param_dtype
 from ckptbench.train.unavailable import TechniqueUnavailable
 
 _CPU = torch.device("cpu")
-
-
-@dataclass(frozen=True)
-class StepTrace:
-    """The segments of one traced training step (see the module docstring for their labels)."""
-
-    segments: tuple[StepSegment, ...]
-    static: Vector  # live bytes of the model, its optimizer state (and kept gradients) and workspaces
-    releases: tuple[tuple[str, Vector, str], ...] = ()  # deferred frees (StepTracker.share)
-    crossings: tuple[tuple[tuple[str, str], Vector], ...] = ()  # StepTracker.crossings
-    input_frees: tuple[tuple[int, tuple[str, Vector]], ...] = ()  # StepTracker.input_frees
-    events: tuple[Event, ...] = ()  # every allocation and free, in order (estimator/events.py)
-    labels: tuple[str, ...] = ()  # segment labels, indexed by an event's segment number
-    workspaces: frozenset[int] = frozenset()  # event ids of kernel scratch buffers
-    release_events: tuple[tuple[str, str, int], ...] = ()  # StepTracker.release_events
-    roles: tuple[tuple[int, str], ...] = ()  # StepTracker.roles: (event id, producing segment)
-    build: tuple[int, ...] = ()  # bytes of each parameter and buffer, in the order a build allocates them
-    host: frozenset[int] = frozenset()  # event ids of tensors that live in host memory on the target
-    # Each segment's ops: class, FLOPs and bytes (estimator/op_costs.py), in the order the segments opened.
-    op_costs: tuple[tuple[str, OpCosts], ...] = ()
-
-    def ops(self, label: str) -> OpCosts:
-        """The ops of the segment ``label`` (none when it ran no op)."""
-        return dict(self.op_costs).get(label, NO_OPS)
-
-    def get(self, label: str) -> StepSegment:
-        for seg in self.segments:
-            if seg.label == label:
-                return seg
-        raise KeyError(label)
-
-    @property
-    def start(self) -> Vector:
-        return self.segments[0].start
 
 
 def _build(cfg: SweepConfig, point: Point, num_layers: int | None, mode: FakeTensorMode) -> Any:

@@ -24,7 +24,6 @@ a CPU-target estimate counts as the CPU tracker measures. On top of that it
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,6 +41,20 @@ from ckptbench.estimator.live_storage import (
 )
 from ckptbench.estimator.op_costs import OpCounter
 from ckptbench.estimator.record import CATEGORIES
+from ckptbench.estimator.step_trace import (  # noqa: F401  (re-exported: the tracker's vocabulary)
+    ACTIVATIONS,
+    GRADS,
+    LOGITS_LOSS,
+    OPTIMIZER_STATE,
+    OTHER,
+    PARAMS,
+    TRANSIENT,
+    StepSegment,
+    Vector,
+    add,
+    is_layer,
+    only,
+)
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _UNSCALE = torch.ops.aten._amp_foreach_non_finite_check_and_unscale_.default
@@ -259,45 +272,3 @@ class StepTracker(CountingMode):
         else:
             self._touch()
         return out
-
-
-PARAMS, GRADS, OPTIMIZER_STATE, ACTIVATIONS, LOGITS_LOSS, TRANSIENT, OTHER = range(len(CATEGORIES))
-
-Vector = tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class StepSegment:
-    """One stretch of the step: byte vectors (one entry per category) at its start, its peak and its end."""
-
-    label: str
-    start: Vector
-    peak: Vector
-    end: Vector
-
-    @property
-    def rise(self) -> Vector:
-        """The peak above the start, per category."""
-        return tuple(p - s for p, s in zip(self.peak, self.start, strict=True))
-
-    @property
-    def delta(self) -> Vector:
-        """What the segment leaves behind (end minus start), per category."""
-        return tuple(e - s for e, s in zip(self.end, self.start, strict=True))
-
-
-def is_layer(label: str) -> bool:
-    """Whether a segment label is a decoder layer's forward or backward ('fwd:3@0', 'bwd:3@0')."""
-    return label.startswith(("fwd:", "bwd:"))
-
-
-def add(a: Vector, b: Vector, scale: int = 1) -> Vector:
-    """Element-wise ``a + scale * b``."""
-    return tuple(x + scale * y for x, y in zip(a, b, strict=True))
-
-
-def only(category: int, nbytes: int) -> Vector:
-    """A byte vector holding ``nbytes`` in ``category`` and nothing elsewhere."""
-    vec = [0] * len(CATEGORIES)
-    vec[category] = nbytes
-    return tuple(vec)

@@ -18,21 +18,10 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from ckptbench.config.layouts import LayoutPlan
 from ckptbench.train.model import causal_lm, decoder_layers, layer_parts
 from ckptbench.train.offload import HostOffload
+from ckptbench.train.switches import transformers_switches
 
 
 @functools.cache
-def transformers_switches() -> tuple[bool, bool]:
-    """What the installed transformers offers to turn checkpointing on: (``activation_checkpointing_enable``,
-    which deprecates ``gradient_checkpointing_enable``; its ``every_n_layers``, which HF Trainer's
-    gradient_checkpointing_kwargs passes on), read from its signature."""
-    import inspect
-
-    from transformers import PreTrainedModel
-
-    enable = getattr(PreTrainedModel, "activation_checkpointing_enable", None)
-    return enable is not None, enable is not None and "every_n_layers" in inspect.signature(enable).parameters
-
-
 def switch_layers(model: nn.Module, plan: LayoutPlan) -> list[int]:
     """Apply a whole-layer plan to a transformers model through its own switches, for good (a training script's
     model): checkpointing enabled (non-reentrant), then each decoder layer's ``gradient_checkpointing`` flag set to

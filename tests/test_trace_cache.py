@@ -1,0 +1,177 @@
+"""The trace cache (estimator/trace_cache.py): estimates from cached traces equal fresh ones byte for byte, a cache of
+another version is ignored, a damaged entry is as if absent, writes are atomic and bounded, `ckptbench cache` shows
+and clears it, and an answer from cached traces imports neither torch nor transformers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from ckptbench.cli.main import app
+from ckptbench.config.load import parse_config
+from ckptbench.estimator import trace_cache
+from ckptbench.estimator.estimator import Estimator, card
+from ckptbench.estimator.trace_cache import TraceCache
+
+from .conftest import tiny_data
+
+# A four-layer model (traced as short models and re-assembled) at two batches and three layouts, with 8-bit-free
+# AdamW: the optimizer, short-model and allocator-replay paths all take part.
+CFG = parse_config(tiny_data(
+    device="cuda", optimizer="adamw_fused",
+    model={"preset": "tiny", "overrides": {"num_hidden_layers": 4}},
+    sweep={"layout": ["none", "all", "first:2"], "batch_size": [1, 2], "seq_len": [64], "precision": ["bf16"]},
+))
+POINTS = CFG.points_list()
+
+
+def _estimates(est: Estimator) -> str:
+    est.run_traces(POINTS, workers=1)
+    return "\n".join(repr(e) for e in est.estimate_each(POINTS, workers=1))
+
+
+def _count_traces(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    import ckptbench.estimator.trace as trace
+
+    calls: list[str] = []
+    for name in ("trace_step", "trace_optimizer"):
+        real = getattr(trace, name)
+        monkeypatch.setattr(trace, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    return calls
+
+
+def test_estimates_from_cached_traces_are_byte_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_traces(monkeypatch)
+    cache = TraceCache(tmp_path)
+    tracing = Estimator(CFG, gpu=card("a100-80gb"), cache=cache)
+    fresh = _estimates(tracing)  # traced here: the estimates of fresh traces (and the cache filled)
+    traced = len(calls)
+    assert traced > 2 and cache.size().entries >= traced
+    again = _estimates(Estimator(CFG, gpu=card("a100-80gb"), cache=cache))
+    assert len(calls) == traced, "a cached trace was traced again"
+    assert again == fresh
+    # another card with the same cuBLAS workspace replays the same cached traces, as the tracing Estimator would
+    other = _estimates(Estimator(CFG, gpu=card("a100-40gb"), cache=cache))
+    assert len(calls) == traced
+    assert other == _estimates(tracing.on_card(card("a100-40gb"))) != fresh
+    # without the cache, nothing is read or written
+    assert _estimates(Estimator(CFG, gpu=card("a100-80gb"), cache=None)) == fresh and len(calls) == 2 * traced
+
+
+def test_a_cache_of_another_version_is_ignored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = TraceCache(tmp_path)
+    cache.put(("k", 1), {"made": "by this version"})
+    assert cache.get(("k", 1)) == {"made": "by this version"}
+    for package, version in [("torch", "0.0.1"), ("transformers", "9.9.9"), ("ckptbench", "0" * 16)]:
+        changed = tuple((p, version if p == package else v) for p, v in trace_cache.versions())
+        with monkeypatch.context() as patch:
+            patch.setattr(trace_cache, "versions", lambda changed=changed: changed)
+            assert cache.get(("k", 1)) is None, package
+    # a file of another version put where this version looks (a hash collision, a copied folder): still refused
+    path = cache._path(repr(("k", 1)))
+    data = path.read_bytes()
+    with monkeypatch.context() as patch:
+        patch.setattr(trace_cache, "versions", lambda: (("torch", "0.0.1"),))
+        cache.put(("k", 1), "other")
+        other = cache._path(repr(("k", 1))).read_bytes()
+    path.write_bytes(other)
+    assert cache.get(("k", 1)) is None
+    path.write_bytes(data)
+    assert cache.get(("k", 1)) == {"made": "by this version"}
+
+
+def test_the_code_hash_changes_with_the_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    package = tmp_path / "ckptbench"
+    (package / "estimator").mkdir(parents=True)
+    module = package / "estimator" / "trace_cache.py"
+    module.write_text("a = 1\n")
+    monkeypatch.setattr(trace_cache, "__file__", str(module))
+    trace_cache.code_hash.cache_clear()
+    try:
+        before = trace_cache.code_hash()
+        (package / "other.py").write_text("b = 2\n")
+        trace_cache.code_hash.cache_clear()
+        assert trace_cache.code_hash() != before
+    finally:
+        trace_cache.code_hash.cache_clear()
+
+
+def test_damaged_entries_are_absent_and_writes_are_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = TraceCache(tmp_path)
+    cache.put("key", list(range(1000)))
+    path = cache._path(repr("key"))
+    path.write_bytes(path.read_bytes()[:100])  # cut
+    assert cache.get("key") is None
+    path.write_bytes(b"not a pickle")
+    assert cache.get("key") is None
+    cache.put("key", [1, 2])
+    assert cache.get("key") == [1, 2]
+
+    def full_disk(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(trace_cache.pickle, "dump", full_disk)
+    cache.put("key", [3])  # costs the cache, never the caller
+    cache.put("new", [3])
+    assert cache.get("key") == [1, 2] and cache.get("new") is None
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")], "a temporary file was left"
+
+
+def test_the_cache_is_bounded_least_recently_used_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = TraceCache(tmp_path, limit=10_000)
+    monkeypatch.setattr(trace_cache, "_PUTS", [0])
+    for i in range(12):
+        cache.put(("k", i), b"x" * 1500)
+        os.utime(cache._path(repr(("k", i))), (1000 + i, 1000 + i))
+        trace_cache._PUTS[0] = 0  # walk the folder at every put here
+    assert cache.size().bytes <= 10_000
+    assert cache.get(("k", 11)) is not None and cache.get(("k", 0)) is None
+
+
+def test_cache_command_shows_and_clears(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(trace_cache.ENV_DIR, str(tmp_path / "c"))
+    TraceCache(tmp_path / "c").put("x", 1)
+    shown = CliRunner().invoke(app, ["cache"])
+    assert shown.exit_code == 0 and f"trace cache: {tmp_path / 'c'}" in shown.stdout and "1 trace," in shown.stdout
+    cleared = CliRunner().invoke(app, ["cache", "clear"])
+    assert cleared.exit_code == 0 and cleared.stdout.startswith("removed 1 trace (")
+    assert TraceCache(tmp_path / "c").size().entries == 0
+    monkeypatch.setenv(trace_cache.ENV_DIR, "off")
+    off = CliRunner().invoke(app, ["cache", "clear"])
+    assert off.exit_code == 0 and "the trace cache is off" in off.stdout
+    monkeypatch.delenv(trace_cache.ENV_DIR)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert trace_cache.default_root() == tmp_path / "xdg" / "ckptbench"
+
+
+def test_an_answer_from_cached_traces_imports_neither_torch_nor_transformers(tmp_path: Path) -> None:
+    """advise asked twice: the second (another card) replays the cached traces without importing either."""
+    code = (
+        "import json, sys\n"
+        "from ckptbench.cli.main import app\n"
+        "try:\n"
+        "    app(sys.argv[1:], standalone_mode=False)\n"
+        "finally:\n"
+        "    print(json.dumps(sorted(m for m in ('torch', 'transformers') if m in sys.modules)), file=sys.stderr)\n"
+    )
+    env = {**os.environ, trace_cache.ENV_DIR: str(tmp_path), "CKPTBENCH_WORKERS": "1"}
+    ask = ["advise", "--model", "tiny", "--batch", "2", "--seq", "256"]
+
+    def run(gpu: str) -> tuple[str, list[str]]:
+        done = subprocess.run([sys.executable, "-c", code, *ask, "--gpu", gpu], capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stdout, json.loads(done.stderr.strip().splitlines()[-1])
+
+    _, cold = run("a100-80gb")
+    assert cold == ["torch", "transformers"]
+    answer, warm = run("a100-40gb")
+    assert warm == [], f"imported {warm} although every trace was cached"
+    assert "a100" in answer.lower()
