@@ -149,52 +149,75 @@ def fewest(rows: Sequence[Option]) -> Option | None:
 
 
 def largest_batch(pred: Predictor, base: Point, known: Sequence[Option]) -> tuple[int, Estimate, Verdict] | None:
-    """The largest batch that fits with every layer checkpointed ('all'), by the secant method on what each batch
-    needs (memory grows about linearly in the batch: a new batch costs a new trace, so a few probes, not a
-    bisection over thousands), then held to its neighbour: the answer fits and the next batch does not."""
+    """The largest batch that fits with every layer checkpointed ('all'), held to its neighbour: the answer fits and
+    the next batch does not. A new batch costs a new trace, so the probes are few: above every batch known (the
+    question's own batches first: their traces ran already) the line through the two largest puts the next probe at
+    the limit; once a batch that does not fit is known, regula falsi between the two (the thread's question: 5
+    probes, where doubling and bisection took 8); a bisection settles what is left."""
     at = lambda b: dataclasses.replace(base, layout="all", batch_size=b, micro_batches=1)  # noqa: E731
-    first = min((o.point.batch_size for o in known if o.family == "all" and o.accumulation == 1), default=None)
-    if first is None or not pred.verdict(at(first)).fits:
+    asked = sorted({o.point.batch_size for o in known if o.family == "all" and o.accumulation == 1})
+    if not asked:
         return None
     limit = pred.limit.limit_bytes
     seen: dict[int, int] = {}
 
     def size(b: int) -> int:
         """What batch ``b`` needs, or where no figure is predicted (the allocator runs out first) its allocated
-        peak and the context: what the secant steps on (never a verdict)."""
+        peak and the context: what the line is drawn through (never a verdict)."""
         if b not in seen:
             v = pred.verdict(at(b))
             seen[b] = v.needed_bytes if v.needed_bytes is not None else (v.allocated_bytes or 0) + \
                 pred.card.context_bytes
         return seen[b]
 
-    fits = lambda b: pred.verdict(at(b)).fits  # noqa: E731
-    lo, hi = first, min(first * 2, MAX_BATCH_SEARCHED)  # lo fits; hi is the next probe
-    for _ in range(_SECANT_STEPS):
-        if hi <= lo:
+    probed: list[int] = []
+
+    def fits(b: int) -> bool:
+        probed.append(b)
+        return pred.verdict(at(b)).fits
+
+    if not fits(asked[0]):
+        return None
+    lo, hi = asked[0], None  # lo fits; hi (once known) does not
+    for b in asked[1:]:
+        if fits(b):
+            lo = b
+        else:
+            hi = b
             break
-        if not fits(hi):
-            break
-        lo = hi
-        slope = (size(hi) - size(first)) / (hi - first) if hi > first else 0.0
-        guess = int(hi + (limit - size(hi)) / slope) if slope > 0 else hi * 2
-        hi = max(lo + 1, min(guess, MAX_BATCH_SEARCHED))
-        if lo >= MAX_BATCH_SEARCHED:
-            hi = lo
-            break
-    else:
-        hi = min(lo * 2, MAX_BATCH_SEARCHED)
-    if hi > lo and fits(hi):  # the steps ran out or the cap was reached: the cap fits
-        lo = hi
-    elif hi > lo:
-        # lo fits, hi does not: step down from a linear guess between them, then bisect what is left.
-        slope = (size(hi) - size(lo)) / (hi - lo)
-        guess = lo + int((limit - size(lo)) / slope) if slope > 0 else lo
-        guess = min(max(guess, lo), hi - 1)
-        if guess > lo and fits(guess):
+    steps = 0
+    while hi is None and steps < _SECANT_STEPS and lo < MAX_BATCH_SEARCHED:  # above every batch known: extrapolate
+        steps += 1
+        below = [b for b in dict.fromkeys(probed) if b < lo]
+        near = max(below, default=None)
+        slope = (size(lo) - size(near)) / (lo - near) if near is not None else 0.0
+        guess = lo + int((limit - size(lo)) / slope) if slope > 0 else lo * 2
+        guess = min(max(guess, lo + 1), MAX_BATCH_SEARCHED)
+        if fits(guess):
             lo = guess
-        elif guess > lo:
+        else:
             hi = guess
-        if hi - lo > 1:
-            lo = largest(fits, lo, hi - 1) or lo
+    # Between a batch that fits and one that does not: regula falsi, Illinois' variant (the end kept twice in a row
+    # counts half), as the need is convex in the batch (the optimizer's peak first, then the activations' growing).
+    f_lo = f_hi = 0.0
+    if hi is not None:
+        f_lo, f_hi = size(lo) - limit, size(hi) - limit
+    kept = 0
+    while hi is not None and hi - lo > 1 and steps < 2 * _SECANT_STEPS:
+        steps += 1
+        guess = lo + int((hi - lo) * -f_lo / (f_hi - f_lo)) if f_hi > f_lo and f_lo < 0 else (lo + hi) // 2
+        guess = min(max(guess, lo + 1), hi - 1)
+        if fits(guess):
+            lo, f_lo = guess, size(guess) - limit
+            f_hi, kept = (f_hi / 2, -1) if kept == -1 else (f_hi, -1)
+        else:
+            hi, f_hi = guess, size(guess) - limit
+            f_lo, kept = (f_lo / 2, 1) if kept == 1 else (f_lo, 1)
+    if hi is None and lo < MAX_BATCH_SEARCHED:  # the probes ran out below the boundary
+        if fits(lo + 1):
+            lo = largest(fits, lo + 1, MAX_BATCH_SEARCHED) or lo  # bisect up to the cap
+        else:
+            hi = lo + 1
+    if hi is not None and hi - lo > 1:
+        lo = largest(fits, lo, hi - 1) or lo
     return lo, pred.estimate(at(lo)), pred.verdict(at(lo))
