@@ -247,7 +247,8 @@ def test_expandable_segments_map_20mib_pages_and_grow_in_place() -> None:
     a.free(x)
     z = a.malloc(50 * MIB)  # no free block of 50 MiB; the 12 MiB free tail grows: 2 more pages mapped
     assert z.addr == y.addr + 5 * MIB and a.stats.reserved == 100 * MIB
-    a.free(y), a.free(z)
+    a.free(y)
+    a.free(z)
     a.release_cached()  # every page is free again: unmapped, the segment released
     assert a.stats.reserved == 0
     assert segments(a) == [("segment_map", 60 * MIB), ("segment_map", 40 * MIB), ("segment_unmap", 100 * MIB)]

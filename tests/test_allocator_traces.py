@@ -83,7 +83,8 @@ def _workload(rec: _Recorder) -> list[tuple[int, int]]:
     """Splits, merges, small and large pools, a retry that frees the cache under a 0.5 fraction, and an
     empty_cache call (its interval is returned, as the recording process notes it)."""
     a = [rec.alloc(n) for n in (43 * MIB, 6 * MIB, 700 * 1024, 41 * MIB - 4096, 120 * MIB)]
-    rec.free(a[0]), rec.free(a[3])
+    rec.free(a[0])
+    rec.free(a[3])
     b = rec.alloc(30 * MIB)
     rec.free(a[4])
     rec.alloc(400 * MIB)  # 0.5 GiB allowed: the cached 120 MiB segment is released and the request retried

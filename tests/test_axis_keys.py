@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from types import GenericAlias
 from typing import Any, Literal
 
 import pytest
@@ -203,7 +204,7 @@ def test_the_sweeps_lists_and_explicit_points_follow_the_declaration(axis: Axis)
     the declared default; PointSpec holds one or None; both apply the axis's grammar; every swept axis says what it
     means; the other values the tests use are valid."""
     field = SweepAxes.model_fields[axis.name]
-    listed: Any = list[axis.values]
+    listed: Any = GenericAlias(list, axis.values)  # list[axis.values]
     if axis.search is not None and not isinstance(axis.search, axis.kind):  # batch 'max' stands for the whole list
         listed = listed | Literal[axis.search]
     if axis.fallback is not None:

@@ -26,8 +26,10 @@ from ckptbench.measure.loss_check import LossReferences
 from ckptbench.measure.progress import Progress
 from ckptbench.processes.executors import Request, SlurmPool, cancel
 from ckptbench.processes.fanout import attach_pool, make_fanout
+from ckptbench.processes.job import run_point_job
 from ckptbench.processes.request import PointRequest
 from ckptbench.processes.schedule import prerequisites, ready
+from ckptbench.results.record import Scalar
 from ckptbench.results.store import load_run
 from ckptbench.sweep.sweep import run_sweep
 from tests.conftest import tiny_config, tiny_data
@@ -185,11 +187,11 @@ def test_sbatch_scripts_submitit_writes_for_the_cluster_section(
     spec = SlurmSpec(partition="gpu", time_min=30, array_parallelism=2, account="proj", cpus_per_task=8,
                      mem_gb=64, sbatch={"qos": "high", "exclusive": True}, setup=["module load cuda/12.4"])
     pool = SlurmPool(tmp_path / "jobs", spec, "tiny")
-    def request(**key: str) -> PointRequest:
+    def request(**key: Scalar) -> PointRequest:
         return PointRequest(config={}, key=key, parent_pid=os.getpid())
 
     batch = [Request(request(layout=x)) for x in ("none", "all", "first:1")] + [Request(request(), 2)]
-    subs = pool.submit(len, batch, None)
+    subs = pool.submit(run_point_job, batch, None)  # (the fake sbatch runs no job)
     first, second = (capture / "sbatch-1.sh").read_text(), (capture / "sbatch-2.sh").read_text()
     sbatch = [line for line in first.splitlines() if line.startswith("#SBATCH")]
     for expected in ("--partition=gpu", "--time=30", "--gpus-per-node=1", "--array=0-2%2", "--account=proj",

@@ -4,6 +4,7 @@ optimizers and tune's candidates read it, so a rule added there reaches each of 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 from torch import nn
@@ -20,7 +21,7 @@ from tests.conftest import tiny_config
 
 PLAIN = Point("fp32", "none", "none", 32, 2, "tiny", "adamw_fused")
 # A point that breaks each rule of the table (and no rule before it), in the table's order.
-BREAKING = [
+BREAKING: list[dict[str, Any]] = [  # fields of a Point, for dataclasses.replace
     dict(parallel="ddp:2", offload="all"),
     dict(parallel="fsdp2:2", compile=True),
     dict(parallel="fsdp2:2", optimizer_offload="cpu"),

@@ -28,6 +28,7 @@ from ckptbench.results.inputs import load_input
 from ckptbench.results.meta import RunMeta
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import RunWriter, load_run
+from tests._known import known
 from tests.conftest import tiny_config
 
 # Estimates of one config are made once per process and shared (tests/_est_shared.py).
@@ -164,7 +165,7 @@ def test_checkpointing_late_layers_peaks_higher_than_early_ones() -> None:
     first, last = estimate_points(cfg, cfg.points_list(), target="cpu")
     # Unchecked late layers are freed early in the backward; checkpointed late layers are recomputed
     # while every early layer's activations are still held.
-    assert first.peak_bytes < last.peak_bytes
+    assert known(first.peak_bytes) < known(last.peak_bytes)
     assert last.peak_at == "backward of layer 4"
 
 
@@ -205,11 +206,15 @@ def test_llama7b_grid_is_fast_and_traces_one_short_model_per_shape() -> None:
         job()
     estimates = [est.estimate(p) for p in points]
     assert time.perf_counter() - started < 60
-    peaks = {(e.point.layout, e.point.batch_size, e.point.seq_len): e.peak_bytes for e in estimates}
-    assert peaks[("first:16", 4, 2048)] < peaks[("last:16", 4, 2048)]
-    assert peaks[("all", 16, 2048)] < peaks[("every:2", 16, 2048)] < peaks[("none", 16, 2048)]
+    by_point = {(e.point.layout, e.point.batch_size, e.point.seq_len): e for e in estimates}
+
+    def peak(layout: str, batch_size: int) -> int:
+        return known(by_point[(layout, batch_size, 2048)].peak_bytes)
+
+    assert peak("first:16", 4) < peak("last:16", 4)
+    assert peak("all", 16) < peak("every:2", 16) < peak("none", 16)
     for batch in (2, 4, 8, 16):
-        assert peaks[("none", batch // 2, 2048)] < peaks[("none", batch, 2048)]
+        assert peak("none", batch // 2) < peak("none", batch)
 
 
 # -- the committed H200 runs ----------------------------------------------------------------------
@@ -292,7 +297,7 @@ def test_prediction_matches_the_h200_measurement(
         # more each, 196 MiB in all, where the H200's first step carved most of them out of blocks the backward left
         # cached, exactly. The prediction errs high, by at most that rounding of the state (+179 MiB, 0.35%).
         (rec,) = [r for r in load_run(RESULTS / run).points if r.key_id == key]
-        rounding = est.static["optimizer_state_bytes"] - rec.memory.optimizer_state_bytes
+        rounding = est.static["optimizer_state_bytes"] - known(rec.memory.optimizer_state_bytes)
         assert 0 < error <= rounding, f"{error / measured_bytes:+.6%} ({error} bytes, rounding {rounding})"
         return
     assert abs(error) <= rel_tol * measured_bytes, f"{error / measured_bytes:+.6%} ({error} bytes)"
@@ -334,7 +339,7 @@ def test_predictions_map_key_ids_to_bytes() -> None:
     cfg = tiny_config(device="cuda", sweep={"layout": ["none", "all"], "batch_size": [2], "seq_len": [128]})
     predictions = {k: p.predicted_peak_allocated_bytes for k, p in iter_predictions(cfg, cfg.points_list())}
     assert set(predictions) == {p.key_id for p in cfg.points_list()}
-    by_layout = {p.layout: predictions[p.key_id] for p in cfg.points_list()}
+    by_layout = {p.layout: known(predictions[p.key_id]) for p in cfg.points_list()}
     assert by_layout["all"] < by_layout["none"]
 
 

@@ -85,10 +85,12 @@ def test_the_server_is_started_once_and_again_when_it_is_gone(tmp_path: Path, mo
     assert isinstance(first, PointRecord) and isinstance(second, PointRecord)
     assert first.status == second.status == "ok"
     assert first.peak_allocated_bytes == second.peak_allocated_bytes and first.losses == second.losses
-    assert list(server.link.exit_codes.values())[-2:] == [0, 0]  # both reaped by the server, exit status 0
+    link = server.link
+    assert link is not None  # the server started
+    assert list(link.exit_codes.values())[-2:] == [0, 0]  # both reaped by the server, exit status 0
 
     server.proc.kill()
-    _wait_for(lambda: server.link.gone)
+    _wait_for(lambda: link.gone)
     third = run_child(point_request(CFG, POINT, gpu_name=None, known=[]), workdir=tmp_path / "c", timeout_s=None)
     assert fresh._servers[os.getpid()] is not server and isinstance(third, PointRecord)
     assert (third.status, third.peak_allocated_bytes) == ("ok", first.peak_allocated_bytes)

@@ -66,9 +66,10 @@ def test_a_cpu_sweeps_summary_at_80_columns_keeps_tokens_per_s_not_a_repeated_re
 
     from ckptbench.render.summary import summary_table
 
-    console = Console(file=io.StringIO(), width=80, color_system=None, legacy_windows=False)
+    out = io.StringIO()
+    console = Console(file=out, width=80, color_system=None, legacy_windows=False)
     console.print(summary_table(load_run(ROOT / "tests" / "fixtures" / "ten_cpu" / "r0")))
-    header = next(line for line in console.file.getvalue().splitlines() if line.startswith("┃ layout"))
+    header = next(line for line in out.getvalue().splitlines() if line.startswith("┃ layout"))
     names = [c.strip() for c in header.strip("┃").split("┃")]
     assert "tok/s" in names and "reserved" not in names  # on a CPU reserved repeats peak
 

@@ -26,6 +26,7 @@ from ckptbench.sweep import predictions
 from ckptbench.sweep.predictions import BackgroundPredictions
 from ckptbench.sweep.sweep import run_sweep
 from ckptbench.train.step import Trainer
+from tests._known import known
 from tests.conftest import MINI, tiny_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -73,8 +74,8 @@ def test_long_lived_objects_are_frozen_while_points_run_and_released_after(
     none, all_ = (r.overhead_parts_s for r in outcome.records)
     # 'none' recomputes the first loss (which resets the weights): its window does not reset them again.
     assert set(none) == {"loss_recompute", "cleanup"} and set(all_) == {"weights_reset", "cleanup"}
-    assert all(r.loss_check.match for r in outcome.records)
-    assert all(r.overhead_s is not None and 0 <= r.overhead_s < r.wall_s for r in outcome.records)
+    assert all(known(r.loss_check).match for r in outcome.records)
+    assert all(r.overhead_s is not None and 0 <= r.overhead_s < known(r.wall_s) for r in outcome.records)
 
 
 def test_one_loss_recomputation_serves_every_layout_of_a_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,7 +90,7 @@ def test_one_loss_recomputation_serves_every_layout_of_a_cell(tmp_path: Path, mo
     axes = {**AXES, "layout": ["all", "first:4", "last:4"]}  # no 'none': every layout needs the reference
     outcome = run_sweep(tiny_config(sweep=axes), out=tmp_path / "r", predict=False)
     assert len(calls) == 1
-    checks = [r.loss_check for r in outcome.records]
+    checks = [known(r.loss_check) for r in outcome.records]
     assert [c.reference for c in checks] == ["recomputed"] * 3 and all(c.match for c in checks)
     assert len({tuple(c.reference_losses) for c in checks}) == 1
 
@@ -180,7 +181,12 @@ def test_background_predictions_are_recorded_like_in_process_ones(
     monkeypatch.setattr(predictions, "MAX_WAIT_S", 600.0)  # the process is niced: slow on a busy machine
     started: list[BackgroundPredictions] = []
     start = BackgroundPredictions.start
-    monkeypatch.setattr(BackgroundPredictions, "start", classmethod(lambda cls: started.append(start()) or started[-1]))
+
+    def recorded_start(cls: type[BackgroundPredictions]) -> BackgroundPredictions:
+        started.append(start())
+        return started[-1]
+
+    monkeypatch.setattr(BackgroundPredictions, "start", classmethod(recorded_start))
     cfg = tiny_config(sweep={**AXES, "batch_size": [1, 2]})
     outcome = run_sweep(cfg, out=tmp_path / "r", predict_in_background=True)
     predicted = iter_predictions(cfg, cfg.points_list(), target="cpu")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import PreTrainedModel
 
 from ckptbench.config.layouts import parse_layout
 from ckptbench.config.model import ModelSpec
@@ -16,15 +17,15 @@ SPEC = ModelSpec(preset="tiny")
 CPU = torch.device("cpu")
 
 
-def _model(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+def _model(dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     return build_model(SPEC, device=CPU, dtype=dtype, seed=0)
 
 
-def _batch(model: torch.nn.Module) -> torch.Tensor:
+def _batch(model: PreTrainedModel) -> torch.Tensor:
     return make_batch(seed=0, batch_size=2, seq_len=32, vocab_size=model.config.vocab_size, device=CPU)
 
 
-def _count_calls(model: torch.nn.Module, layout: str) -> dict[str, list[int]]:
+def _count_calls(model: PreTrainedModel, layout: str) -> dict[str, list[int]]:
     """Runs of every layer's self_attn and mlp (their first projection) during forward+backward.
 
     Pre-hooks on the first projection count recomputation too: a wrapped module's own hooks do not

@@ -119,7 +119,7 @@ def test_estimates_are_the_same_with_and_without_the_c_loop(case: str, monkeypat
                           sweep={"layout": ["none", "all"], "batch_size": [1, 16], "seq_len": [64],
                                  "precision": ["bf16"], "micro_batches": [1, 4]})
         points = cfg.points_list()
-    est = Estimator(cfg, target="cuda", gpu=gpu_model("h200"))  # type: ignore[arg-type]
+    est = Estimator(cfg, target="cuda", gpu=gpu_model("h200"))
     est.run_traces(points, workers=1)
     with_c = est.estimate_each(points, workers=1)
     monkeypatch.setattr(allocator_module, "NATIVE", None)

@@ -4,23 +4,35 @@ with HF Trainer on the CPU, exactly the planned layers recomputed, and the measu
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 import torch
 
 import ckptbench
+from ckptbench.advise.plan import Plan
 from ckptbench.config.presets import PRESETS
 
 pytestmark = pytest.mark.trace_cache  # its traces kept on disk, shared with the other files that ask for them
 
 # A 1 GiB card (its context an estimate) with 610 MiB to use: no checkpointing does not fit the tiny model at
 # batch 8, sequence 128, fp32 (652 MiB with the context), a few layers checkpointed do.
-CARD = {"gpu": "1GiB", "budget": "610MiB", "headroom": "0", "batch": 8, "seq": 128, "precision": "fp32"}
+class Card(TypedDict):
+    """The card, budget and shape arguments of ``ckptbench.plan``."""
+
+    gpu: str
+    budget: str
+    headroom: str
+    batch: int
+    seq: int
+    precision: str
+
+
+CARD: Card = {"gpu": "1GiB", "budget": "610MiB", "headroom": "0", "batch": 8, "seq": 128, "precision": "fp32"}
 
 
 @pytest.fixture(scope="module")
-def plan() -> Any:
+def plan() -> Plan:
     return ckptbench.plan("tiny", **CARD)
 
 
@@ -34,7 +46,7 @@ def _tiny_llama() -> Any:
     return model
 
 
-def test_plan_is_typed_and_labelled(plan: Any) -> None:
+def test_plan_is_typed_and_labelled(plan: Plan) -> None:
     assert plan.fits and plan.layout.startswith(("first:", "last:", "every:"))
     assert 0 < len(plan.layers) < plan.num_layers == 8
     assert plan.needed_bytes is not None and plan.needed_bytes <= plan.limit_bytes == 610 * 2**20
@@ -50,7 +62,7 @@ def test_plan_is_typed_and_labelled(plan: Any) -> None:
     assert (again.layout, again.needed_bytes) == (plan.layout, plan.needed_bytes)
 
 
-def test_trainer_with_plan_apply_and_the_callback(plan: Any, tmp_path: Path) -> None:
+def test_trainer_with_plan_apply_and_the_callback(plan: Plan, tmp_path: Path) -> None:
     from transformers import Trainer, TrainingArguments
 
     from ckptbench.hf import PeakMemoryCallback
@@ -76,6 +88,7 @@ def test_trainer_with_plan_apply_and_the_callback(plan: Any, tmp_path: Path) -> 
     assert len(callback.peaks) == 2 and all(p.allocated_bytes > 0 for p in callback.peaks)
     text = "\n".join(lines)
     top = max(p.reserved_bytes for p in callback.peaks)
+    assert plan.needed_bytes is not None  # the plan fits
     assert f"peak reserved {top / 2**20:.2f} MiB (measured)" in text
     assert f"the plan ({plan.layout}, batch 8, sequence 128, fp32) needs {plan.needed_bytes / 2**20:.2f} MiB" in text
 

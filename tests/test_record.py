@@ -13,13 +13,14 @@ from pydantic import ValidationError
 
 from ckptbench.config.grid import KEY_FILLS
 from ckptbench.processes.launch import PARENT_FIELDS
-from ckptbench.results.record import PREDICTION_FIELDS, PointMemory, PointRecord, Prediction
+from ckptbench.results.record import PREDICTION_FIELDS, PointMemory, PointRecord, PredictedOom, Prediction, Scalar
 from ckptbench.results.store import POINTS_FILE, load_run
+from tests._known import known
 
 REPO = Path(__file__).resolve().parent.parent
 # The H200 runs committed under results/, written by earlier versions of ckptbench.
 COMMITTED_RUNS = sorted(p.parent for p in (REPO / "results").glob(f"*/*/{POINTS_FILE}"))
-KEY = {"model": "tiny", "layout": "all", "batch_size": 2, "seq_len": 64, "precision": "fp32"}
+KEY: dict[str, Scalar] = {"model": "tiny", "layout": "all", "batch_size": 2, "seq_len": 64, "precision": "fp32"}
 
 
 def _errors(data: dict[str, Any]) -> list[tuple[tuple[Any, ...], str]]:
@@ -97,7 +98,7 @@ def test_unknown_fields_of_a_newer_run_are_kept_and_named_once(tmp_path: Path) -
     assert run.warnings == [expected]
     assert [str(w.message) for w in caught] == [expected]
     assert len(run.points) == len(lines)
-    assert [p.model_extra["gpu_clock_mhz"] for p in run.points] == [1980 + i for i in range(len(lines))]
+    assert [known(p.model_extra)["gpu_clock_mhz"] for p in run.points] == [1980 + i for i in range(len(lines))]
     assert run.points[0].to_json()["memory"]["cuda_graph_bytes"] == 0
 
 
@@ -115,7 +116,8 @@ def test_the_prediction_is_declared_once_and_written_flat_as_before() -> None:
     assert (*PREDICTION_FIELDS, "search") == PARENT_FIELDS  # what a child's record takes from the sweep's
     oom = {"phase": "warm-up step 1", "segment": "logits@0", "where": "the logits", "request_bytes": 8,
            "allocated_bytes": 9, "reserved_bytes": 10}
-    prediction = Prediction(predicted_peak_allocated_bytes=5, predicted_peak_reserved_bytes=None, predicted_oom=oom)
+    prediction = Prediction(predicted_peak_allocated_bytes=5, predicted_peak_reserved_bytes=None,
+                            predicted_oom=PredictedOom.model_validate(oom))
     rec = PointRecord(key=KEY, status="oom", **prediction.given())
     assert rec.to_json() == {"key": {**KEY_FILLS, **KEY}, "status": "oom", "predicted_peak_allocated_bytes": 5,
                              "predicted_peak_reserved_bytes": None, "predicted_oom": oom}

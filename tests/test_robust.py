@@ -23,7 +23,7 @@ from ckptbench.measure import faults
 from ckptbench.measure.device import is_fatal_device_error, make_probe, resolve_device
 from ckptbench.measure.runner import Runner
 from ckptbench.results.meta import RunEnvironment, RunMeta
-from ckptbench.results.record import PointRecord
+from ckptbench.results.record import PointRecord, Scalar
 from ckptbench.results.store import (
     POINTS_FILE,
     RUN_FILE,
@@ -36,6 +36,7 @@ from ckptbench.results.store import (
 )
 from ckptbench.sweep.resume import check_resumable, done_records, first_difference
 from ckptbench.sweep.sweep import run_sweep
+from tests._known import known
 from tests.conftest import tiny_config
 
 AXES = {"layout": ["none", "all", "every:2"], "batch_size": [1], "seq_len": [64], "precision": ["fp32"]}
@@ -49,7 +50,7 @@ def small(**overrides: Any) -> SweepConfig:
                           **overrides})
 
 
-def by_layout(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def by_layout(records: list[PointRecord]) -> dict[Scalar, PointRecord]:
     return {r.key["layout"]: r for r in records}
 
 
@@ -84,7 +85,7 @@ def test_an_error_in_one_point_is_recorded_and_the_sweep_goes_on(
     recs = by_layout(outcome.records)
     assert [r.status for r in outcome.records] == ["ok", "error", "ok"]
     assert recs["all"].reason == "RuntimeError: injected failure (CKPTBENCH_TEST_ERROR)"
-    assert recs["every:2"].loss_check.match is True
+    assert known(recs["every:2"].loss_check).match is True
     assert load_run(tmp_path / "run").meta.status == "complete"
 
 
@@ -288,7 +289,7 @@ def test_resume_runs_only_missing_and_failed_points(tmp_path: Path, monkeypatch:
     monkeypatch.delenv("CKPTBENCH_TEST_ERROR")
     again = run_sweep(small(), resume=tmp_path / "run", predict=False)
     assert [r.key["layout"] for r in again.records] == ["all"] and again.already_done == 2
-    assert again.records[0].status == "ok" and again.records[0].loss_check.match is True
+    assert again.records[0].status == "ok" and known(again.records[0].loss_check).match is True
     run = load_run(tmp_path / "run")
     assert {p.key["layout"]: p.status for p in run.points} == {
         "none": "ok",

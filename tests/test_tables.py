@@ -220,7 +220,8 @@ def estimates_like(run_dir: Path) -> tuple[list[Estimate], dict[str, int | str]]
     """Estimates shaped like a run's points, for testing the renderer only: each is the run's own
     measured peak split by its measured static parts (a real estimate of the axes run takes ~20 s)."""
     run = load_run(run_dir)
-    estimates, measured = [], {}
+    estimates: list[Estimate] = []
+    measured: dict[str, int | str] = {}
     for rec in run.points:
         static = {k: getattr(rec.memory, k) or 0 for k in ("params_bytes", "grads_bytes", "optimizer_state_bytes")}
         peak = rec.peak_allocated_bytes

@@ -18,6 +18,7 @@ from ckptbench.train.model import build_model
 from ckptbench.train.optimizers import OptimizerInBackward, build_optimizer, make_optimizer
 from ckptbench.train.step import Trainer
 from ckptbench.train.unavailable import TechniqueUnavailable
+from tests._known import known
 from tests.conftest import tiny_config
 
 CPU = torch.device("cpu")
@@ -62,7 +63,7 @@ def test_chunked_loss_keeps_no_logits_of_the_whole_batch() -> None:
     default, chunked = estimate_points(cfg, cfg.points_list(), target="cpu")
     logits_fp32 = 2 * 256 * 8192 * 4  # 16 MiB
     assert default.point.loss == "default" and chunked.point.loss == "chunked"
-    assert default.peak_bytes - chunked.peak_bytes >= logits_fp32
+    assert known(default.peak_bytes) - known(chunked.peak_bytes) >= logits_fp32
 
 
 def test_chunked_loss_ignores_the_last_position_of_every_row() -> None:
@@ -191,7 +192,7 @@ def test_new_techniques_are_estimated_to_the_byte(measured: tuple[list[Point], d
     points, records = measured
     cfg = _measured_cfg()
     for method in ("fast", "full"):
-        estimates = estimate_points(cfg, points, target="cpu", method=method)  # type: ignore[arg-type]
+        estimates = estimate_points(cfg, points, target="cpu", method=method)
         for est in estimates:
             rec = records[est.point.key_id]
             assert rec.ok, rec.reason

@@ -42,8 +42,12 @@ def _count_traces(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     calls: list[str] = []
     for name in ("trace_step", "trace_optimizer"):
-        real = getattr(trace, name)
-        monkeypatch.setattr(trace, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+
+        def counted(*args: Any, _real: Any = getattr(trace, name), _name: str = name, **kwargs: Any) -> Any:
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(trace, name, counted)
     return calls
 
 

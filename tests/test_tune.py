@@ -232,7 +232,7 @@ def test_each_decision_kind_is_set_by_the_rule_that_decides_it() -> None:
     }
     planner = TunePlanner([TuneCandidate(p, flops, _estimate(p, peak)) for p, flops, peak in space.values()],
                           limit_bytes=100, max_points=2)
-    records = {
+    records: dict[str, dict[str, Any]] = {  # record fields by candidate
         "E": {"status": "skipped", "reason": "liger not installed"},
         "A": {"status": "ok", "step_times_s": [1.0], "tokens_per_step": 8192, "peak_allocated_bytes": 50,
               "peak_reserved_bytes": 60},

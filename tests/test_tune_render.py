@@ -28,9 +28,10 @@ def _text(run: Run, width: int) -> str:
     search = tune_search(run)
     assert search is not None
     rec = recommend(run, budget_bytes=36 * MIB, headroom_bytes=0)
-    console = Console(file=io.StringIO(), width=width, color_system=None, legacy_windows=False)
+    out = io.StringIO()
+    console = Console(file=out, width=width, color_system=None, legacy_windows=False)
     console.print(rich_tune(search, rec, run=run))
-    return console.file.getvalue()
+    return out.getvalue()
 
 
 def test_tune_tables_fit_80_columns_with_whole_numbers() -> None:
