@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from ckptbench.json_object import JsonObject
+
 if TYPE_CHECKING:
     from ckptbench.advise.plan import Plan
     from ckptbench.analysis.compare import Comparison
@@ -241,7 +243,7 @@ def plan(
     return plan_of(advise(request))
 
 
-def _model_source(model: Any) -> tuple[str, dict[str, Any] | None]:
+def _model_source(model: Any) -> tuple[str, JsonObject | None]:
     """(a name, the config fields) of what ``plan`` was given: a string or path names a model; a transformers
     config or model gives its fields."""
     if isinstance(model, str | Path):

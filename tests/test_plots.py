@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
 from matplotlib.text import Annotation
 from typer.testing import CliRunner
 
@@ -21,6 +22,7 @@ from ckptbench.plots.style import PlotData, describe_run
 from ckptbench.plots.tradeoff import tradeoff_figure
 from ckptbench.results.store import load_run
 from ckptbench.units import GIB, MIB
+from tests._known import known
 
 # Estimates of one config are made once per process and shared (tests/_est_shared.py).
 pytestmark = pytest.mark.usefixtures("shared_estimates")
@@ -72,18 +74,18 @@ def test_speed_is_relative_to_none_at_the_same_batch() -> None:
     data = PlotData(load_run(CHECK))
     [(_, rows)] = data.facets()
     refs = plots.speed_references(rows)
-    assert refs[2]["layout"] == "none"  # none ran at batch 2
-    assert refs[8]["layout"] == "every:4"  # none ran out of memory at batch 8: the fastest point instead
-    all2 = next(r for r in rows if r["layout"] == "all" and r["batch_size"] == 2)
+    assert refs[2].layout == "none"  # none ran at batch 2
+    assert refs[8].layout == "every:4"  # none ran out of memory at batch 8: the fastest point instead
+    all2 = next(r for r in rows if r.layout == "all" and r.batch_size == 2)
     rel, (low, high) = plots._relative(all2, refs[2])
-    assert rel == pytest.approx(all2["tokens_per_s"] / refs[2]["tokens_per_s"])
+    assert rel == pytest.approx(known(all2.tokens_per_s) / known(refs[2].tokens_per_s))
     assert rel == pytest.approx(0.788, abs=1e-3)  # 8,316 / 10,548 tok/s
     assert low <= rel <= high
     # on the tiny CPU run at seq 256 'all' happened to be faster than 'none': the reference is still 'none'
     tiny = PlotData(load_run(TINY))
     rows256 = dict(tiny.facets())["seq 256"]
-    assert plots.speed_references(rows256)[1]["layout"] == "none"
-    assert max(rows256, key=lambda r: r["tokens_per_s"])["layout"] == "all"
+    assert plots.speed_references(rows256)[1].layout == "none"
+    assert max(rows256, key=lambda r: known(r.tokens_per_s)).layout == "all"
 
 
 def _estimates(run_dir: Path, parts: dict[str, int]) -> list[Estimate]:
@@ -93,8 +95,13 @@ def _estimates(run_dir: Path, parts: dict[str, int]) -> list[Estimate]:
 
 
 def _legend(fig: Figure) -> list[str]:
-    legend = fig.axes[0].get_legend()
+    legend = known(fig.axes[0].get_legend())
     return [t.get_text() for t in legend.get_texts()]
+
+
+def _height(patch: Patch) -> float:
+    assert isinstance(patch, Rectangle)  # a bar
+    return patch.get_height()
 
 
 def test_breakdown_without_an_estimate_states_only_what_was_measured(tmp_path: Path) -> None:
@@ -104,9 +111,9 @@ def test_breakdown_without_an_estimate_states_only_what_was_measured(tmp_path: P
     assert breakdown_plot.STATIC_LABEL in labels and breakdown_plot.REST_LABEL in labels
     assert not any(word in label for label in labels for word in ("gradients", "activation"))
     none = next(p for p in breakdown_plot.breakdown_points(run) if p.key["layout"] == "none")
-    static_gib = (none.memory.params_bytes + none.memory.optimizer_state_bytes) / GIB
-    heights = [patch.get_height() for patch in fig.axes[0].patches[:2]]  # the 'none' bar comes first
-    assert heights == pytest.approx([static_gib, none.peak_allocated_bytes / GIB - static_gib])
+    static_gib = (known(none.memory.params_bytes) + known(none.memory.optimizer_state_bytes)) / GIB
+    heights = [_height(patch) for patch in fig.axes[0].patches[:2]]  # the 'none' bar comes first
+    assert heights == pytest.approx([static_gib, known(none.peak_allocated_bytes) / GIB - static_gib])
 
 
 def test_breakdown_with_an_estimate_labels_every_part_as_one() -> None:
@@ -116,7 +123,7 @@ def test_breakdown_with_an_estimate_labels_every_part_as_one() -> None:
     part_labels = [x for x in labels if not x.startswith(("budget", "measured", "reserved"))]
     assert len(part_labels) == len(CATEGORIES) and all(x.endswith("(estimate)") for x in part_labels)
     assert "measured peak allocated" in labels
-    assert [p.get_height() for p in fig.axes[0].patches[:7]] == pytest.approx([12, 0, 0, 20, 0, 0, 0])
+    assert [_height(p) for p in fig.axes[0].patches[:7]] == pytest.approx([12, 0, 0, 20, 0, 0, 0])
     assert "estimate" in fig.axes[0].get_title()
 
 

@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from matplotlib.collections import PathCollection
 from matplotlib.container import ErrorbarContainer
@@ -43,7 +44,7 @@ def test_the_tradeoff_scatter_is_one_collection_per_layout_holding_every_point(c
     scatters = [c for c in fig.axes[0].collections if isinstance(c, PathCollection)]
     layouts = {c.layout for c in cands}
     assert len(scatters) == len(layouts) == 11  # not 300
-    drawn = Counter((round(float(x), 9), round(float(y), 9)) for s in scatters for x, y in s.get_offsets())
+    drawn = Counter((round(float(x), 9), round(float(y), 9)) for s in scatters for x, y in np.asarray(s.get_offsets()))
     plotted = Counter((round(data.size.value(c.memory_bytes), 9), round(c.tokens_per_s, 9)) for c in cands)
     assert drawn == plotted
     # each layout keeps its colour, and each marker its batch's size
@@ -58,22 +59,23 @@ def test_the_speed_dots_are_one_errorbar_per_batch_holding_every_ok_point(crowde
     peaks_speed._relative_dots(ax, data, rows, peaks_speed.speed_references(rows))
     bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
     assert len(bars) == len(data.batches) == 28
-    points = sum(len(b.lines[0].get_xdata()) for b in bars)
-    assert points == sum(1 for r in rows if r["status"] == "ok") == 300
+    points = sum(len(np.asarray(b.lines[0].get_xdata())) for b in bars)
+    assert points == sum(1 for r in rows if r.status == "ok") == 300
 
 
 def test_the_peak_bars_are_drawn_per_batch_with_every_bar(crowded: Run) -> None:
     data = PlotData(crowded)
     [(_, rows)] = data.facets()
     ax = Figure().subplots()
-    peaks_speed._grouped_bars(ax, data, rows, lambda r: r["peak_reserved_bytes"] / data.scale)
+    peaks_speed._grouped_bars(ax, data, rows, lambda r: r.peak_reserved_bytes / data.scale)
     assert len(ax.containers) == 28 and len(ax.patches) == 300
 
 
 def _placed(fig: Figure) -> list[tuple[str, Any, Any, str, str]]:
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
-    return [(t.get_text(), tuple(round(v, 6) for v in t.get_window_extent(renderer).extents), t.xyann, t.get_ha(),
-             t.get_va()) for t in fig.axes[0].texts if isinstance(t, Annotation)]
+    return [(t.get_text(), tuple(round(v, 6) for v in t.get_window_extent(renderer).extents), t.xyann,
+             t.get_horizontalalignment(), t.get_verticalalignment())
+            for t in fig.axes[0].texts if isinstance(t, Annotation)]
 
 
 @pytest.mark.filterwarnings("ignore:constrained_layout not applied")  # the 28-batch legend is tall
@@ -121,11 +123,11 @@ def test_the_legends_of_a_run_with_many_batch_sizes_say_how_many_they_name(crowd
     assert texts == [f"batch {b}" for b in legend_batches(data.batches)] and texts[-1] == "batch 28"
     assert title == f"{LEGEND_BATCHES} of 28 batch sizes named (evenly spread)"
     refs = peaks_speed.speed_references(rows)
-    refs[5] = next(r for r in rows if r["batch_size"] == 5 and r["layout"] == "all")  # 'none' did not run at 5
-    _, labels, title = peaks_speed._reference_legend(data, rows, refs)
+    refs[5] = next(r for r in rows if r.batch_size == 5 and r.layout == "all")  # 'none' did not run at 5
+    _, labels, ref_title = peaks_speed._reference_legend(data, rows, refs)
     assert "batch 5: vs all (none did not run)" in labels  # never hidden by the spread
     assert len(labels) == 1 + LEGEND_BATCHES + (5 not in legend_batches(data.batches))
-    assert title == f"{len(labels) - 1} of 28 batch sizes named (evenly spread)"
+    assert ref_title == f"{len(labels) - 1} of 28 batch sizes named (evenly spread)"
     fig = tradeoff_figure(crowded)
     texts, _ = _legend_texts(fig.axes[0])
     assert f"batch size (marker size; {LEGEND_BATCHES} of 28 named)" in texts

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from ckptbench.analysis.boundary import largest, smallest
 from ckptbench.analysis.step_time import StepTimeModel
 from ckptbench.answers.evidence import Scope
 from ckptbench.answers.predictions import OomFigures, Pred, PredictedPoint, Predictions, Search, wanted
-from ckptbench.config.grid import Point, point_of
+from ckptbench.config.grid import Point, PointKey, point_of
 from ckptbench.config.load import parse_config
 from ckptbench.errors import ResultsError
 from ckptbench.estimator.estimator import Estimator
@@ -57,7 +56,7 @@ class _Predictor:
         return self.done[point]
 
 
-def _point(key: dict[str, Any]) -> Point:
+def _point(key: PointKey) -> Point:
     found = point_of(key)
     if found is None:  # the claims' keys are built from the declared axes: a mismatch is a bug here
         raise ResultsError(f"answers: not a point of this ckptbench: {key}")

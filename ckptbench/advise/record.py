@@ -13,11 +13,12 @@ from ckptbench.advise.request import PRECISION_MEANS, AdviseRequest
 from ckptbench.advise.snippets import Snippets
 from ckptbench.advise.verdict import Limit, Verdict, gib
 from ckptbench.analysis.step_time import StepTimePrediction
-from ckptbench.config.grid import Point
+from ckptbench.config.grid import Point, PointKey
 from ckptbench.config.layouts import parse_layout
 from ckptbench.config.parallel import parse_parallel
 from ckptbench.estimator.gpus import GpuModel
 from ckptbench.estimator.record import Estimate
+from ckptbench.json_object import JsonObject
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,7 @@ class WayOut:
     point: Point
     verdict: Verdict
     changes_training: bool = False
-    setup: dict[str, Any] = field(default_factory=dict)  # the point's axes that differ from the question's
+    setup: PointKey = field(default_factory=dict)  # the point's axes that differ from the question's
 
     @property
     def fits(self) -> bool:
@@ -266,11 +267,11 @@ class Advice:
         )
 
 
-def _num(value: float | None, label: str, unit: str, **extra: Any) -> dict[str, Any]:
+def _num(value: float | None, label: str, unit: str, **extra: Any) -> JsonObject:
     return {"value": value, "label": label, "unit": unit, **extra}
 
 
-def _row(o: Option, card_label: str) -> dict[str, Any]:
+def _row(o: Option, card_label: str) -> JsonObject:
     e, r, v, time = o.estimate, o.estimate.reserved, o.verdict, o.time
     tl = time.label if time else "measure to know"
     return {
@@ -294,7 +295,7 @@ def _row(o: Option, card_label: str) -> dict[str, Any]:
     }
 
 
-def _table(t: Table, card_label: str) -> dict[str, Any]:
+def _table(t: Table, card_label: str) -> JsonObject:
     return {
         "batch_size": t.batch, "seq_len": t.seq, "precision": t.precision,
         "rows": [_row(o, card_label) for o in t.options],
@@ -303,7 +304,7 @@ def _table(t: Table, card_label: str) -> dict[str, Any]:
     }
 
 
-def advice_json(advice: Advice) -> dict[str, Any]:
+def advice_json(advice: Advice) -> JsonObject:
     """Every number with its label (the JSON ``--format json`` writes)."""
     card_label = advice.card.context_label
     lim = advice.limit

@@ -9,7 +9,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import get_args
 
 from pydantic import ValidationError
 
@@ -22,6 +22,7 @@ from ckptbench.config.parallel import parse_parallel, world_size
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
 from ckptbench.estimator.gpus import GPUS, GpuModel, sized
+from ckptbench.json_object import JsonObject
 from ckptbench.results.fit import DEFAULT_HEADROOM
 from ckptbench.units import GIB, MIB, fmt_bytes, parse_headroom, parse_size
 
@@ -74,7 +75,7 @@ class AdviseRequest:
         return GPUS[found.key]
 
     @functools.cached_property
-    def model_section(self) -> dict[str, Any]:
+    def model_section(self) -> JsonObject:
         """The model as a sweep config's ``model:`` holds it: a preset, a config.json, or a hub id's fields."""
         if self.model_fields_json is not None:
             return {"config_fields": json.loads(self.model_fields_json)}
@@ -97,7 +98,7 @@ class AdviseRequest:
         fields as transformers takes them), with the attention the answer assumes."""
         return self._validated({**self.model_section, "attn_implementation": self.attention})
 
-    def _validated(self, section: dict[str, Any]) -> ModelSpec:
+    def _validated(self, section: JsonObject) -> ModelSpec:
         try:
             return ModelSpec.model_validate(section)
         except ValidationError as exc:

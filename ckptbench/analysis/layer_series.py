@@ -16,14 +16,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ckptbench.config.grid import key_id, setup_label
+from ckptbench.config.grid import PointKey, key_id, setup_label
 from ckptbench.config.model import ModelSpec
 from ckptbench.results.fit import measured_peak_bytes
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
 
 FAMILIES = ("first", "last", "every", "range", "layers")
-Key = dict[str, Any]
+Key = PointKey  # a layer series cell's key: the point key less its layout
 
 
 def family_of(layout: str) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from types import EllipsisType
-from typing import Any
 
 from ckptbench.analysis.verdict import (
     BETTER,
@@ -22,6 +21,7 @@ from ckptbench.analysis.verdict import (
     family_verdicts,
     time_verdict,
 )
+from ckptbench.config.grid import PointKey
 from ckptbench.results.record import PointRecord
 
 # Marks, per metric and per point (worse, better, within noise, too few samples, not comparable: verdict.py).
@@ -78,7 +78,7 @@ class MetricChange:
 class PointChange:
     """A point present in both runs."""
 
-    key: dict[str, Any]
+    key: PointKey
     key_id: str
     label: str
     base_status: str
@@ -148,7 +148,7 @@ def _status_metrics(base: PointRecord, new: PointRecord, mark: str) -> list[Metr
     return out
 
 
-def _values(rec: PointRecord) -> dict[str, Any]:
+def _values(rec: PointRecord) -> dict[str, float | None]:
     if not rec.ok:
         return {}
     return {name: getattr(rec, name) for name, _, _ in METRICS}

@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptbench.analysis.tune_space import training_change
+from ckptbench.config.grid import PointKey
 from ckptbench.errors import ConfigError
 from ckptbench.estimator.gpus import gpu_for_name
+from ckptbench.json_object import JsonObject
 from ckptbench.results.fit import measured_fits, measured_needed_bytes, measured_peak_bytes
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
@@ -44,7 +46,7 @@ class RecommendCandidate:
 
     index: int  # position in points.jsonl (stable tie-break)
     record: PointRecord = field(repr=False, compare=False)
-    key: dict[str, Any]
+    key: PointKey
     label: str
     memory_bytes: int  # "needed": what must fit, peak reserved plus the context (results/fit.py)
     peak_allocated_bytes: int
@@ -76,7 +78,7 @@ class RecommendCandidate:
         """Whether the point fits under ``limit_bytes`` (results/fit.py: ``measured_fits``)."""
         return measured_fits(self.record, limit_bytes, card_context_bytes=self.card_context_bytes)
 
-    def to_json(self, *, limit_bytes: int | None = None) -> dict[str, Any]:
+    def to_json(self, *, limit_bytes: int | None = None) -> JsonObject:
         out = {
             "key": self.key,
             "label": self.label,
@@ -96,14 +98,14 @@ class RecommendCandidate:
         return out
 
 
-def point_label(key: dict[str, Any], *, extra: Sequence[str] = ()) -> str:
+def point_label(key: PointKey, *, extra: Sequence[str] = ()) -> str:
     """'every:4 b=4 s=2048', plus any other key axes named in ``extra`` (those that vary in the run)."""
     parts = [str(key.get("layout")), f"b={key.get('batch_size')}", f"s={key.get('seq_len')}"]
     parts += [f"{name}={key.get(name)}" for name in extra]
     return " ".join(parts)
 
 
-def _varying_axes(keys: Sequence[dict[str, Any]]) -> list[str]:
+def _varying_axes(keys: Sequence[PointKey]) -> list[str]:
     names = sorted({n for k in keys for n in k} - {"layout", "batch_size", "seq_len"})
     return [n for n in names if len({repr(k.get(n)) for k in keys}) > 1]
 
@@ -226,10 +228,10 @@ class Recommendation:
         gap = self.limit_bytes - c.memory_bytes
         return f"{self.size(gap)} free" if gap >= 0 else f"{self.size(-gap)} over"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         lim = self.limit_bytes
 
-        def dump(c: RecommendCandidate | None) -> dict[str, Any] | None:
+        def dump(c: RecommendCandidate | None) -> JsonObject | None:
             return None if c is None else c.to_json(limit_bytes=lim)
 
         return {

@@ -32,6 +32,7 @@ from ckptbench.analysis.tune_record import Action, DecisionRecord, MarginRecord,
 from ckptbench.analysis.tune_space import layout_family, savers, semantic_changes, speed_class
 from ckptbench.config.grid import Point, setup_label
 from ckptbench.estimator.record import Estimate
+from ckptbench.json_object import JsonObject
 from ckptbench.results.fit import (
     measured_fits,
     measured_needed_bytes,
@@ -150,7 +151,7 @@ class Decision:
         """The decision as run.json keeps it: a measured one with what its record says. The fields given are
         those run.json has always held (tokens/s and peak reserved only for a point that ran; a note where it is
         no answer, null for a failed point that gave no reason)."""
-        given: dict[str, Any] = {"key": self.candidate.point.key, "label": self.candidate.label,
+        given: JsonObject = {"key": self.candidate.point.key, "label": self.candidate.label,
                                  "action": self.action, "why": self.reason.why}
         if self.judged_bytes is not None:
             given["judged_peak_bytes"] = self.judged_bytes

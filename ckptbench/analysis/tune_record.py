@@ -8,10 +8,11 @@ field older runs lack takes the default every reader assumed for it.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ckptbench.json_object import JsonObject
 from ckptbench.results.record import Scalar
 
 # What happened to a candidate: proposed for measurement, measured (its record read), or dropped unmeasured.
@@ -21,7 +22,7 @@ Action = Literal["measure", "measured", "dropped"]
 class _Stored(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The fields as run.json holds them: those that were given (None as null), and kept unknown ones."""
         return self.model_dump(mode="json", exclude_unset=True)
 

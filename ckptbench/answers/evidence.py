@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ckptbench.config.grid import AXIS_DEFAULTS, setup_label
+from ckptbench.config.grid import AXIS_DEFAULTS, PointKey, setup_label
 from ckptbench.results.fit import measured_fits, measured_needed_bytes
 from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run
@@ -29,7 +29,7 @@ class Scope:
     num_layers: int = 32
     architecture: str = "llama"  # the model's family (config/families.py)
 
-    def key(self, layout: str, batch_size: int, **axes: Any) -> dict[str, Any]:
+    def key(self, layout: str, batch_size: int, **axes: Any) -> PointKey:
         base = {"model": self.model, "seq_len": self.seq_len, "precision": self.precision,
                 "architecture": self.architecture}
         return {**AXIS_DEFAULTS, **base, "layout": layout, "batch_size": batch_size, **axes}
@@ -57,7 +57,7 @@ class Cite:
     tag = "measured"  # how every number of a Cite was obtained (a predicted point says 'predicted')
 
     @property
-    def key(self) -> dict[str, Any]:
+    def key(self) -> PointKey:
         return dict(self.record.key)
 
     @property
@@ -108,7 +108,7 @@ class Cite:
 
 
 
-def _matches(record_key: dict[str, Any], query: dict[str, Any]) -> bool:
+def _matches(record_key: PointKey, query: PointKey) -> bool:
     for name in set(record_key) | set(query):
         default = AXIS_DEFAULTS.get(name)
         if record_key.get(name, default) != query.get(name, default):
@@ -137,7 +137,7 @@ class Evidence:
         cite = self.find(layout, batch_size, run=run, **axes)
         return cite if cite is not None and cite.ok else None
 
-    def pair(self, a: dict[str, Any], b: dict[str, Any]) -> tuple[Cite | None, Cite | None]:
+    def pair(self, a: PointKey, b: PointKey) -> tuple[Cite | None, Cite | None]:
         """Two points from the same run where one run holds both (a like-for-like comparison)."""
         for run in self.runs:
             x, y = self.find(run=str(run.path), **a), self.find(run=str(run.path), **b)
@@ -145,7 +145,7 @@ class Evidence:
                 return x, y
         return self.find(**a), self.find(**b)
 
-    def select(self, where: Callable[[dict[str, Any]], bool]) -> list[Cite]:
+    def select(self, where: Callable[[PointKey], bool]) -> list[Cite]:
         """Every point whose key satisfies ``where`` (the first run's record per key), in run order."""
         seen: dict[str, Cite] = {}
         for c in self._cites:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from ckptbench.analysis.step_time import StepTimeModel, StepTimePrediction
 from ckptbench.answers.evidence import Scope, key_label, key_short
-from ckptbench.config.grid import key_id, point_of
+from ckptbench.config.grid import PointKey, key_id, point_of
 from ckptbench.results.fit import predicted_fits, predicted_needed_bytes
 from ckptbench.train.flops import OpCosts
 from ckptbench.units import fmt_bytes
@@ -40,7 +40,7 @@ class OomFigures:
 class PredictedPoint:
     """The estimator's prediction of one point (every byte a prediction)."""
 
-    key: dict[str, Any]
+    key: PointKey
     peak_allocated_bytes: int | None  # None: not estimated (``note`` says why)
     peak_reserved_bytes: int | None  # None: the replay ran out of memory (``oom``), or no replay
     oom: OomFigures | None = None
@@ -70,7 +70,7 @@ class Pred:
     run: str = "(predicted)"
 
     @property
-    def key(self) -> dict[str, Any]:
+    def key(self) -> PointKey:
         return dict(self.point.key)
 
     @property
@@ -139,13 +139,13 @@ class Search:
     """
 
     name: str
-    key: dict[str, Any]
+    key: PointKey
     vary: str
     lo: int
     hi: int
     want: Literal["smallest", "largest"]
 
-    def at(self, value: int) -> dict[str, Any]:
+    def at(self, value: int) -> PointKey:
         if self.vary == "batch_size":
             return {**self.key, "batch_size": value}
         return {**self.key, "layout": f"{self.vary}:{value}"}
@@ -166,7 +166,7 @@ class Found:
 class Wanted:
     """What the claims ask the estimator for: single points and searches."""
 
-    points: tuple[dict[str, Any], ...]
+    points: tuple[PointKey, ...]
     searches: tuple[Search, ...]
 
 

@@ -7,8 +7,6 @@ both points, so that two GPU sessions are not compared.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ckptbench.answers.evidence import Cite
 from ckptbench.answers.predictions import (
     BIG_BATCH,
@@ -35,6 +33,7 @@ from ckptbench.answers.verdicts import (
     times,
     tok,
 )
+from ckptbench.config.grid import PointKey
 
 SEVERAL_GB = 3e9  # "saves several GB": at least 3 GB
 STATIC_DOMINATES = 0.5  # parameters, gradients and optimizer state at least half of the peak
@@ -42,7 +41,7 @@ CANNOT_SAVE_MUCH = 0.25  # the best checkpointing layout saves at most a quarter
 FORTIES_GB = 50e9  # "memory to the 40s of GB": under 50 GB
 
 
-def _in_scope(ctx: Context, key: dict[str, Any]) -> bool:
+def _in_scope(ctx: Context, key: PointKey) -> bool:
     s = ctx.ev.scope
     return key.get("model") == s.model and key.get("seq_len") == s.seq_len and key.get("precision") == s.precision
 

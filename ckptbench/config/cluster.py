@@ -7,11 +7,12 @@ command line can override every field (``ckptbench sweep --executor slurm --part
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ckptbench.errors import ConfigError
+from ckptbench.json_object import JsonObject
 
 Executor = Literal["none", "local", "slurm"]
 SbatchValue = str | int | float | bool
@@ -71,10 +72,10 @@ def with_overrides(
     sbatch: list[str] | None = None,
 ) -> ClusterSpec:
     """The config's cluster section with the command line's options on top; ConfigError names the option."""
-    local: dict[str, Any] = {"jobs": jobs}
+    local: JsonObject = {"jobs": jobs}
     if gpus is not None:
         local["gpus"] = _gpu_list(gpus)
-    slurm: dict[str, Any] = {"partition": partition, "time_min": time_min, "array_parallelism": array_parallelism,
+    slurm: JsonObject = {"partition": partition, "time_min": time_min, "array_parallelism": array_parallelism,
                              "account": account}
     if sbatch:
         slurm["sbatch"] = {**spec.slurm.sbatch, **parse_sbatch_options(sbatch)}

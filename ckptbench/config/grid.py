@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 from ckptbench.config.axes import (
     WEIGHT_DTYPE,
@@ -32,6 +32,7 @@ from ckptbench.config.axes import (
     parallel_value,
 )
 from ckptbench.config.parallel import parse_parallel, world_size
+from ckptbench.json_object import JsonObject
 
 # How a key keeps an axis's value: a function of the value (and, where another axis decides, the point).
 KeyPart = Callable[[Any, "Point"], Any]
@@ -162,10 +163,15 @@ KEY_AXES: tuple[Axis, ...] = (
              "CUDA starts): 'default', 'expandable_segments', 'max_split_size_mb:N', "
              "'garbage_collection_threshold:X' (several joined by commas). CUDA only."),
 )
+PointKey: TypeAlias = JsonObject
+"""A point's key (``Point.key``): each axis's name and its value, the JSON object points.jsonl stores and runs are
+matched on. A key read back may come from another version of ckptbench (``filled_key`` gives it the axes it lacks),
+so its fields are not fixed: a JSON object, named for what it identifies."""
+
 # Values of the technique axes that mean "plain training"; tables name only the axes that differ.
-AXIS_DEFAULTS: dict[str, Any] = {a.name: a.plain for a in KEY_AXES if a.plain is not None}
+AXIS_DEFAULTS: PointKey = {a.name: a.plain for a in KEY_AXES if a.plain is not None}
 # What a recorded key that lacks an axis means: the technique axes' plain values, the later cell axes' ``absent``.
-KEY_FILLS: dict[str, Any] = {
+KEY_FILLS: PointKey = {
     a.name: a.absent if a.absent is not None else a.plain for a in KEY_AXES if (a.absent, a.plain) != (None, None)
 }
 
@@ -175,7 +181,7 @@ def axis_named(name: str) -> Axis:
     return next(a for a in KEY_AXES if a.name == name)
 
 
-def filled_key(key: Mapping[str, Any]) -> dict[str, Any]:
+def filled_key(key: Mapping[str, Any]) -> PointKey:
     """A recorded key naming every axis: an axis added after it was written takes its ``KEY_FILLS`` value (plain
     training; a cell axis its ``absent`` value), so older keys match newer ones."""
     return {**{k: v for k, v in KEY_FILLS.items() if k not in key}, **key}
@@ -209,7 +215,7 @@ class Point:
     architecture: str = "llama"
 
     @property
-    def key(self) -> dict[str, Any]:
+    def key(self) -> PointKey:
         return {a.name: getattr(self, a.name) for a in KEY_AXES}
 
     @property

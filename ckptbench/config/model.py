@@ -31,6 +31,7 @@ from ckptbench.config.files import read_bounded_text
 from ckptbench.config.model_fields import check_model_fields
 from ckptbench.config.presets import PRESETS, preset_names
 from ckptbench.errors import ConfigError
+from ckptbench.json_object import JsonObject
 
 MAX_CONFIG_JSON_BYTES = 4 * 2**20  # a config.json is a few KiB
 # The validation context key holding the folder a relative model.config path is read from (config/load.py
@@ -39,7 +40,7 @@ CONFIG_DIR = "ckptbench_config_dir"
 DEFAULT_PRESET = "llama-7b"
 
 
-def read_config_json(path: str, *, base: Path | None) -> dict[str, Any]:
+def read_config_json(path: str, *, base: Path | None) -> JsonObject:
     """The fields of a checkpoint's config.json (a local regular file, at most MAX_CONFIG_JSON_BYTES), or
     ValueError in one line: a FIFO, a device (/dev/zero) or a huge file is refused before it is read."""
     p = Path(path).expanduser()
@@ -76,10 +77,10 @@ class ModelSpec(_Strict):
     # The config.json's fields (read from `config`, or written inline). Fields that do not matter to memory or
     # time (torch_dtype, transformers_version, _name_or_path, architectures, token ids) are kept as a record
     # and ignored when the model is built (train/model.py).
-    config_fields: dict[str, Any] | None = None
+    config_fields: JsonObject | None = None
     # Any field of the family's transformers config, for example {num_hidden_layers: 16}; checked as transformers
     # takes it (config/model_fields.py) when the config is read.
-    overrides: dict[str, Any] = Field(default_factory=dict)
+    overrides: JsonObject = Field(default_factory=dict)
     # 'sdpa' (PyTorch scaled_dot_product_attention) or 'eager' (materialises the S x S attention matrix).
     attn_implementation: AttnImpl = "sdpa"
 
@@ -101,9 +102,9 @@ class ModelSpec(_Strict):
         return data
 
     @model_serializer(mode="wrap")
-    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> JsonObject:
         # A preset's spec dumps as it did before config.json models existed: run.json stays the same.
-        out: dict[str, Any] = handler(self)
+        out: JsonObject = handler(self)
         return {k: v for k, v in out.items() if not (k in ("config", "config_fields") and v is None)}
 
     @field_validator("preset")
@@ -117,7 +118,7 @@ class ModelSpec(_Strict):
 
     @field_validator("overrides")
     @classmethod
-    def _same_architecture(cls, value: dict[str, Any]) -> dict[str, Any]:
+    def _same_architecture(cls, value: JsonObject) -> JsonObject:
         if "model_type" in value:
             raise ValueError("model_type cannot be overridden: the architecture is the preset's or the config.json's")
         return value
@@ -143,7 +144,7 @@ class ModelSpec(_Strict):
             return f"model.preset: {self.preset}'s {path}"
         return f"model.config: {path}" if self.config else f"model.config_fields.{path}"
 
-    def resolved(self) -> dict[str, Any]:
+    def resolved(self) -> JsonObject:
         """The preset's (or config.json's) fields with the overrides applied."""
         base = PRESETS[self.preset] if self.preset is not None else self.config_fields or {}
         return {**base, **self.overrides}
@@ -202,7 +203,7 @@ class LoraSpec(_Strict):
 MAX_STEP_FLOPS = 2**63 - 1
 
 
-def _dims(resolved: dict[str, Any]) -> dict[str, int]:
+def _dims(resolved: JsonObject) -> dict[str, int]:
     d, heads = int(resolved["hidden_size"]), int(resolved["num_attention_heads"])
     head_dim = int(resolved.get("head_dim") or d // heads)
     return {"d": d, "ff": int(resolved["intermediate_size"]), "vocab": int(resolved["vocab_size"]),
@@ -210,7 +211,7 @@ def _dims(resolved: dict[str, Any]) -> dict[str, int]:
             "kv": int(resolved.get("num_key_value_heads") or heads) * head_dim}
 
 
-def step_flops_bound(resolved: dict[str, Any], *, tokens: int, seq_len: int) -> int:
+def step_flops_bound(resolved: JsonObject, *, tokens: int, seq_len: int) -> int:
     """An upper bound of the hardware FLOPs of one step over ``tokens`` tokens (train/flops.py's count: 6N per
     token, attention scores, one more forward of everything recomputed, the LM head once more)."""
     n = _dims(resolved)
@@ -249,7 +250,7 @@ def _lora_width(target: str, n: dict[str, int]) -> int | None:
     return min(n[a], n[b]) if not prefix else None
 
 
-def check_lora(resolved: dict[str, Any], targets: list[str], ranks: list[int]) -> None:
+def check_lora(resolved: JsonObject, targets: list[str], ranks: list[int]) -> None:
     """ValueError('lora.target_modules...' or a rank too large) unless every target names a module of the
     model that LoRA can adapt and every rank is at most the smallest width among the targets."""
     n = _dims(resolved)

@@ -12,18 +12,18 @@ import difflib
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 from ckptbench.config.model import read_config_json
 from ckptbench.config.presets import preset_names
 from ckptbench.errors import ConfigError
+from ckptbench.json_object import JsonObject
 
 # 'org/name' as the Hub spells a model id (letters, digits, '-', '_', '.'; one slash).
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _OFFLINE = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
-def model_section(text: str) -> dict[str, Any]:
+def model_section(text: str) -> JsonObject:
     """The ``model:`` mapping of a sweep config for ``--model TEXT``; ConfigError (exit 2) in one line."""
     if text in preset_names():
         return {"preset": text}
@@ -45,7 +45,7 @@ def model_section(text: str) -> dict[str, Any]:
     )
 
 
-def hub_config(repo_id: str) -> dict[str, Any]:
+def hub_config(repo_id: str) -> JsonObject:
     """The fields of ``repo_id``'s config.json: from the local Hugging Face cache, else downloaded (that file only)."""
     try:
         from huggingface_hub import hf_hub_download, try_to_load_from_cache
@@ -72,7 +72,7 @@ def hub_config(repo_id: str) -> dict[str, Any]:
     return _read(path, repo_id)
 
 
-def _read(path: str, repo_id: str) -> dict[str, Any]:
+def _read(path: str, repo_id: str) -> JsonObject:
     try:
         return read_config_json(path, base=None)
     except ValueError as exc:

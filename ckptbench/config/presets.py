@@ -8,11 +8,11 @@ tying, sliding window, soft-capping, context length); token ids, dtypes and vers
 
 from __future__ import annotations
 
-from typing import Any
+from ckptbench.json_object import JsonObject
 
 _LLAMA1 = {"vocab_size": 32000, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False}
 
-PRESETS: dict[str, dict[str, Any]] = {
+PRESETS: dict[str, JsonObject] = {
     "llama-7b": {
         **_LLAMA1,
         "hidden_size": 4096,
@@ -91,7 +91,7 @@ _QWEN3 = {"model_type": "qwen3", "vocab_size": 151936, "max_position_embeddings"
           "rms_norm_eps": 1e-6, "head_dim": 128, "num_key_value_heads": 8, "tie_word_embeddings": False}
 
 # The published sizes, by preset name: (source, fields).
-PUBLISHED: dict[str, tuple[str, dict[str, Any]]] = {
+PUBLISHED: dict[str, tuple[str, JsonObject]] = {
     "llama-2-7b": ("meta-llama/Llama-2-7b-hf config.json", {
         **_LLAMA2, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
         "num_attention_heads": 32, "num_key_value_heads": 32}),
@@ -173,7 +173,7 @@ PUBLISHED: dict[str, tuple[str, dict[str, Any]]] = {
 _TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 4,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024,
          "tie_word_embeddings": False}
-TINY_FAMILIES: dict[str, dict[str, Any]] = {
+TINY_FAMILIES: dict[str, JsonObject] = {
     "tiny-llama3": {**_TINY, "model_type": "llama", "tie_word_embeddings": True, "head_dim": 32},
     "tiny-mistral": {**_TINY, "model_type": "mistral", "sliding_window": 16},
     "tiny-qwen2": {**_TINY, "model_type": "qwen2"},

@@ -25,6 +25,7 @@ from ckptbench.config.model import (
 from ckptbench.config.parallel import world_size
 from ckptbench.config.sweep_axes import PointSpec, SweepAxes
 from ckptbench.errors import LayoutError
+from ckptbench.json_object import JsonObject
 
 MAX_SEED = 2**32 - 1
 MAX_NAME_CHARS = 100
@@ -192,7 +193,7 @@ def _check_grid_size(cfg: SweepConfig) -> None:
         raise ValueError(f"sweep: {parts} points, more than {MAX_GRID_POINTS}; split it into several")
 
 
-def _check_work(cfg: SweepConfig, resolved: dict[str, Any]) -> None:
+def _check_work(cfg: SweepConfig, resolved: JsonObject) -> None:
     """The largest step of the config (the axes' largest values together; a batch_size: max search at
     search_max_batch) stays within int64 FLOPs, which its record stores; LoRA adapters name modules of the
     model and fit its width."""

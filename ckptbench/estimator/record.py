@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ckptbench.config.grid import Point
+from ckptbench.json_object import JsonObject
 from ckptbench.results.fit import predicted_fits, predicted_needed_bytes, reserved_upper_bound
 from ckptbench.units import fmt_bytes
 
@@ -46,7 +46,9 @@ class Reserved:
     peak_reserved_bytes: int | None  # None when the point runs out of memory
     peak_allocated_bytes: int | None  # as the replay counts it (blocks as split: can exceed the byte model)
     num_alloc_retries: int
-    oom: dict[str, Any] | None  # phase, segment, request_bytes, allocated_bytes, reserved_bytes
+    # The replay's OomPrediction as JSON plus 'where' (phase, segment, where, request_bytes, allocated_bytes,
+    # reserved_bytes): what a record's typed PredictedOom (results/record.py) is validated from.
+    oom: JsonObject | None
     gpu: str  # the card's key (estimator/gpus.py)
     context_bytes: int  # memory the process holds outside the allocator on that card
     gpu_measured: bool  # whether the card's figures were measured (else they are estimates too)
@@ -150,7 +152,7 @@ class Estimate:
                  else f"peak reserved {fmt_bytes(r.peak_reserved_bytes)}")
         return f"{shown} + context {fmt_bytes(r.context_bytes)}"
 
-    def to_record(self) -> dict[str, Any]:
+    def to_record(self) -> JsonObject:
         """JSON-ready: ``key``, the predicted peaks (allocated, reserved), the breakdown, fit and reason."""
         record = {
             "key": self.point.key,

@@ -25,10 +25,10 @@ import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ckptbench.config.alloc_conf import parse_alloc_conf
 from ckptbench.estimator.allocator import Block, CachingAllocator, DeviceLimit
+from ckptbench.json_object import JsonObject
 
 FORMAT = "ckptbench-allocator-trace"
 VERSION = 1
@@ -37,7 +37,7 @@ SEGMENT_ACTIONS = ("segment_alloc", "segment_free", "segment_map", "segment_unma
 
 @dataclass(frozen=True)
 class RecordedTrace:
-    meta: dict[str, Any]
+    meta: JsonObject
     events: list[tuple[str, int, int, int]]  # (action, addr, size, stream)
 
     def segment_events(self) -> list[tuple[str, int]]:

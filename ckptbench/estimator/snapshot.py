@@ -17,7 +17,7 @@ import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from ckptbench.config.alloc_conf import AllocatorSettings
 from ckptbench.config.grid import Point
@@ -36,15 +36,66 @@ _SEGMENT_UP = ("segment_alloc", "segment_map")
 _SEGMENT_DOWN = ("segment_free", "segment_unmap")
 
 
+# The snapshot's records, as torch/cuda/memory.py declares them (``_Frame``, ``_TraceEntry``, ``_Block``, ``_Segment``,
+# ``_Snapshot``): the fields ckptbench writes, so the visualizer finds each one where it looks.
+class Frame(TypedDict):
+    filename: str
+    line: int
+    name: str
+
+
+class TraceEntry(TypedDict):
+    """One allocator event of ``device_traces``."""
+
+    action: str  # 'alloc', 'free_requested', 'free_completed', 'segment_alloc', ..., 'oom'
+    addr: int
+    size: int
+    stream: int
+    frames: list[Frame]
+    requested_size: NotRequired[int]  # alloc and frees
+    device_free: NotRequired[int]  # oom
+
+
+class SnapshotBlock(TypedDict):
+    address: int
+    size: int
+    requested_size: int
+    state: str  # 'active_allocated' or 'inactive'
+    frames: list[Frame]
+
+
+class SnapshotSegment(TypedDict):
+    device: int
+    address: int
+    total_size: int
+    allocated_size: int
+    active_size: int
+    requested_size: int
+    stream: int
+    segment_type: str  # 'small' or 'large'
+    segment_pool_id: tuple[int, int]
+    is_expandable: bool
+    frames: list[Frame]
+    blocks: list[SnapshotBlock]
+
+
+class Snapshot(TypedDict):
+    """What ``torch.cuda.memory._snapshot()`` returns (the fields the visualizer reads)."""
+
+    segments: list[SnapshotSegment]
+    device_traces: list[list[TraceEntry]]
+    allocator_settings: dict[str, str]
+
+
 class _Recording(CachingAllocator):
     """The caching-allocator model, writing each event into a trace as the CUDA allocator's history does."""
 
     def __init__(self, settings: AllocatorSettings, limit: DeviceLimit) -> None:
         super().__init__(settings, limit)
-        self.trace: list[dict[str, Any]] = []
+        self.trace: list[TraceEntry] = []
         self.where = "setup"
 
-    def _frames(self) -> list[dict[str, Any]]:
+    def _frames(self) -> list[Frame]:
         return [{"filename": SOURCE, "line": 0, "name": self.where}]
 
     def malloc(self, requested: int, stream: int = 0) -> Block:
@@ -78,7 +129,7 @@ class _Recording(CachingAllocator):
 class PredictedTimeline:
     """A replay's events, where the measured window starts, and its predicted peaks."""
 
-    trace: list[dict[str, Any]]
+    trace: list[TraceEntry]
     window_start: int  # index of the first event of the measured window
     peak_reserved_bytes: int
     peak_allocated_bytes: int
@@ -146,11 +197,11 @@ def _peak_index(timeline: PredictedTimeline) -> int:
     return next(i for i in range(lo, len(levels)) if levels[i] == top) + 1
 
 
-def segments_at(trace: Sequence[dict[str, Any]], upto: int) -> list[dict[str, Any]]:
+def segments_at(trace: Sequence[TraceEntry], upto: int) -> list[SnapshotSegment]:
     """The segments and their blocks after ``trace[:upto]``, in ``_snapshot()``'s shape: allocated blocks
     'active_allocated', the gaps between them 'inactive'."""
     segs: dict[int, int] = {}  # address -> size
-    live: dict[int, dict[str, Any]] = {}
+    live: dict[int, TraceEntry] = {}
     for e in trace[:upto]:
         action = e["action"]
         if action in _SEGMENT_UP:
@@ -163,9 +214,10 @@ def segments_at(trace: Sequence[dict[str, Any]], upto: int) -> list[dict[str, An
             live.pop(e["addr"], None)
     allocs = sorted(live.values(), key=lambda e: e["addr"])
     starts = [e["addr"] for e in allocs]
-    out = []
+    out: list[SnapshotSegment] = []
     for addr, size in sorted(segs.items()):
-        blocks, cursor = [], addr
+        blocks: list[SnapshotBlock] = []
+        cursor = addr
         for e in allocs[bisect.bisect_left(starts, addr):bisect.bisect_left(starts, addr + size)]:
             if e["addr"] > cursor:
                 blocks.append(_block(cursor, e["addr"] - cursor, "inactive"))
@@ -184,12 +236,12 @@ def segments_at(trace: Sequence[dict[str, Any]], upto: int) -> list[dict[str, An
 
 
 def _block(addr: int, size: int, state: str, requested: int | None = None,
-           frames: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+           frames: list[Frame] | None = None) -> SnapshotBlock:
     return {"address": addr, "size": size, "requested_size": size if requested is None else requested,
             "state": state, "frames": frames or []}
 
 
-def snapshot_dict(timeline: PredictedTimeline) -> dict[str, Any]:
+def snapshot_dict(timeline: PredictedTimeline) -> Snapshot:
     """The ``_snapshot()``-shaped dict: segments at the predicted peak reserved, the whole trace."""
     return {
         "segments": segments_at(timeline.trace, _peak_index(timeline)),
@@ -200,7 +252,7 @@ def snapshot_dict(timeline: PredictedTimeline) -> dict[str, Any]:
 
 def point_snapshots(
     cfg: SweepConfig, points: Sequence[Point], *, gpu: GpuModel, method: str = "fast"
-) -> list[dict[str, Any]]:
+) -> list[Snapshot]:
     """Trace ``points`` (as ``ckptbench estimate`` does, each trace once) and return each one's predicted
     snapshot on ``gpu``."""
     from ckptbench.estimator.estimator import Estimator, _optim_key
@@ -233,7 +285,7 @@ def snapshot_paths(path: Path, points: Sequence[Point]) -> list[Path]:
     return [path.with_name(n + (path.suffix or ".pickle")) for n in safe]
 
 
-def write_snapshot(snapshot: dict[str, Any], path: Path) -> Path:
+def write_snapshot(snapshot: Snapshot, path: Path) -> Path:
     """Pickle the snapshot as ``torch.cuda.memory._dump_snapshot`` does (open it at pytorch.org/memory_viz), written
     whole or not at all (a full disk or Ctrl-C leaves no cut pickle; a link at ``path`` keeps its file)."""
     with atomic_file(path) as tmp, tmp.open("wb") as f:
@@ -285,8 +337,8 @@ def recorded_timeline(trace: RecordedTrace) -> PredictedTimeline:
     action), with the recorded peaks."""
     key = trace.meta.get("key")
     where = " ".join(f"{k}={v}" for k, v in key.items()) if isinstance(key, dict) else "the recorded point"
-    frames = [{"filename": RECORDED_SOURCE, "line": 0, "name": where}]
-    events: list[dict[str, Any]] = []
+    frames: list[Frame] = [{"filename": RECORDED_SOURCE, "line": 0, "name": where}]
+    events: list[TraceEntry] = []
     sizes: dict[int, int] = {}
     allocated = peak_allocated = 0
     for action, addr, size, stream in trace.events:
@@ -311,7 +363,7 @@ def recorded_timeline(trace: RecordedTrace) -> PredictedTimeline:
     return PredictedTimeline(events, 0, trace.peak_reserved(), peak_allocated, oom)
 
 
-def recorded_snapshot(trace: RecordedTrace) -> dict[str, Any]:
+def recorded_snapshot(trace: RecordedTrace) -> Snapshot:
     """A ``_snapshot()``-shaped dict of a recorded trace: segments at its peak reserved, every event."""
     snapshot = snapshot_dict(recorded_timeline(trace))
     conf = trace.meta.get("allocator_conf")

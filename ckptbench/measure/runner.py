@@ -20,6 +20,7 @@ from ckptbench.config.grid import Point, key_without
 from ckptbench.config.layouts import LayoutPlan, parse_layout
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import CkptbenchError, ConfigError, RunFailure
+from ckptbench.json_object import JsonObject
 from ckptbench.measure import faults
 from ckptbench.measure.device import is_fatal_device_error
 from ckptbench.measure.environment import available_cpus, intra_op_threads, placement, with_host_state
@@ -41,7 +42,7 @@ class Search(Protocol):
     def kind(self) -> str: ...
     def next_point(self, budget_bytes: int | None = None) -> Point | None: ...
     def observe(self, point: Point, record: PointRecord, budget_bytes: int | None) -> bool: ...
-    def outcome(self) -> dict[str, Any]: ...
+    def outcome(self) -> JsonObject: ...
     def fresh(self, point: Point) -> bool: ...  # whether to measure a probe in a new process (on CUDA)
 
 
@@ -125,7 +126,7 @@ class Runner:
         points: list[Point],
         on_record: Callable[[Progress], None],
         searches: Sequence[Search] = (),
-    ) -> list[dict[str, Any]]:
+    ) -> list[JsonObject]:
         """Measure every point in order, then run the searches; report each start and finish.
 
         Returns the searches' outcomes. A search probe that equals an already measured point reuses

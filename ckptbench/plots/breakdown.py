@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from ckptbench.config.grid import PointKey
 from ckptbench.estimator.record import CATEGORIES, PART_NAMES, Estimate
 from ckptbench.plots.style import PlotData, empty_note, plain_text, save, short_axis, suptitle
 from ckptbench.results.record import PointRecord
@@ -31,9 +31,9 @@ CACHE_LABEL = "reserved, not allocated (measured)"
 PEAK_LABEL = "measured peak allocated"
 
 
-def reference_shape(run: Run) -> dict[str, Any] | None:
+def reference_shape(run: Run) -> PointKey | None:
     """The non-layout part of the key with the most ok layouts (ties: the most tokens per step)."""
-    counts: dict[str, tuple[int, int, dict[str, Any]]] = {}
+    counts: dict[str, tuple[int, int, PointKey]] = {}
     for p in run.points:
         shape = {k: v for k, v in p.key.items() if k != "layout"}
         sig = repr(sorted(shape.items()))
@@ -131,7 +131,7 @@ def _measured_marks(ax: Axes, x: int, rec: PointRecord, data: PlotData, top: flo
                 xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7.5)
 
 
-def _not_run(ax: Axes, x: int, run: Run, key: dict[str, Any]) -> None:
+def _not_run(ax: Axes, x: int, run: Run, key: PointKey) -> None:
     status = next((p.status for p in run.points if p.key == key), "not run")
     ax.text(x, 0, f" {str(status).upper()}", rotation=90, ha="center", va="bottom", fontsize=8,
             color="#c44e52", fontweight="bold")

@@ -18,7 +18,16 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 from matplotlib.transforms import blended_transform_factory
 
-from ckptbench.plots.style import PlotData, batches_title, is_number, legend_batches, plain_text, save, suptitle
+from ckptbench.plots.style import (
+    PlotData,
+    PlotRow,
+    batches_title,
+    is_number,
+    legend_batches,
+    plain_text,
+    save,
+    suptitle,
+)
 from ckptbench.results.store import Run
 from ckptbench.units import SizeUnit
 
@@ -28,19 +37,19 @@ def _scaled(n: Any, data: PlotData) -> float | None:
     return n / data.scale if is_number(n) else None
 
 
-def first_rows(rows: list[dict[str, Any]]) -> dict[tuple[Any, Any], dict[str, Any]]:
+def first_rows(rows: list[PlotRow]) -> dict[tuple[Any, Any], PlotRow]:
     """The first row of each (layout, batch size): what a scan for the first match would find, in one pass."""
-    cells: dict[tuple[Any, Any], dict[str, Any]] = {}
+    cells: dict[tuple[Any, Any], PlotRow] = {}
     for r in rows:
-        cells.setdefault((r["layout"], r["batch_size"]), r)
+        cells.setdefault((r.layout, r.batch_size), r)
     return cells
 
 
 def _grouped_bars(
-    ax: Axes, data: PlotData, rows: list[dict[str, Any]], value: Any, *, err: Any = None
+    ax: Axes, data: PlotData, rows: list[PlotRow], value: Any, *, err: Any = None
 ) -> None:
     """One group per layout, one bar per batch size; non-ok points leave a labelled slot."""
-    layouts = [lay for lay in data.layouts if any(r["layout"] == lay for r in rows)]
+    layouts = [lay for lay in data.layouts if any(r.layout == lay for r in rows)]
     width = 0.8 / max(len(data.batches), 1)
     cells = first_rows(rows)
     for j, batch in enumerate(data.batches):
@@ -52,13 +61,13 @@ def _grouped_bars(
             if row is None:
                 continue
             x = i - 0.4 + width * (j + 0.5)
-            if row["status"] == "ok" and is_number(value(row)):
+            if row.status == "ok" and is_number(value(row)):
                 xs.append(x)
                 heights.append(value(row))
                 errs.append(err(row) if err is not None else None)
             else:
-                color = "#c44e52" if row["status"] == "oom" else "#777777"
-                ax.text(x, 0, f" {row['status'].upper()}", rotation=90, ha="center", va="bottom",
+                color = "#c44e52" if row.status == "oom" else "#777777"
+                ax.text(x, 0, f" {row.status.upper()}", rotation=90, ha="center", va="bottom",
                         fontsize=7, color=color, fontweight="bold")
         if xs:  # one call per batch size (its colour), not one per bar: the same bars, drawn much quicker
             yerr = None if all(e is None for e in errs) else errs
@@ -69,10 +78,10 @@ def _grouped_bars(
     ax.grid(axis="y", alpha=0.3)
 
 
-def _batch_legend(ax: Axes, data: PlotData, rows: list[dict[str, Any]]) -> None:
+def _batch_legend(ax: Axes, data: PlotData, rows: list[PlotRow]) -> None:
     """Any labelled lines of the axes (budget, card), then the colours of the batch sizes shown."""
     handles, labels = ax.get_legend_handles_labels()
-    present = {r["batch_size"] for r in rows}
+    present = {r.batch_size for r in rows}
     ran = [b for b in data.batches if b in present]
     shown = legend_batches(ran)
     handles += [Line2D([], [], color=data.batch_color[b], marker="s", ls="", markersize=9) for b in shown]
@@ -99,7 +108,7 @@ def plot_peak_memory(run: Run, path: Path, *, budget_bytes: int | None = None, s
     axes = fig.subplots(len(facets), 1, squeeze=False)[:, 0]
     total = run.environment.gpu_total_memory_bytes
     for ax, (label, rows) in zip(axes, facets, strict=True):
-        _grouped_bars(ax, data, rows, lambda r: _scaled(r["peak_reserved_bytes"], data))
+        _grouped_bars(ax, data, rows, lambda r: _scaled(r.peak_reserved_bytes, data))
         ax.set_ylabel(f"peak reserved ({data.unit})")
         ax.set_title(label or None, fontsize=10)
         if total:
@@ -135,20 +144,20 @@ def plot_speed(run: Run, path: Path, *, size: SizeUnit | None = None) -> Path:
     return save(fig, path)
 
 
-def speed_references(rows: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
+def speed_references(rows: list[PlotRow]) -> dict[Any, PlotRow]:
     """Per batch size: the `none` point when it ran ok, else the fastest ok point (named in the legend)."""
-    refs: dict[Any, dict[str, Any]] = {}
-    for batch in dict.fromkeys(r["batch_size"] for r in rows):
-        ok = [r for r in rows if r["batch_size"] == batch and r["status"] == "ok" and is_number(r["tokens_per_s"])]
-        none = next((r for r in ok if r["layout"] == "none"), None)
-        fastest = max(ok, key=lambda r: r["tokens_per_s"], default=None)
+    refs: dict[Any, PlotRow] = {}
+    for batch in dict.fromkeys(r.batch_size for r in rows):
+        ok = [r for r in rows if r.batch_size == batch and r.status == "ok" and is_number(r.tokens_per_s)]
+        none = next((r for r in ok if r.layout == "none"), None)
+        fastest = max(ok, key=lambda r: r.tokens_per_s or 0.0, default=None)  # ok: each has a rate
         if none is not None or fastest is not None:
             refs[batch] = none if none is not None else fastest  # type: ignore[assignment]
     return refs
 
 
-def _relative_dots(ax: Axes, data: PlotData, rows: list[dict[str, Any]], refs: dict[Any, dict[str, Any]]) -> None:
-    layouts = [lay for lay in data.layouts if any(r["layout"] == lay for r in rows)]
+def _relative_dots(ax: Axes, data: PlotData, rows: list[PlotRow], refs: dict[Any, PlotRow]) -> None:
+    layouts = [lay for lay in data.layouts if any(r.layout == lay for r in rows)]
     width = 0.8 / max(len(data.batches), 1)
     cells = first_rows(rows)
     below = blended_transform_factory(ax.transData, ax.transAxes)
@@ -163,9 +172,9 @@ def _relative_dots(ax: Axes, data: PlotData, rows: list[dict[str, Any]], refs: d
             if row is None:
                 continue
             ref = refs.get(batch)
-            if row["status"] != "ok" or ref is None or not is_number(row["tokens_per_s"]):
-                ax.text(x, 0.02, row["status"].upper(), transform=below, rotation=90, ha="center", va="bottom",
-                        fontsize=7, fontweight="bold", color="#c44e52" if row["status"] == "oom" else "#777777")
+            if row.status != "ok" or ref is None or not is_number(row.tokens_per_s):
+                ax.text(x, 0.02, row.status.upper(), transform=below, rotation=90, ha="center", va="bottom",
+                        fontsize=7, fontweight="bold", color="#c44e52" if row.status == "oom" else "#777777")
                 continue
             rel, (low, high) = _relative(row, ref)
             xs.append(x)
@@ -183,35 +192,37 @@ def _relative_dots(ax: Axes, data: PlotData, rows: list[dict[str, Any]], refs: d
     ax.grid(axis="y", alpha=0.3)
 
 
-def _relative(row: dict[str, Any], ref: dict[str, Any]) -> tuple[float, tuple[float, float]]:
+def _relative(row: PlotRow, ref: PlotRow) -> tuple[float, tuple[float, float]]:
     """tokens/s over the reference's, and the range from the point's own step-time quartiles."""
-    rel = row["tokens_per_s"] / ref["tokens_per_s"]
-    q = row.get("quartiles_s")
-    med = row["median_step_time_s"]
+    # Drawn only for an ok row with a rate, against a reference with one (speed_references): a median too.
+    assert row.tokens_per_s is not None and ref.tokens_per_s is not None and row.median_step_time_s is not None
+    rel = row.tokens_per_s / ref.tokens_per_s
+    q = row.quartiles_s
+    med = row.median_step_time_s
     if q is None or not q[0] or not q[1]:
         return rel, (rel, rel)
     return rel, (rel * med / q[1], rel * med / q[0])  # a slower step (third quartile) is the lower end
 
 
 def _reference_legend(
-    data: PlotData, rows: list[dict[str, Any]], refs: dict[Any, dict[str, Any]]
+    data: PlotData, rows: list[PlotRow], refs: dict[Any, PlotRow]
 ) -> tuple[list[Any], list[str], str | None]:
     """The reference line, then each batch's colour and reference (a batch whose reference is not `none` is
     always named; past LEGEND_BATCHES the others are an even spread), and the legend's title."""
     handles: list[Any] = [Line2D([], [], color="#555555", linestyle=":")]
     labels = ["1.00x = the reference"]
-    present = {r["batch_size"] for r in rows}
+    present = {r.batch_size for r in rows}
     ran = [b for b in data.batches if b in present]
     spread = set(legend_batches(ran))
-    named = [b for b in ran if b in spread or (refs.get(b) or {}).get("layout") != "none"]
+    named = [b for b in ran if b in spread or b not in refs or refs[b].layout != "none"]
     for batch in named:
         ref = refs.get(batch)
         if ref is None:
             text = f"batch {batch}: nothing ran"
-        elif ref["layout"] == "none":
-            text = f"batch {batch}: vs none ({ref['tokens_per_s']:,.0f} tok/s)"
+        elif ref.layout == "none":
+            text = f"batch {batch}: vs none ({ref.tokens_per_s:,.0f} tok/s)"
         else:
-            text = f"batch {batch}: vs {ref['layout']} (none did not run)"
+            text = f"batch {batch}: vs {ref.layout} (none did not run)"
         handles.append(Line2D([], [], color=data.batch_color[batch], marker="o", ls="", markersize=7,
                               markeredgecolor="black", markeredgewidth=0.4))
         labels.append(text)

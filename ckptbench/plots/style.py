@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -13,7 +14,8 @@ from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from ckptbench.results.frame import to_frame
+from ckptbench.config.grid import PointKey
+from ckptbench.results.record import PointRecord
 from ckptbench.results.store import Run, atomic_file
 from ckptbench.units import SizeUnit
 
@@ -28,17 +30,34 @@ LAYOUT_COLORS = (
 LAYOUT_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">")
 
 
+@dataclass(frozen=True)
+class PlotRow:
+    """One point as the peak and speed plots draw it: its slot (layout, batch size, the key its facet is read from),
+    whether it ran, and the figures drawn (None where its record has none)."""
+
+    key: PointKey
+    layout: Any  # the key's layout and batch size, as recorded
+    batch_size: Any
+    status: str
+    peak_reserved_bytes: int | None
+    tokens_per_s: float | None
+    median_step_time_s: float | None
+    quartiles_s: tuple[float, float] | None  # of its measured step times
+
+    @classmethod
+    def of(cls, rec: PointRecord) -> PlotRow:
+        return cls(rec.key, rec.key.get("layout"), rec.key.get("batch_size"), rec.status, rec.peak_reserved_bytes,
+                   rec.tokens_per_s, rec.median_step_time_s, _quartiles(rec.step_times_s))
+
+
 class PlotData:
     """The run as rows, with the orders and colours every plot shares."""
 
     def __init__(self, run: Run, *, size: SizeUnit | None = None) -> None:
         self.run = run
         self.size = size or SizeUnit.for_sizes(run.sizes())  # the unit of the run's tables too
-        self.rows: list[dict[str, Any]] = to_frame(run).to_dict("records")
+        self.rows = [PlotRow.of(rec) for rec in run.points]
         keys = [p.key for p in run.points]
-        for row, rec in zip(self.rows, run.points, strict=True):
-            row["key"] = rec.key
-            row["quartiles_s"] = _quartiles(rec.step_times_s)
         self.layouts = list(dict.fromkeys(str(k.get("layout")) for k in keys))
         self.batches = sorted({k.get("batch_size") for k in keys}, key=lambda b: (b is None, b))
         names = sorted({n for k in keys for n in k} - {"layout", "batch_size"})
@@ -50,11 +69,11 @@ class PlotData:
         self.layout_color = {lay: LAYOUT_COLORS[i % len(LAYOUT_COLORS)] for i, lay in enumerate(self.layouts)}
         self.layout_marker = {lay: LAYOUT_MARKERS[i % len(LAYOUT_MARKERS)] for i, lay in enumerate(self.layouts)}
 
-    def facets(self) -> list[tuple[str, list[dict[str, Any]]]]:
+    def facets(self) -> list[tuple[str, list[PlotRow]]]:
         """(title, rows) per combination of the key axes other than layout and batch that vary."""
-        groups: dict[str, list[dict[str, Any]]] = {}
+        groups: dict[str, list[PlotRow]] = {}
         for row in self.rows:
-            label = ", ".join(f"{short_axis(n)} {row['key'].get(n)}" for n in self.facet_axes)
+            label = ", ".join(f"{short_axis(n)} {row.key.get(n)}" for n in self.facet_axes)
             groups.setdefault(label, []).append(row)
         return list(groups.items())
 

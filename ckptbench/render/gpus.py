@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from ckptbench.config.cards import CARDS, Card
+from ckptbench.json_object import JsonObject
 from ckptbench.render.tables import Column, FitTable, csv_text, markdown_of, names
 
 # The figures first; the sources give way at 80 columns (Markdown, CSV and JSON hold them all).
@@ -56,7 +56,7 @@ def gpus_csv() -> str:
 def gpus_json() -> str:
     from ckptbench.estimator.gpus import GPUS
 
-    def one(card: Card) -> dict[str, Any]:
+    def one(card: Card) -> JsonObject:
         model = GPUS[card.key]
         return {
             "key": card.key, "aliases": list(card.aliases), "name": card.name, "names": list(card.names),

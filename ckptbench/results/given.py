@@ -7,11 +7,13 @@ from typing import Any, Self
 
 from pydantic import BaseModel
 
+from ckptbench.json_object import JsonObject
+
 
 class GivenFields(BaseModel):
     """The fields given (``model_fields_set``, unknown ones kept from a read included) are what is written."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """As written to disk: exactly the fields that were given, as JSON values."""
         return self.model_dump(mode="json", exclude_unset=True)
 

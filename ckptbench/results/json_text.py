@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ckptbench.json_object import JsonObject
+
 MAX_DEPTH = 64  # a record or run.json nests a few levels (plan.layers, ranks[i], searches[i].probes[j])
 
 
@@ -41,7 +43,7 @@ def loads_bounded(data: bytes | str) -> Any:
     return value
 
 
-def loads_object_fields(text: str) -> tuple[dict[str, Any], list[str]]:
+def loads_object_fields(text: str) -> tuple[JsonObject, list[str]]:
     """A JSON object's fields, each parsed on its own: a field nested too deep is left out and named in
     the second value. ValueError when the text is not a JSON object at all."""
     try:
@@ -54,9 +56,9 @@ def loads_object_fields(text: str) -> tuple[dict[str, Any], list[str]]:
     return {k: v for k, v in whole.items() if k not in deep}, deep
 
 
-def _fields_one_by_one(text: str) -> tuple[dict[str, Any], list[str]]:
+def _fields_one_by_one(text: str) -> tuple[JsonObject, list[str]]:
     decoder = json.JSONDecoder()
-    fields: dict[str, Any] = {}
+    fields: JsonObject = {}
     deep: list[str] = []
     i = _skip_space(text, 0)
     if text[i : i + 1] != "{":

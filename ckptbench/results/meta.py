@@ -11,6 +11,8 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
+from ckptbench.config.grid import PointKey
+from ckptbench.json_object import JsonObject
 from ckptbench.results.given import GivenFields
 
 _Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
@@ -60,7 +62,7 @@ class RunOptions(_Open):
 
     isolate: bool | None = None  # every point in a fresh process (--isolate, or fanned out)
     point_timeout_s: float | None = None
-    cluster: dict[str, Any] | None = None  # a fanned-out sweep's cluster section (config/cluster.py), as JSON
+    cluster: JsonObject | None = None  # a fanned-out sweep's cluster section (config/cluster.py), as JSON
 
 
 class Resume(RunOptions):
@@ -90,7 +92,7 @@ class SearchOutcome(_Open):
 
     kind: str | None = None
     group: str | None = None
-    key: dict[str, Any] | None = None
+    key: PointKey | None = None
     answer: SearchAnswer | None = None
     probes: list[Any] = Field(default_factory=list)
 
@@ -150,7 +152,7 @@ class RunMeta(_Open):
     created_at: str = ""
     ckptbench_version: str = ""
     git_sha: str | None = None
-    config: dict[str, Any] = Field(default_factory=dict)  # the resolved config as JSON (config/load.py parses it)
+    config: JsonObject = Field(default_factory=dict)  # the resolved config as JSON (config/load.py parses it)
     environment: RunEnvironment = Field(default_factory=RunEnvironment)
     options: RunOptions = Field(default_factory=RunOptions)
     num_points: _Count | None = None
@@ -159,12 +161,12 @@ class RunMeta(_Open):
     resumes: list[Resume] = Field(default_factory=list)
     sweep_wall_s: Annotated[float, Field(ge=0)] = 0.0
     timing: RunTiming | None = None  # the command's own time (sweep/timing.py)
-    tune: dict[str, Any] | None = None  # tune's options (search/tune_search.py), as JSON
+    tune: JsonObject | None = None  # tune's options (search/tune_search.py), as JSON
     note: str | None = None
     failure: str | None = None
 
 
-def checked_meta(meta: dict[str, Any], *, source: str) -> tuple[RunMeta, list[str]]:
+def checked_meta(meta: JsonObject, *, source: str) -> tuple[RunMeta, list[str]]:
     """``meta`` (run.json as JSON) typed, without the fields that are not what run.json promises, and a warning
     for each one dropped; a damaged fact of the environment is dropped alone."""
     kept, notes = dict(meta), list[str]()

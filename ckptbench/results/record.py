@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_core import InitErrorDetails
 
 from ckptbench.config.grid import KEY_AXES, Point, filled_key, key_id, point_of
+from ckptbench.json_object import JsonObject
 from ckptbench.results.given import GivenFields
 
 Status = Literal["ok", "oom", "error", "skipped"]
@@ -188,7 +189,7 @@ class PointRecord(Prediction):
     peak_tflops: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     layers_checkpointed: str | None = None
     num_checkpointed: Count | None = None
-    plan: dict[str, Any] | None = None
+    plan: JsonObject | None = None
     host_offload_peak_bytes: Bytes | None = None
     compile_s: Seconds | None = None
     loss_implementation: str | None = None  # the loss head used when it is not transformers' default

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from ckptbench.config.files import read_bounded
 from ckptbench.errors import ResultsError, RunFailure
+from ckptbench.json_object import JsonObject
 from ckptbench.results.json_text import MAX_DEPTH, TooDeep, loads_bounded, loads_object_fields
 from ckptbench.results.lock import LOCK_FILE, lock_run_dir, writer_alive
 from ckptbench.results.meta import RunEnvironment, RunMeta, checked_meta
@@ -109,7 +110,7 @@ class RunWriter:
             if (run_dir / RUN_FILE).exists():  # checked under the lock: no race with another --out
                 raise ResultsError(f"{run_dir}: already holds a run; choose another --out (nothing changed)")
             # run.json as written: the JSON of its typed fields, updated as the run goes (set_status).
-            self.meta: dict[str, Any] = meta.to_json()
+            self.meta: JsonObject = meta.to_json()
             write_json_atomic(run_dir / RUN_FILE, self.meta)
             wrote = True
             self.hold_reserve()
@@ -220,7 +221,7 @@ class Run:
         return "tune" if "tune" in self.meta.model_fields_set else "sweep"
 
     @property
-    def config(self) -> dict[str, Any]:
+    def config(self) -> JsonObject:
         """The resolved config the run was measured with, as JSON (config/load.py ``parse_config`` types it)."""
         return self.meta.config
 

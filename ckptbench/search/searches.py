@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from ckptbench.analysis.boundary import largest_by_doubling, smallest
 from ckptbench.config.grid import Point, setup_label
 from ckptbench.config.schema import SweepConfig
+from ckptbench.json_object import JsonObject
 from ckptbench.results.fit import measured_fits, measured_peak_bytes
 from ckptbench.results.record import PointRecord
 
@@ -135,7 +135,7 @@ class BatchMaxSearch:
         return BatchMaxOutcome(self.template, self.largest_fit, self.smallest_fail, tuple(self.probes),
                                predicting=self.predict is not None, predicted=self.predicted)
 
-    def outcome(self) -> dict[str, Any]:
+    def outcome(self) -> JsonObject:
         """``result`` as run.json keeps it (the runner hands it to the sweep to write)."""
         r = self.result()
         return {
@@ -264,7 +264,7 @@ class LayoutFitSearch:
         return LayoutFitOutcome(self.template, None if k is None else self._layout(k), k, tuple(self.probes),
                                 predicting=self.predict is not None, predicted=self.predicted)
 
-    def outcome(self) -> dict[str, Any]:
+    def outcome(self) -> JsonObject:
         """``result`` as run.json keeps it (the runner hands it to the sweep to write)."""
         r = self.result()
         k = r.num_checkpointed

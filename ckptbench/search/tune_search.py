@@ -22,6 +22,7 @@ from ckptbench.config.schema import SweepConfig
 from ckptbench.estimator.estimator import Estimator, card
 from ckptbench.estimator.gpus import GpuModel
 from ckptbench.estimator.record import Estimate, EstimateProgress
+from ckptbench.json_object import JsonObject
 from ckptbench.results.record import PointRecord
 from ckptbench.train.flops import ModelShape, step_flops
 from ckptbench.train.model import hf_config, model_shape
@@ -45,7 +46,7 @@ class TuneSearch:
         self.planner.observe(point, record)
         return record.ok
 
-    def outcome(self) -> dict[str, Any]:
+    def outcome(self) -> JsonObject:
         """The search as run.json keeps it, as JSON (what the runner hands the sweep to write): the planner's
         typed ``TuneRecord``."""
         return self.planner.outcome().to_json()
@@ -69,7 +70,7 @@ class TuneOptions:
     def limit_bytes(self) -> int:
         return self.budget_bytes - self.headroom_bytes
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "budget_bytes": self.budget_bytes, "headroom_bytes": self.headroom_bytes, "seq_len": self.seq_len,
             "allow": list(self.allow), "max_points": self.max_points, "time_budget_s": self.time_budget_s,

@@ -16,10 +16,11 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+
+from ckptbench.json_object import JsonObject
 
 
-def _send(msg: dict[str, Any]) -> None:
+def _send(msg: JsonObject) -> None:
     sys.stdout.write(json.dumps(msg) + "\n")
     sys.stdout.flush()
 

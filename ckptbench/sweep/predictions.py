@@ -26,11 +26,12 @@ import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 import ckptbench
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig
+from ckptbench.json_object import JsonObject
 from ckptbench.results.record import Prediction
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ class BackgroundPredictions:
                 self._take(json.loads(line))
         self._finish("the prediction process ended early")
 
-    def _take(self, msg: dict[str, Any]) -> None:
+    def _take(self, msg: JsonObject) -> None:
         with self._cond:
             if "key_id" in msg:
                 self._values[msg["key_id"]] = Prediction.model_validate(msg["fields"])

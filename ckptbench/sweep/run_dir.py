@@ -6,10 +6,10 @@ from __future__ import annotations
 import datetime as dt
 import warnings
 from pathlib import Path
-from typing import Any
 
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ResultsError, RunFailure
+from ckptbench.json_object import JsonObject
 from ckptbench.results.meta import Resume, RunEnvironment, RunMeta, RunOptions
 from ckptbench.results.paths import check_writable_dir
 from ckptbench.results.record import PointRecord
@@ -47,7 +47,7 @@ def check_paths(*, out: Path | None, resume: Path | None, results_root: Path) ->
 
 def start_run(
     cfg: SweepConfig, *, out: Path | None, resume: Path | None, results_root: Path,
-    environment: RunEnvironment, options: RunOptions, num_points: int, meta: dict[str, Any] | None = None,
+    environment: RunEnvironment, options: RunOptions, num_points: int, meta: JsonObject | None = None,
 ) -> tuple[RunWriter, dict[str, PointRecord], list[str]]:
     """The writer of a new or reopened run, the points it already holds and the notes of loading it; ``meta``:
     more run.json fields, as JSON (a tune run's options, its command)."""

@@ -19,6 +19,7 @@ from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig, check_cpu_compatible
 from ckptbench.errors import ConfigError, MachineError, RunFailure
 from ckptbench.estimator.gpus import GpuModel
+from ckptbench.json_object import JsonObject
 from ckptbench.measure import faults
 from ckptbench.measure.device import current_gpu_model, make_probe, resolve_device
 from ckptbench.measure.environment import collect as collect_environment
@@ -72,7 +73,7 @@ class SweepPlan:
     points: list[Point] | None = None
     searches: list[Search] | None = None
     predictions: Mapping[str, Prediction | None] | None = None  # by key_id: what each record keeps
-    meta: dict[str, Any] = field(default_factory=dict)  # more run.json fields as JSON (e.g. the tune options)
+    meta: JsonObject = field(default_factory=dict)  # more run.json fields as JSON (e.g. the tune options)
 
 
 def run_sweep(

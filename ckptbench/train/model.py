@@ -25,6 +25,7 @@ from ckptbench.config.families import FAMILIES, family_of
 from ckptbench.config.model import LoraSpec, ModelSpec
 from ckptbench.config.model_fields import IGNORED_FIELDS
 from ckptbench.errors import ConfigError
+from ckptbench.json_object import JsonObject
 from ckptbench.train.flops import ModelShape
 from ckptbench.train.optimizers import bitsandbytes_quietly
 
@@ -35,7 +36,7 @@ def _family_fields(model_type: str) -> frozenset[str]:
     return frozenset(AutoConfig.for_model(model_type).to_dict())
 
 
-def _repeat_layer_types(fields: dict[str, Any]) -> None:
+def _repeat_layer_types(fields: JsonObject) -> None:
     """Fit a config's per-layer attention types to its number of layers (its pattern repeated), so that
     ``num_hidden_layers`` can be overridden (and the estimator's short models built) on a config.json that
     lists them (Gemma-2, Qwen3)."""
