@@ -42,21 +42,32 @@ def calibration_text() -> str:
 
 
 def report() -> str:
-    """The shipped op model: each calibrated rate, and each point's leave-one-out and leave-one-cell-out error."""
+    """The shipped op model: each calibrated rate, and each point's leave-one-out and leave-one-cell-out error, beside
+    the fitted model's leave-one-out error (inside a measured cell: '-' where the cell's other points do not determine
+    it, a cell of one or two points)."""
     from ckptbench.analysis.step_time import shipped_calibration
 
+    model = shipped_calibration()
+    fitted = {json.dumps(dict(e.point.key), sort_keys=True): e.error for c in model.cells for e in c.loo}
     lines = []
-    for model in shipped_calibration().op_models:
-        lines.append(f"{model.source()}")
-        lines += [f"  {name:<28} {value:>10.4g} {_unit(name)}" for name, value in model.rates.achieved().items()]
-        lines.append(f"  {'point':<58} {'measured s':>10} {'LOO':>8} {'LOCO':>8}")
-        loco = {json.dumps(dict(c.key), sort_keys=True): c.error for c in model.loco}
-        for c in model.loo:
-            k = c.key
+    for op_model in model.op_models:
+        lines.append(f"{op_model.source()}")
+        lines += [f"  {name:<28} {value:>10.4g} {_unit(name)}" for name, value in op_model.rates.achieved().items()]
+        lines.append(f"  {'point':<58} {'measured s':>10} {'LOO':>8} {'LOCO':>8} {'fitted LOO':>10}")
+        loco = {json.dumps(dict(c.key), sort_keys=True): c.error for c in op_model.loco}
+        best = []
+        for c in op_model.loo:
+            k, text = c.key, json.dumps(dict(c.key), sort_keys=True)
             name = (f"{k['layout']} b={k['batch_size']} x{k['micro_batches']} {k['precision']} {k['optimizer']} "
                     f"{k['attn_implementation']} lora={k['lora']}")
-            print_loco = loco.get(json.dumps(dict(k), sort_keys=True))
-            lines.append(f"  {name:<58} {c.measured_s:>10.4f} {_pct(c.error):>8} {_pct(print_loco):>8}")
+            lines.append(f"  {name:<58} {c.measured_s:>10.4f} {_pct(c.error):>8} {_pct(loco.get(text)):>8} "
+                         f"{_pct(fitted.get(text)):>10}")
+            errors = [abs(e) for e in (c.error, fitted.get(text)) if e is not None]
+            best.append(min(errors) if errors else None)
+        within = [e for e in best if e is not None and e <= 0.03]
+        worst = max(abs(c.error) for c in op_model.loo if c.error is not None)
+        lines.append(f"  leave-one-out: the op model's largest error {worst:.2%}; {len(within)} of {len(best)} points "
+                     "within 3% by the op model or the fitted one")
     return "\n".join(lines)
 
 

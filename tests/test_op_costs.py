@@ -73,7 +73,8 @@ def test_the_counted_flops_are_the_model_flops_and_a_checkpointed_forward_counts
 
 
 def test_a_checkpointed_layer_runs_its_attention_forward_twice(est: Estimator) -> None:
-    def forwards(ops: OpCosts) -> int:
+    def forwards(ops: OpCosts | None) -> int:
+        assert ops is not None
         fwd = min(f for (c, f, _) in ops.counts if c.startswith("attention:sdpa"))  # forward: fewer FLOPs
         return sum(n for (c, f, _), n in ops.counts.items() if c.startswith("attention:sdpa") and f == fwd)
 
@@ -93,7 +94,7 @@ def test_micro_batches_repeat_the_passes_not_the_optimizer(est: Estimator) -> No
     one, three = est.op_costs(_at(layout="all")), est.op_costs(_at(layout="all", micro_batches=3))
     assert one is not None and three is not None
     assert three.flops() == 3 * one.flops()
-    assert three.bytes("optimizer") == one.bytes("optimizer") > 0
+    assert three.bytes("optimizer:fused") == one.bytes("optimizer:fused") > 0
     assert three.count(CHECKPOINTED_PASS) == 3 and one.count(CHECKPOINTED_PASS) == 1
     assert est.op_costs(_at(layout="none")).count(CHECKPOINTED_PASS) == 0  # type: ignore[union-attr]
     assert est.op_costs(_at(layout="all@selective")).count(CHECKPOINTED_PASS) == 0  # type: ignore[union-attr]
@@ -108,7 +109,7 @@ def test_the_fast_path_counts_what_the_whole_model_traced_counts(est: Estimator,
     assert fast.flops() == whole.flops()
     # the whole model's trace also holds the step's returned mean loss, divided after the optimizer (one scalar op)
     diff = {k: whole.counts.get(k, 0) - fast.counts.get(k, 0) for k in {*fast.counts, *whole.counts}}
-    assert {k: n for k, n in diff.items() if n} == {("optimizer", 0, 8): 1}
+    assert {k: n for k, n in diff.items() if n} == {("optimizer:single", 0, 8): 1}
 
 
 def test_precision_attention_and_optimizer_change_the_classes(est: Estimator) -> None:
@@ -119,14 +120,19 @@ def test_precision_attention_and_optimizer_change_the_classes(est: Estimator) ->
     fused = est.op_costs(_at())
     assert amp and eager and fp32 and foreach and fused
     assert "matmul:bf16" in amp.classes and amp.bytes("copy") > fused.bytes("copy")  # autocast's casts
-    assert amp.bytes("optimizer") > fused.bytes("optimizer")  # fp32 master weights and state
+    assert amp.bytes("optimizer:fused") > fused.bytes("optimizer:fused")  # fp32 master weights and state
     assert "attention:eager:bf16" in eager.classes and not any("sdpa" in c for c in eager.classes)
     # eager: the forward's two products and the backward's four, as bmm (3 forwards); sdpa's backward formula
     # recomputes the score product (3.5 forwards)
     assert 7 * _attention(eager) == 6 * _attention(fused)
     assert "matmul:fp32" in fp32.classes and "matmul:bf16" not in fp32.classes
-    assert foreach.count("optimizer") > fused.count("optimizer") and foreach.bytes("optimizer") > fused.bytes(
-        "optimizer")
+    # foreach: its multi-tensor ops, each reading and writing whole lists (more passes over the state than fused)
+    assert foreach.count("optimizer:fused") == 0
+    assert fused.count("optimizer:foreach") == 0  # its step counters: scalars, per-tensor
+    assert foreach.count("optimizer:foreach") > fused.count("optimizer:fused") > 0
+    assert foreach.bytes("optimizer:foreach") > 2 * fused.bytes("optimizer:fused")
+    sgd = est.op_costs(_at(optimizer="sgd"))  # a loop of per-tensor ops on fake CPU tensors (foreach on a GPU)
+    assert sgd is not None and sgd.count("optimizer:single") > 0 and sgd.count("optimizer:fused") == 0
 
 
 def test_kinds_bytes_and_writes_of_single_ops() -> None:
@@ -136,7 +142,8 @@ def test_kinds_bytes_and_writes_of_single_ops() -> None:
     assert kind_of(aten._scaled_dot_product_flash_attention_for_cpu.default) == "attention:sdpa"
     assert kind_of(aten.view.default) == "-" and kind_of(aten.empty.memory_format) == "-"
     assert kind_of(aten._to_copy.default) == "copy" and kind_of(aten.add.Tensor) == "memory"
-    assert kind_of(aten._fused_adamw_.default) == "optimizer"
+    assert kind_of(aten._fused_adamw_.default) == "optimizer:fused"
+    assert kind_of(aten._foreach_mul_.Scalar) == "optimizer:foreach"
     assert mutated_arguments(aten.add_.Tensor) == (0,) and mutated_arguments(aten.add.Tensor) == ()
     x = torch.zeros(4, 1, dtype=torch.bfloat16).expand(4, 8)  # stride 0: read once
     assert spanned_bytes(x) == 4 * 2 and spanned_bytes(torch.zeros(4, 8)) == 4 * 8 * 4
@@ -146,12 +153,12 @@ def test_kinds_bytes_and_writes_of_single_ops() -> None:
     counter.count(aten.mm.default, (a, b), None, a @ b, "fwd:0@0")
     counter.count(aten.add_.Tensor, (a, a), None, a, "fwd:0@0")  # read both, write the first once
     counter.count(aten.add.Tensor, (a, a), None, a + a, None)  # before the first segment: not the step's
-    counter.count(aten.mul.Tensor, (a, a), None, a * a, "opt")  # in the optimizer's segment: the optimizer's
+    counter.count(aten.mul.Tensor, (a, a), None, a * a, "opt")  # in the optimizer's segment: its per-tensor op
     ((label, ops), (opt_label, opt)) = counter.result()
     assert label == "fwd:0@0" and opt_label == "opt"
     assert ops.counts == {("matmul:fp32", 2 * 8 * 16 * 4, (8 * 16 + 16 * 4 + 8 * 4) * 4): 1,
                           ("memory", 0, 3 * 8 * 16 * 4): 1}
-    assert opt.counts == {("optimizer", 0, 3 * 8 * 16 * 4): 1}
+    assert opt.counts == {("optimizer:single", 0, 3 * 8 * 16 * 4): 1}
 
 
 def test_op_costs_add_up_and_round_trip() -> None:

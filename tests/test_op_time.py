@@ -14,6 +14,7 @@ from ckptbench.analysis.op_time import (
     Sample,
     calibrate,
     fallbacks,
+    least_seconds,
     not_modelled,
 )
 from ckptbench.config.cards import BY_KEY
@@ -21,7 +22,7 @@ from ckptbench.train.flops import CHECKPOINTED_PASS, OpCosts
 
 H200 = "NVIDIA H200"
 TRUE = Rates(H200, {"flop:matmul:bf16": 1 / 650e12, "flop:attention:sdpa:bf16": 1 / 400e12,
-                    "byte:memory": 1 / 3.0e12, "byte:copy": 1 / 2.5e12, "byte:optimizer": 1 / 3.5e12,
+                    "byte:memory": 1 / 3.0e12, "byte:copy": 1 / 2.5e12, "byte:optimizer:fused": 1 / 3.5e12,
                     OP: 5e-6, STEP: 2e-3, PASS: 4e-3})
 
 
@@ -38,7 +39,7 @@ def _step(tokens: int, *, attn: int = 0, mlp: int = 0, seq: int = 2048, optimize
         ("matmul:bf16", 2 * 4096 * 11008 * tokens, 2 * (4096 * 11008 + (4096 + 11008) * tokens)): 3 * m,
         ("memory", 0, 2 * 11008 * tokens): 4 * m,
         ("memory", 0, 16): 30,  # small ops: their launch, not their bytes
-        ("optimizer", 0, optimizer_bytes): 1,
+        ("optimizer:fused", 0, optimizer_bytes): 1,
     }
     if attn or mlp:
         counts[(CHECKPOINTED_PASS, 0, 0)] = 1
@@ -102,7 +103,7 @@ def test_fallbacks_and_what_has_none() -> None:
         ("flop:attention:eager:fp16", 1.0), ("flop:matmul:bf16", 1.0), ("flop:matmul:fp16", 1.0)]
     rates = Rates(H200, {"flop:matmul:bf16": 2e-15, "byte:memory": 1e-12, OP: 1e-6, STEP: 0.0})
     assert rates.get("flop:matmul:fp16") == 2e-15  # the H200's fp16 and bf16 peaks are equal
-    assert rates.get("flop:attention:sdpa:bf16") == 2e-15 and rates.get("byte:optimizer") == 1e-12
+    assert rates.get("flop:attention:sdpa:bf16") == 2e-15 and rates.get("byte:optimizer:fused") == 1e-12
     fp32 = OpCosts({("matmul:fp32", 10**9, 10**6): 1})
     assert rates.time(fp32) is None and rates.missing(fp32) == ["flop:matmul:fp32"]
     assert Rates(None, rates.seconds).get("flop:matmul:fp16") is None  # a CPU has no datasheet peaks
@@ -155,3 +156,20 @@ def test_the_shipped_op_model_is_read_back_as_calibrated_without_scipy() -> None
     code = ("import sys; from ckptbench.analysis.step_time import shipped_calibration as s; "
             "assert s().op_models; print('scipy' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+def test_a_gpu_calibration_stays_within_its_datasheet_and_foreach_falls_back_by_device() -> None:
+    h200 = BY_KEY["h200"]
+    assert least_seconds("byte:copy", h200) == pytest.approx(1 / 4.8e12)
+    assert least_seconds("flop:matmul:bf16", h200) == pytest.approx(1 / 989e12)
+    assert least_seconds("flop:matmul:fp32", h200) == 0.0 and least_seconds(OP, h200) == 0.0
+    assert least_seconds("byte:memory", None) == 0.0  # a CPU: no datasheet
+    # a GPU's multi-tensor kernels stream like the fused one; a CPU's foreach is a loop of per-tensor ops
+    assert fallbacks("byte:optimizer:foreach", h200) == [("byte:optimizer:fused", 1.0), ("byte:memory", 1.0)]
+    assert fallbacks("byte:optimizer:foreach", None) == [("byte:optimizer:single", 1.0), ("byte:memory", 1.0)]
+    # copies that cost nothing in the data: calibrated at the bandwidth, not above it
+    free_copies = Rates(H200, {**TRUE.seconds, "byte:copy": 0.0})
+    samples = [Sample(s.key, s.cell, s.ops, free_copies.time(s.ops)) for s in _samples()]  # type: ignore[arg-type]
+    rates = calibrate(samples, card=H200)
+    assert rates is not None and rates.seconds["byte:copy"] >= 1 / 4.8e12 * (1 - 1e-9)
+    assert all(v >= least_seconds(p, h200) * (1 - 1e-9) for p, v in rates.seconds.items())

@@ -86,7 +86,7 @@ def test_leave_one_out_error_per_point(plain: CellFit, layout: str, batch: int, 
         return
     assert got == pytest.approx(expected, abs=5e-5)
     if layout != "none" and "selective" not in layout:  # whole-layer and granularity points: the issue's bar
-        assert abs(got) <= 0.03
+        assert got is not None and abs(got) <= 0.03
 
 
 def test_error_bound_and_source_name_the_worst_point_and_the_runs(plain: CellFit) -> None:
@@ -116,7 +116,7 @@ def test_batch_eight_from_batch_two_within_about_two_percent() -> None:
     obs = _by_point(cell)
     fitted = [o for k, o in obs.items() if k[1] == 2] + [obs[("all", 8, 1)]]
     fit = CellFit.fit(fitted, shape=cell.shape, gpu_name=cell.gpu_name, loo=False)  # type: ignore[arg-type]
-    errors = {k[0]: fit.predict_s(o.point) / o.step_time_s - 1  # type: ignore[attr-defined, operator]
+    errors = {k[0]: fit.predict_s(o.point) / o.step_time_s - 1  # type: ignore[attr-defined]
               for k, o in obs.items() if k[1] == 8 and k[0] != "all"}
     assert set(errors) == {"every:4", "first:16", "last:16", "all@attn+mlp"}
     assert max(abs(e) for e in errors.values()) < 0.025
@@ -224,7 +224,7 @@ def test_estimate_times_from_adds_the_four_fields(seven_b: str) -> None:
     short = records[("none", 1024)]
     assert short["step_time_source"].startswith("modelled from each op's FLOPs and bytes, rates calibrated on 26 "
                                                 "points of 6 cells (NVIDIA H200)")
-    assert short["step_time_error_bound"] == pytest.approx(0.0786, abs=5e-4)
+    assert short["step_time_error_bound"] == pytest.approx(0.0523, abs=5e-4)
     assert 0.392 / 2 < short["predicted_step_time_s"] < 0.392 * 0.6
 
 
@@ -238,13 +238,13 @@ def test_estimate_times_from_table_and_csv_label_the_time_fitted(seven_b: str) -
     model = StepTimeModel.from_runs(_runs(*H200_RUNS))
     times = {e.point.key_id: model.predict(e.point, gpu=gpu_model("h200")) for e in estimates}
     table = estimate_markdown(estimates, name="times", times=times)
-    assert "step (fitted)" in table and "step-time model, not a measurement: fitted to 20 points" in table
+    assert "step (predicted)" in table and "step-time model, not a measurement: fitted to 20 points" in table
     row = next(line for line in table.splitlines() if "every:3" in line)
     assert "ms ±3.9%" in row
     header = estimate_csv(estimates, times=times).splitlines()[0].split(",")
     assert {"predicted_step_time_s", "predicted_tokens_per_s", "step_time_source", "step_time_error_bound"} <= set(
         header)
-    assert "step (fitted)" not in estimate_markdown(estimates, name="times")  # without --times-from: as before
+    assert "step (predicted)" not in estimate_markdown(estimates, name="times")  # without --times-from: as before
 
 
 def test_the_shipped_calibration_is_what_the_committed_runs_give_and_predicts_alike(
@@ -266,7 +266,7 @@ def test_the_shipped_calibration_is_what_the_committed_runs_give_and_predicts_al
     shipped = json.loads((ROOT.parent / "ckptbench" / "data" / CALIBRATION).read_text())
     sys.path.insert(0, str(ROOT.parent / "scripts"))
     try:
-        from make_calibration import main
+        from make_calibration import main  # type: ignore[import-not-found]  # scripts/ is not a package
     finally:
         sys.path.pop(0)
     assert main(["--check"]) == 0  # the measured points and the traced ops, as the runs give them now
@@ -287,40 +287,41 @@ def test_the_shipped_calibration_is_what_the_committed_runs_give_and_predicts_al
 
 # Leave-one-out error of the op model on every point it is calibrated on (the plain cell and the single-point cells
 # of eager attention, adafactor, adamw_foreach, sgd and LoRA; offloading and the 8-bit optimizer are not timed per
-# op). Within the plain cell it stays within 2.2% (the fitted model: 1.45% on whole-layer and granular points, 3.9%
-# on none), so inside a measured cell the fitted model answers.
+# op). Within the plain cell it stays within 2.9% (the fitted model: 1.45% on whole-layer and granular points, 3.9%
+# on none). A single-point cell's leave-one-out is its leave-one-cell-out: a cell nobody measured (adafactor's
+# per-tensor loop and foreach's multi-tensor kernels: 4.9% and 5.2%).
 OP_LOO = {
-    ("none", 2, 1, "adamw_fused", "sdpa", "none"): 0.0206,
-    ("all", 2, 1, "adamw_fused", "sdpa", "none"): 0.0098,
-    ("all", 8, 1, "adamw_fused", "sdpa", "none"): -0.0040,
-    ("every:2", 2, 1, "adamw_fused", "sdpa", "none"): 0.0017,
-    ("every:4", 2, 1, "adamw_fused", "sdpa", "none"): 0.0024,
-    ("every:4", 8, 1, "adamw_fused", "sdpa", "none"): 0.0040,
-    ("first:16", 2, 1, "adamw_fused", "sdpa", "none"): 0.0013,
-    ("first:16", 8, 1, "adamw_fused", "sdpa", "none"): -0.0009,
-    ("last:16", 2, 1, "adamw_fused", "sdpa", "none"): -0.0007,
-    ("last:16", 8, 1, "adamw_fused", "sdpa", "none"): 0.0007,
-    ("range:8-19", 2, 1, "adamw_fused", "sdpa", "none"): 0.0008,
-    ("last:6", 2, 1, "adamw_fused", "sdpa", "none"): -0.0070,
-    ("all@attn", 2, 1, "adamw_fused", "sdpa", "none"): -0.0175,
-    ("all@mlp", 2, 1, "adamw_fused", "sdpa", "none"): -0.0026,
-    ("all@attn+mlp", 2, 1, "adamw_fused", "sdpa", "none"): 0.0024,
-    ("all@attn+mlp", 8, 1, "adamw_fused", "sdpa", "none"): -0.0126,
-    ("all@selective", 2, 1, "adamw_fused", "sdpa", "none"): -0.0200,
-    ("all@selective", 8, 1, "adamw_fused", "sdpa", "none"): -0.0126,
-    ("every:2@selective", 8, 1, "adamw_fused", "sdpa", "none"): -0.0028,
-    ("all", 2, 4, "adamw_fused", "sdpa", "none"): 0.0217,
+    ("none", 2, 1, "adamw_fused", "sdpa", "none"): 0.0290,
+    ("all", 2, 1, "adamw_fused", "sdpa", "none"): 0.0066,
+    ("all", 8, 1, "adamw_fused", "sdpa", "none"): -0.0053,
+    ("every:2", 2, 1, "adamw_fused", "sdpa", "none"): 0.0025,
+    ("every:4", 2, 1, "adamw_fused", "sdpa", "none"): 0.0055,
+    ("every:4", 8, 1, "adamw_fused", "sdpa", "none"): 0.0041,
+    ("first:16", 2, 1, "adamw_fused", "sdpa", "none"): 0.0020,
+    ("first:16", 8, 1, "adamw_fused", "sdpa", "none"): -0.0014,
+    ("last:16", 2, 1, "adamw_fused", "sdpa", "none"): 0.0001,
+    ("last:16", 8, 1, "adamw_fused", "sdpa", "none"): 0.0002,
+    ("range:8-19", 2, 1, "adamw_fused", "sdpa", "none"): 0.0027,
+    ("last:6", 2, 1, "adamw_fused", "sdpa", "none"): -0.0033,
+    ("all@attn", 2, 1, "adamw_fused", "sdpa", "none"): -0.0114,
+    ("all@mlp", 2, 1, "adamw_fused", "sdpa", "none"): -0.0060,
+    ("all@attn+mlp", 2, 1, "adamw_fused", "sdpa", "none"): 0.0019,
+    ("all@attn+mlp", 8, 1, "adamw_fused", "sdpa", "none"): -0.0136,
+    ("all@selective", 2, 1, "adamw_fused", "sdpa", "none"): -0.0280,
+    ("all@selective", 8, 1, "adamw_fused", "sdpa", "none"): -0.0031,
+    ("every:2@selective", 8, 1, "adamw_fused", "sdpa", "none"): -0.0004,
+    ("all", 2, 4, "adamw_fused", "sdpa", "none"): -0.0020,
     ("none", 2, 1, "adamw_fused", "eager", "none"): -0.0085,
-    ("none", 2, 1, "adafactor", "sdpa", "none"): -0.0786,
-    ("none", 2, 1, "adamw_foreach", "sdpa", "none"): 0.0717,
-    ("none", 2, 1, "sgd", "sdpa", "none"): 0.0168,
-    ("none", 2, 1, "adamw_fused", "sdpa", "r16"): 0.0419,
-    ("all", 8, 1, "adamw_fused", "sdpa", "r16"): -0.0274,
+    ("none", 2, 1, "adafactor", "sdpa", "none"): -0.0486,
+    ("none", 2, 1, "adamw_foreach", "sdpa", "none"): 0.0523,
+    ("none", 2, 1, "sgd", "sdpa", "none"): 0.0271,
+    ("none", 2, 1, "adamw_fused", "sdpa", "r16"): -0.0017,
+    ("all", 8, 1, "adamw_fused", "sdpa", "r16"): 0.0211,
 }
 # Leave-one-cell-out: each single-point cell predicted from all the others (the plain cell among them), as a
 # prediction in a cell nobody measured is made; LoRA's fp32 adapter matmuls have no rate without its own cell.
-OP_LOCO = {("eager", "adamw_fused"): -0.0085, ("sdpa", "adafactor"): -0.0786, ("sdpa", "adamw_foreach"): 0.0717,
-           ("sdpa", "sgd"): 0.0168}
+OP_LOCO = {("eager", "adamw_fused"): -0.0085, ("sdpa", "adafactor"): -0.0486, ("sdpa", "adamw_foreach"): 0.0523,
+           ("sdpa", "sgd"): 0.0271}
 
 
 @pytest.fixture(scope="module")
@@ -341,7 +342,7 @@ def test_op_model_leave_one_out_per_point(op_model: OpTimeModel) -> None:
     for key, expected in OP_LOO.items():
         assert got[key] == pytest.approx(expected, abs=5e-4), key
     plain = [e for k, e in got.items() if k[3:] == ("adamw_fused", "sdpa", "none") and e is not None]
-    assert len(plain) == 20 and max(abs(e) for e in plain) < 0.025
+    assert len(plain) == 20 and max(abs(e) for e in plain) < 0.03
 
 
 def test_op_model_leave_one_cell_out_and_its_bound(op_model: OpTimeModel) -> None:
@@ -349,18 +350,20 @@ def test_op_model_leave_one_cell_out_and_its_bound(op_model: OpTimeModel) -> Non
            if c.cell != op_model.main_cell and c.key["lora"] == "none"}
     assert got == pytest.approx(OP_LOCO, abs=5e-4)
     assert all(c.error is None for c in op_model.loco if c.key["lora"] != "none")
-    assert op_model.error_bound == pytest.approx(0.0786, abs=5e-4)
-    # the plain cell from the single-point cells alone: its checkpointing from one LoRA point, far off
-    assert op_model.main_cell_error is not None and op_model.main_cell_error > 0.2
+    assert op_model.error_bound == pytest.approx(0.0523, abs=5e-4)
+    # the plain cell from the single-point cells alone: its checkpointing from one LoRA point, off
+    assert op_model.main_cell_error is not None and op_model.main_cell_error > 0.1
     assert op_model.source() == ("modelled from each op's FLOPs and bytes, rates calibrated on 26 points of 6 cells "
-                                 "(NVIDIA H200), leave-one-cell-out error <= 7.9% (4 cells)")
+                                 "(NVIDIA H200), leave-one-cell-out error <= 5.2% (4 cells)")
 
 
 def test_op_model_rates_are_physical(op_model: OpTimeModel) -> None:
-    """What the H200 achieves by the calibration: below its datasheet peaks (989 TFLOP/s dense bf16, 4.8 TB/s)."""
+    """What the H200 achieves by the calibration: at most its datasheet peaks (989 TFLOP/s dense bf16, 4.8 TB/s),
+    which bound the fit; the copies (few bytes beside the rest) at the bandwidth."""
     rates = op_model.rates.achieved()
-    assert 600 < rates["flop:matmul:bf16"] < 989
+    assert 600 < rates["flop:matmul:bf16"] < 989 and 300 < rates["flop:attention:sdpa:bf16"] < 989
     assert 2000 < rates["byte:memory"] < 4800
+    assert all(v <= 4800 * (1 + 1e-6) for k, v in rates.items() if k.startswith("byte:"))
     assert 0 < rates["op"] < 20  # microseconds per op
     assert rates["checkpointed pass"] > 0
 
@@ -391,7 +394,8 @@ def test_inside_the_measured_cell_the_fitted_model_answers(model: StepTimeModel,
     point = _seven_b(layout="every:3", batch_size=4)
     got = shipped_calibration().predict(point, gpu=gpu_model("h200"), ops=seven_b_ops.op_costs(point))
     assert got is not None and got.label == "fitted"
-    assert got == dataclasses.replace(model.predict(point, gpu=gpu_model("h200")), mfu=got.mfu)  # type: ignore[arg-type]
+    fitted = model.predict(point, gpu=gpu_model("h200"))
+    assert fitted is not None and got == dataclasses.replace(fitted, mfu=got.mfu)
 
 
 @pytest.mark.parametrize("axes", [{"seq_len": 4096}, {"batch_size": 1, "seq_len": 4096}, {"precision": "amp_bf16"},
@@ -434,8 +438,8 @@ def test_a_longer_sequence_costs_more_than_its_tokens() -> None:
 
 # The closing note's figures: LLaMA-7B at batch 2, sequence 2048 on an A100-80GB, transferred from the H200's op
 # rates class by class (seconds, implied MFU).
-A100 = {("none", "bf16"): (1.1278, 0.499), ("all", "bf16"): (1.4097, 0.399),
-        ("none", "amp_bf16"): (1.3388, 0.420), ("all", "amp_bf16"): (1.6700, 0.337)}
+A100 = {("none", "bf16"): (1.1292, 0.498), ("all", "bf16"): (1.4080, 0.400),
+        ("none", "amp_bf16"): (1.3485, 0.417), ("all", "amp_bf16"): (1.6693, 0.337)}
 
 
 @pytest.mark.parametrize(("layout", "precision"), list(A100))
@@ -463,7 +467,8 @@ def test_the_advisor_times_every_question_the_issue_names(seven_b_ops: Any) -> N
     from ckptbench.analysis.step_time import shipped_calibration
 
     times = shipped_calibration()
-    cases = [({"seqs": (4096,)}, {"seq_len": 4096}), ({"precision": "amp_bf16"}, {"precision": "amp_bf16"}),
+    cases: list[tuple[dict[str, Any], dict[str, Any]]] = [
+        ({"seqs": (4096,)}, {"seq_len": 4096}), ({"precision": "amp_bf16"}, {"precision": "amp_bf16"}),
              ({"precision": "fp16"}, {"precision": "fp16"}),
              # its one measured point (none at batch 2) is fitted; every other point of the cell is modelled
              ({"optimizer": "adamw_foreach"}, {"optimizer": "adamw_foreach", "layout": "all"})]

@@ -9,16 +9,20 @@ layout recomputes) take, on one card,
 with physical parameters: seconds per FLOP of each compute class (1 / its achieved FLOP/s: ``matmul:bf16``,
 ``attention:sdpa:bf16``, ``attention:eager:bf16``, ...), seconds per byte of each memory group (1 / its achieved
 bandwidth: ``memory`` (elementwise ops, norms, the loss, and the bytes side of every compute op), ``copy`` (casts
-and copies), ``optimizer``), seconds per op (a kernel's launch, an op's dispatch: what a small op costs beyond its
-bytes) and a fixed cost per step. Communication is not timed: a step with collectives is not modelled.
+and copies), and the optimizer's by kernel: ``optimizer:fused``, ``optimizer:foreach``, ``optimizer:single``), a
+cost per forward-backward pass with checkpointed layers, seconds per op (a kernel's launch, an op's dispatch: what
+a small op costs beyond its bytes) and a fixed cost per step. Communication is not timed: a step with collectives
+is not modelled.
 
-**Calibration** (``calibrate``): least squares on relative errors, the parameters non-negative; the max is settled
-by iterating (each op is bound by the side the current rates make longer, the rates are fitted again, until no op
-changes side). A parameter the points say little about stays near the one it falls back to (``fallbacks``: a copy
-or the optimizer at the memory bandwidth; an attention kernel at its dtype's matmul rate; fp16 at bf16's rate
-scaled by the card's fp16/bf16 peaks), by a weak prior on the log of their ratio; a parameter no point exercises
-*is* its fallback when a prediction needs it, and a class with none (fp32 matmuls on a card calibrated in bf16,
-communication) is not predicted.
+**Calibration** (``calibrate``): least squares on relative errors, each rate at most its card's datasheet peak
+(``least_seconds``; a CPU has none: non-negative); the max is settled by iterating (each op is bound by the side
+the current rates make longer, the rates are fitted again, until no op changes side), then refitted with the sides
+following the rates (two starts, the better fit kept). A parameter the points say little about stays near the one
+it falls back to (``fallbacks``: a copy or the optimizer at the memory bandwidth, a GPU's foreach at the fused
+kernel's, a CPU's at the per-tensor ops'; an attention kernel at its dtype's matmul rate; fp16 at bf16's rate
+scaled by the card's fp16/bf16 peaks), by a weak prior on the log of their ratio; a class under MIN_SHARE of every
+point's time is not calibrated, and a parameter no point exercises *is* its fallback when a prediction needs it; a
+class with none (fp32 matmuls on a card calibrated in bf16, communication) is not predicted.
 
 **Error bars**: leave-one-out (each point predicted from a calibration on the others) and leave-one-cell-out (each
 cell's points predicted from a calibration on the other cells: what a prediction in a cell nobody measured can
@@ -40,7 +44,18 @@ from typing import Any
 import numpy as np
 
 from ckptbench.config.cards import Card, card_named
-from ckptbench.train.flops import CHECKPOINTED_PASS, COMMUNICATION, COPY, MEMORY, OPTIMIZER, OpCosts, is_compute
+from ckptbench.train.flops import (
+    CHECKPOINTED_PASS,
+    COMMUNICATION,
+    COPY,
+    MEMORY,
+    OPTIMIZER,
+    OPTIMIZER_FOREACH,
+    OPTIMIZER_FUSED,
+    OPTIMIZER_SINGLE,
+    OpCosts,
+    is_compute,
+)
 
 STEP, OP, PASS = "step", "op", "checkpointed pass"
 # Weight of the prior that keeps a parameter near its fallback, per squared natural log of their ratio, against the
@@ -60,7 +75,7 @@ def byte_param(op_class: str) -> str:
     checkpointed pass: its own cost, once per pass)."""
     if op_class == CHECKPOINTED_PASS:
         return PASS
-    return f"byte:{op_class if op_class in (COPY, OPTIMIZER) else MEMORY}"
+    return f"byte:{op_class if op_class == COPY or op_class.startswith(OPTIMIZER) else MEMORY}"
 
 
 def _units(op_class: str, nbytes: int) -> int:
@@ -80,9 +95,14 @@ def _peak(card: Card | None, dtype: str) -> float | None:
 
 def fallbacks(param: str, card: Card | None) -> list[tuple[str, float]]:
     """What an uncalibrated parameter stands in for, in order, each with the factor on its seconds: a copy's or the
-    optimizer's byte at the memory bandwidth; an attention kernel's FLOP at the same kernel in the other 16-bit dtype
-    (scaled by the card's peaks), else at its dtype's matmul rate; a matmul's at the other 16-bit dtype's."""
-    if param in (byte_param(COPY), byte_param(OPTIMIZER)):
+    optimizer's byte at the memory bandwidth, except a multi-tensor (foreach) op's: on a GPU it streams its tensors
+    in large chunks as the fused kernel does, on a CPU it is a loop of per-tensor ops as SGD's or Adafactor's; an
+    attention kernel's FLOP at the same kernel in the other 16-bit dtype (scaled by the card's peaks), else at its
+    dtype's matmul rate; a matmul's at the other 16-bit dtype's."""
+    if param == byte_param(OPTIMIZER_FOREACH):
+        like = OPTIMIZER_FUSED if card is not None else OPTIMIZER_SINGLE
+        return [(byte_param(like), 1.0), (byte_param(MEMORY), 1.0)]
+    if param.startswith("byte:") and param != byte_param(MEMORY):
         return [(byte_param(MEMORY), 1.0)]
     if not param.startswith("flop:"):
         return []
@@ -242,19 +262,32 @@ class Check:
 class _Design:
     """The samples' ops as arrays over the parameters, and the rows a set of rates makes of them."""
 
-    def __init__(self, samples: Sequence[Sample], params: Sequence[str]) -> None:
+    def __init__(self, samples: Sequence[Sample], params: Sequence[str],
+                 alias: Mapping[str, tuple[str, float]] | None = None) -> None:
         self.params = list(params)
         col = {p: i for i, p in enumerate(self.params)}
+        alias = alias or {}
+
+        def where(param: str) -> tuple[int, float]:  # its column, and the factor on the seconds there
+            factor = 1.0
+            while param in alias:
+                param, k = alias[param]
+                factor *= k
+            return col.get(param, -1), factor
+
         self.op_col, self.step_col = col[OP], col[STEP]
         self.rows: list[tuple[np.ndarray, ...]] = []
         self.op_counts = [float(s.ops.ops) for s in samples]
         for s in samples:
             items = list(s.ops.counts.items())
-            flops = np.array([f for (_, f, _), _ in items], dtype=float)
-            nbytes = np.array([_units(c, b) for (c, _, b), _ in items], dtype=float)
+            fwhere = [where(flop_param(c)) if is_compute(c) else (-1, 1.0) for (c, _, _), _ in items]
+            bwhere = [where(byte_param(c)) for (c, _, _), _ in items]
+            flops = np.array([f * k for ((_, f, _), _), (_, k) in zip(items, fwhere, strict=True)], dtype=float)
+            nbytes = np.array([_units(c, b) * k for ((c, _, b), _), (_, k) in zip(items, bwhere, strict=True)],
+                              dtype=float)
             count = np.array([n for _, n in items], dtype=float)
-            fcol = np.array([col.get(flop_param(c), -1) if is_compute(c) else -1 for (c, _, _), _ in items])
-            bcol = np.array([col[byte_param(c)] for (c, _, _), _ in items])
+            fcol = np.array([i for i, _ in fwhere])
+            bcol = np.array([i for i, _ in bwhere])
             self.rows.append((flops, nbytes, count, fcol, bcol))
 
     def matrix(self, theta: np.ndarray | None) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -280,19 +313,82 @@ def calibrate(samples: Sequence[Sample], *, card: str | None, weight: float = PR
     if not usable:
         return None
     params = sorted(set().union(*(params_of(s.ops) for s in usable)))
-    design = _Design(usable, params)
     y = np.array([s.step_time_s for s in usable])
-    theta: np.ndarray | None = None
-    sides: list[np.ndarray] | None = None
-    for _ in range(_ITERATIONS):
-        X, new_sides = design.matrix(theta)
-        if sides is not None and all(np.array_equal(a, b) for a, b in zip(sides, new_sides, strict=True)):
-            break
-        sides = new_sides
-        theta = _solve(X, y, params, theta, card_of(card), weight)
-    assert theta is not None
-    theta = _refine(design, y, params, theta, card_of(card), weight)
+    theta = _fit(_Design(usable, params), y, params, card_of(card), weight)
+    # A class too small in every point for the points to say its rate (a fused optimizer's step counters) takes
+    # the rate it falls back to: fitted free, it could take any value, and would where it is not small.
+    alias = _undetermined(_Design(usable, params), y, params, theta, card_of(card))
+    if alias:
+        params = [p for p in params if p not in alias]
+        theta = _fit(_Design(usable, params, alias), y, params, card_of(card), weight)
     return Rates(card, {p: float(v) for p, v in zip(params, theta, strict=True)})
+
+
+MIN_SHARE = 0.005  # of every point's time: below it a class's rate is not calibrated but its fallback's
+
+
+def _undetermined(design: _Design, y: np.ndarray, params: Sequence[str], theta: np.ndarray, card: Card | None
+                  ) -> dict[str, tuple[str, float]]:
+    """The parameters whose ops take less than MIN_SHARE of every point's time at the rate they fall back to, each
+    with that fallback and its factor."""
+    X, _ = design.matrix(theta)
+    found: dict[str, tuple[str, float]] = {}
+    for i, j, k in _priors(params, card):
+        if params[j] in found or theta[j] <= 0:
+            continue
+        if float(np.max(X[:, i] * theta[j] * math.exp(k) / y)) < MIN_SHARE:
+            found[params[i]] = (params[j], math.exp(k))
+    return found
+
+
+def _fit(design: _Design, y: np.ndarray, params: Sequence[str], card: Card | None, weight: float) -> np.ndarray:
+    """The rates of ``params`` that fit best: the linear fits settle each op's side, the refit moves the rates."""
+    best: tuple[float, np.ndarray] | None = None
+    for guarded in (False, True):  # two ways into the max's sides (``_solve``): the better fit of the two wins
+        theta: np.ndarray | None = None
+        sides: list[np.ndarray] | None = None
+        for _ in range(_ITERATIONS):
+            X, new_sides = design.matrix(theta)
+            if sides is not None and all(np.array_equal(a, b) for a, b in zip(sides, new_sides, strict=True)):
+                break
+            sides = new_sides
+            theta = _solve(X, y, params, theta, card, weight, guarded=guarded)
+        assert theta is not None
+        theta = _refine(design, y, params, theta, card, weight)
+        score = _objective(design, y, params, theta, card, weight)
+        if best is None or score < best[0]:
+            best = (score, theta)
+    assert best is not None
+    return best[1]
+
+
+def least_seconds(param: str, card: Card | None) -> float:
+    """The fewest seconds a parameter can take on ``card``: one over its datasheet peak (a compute class of a dtype
+    with a peak, every byte group at the memory bandwidth); 0 where the card table has no figure (a CPU, fp32)."""
+    if card is None:
+        return 0.0
+    if param.startswith("byte:"):
+        return 1.0 / card.bandwidth_bytes_per_s
+    if param.startswith("flop:"):
+        peak = _peak(card, param.rpartition(":")[2])
+        return 1.0 / (peak * 1e12) if peak else 0.0
+    return 0.0
+
+
+def _priors(params: Sequence[str], card: Card | None) -> list[tuple[int, int, float]]:
+    """(parameter, the one it falls back to, log of the factor between them) for each parameter with a fallback."""
+    col = {p: i for i, p in enumerate(params)}
+    return [(i, j, math.log(k)) for p, i in col.items()
+            for j, k in [next(((col[q], k) for q, k in fallbacks(p, card) if q in col), (-1, 1.0))] if j >= 0]
+
+
+def _objective(design: _Design, y: np.ndarray, params: Sequence[str], theta: np.ndarray, card: Card | None,
+               weight: float) -> float:
+    """What the calibration minimises: the squared relative errors, plus the prior on the parameters set."""
+    errors = _times(design, theta) / y - 1.0
+    prior = [(math.log(theta[i] / theta[j]) - k) ** 2 for i, j, k in _priors(params, card)
+             if theta[i] > 0 and theta[j] > 0]
+    return float(np.sum(errors ** 2) + weight * sum(prior))
 
 
 def _times(design: _Design, theta: np.ndarray) -> np.ndarray:
@@ -308,9 +404,13 @@ def _refine(design: _Design, y: np.ndarray, params: Sequence[str], start: np.nda
     from scipy.optimize import least_squares  # only where a calibration is made: a shipped one is read, not refitted
 
     floor = 1e-30
-    col = {p: i for i, p in enumerate(params)}
-    priors = [(i, j, math.log(k)) for p, i in col.items()
-              for j, k in [next(((col[q], k) for q, k in fallbacks(p, card) if q in col), (-1, 1.0))] if j >= 0]
+    priors = _priors(params, card)
+    start = start.copy()
+    for i, j, k in priors:  # one the linear fit set to zero but that stands in for another starts at that one
+        if start[i] <= floor < start[j]:
+            start[i] = start[j] * math.exp(k)
+    least = np.array([least_seconds(p, card) for p in params])
+    start = np.where(least > 0, np.maximum(start, least * (1 + 1e-9)), start)
     fixed = start <= floor  # a parameter the linear fit set to zero (no per-op cost, say) stays there
 
     def full(free: np.ndarray) -> np.ndarray:
@@ -327,15 +427,18 @@ def _refine(design: _Design, y: np.ndarray, params: Sequence[str], start: np.nda
 
     if fixed.all():
         return start
+    lower = np.where(least > 0, np.log(np.maximum(least, floor)), -np.inf)[~fixed]
     found = least_squares(residuals, np.log(start[~fixed]), method="trf", x_scale=1.0, xtol=1e-12, ftol=1e-12,
-                          gtol=1e-12, max_nfev=2000)
+                          gtol=1e-12, max_nfev=2000, bounds=(lower, np.inf))
     better = full(found.x)
     return better if np.sum(residuals(found.x) ** 2) <= np.sum(residuals(np.log(start[~fixed])) ** 2) else start
 
 
 def _solve(X: np.ndarray, y: np.ndarray, params: Sequence[str], previous: np.ndarray | None, card: Card | None,
-           weight: float) -> np.ndarray:
-    """Non-negative least squares on relative errors, plus the prior rows (linearised around ``previous``)."""
+           weight: float, *, guarded: bool = False) -> np.ndarray:
+    """Non-negative least squares on relative errors, plus the prior rows (linearised around ``previous``;
+    ``guarded``: none around a parameter the previous fit set to (nearly) zero, where the linearised prior is
+    meaningless, though on some data it is what leads to the best fit)."""
     from scipy.optimize import lsq_linear
 
     scale = np.abs(X).max(axis=0)
@@ -348,6 +451,8 @@ def _solve(X: np.ndarray, y: np.ndarray, params: Sequence[str], previous: np.nda
             if parent is None or previous[parent[0]] <= 0:
                 continue
             j, k = parent
+            if guarded and previous[j] * scale[j] <= 1e-6:
+                continue
             # log(s_p / (k s_q)) ~ s_p / (k s_q0) - s_q / s_q0 around the previous fit
             row = np.zeros(len(params))
             row[i] = 1.0 / (k * previous[j]) / scale[i]
@@ -356,7 +461,8 @@ def _solve(X: np.ndarray, y: np.ndarray, params: Sequence[str], previous: np.nda
             targets.append(np.zeros(1))
     rows.append(math.sqrt(_RIDGE) * np.eye(len(params)))
     targets.append(np.zeros(len(params)))
-    found = lsq_linear(np.vstack(rows), np.concatenate(targets), bounds=(0.0, np.inf), method="bvls")
+    least = np.array([least_seconds(p, card) for p in params]) * scale  # no rate above the datasheet's
+    found = lsq_linear(np.vstack(rows), np.concatenate(targets), bounds=(least, np.inf), method="bvls")
     return np.asarray(found.x) / scale
 
 

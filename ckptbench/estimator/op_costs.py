@@ -17,7 +17,9 @@ where the layout recomputes it: a checkpointed layer's backward segment holds it
 - **Classes** (train/flops.py): ``matmul:<dtype>``, ``attention:sdpa:<dtype>`` (a fused kernel),
   ``attention:eager:<dtype>`` (bmm and baddbmm: in the dense families ckptbench builds, only eager attention's score
   and value products), ``memory`` (elementwise, norms, softmax, the loss, the embedding), ``copy`` (casts, copies,
-  concatenation), ``optimizer`` (every op of the optimizer step, and the multi-tensor ops wherever they run),
+  concatenation), ``optimizer:fused`` (the fused optimizer kernel), ``optimizer:foreach`` (multi-tensor ops over
+  whole tensors, wherever they run), ``optimizer:single`` (every other op of the optimizer step: per-tensor loops,
+  the step counters),
   ``communication`` (collectives). Views, empty tensors and metadata ops launch no kernel and are not counted. A
   matmul doing less than one FLOP per byte it moves (the rotary embedding's outer product) is a memory op.
 """
@@ -31,7 +33,16 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import flop_registry
 
-from ckptbench.train.flops import COMMUNICATION, COPY, MEMORY, OPTIMIZER, OpCosts, OpKey
+from ckptbench.train.flops import (
+    COMMUNICATION,
+    COPY,
+    MEMORY,
+    OPTIMIZER_FOREACH,
+    OPTIMIZER_FUSED,
+    OPTIMIZER_SINGLE,
+    OpCosts,
+    OpKey,
+)
 
 _aten = torch.ops.aten
 # The CPU's fused attention, counted by the formula of the CUDA kernel it stands for (same leading arguments).
@@ -89,8 +100,10 @@ def kind_of(func: Any) -> str:
         return "attention:eager"
     if name in _ATTENTION:
         return "attention:sdpa"
-    if name.startswith(("_foreach_", "_fused_adam", "_fused_sgd")):
-        return OPTIMIZER
+    if name.startswith(("_fused_adam", "_fused_sgd")):
+        return OPTIMIZER_FUSED
+    if name.startswith("_foreach_"):
+        return OPTIMIZER_FOREACH
     if name in _COPY:
         return COPY
     return MEMORY
@@ -167,8 +180,10 @@ class OpCounter:
         if kind == _NOT_COUNTED:
             return
         segment = label.partition("@")[0]
-        if kind != COMMUNICATION and (segment in OPTIMIZER_SEGMENTS):
-            kind = OPTIMIZER
+        if segment in OPTIMIZER_SEGMENTS and kind not in (COMMUNICATION, OPTIMIZER_FUSED, OPTIMIZER_FOREACH):
+            kind = OPTIMIZER_SINGLE  # the optimizer's per-tensor ops (SGD's or Adafactor's loop, a cast)
+        elif kind == OPTIMIZER_FOREACH and all(t.numel() <= 1 for a in args for t in tensors(a)):
+            kind = OPTIMIZER_SINGLE  # over scalars (the step counters, host tensors on a GPU): not a streaming kernel
         moved = sum(spanned_bytes(t) for a in args for t in tensors(a))
         moved += sum(spanned_bytes(t) for v in (kwargs or {}).values() for t in tensors(v))
         mutated = self._mutated.get(func)

@@ -30,15 +30,17 @@ _PARTS = {
 Reserved = dict[str, int]  # measured peak reserved bytes by key_id (results.inputs.measured_reserved)
 # Step times predicted by the step-time model (estimate --times-from), by key_id; None: not determined.
 Times = dict[str, StepTimePrediction | None]
-STEP_COLUMN, TOKENS_COLUMN = "step (fitted)", "tok/s (fitted)"
+STEP_COLUMN, TOKENS_COLUMN = "step (predicted)", "tok/s (predicted)"
 
 
 def time_cells(prediction: StepTimePrediction | None) -> dict[str, str]:
-    """The fitted step time ('412 ms ±3.9%'; 'transf.' when carried from another card) and tokens/s."""
+    """The predicted step time ('412 ms ±3.9%' fitted; 'mod.' modelled in another cell, 'transf.' carried to another
+    card) and tokens/s."""
     if prediction is None:
         return {STEP_COLUMN: "-", TOKENS_COLUMN: "-"}
     bound = prediction.error_bound
-    mark = f" ±{bound:.1%}" if bound is not None else " transf." if prediction.label == "transferred" else ""
+    mark = {"modelled": " mod.", "transferred": " transf."}.get(prediction.label, "")
+    mark += f" ±{bound:.1%}" if bound is not None else ""
     return {STEP_COLUMN: f"{prediction.step_time_s * 1e3:,.0f} ms{mark}",
             TOKENS_COLUMN: f"{prediction.tokens_per_s:,.0f}"}
 
@@ -211,7 +213,7 @@ def _times_caption(times: Times) -> str:
     """Where the step times come from: each distinct source once."""
     sources = list(dict.fromkeys(p.source for p in times.values() if p is not None))
     listed = "; ".join(sources) if sources else "no measured point determines these points"
-    return f"\nstep (fitted): step-time model, not a measurement: {listed}"
+    return f"\nstep (predicted): step-time model, not a measurement: {listed}"
 
 
 def _caption(estimates: Sequence[Estimate]) -> str:

@@ -122,6 +122,9 @@ def step_flops(
 # (the optimizer step's ops), 'communication' (collectives: not timed).
 COMPUTE_KINDS = ("matmul", "attention")
 MEMORY, COPY, OPTIMIZER, COMMUNICATION = "memory", "copy", "optimizer", "communication"
+# The optimizer's ops by kernel: one fused kernel per step (_fused_adamw_), multi-tensor ops (_foreach_*: one kernel
+# per chunk of tensors on a GPU, one op per tensor on a CPU), and per-tensor ops (SGD's loop, Adafactor's).
+OPTIMIZER_FUSED, OPTIMIZER_FOREACH, OPTIMIZER_SINGLE = "optimizer:fused", "optimizer:foreach", "optimizer:single"
 # Not an op: a forward-backward pass with checkpointed layers (whole layers, attention or MLP), counted once per pass
 # by Estimator.op_costs. Checkpointing costs each such pass more than its recomputed ops (analysis/op_time.py).
 CHECKPOINTED_PASS = "checkpointed pass"
