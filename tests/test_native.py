@@ -134,6 +134,51 @@ def test_estimates_are_the_same_with_and_without_the_c_loop(case: str, monkeypat
 
 
 @WITH_NATIVE
+def test_micro_plan_in_c_is_the_python_loop() -> None:
+    """``micro_plan`` against replay.py's loop on made-up steps: micro-batches that repeat from some point on or
+    never, frees of keys made before the step, in an earlier micro-batch or in the same one; and what it leaves to
+    the Python loop (an event that is not a plain triple of ints, a key beyond 64 bits)."""
+
+    assert NATIVE is not None
+    periodic: set[int] = set()
+    for seed in range(16):
+        _one_micro_plan(seed, periodic)
+    # micro-batches that repeat from the first, from a later one, and never (one repeat of the last: 1)
+    assert {0, 1} <= periodic and any(p > 1 for p in periodic), periodic
+
+
+def _one_micro_plan(seed: int, periodic: set[int]) -> None:
+    from ckptbench.estimator.events import ALLOC, FREE
+    from ckptbench.estimator.replay import _micro_plan
+
+    assert NATIVE is not None
+    rng = random.Random(seed)
+    sizes = [rng.choice([512, 1024, 4096]) for _ in range(rng.randint(1, 12))]
+    # each micro-batch: its allocations, frees of some of them and of some of the micro-batch before's (by position)
+    own = rng.sample(range(len(sizes)), rng.randint(0, len(sizes)))
+    back = rng.sample(range(len(sizes)), rng.randint(0, len(sizes)))
+    events: list[tuple[int, int, int]] = [(FREE, -k, 0) for k in range(1, rng.randint(1, 4))]  # made before
+    starts, made = [len(events)], list[list[int]]()
+    for m in range(rng.randint(1, 7)):
+        keys = [len(events) + i + 1000 * m for i in range(len(sizes))]
+        events += [(ALLOC, k, n) for k, n in zip(keys, sizes, strict=True)]
+        events += [(FREE, keys[i], 0) for i in own]
+        events += [(FREE, made[-1][i], 0) for i in back if made and made[-1][i] not in {keys[j] for j in own}]
+        if m == seed % 5:
+            events.append((FREE, -1, 0))  # a key made before the step: this micro-batch is not like the others
+        made.append(keys)
+        starts.append(len(events))
+    plan = _micro_plan(events, starts)
+    assert NATIVE.micro_plan(events, starts, ALLOC) == plan
+    periodic.add(plan[3])
+    assert NATIVE.micro_plan([*events[:-1], [FREE, 1, 0]], starts, ALLOC) is None
+    huge = [*events[: starts[0]], (ALLOC, 2**70, 8), *events[starts[0] + 1 :]]
+    assert NATIVE.micro_plan(huge, starts, ALLOC) is None
+    with pytest.raises(ValueError, match="starts must rise"):
+        NATIVE.micro_plan(events, [*starts, 0], ALLOC)
+
+
+@WITH_NATIVE
 @pytest.mark.parametrize("fraction", [None, 0.5])
 def test_new_segments_right_at_the_limit_are_made_or_refused_as_by_the_general_rules(fraction: float | None) -> None:
     """Segments that fill the device (or the memory fraction) to the byte are made, the next 2 MiB is not: the

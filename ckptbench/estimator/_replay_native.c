@@ -726,6 +726,148 @@ static PyObject *serve(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
     return bad ? NULL : Py_BuildValue("(nL)", i, seg.next_addr);
 }
 
+/* One event of a micro-batch, as MicroPlan.of compares it with the same event of the last micro-batch: an
+ * allocation by its size, a free by the allocation it frees (made before the step: its key; made in the step: how
+ * many micro-batches ago, and which of that micro-batch's allocations). */
+typedef struct {
+    long long kind, a, b; /* 0: allocation (a: bytes); 1: free of a key made before the step (a: key); 2: free of
+                             the b-th allocation of the micro-batch a back */
+} PlanEvent;
+
+/* micro_plan(events, starts, alloc_op) -> (keys, origin, freed, periodic_from) or None: MicroPlan.of's loop over a
+ * step's events (replay.py: its pure-Python loop is the reference, tests/test_native.py compares them). None: an
+ * event that is not a plain (int op, int key, int bytes) tuple, or a number beyond 64 bits: the caller runs its own
+ * loop. */
+static PyObject *micro_plan(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "micro_plan(events, starts, alloc_op)");
+        return NULL;
+    }
+    long alloc_op = PyLong_AsLong(args[2]);
+    if (alloc_op == -1 && PyErr_Occurred()) return NULL;
+    PyObject *seq = PySequence_Fast(args[0], "micro_plan: events must be a sequence");
+    if (seq == NULL) return NULL;
+    PyObject *starts_seq = PySequence_Fast(args[1], "micro_plan: starts must be a sequence");
+    if (starts_seq == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), ns = PySequence_Fast_GET_SIZE(starts_seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *result = NULL, *origin = NULL, *freed = NULL, *keys = NULL, *made = NULL;
+    Py_ssize_t *st = NULL;
+    PlanEvent *shape = NULL;
+    int plain = 1;
+    if (ns < 2) {
+        PyErr_SetString(PyExc_ValueError, "micro_plan: starts holds at least two indices");
+        goto done;
+    }
+    st = PyMem_Malloc((size_t)ns * sizeof(Py_ssize_t));
+    if (st == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < ns; k++) {
+        st[k] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(starts_seq, k));
+        if (st[k] == -1 && PyErr_Occurred()) goto done;
+        if (st[k] < 0 || st[k] > n || (k > 0 && st[k] < st[k - 1])) {
+            PyErr_SetString(PyExc_ValueError, "micro_plan: starts must rise within the events");
+            goto done;
+        }
+    }
+    Py_ssize_t micro = ns - 1, span = st[micro] - st[0];
+    shape = PyMem_Malloc((size_t)(span > 0 ? span : 1) * sizeof(PlanEvent));
+    origin = PyDict_New();
+    freed = PySet_New(NULL);
+    keys = PyTuple_New(micro);
+    if (shape == NULL || origin == NULL || freed == NULL || keys == NULL) {
+        if (shape == NULL) PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t m = 0; m < micro && plain; m++) {
+        made = PyList_New(0);
+        if (made == NULL) goto done;
+        for (Py_ssize_t i = st[m]; i < st[m + 1]; i++) {
+            PyObject *ev = items[i];
+            PlanEvent *out = &shape[i - st[0]];
+            if (!PyTuple_CheckExact(ev) || PyTuple_GET_SIZE(ev) < 3 || !PyLong_CheckExact(PyTuple_GET_ITEM(ev, 0)) ||
+                !PyLong_CheckExact(PyTuple_GET_ITEM(ev, 1)) || !PyLong_CheckExact(PyTuple_GET_ITEM(ev, 2))) {
+                plain = 0;
+                break;
+            }
+            PyObject *key = PyTuple_GET_ITEM(ev, 1);
+            int op_overflow = 0, overflow = 0;
+            long op = PyLong_AsLongAndOverflow(PyTuple_GET_ITEM(ev, 0), &op_overflow);
+            long long keyv = PyLong_AsLongLongAndOverflow(key, &overflow);
+            if (op_overflow || overflow) {
+                plain = 0;
+                break;
+            }
+            if (op == alloc_op) {
+                long long nbytes = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(ev, 2), &overflow);
+                if (overflow) {
+                    plain = 0;
+                    break;
+                }
+                PyObject *at = Py_BuildValue("(nn)", m, PyList_GET_SIZE(made));
+                if (at == NULL) goto done;
+                int err = PyDict_SetItem(origin, key, at);
+                Py_DECREF(at);
+                if (err || PyList_Append(made, key)) goto done;
+                out->kind = 0;
+                out->a = nbytes;
+                out->b = 0;
+            } else {
+                if (PySet_Add(freed, key)) goto done;
+                PyObject *at = PyDict_GetItemWithError(origin, key); /* borrowed */
+                if (at == NULL) {
+                    if (PyErr_Occurred()) goto done;
+                    out->kind = 1;
+                    out->a = keyv;
+                    out->b = 0;
+                } else {
+                    Py_ssize_t at_m = PyLong_AsSsize_t(PyTuple_GET_ITEM(at, 0));
+                    Py_ssize_t at_i = PyLong_AsSsize_t(PyTuple_GET_ITEM(at, 1));
+                    out->kind = 2;
+                    out->a = (long long)(m - at_m);
+                    out->b = (long long)at_i;
+                }
+            }
+        }
+        if (!plain) break;
+        PyObject *made_tuple = PyList_AsTuple(made);
+        Py_CLEAR(made);
+        if (made_tuple == NULL) goto done;
+        PyTuple_SET_ITEM(keys, m, made_tuple); /* steals it */
+    }
+    if (!plain) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    /* periodic_from: the first micro-batch from which each one's events are the last one's */
+    Py_ssize_t periodic = micro - 1, last_len = st[micro] - st[micro - 1];
+    const PlanEvent *last = &shape[st[micro - 1] - st[0]];
+    while (periodic > 0) {
+        Py_ssize_t len = st[periodic] - st[periodic - 1];
+        const PlanEvent *other = &shape[st[periodic - 1] - st[0]];
+        if (len != last_len || (len && memcmp(other, last, (size_t)len * sizeof(PlanEvent)) != 0)) break;
+        periodic--;
+    }
+    PyObject *frozen = PyFrozenSet_New(freed);
+    if (frozen == NULL) goto done;
+    result = Py_BuildValue("(OONn)", keys, origin, frozen, periodic);
+done:
+    Py_XDECREF(made);
+    Py_XDECREF(keys);
+    Py_XDECREF(origin);
+    Py_XDECREF(freed);
+    PyMem_Free(shape);
+    PyMem_Free(st);
+    Py_DECREF(starts_seq);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"bind", bind, METH_VARARGS,
      "bind(Block, AllocatorSegment): the classes whose slots serve reads and writes, and whose objects it makes; "
@@ -736,6 +878,9 @@ static PyMethodDef module_methods[] = {
      "(its index; len(requests) when none is). ``segments``: None (leave a request that needs a new segment), or "
      "(allowed bytes or -1, what the device has, large_segment_size, the next segment's address, "
      "Stats.segment_events or None) to make new segments while there is room."},
+    {"micro_plan", (PyCFunction)(void (*)(void))micro_plan, METH_FASTCALL,
+     "micro_plan(events, starts, alloc_op) -> (keys, origin, freed, periodic_from) or None: replay.MicroPlan.of's "
+     "loop over a step's events (None: an event it leaves to the pure-Python loop)."},
     {NULL, NULL, 0, NULL},
 };
 

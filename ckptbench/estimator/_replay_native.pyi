@@ -23,3 +23,6 @@ def serve(
     small_age: int, large_age: int, stats: Stats, alloc_op: int,
     segments: tuple[int, int, int, int, list[tuple[str, int, int]] | None] | None,
 ) -> tuple[int, int]: ...
+def micro_plan(
+    events: Sequence[tuple[int, int, int]], starts: Sequence[int], alloc_op: int
+) -> tuple[tuple[tuple[int, ...], ...], dict[int, tuple[int, int]], frozenset[int], int] | None: ...

@@ -30,6 +30,7 @@ from typing import Any
 from ckptbench.config.alloc_conf import AllocatorSettings, axis_to_conf, parse_alloc_conf
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig
+from ckptbench.estimator import allocator
 from ckptbench.estimator.allocator import AllocatorOOM, Block, CachingAllocator, DeviceLimit
 from ckptbench.estimator.event_assembly import StepEvents, assemble_step, of_trace, segment_events, traced_step
 from ckptbench.estimator.events import ALLOC
@@ -226,31 +227,41 @@ class MicroPlan:
         if not starts:
             return cls((), (), {}, 0, extra=events.extra_micro_batches)
         starts.append(end if end is not None else len(events.events))
-        origin: dict[int, tuple[int, int]] = {}
-        keys: list[tuple[int, ...]] = []
-        shapes: list[tuple[Any, ...]] = []
-        freed: set[int] = set()
-        stream = events.events
-        find, free = origin.get, freed.add  # the loop below runs once per event of the step: locals only
-        for m in range(len(starts) - 1):
-            made: list[int] = []
-            shape: list[Any] = []
-            keep, note = made.append, shape.append
-            for op, key, nbytes in stream[starts[m] : starts[m + 1]]:
-                if op == ALLOC:
-                    origin[key] = (m, len(made))
-                    keep(key)
-                    note(nbytes)
-                else:
-                    free(key)
-                    at = find(key)
-                    note(("g", key) if at is None else ("r", m - at[0], at[1]))
-            keys.append(tuple(made))
-            shapes.append(tuple(shape))
-        periodic = len(shapes) - 1
-        while periodic > 0 and shapes[periodic - 1] == shapes[-1]:
-            periodic -= 1
-        return cls(tuple(starts), tuple(keys), origin, periodic, frozenset(freed), events.extra_micro_batches)
+        native = allocator.NATIVE  # None: not built, or CKPTBENCH_NATIVE=0 (read here: tests switch it off)
+        found = native.micro_plan(events.events, starts, ALLOC) if native is not None else None
+        keys, origin, freed, periodic = found if found is not None else _micro_plan(events.events, starts)
+        return cls(tuple(starts), keys, origin, periodic, freed, events.extra_micro_batches)
+
+
+def _micro_plan(
+    stream: Sequence[tuple[int, int, int]], starts: Sequence[int]
+) -> tuple[tuple[tuple[int, ...], ...], dict[int, tuple[int, int]], frozenset[int], int]:
+    """``MicroPlan.of``'s loop over the events, in Python: the reference of the C one (``_replay_native.micro_plan``).
+    (keys of each micro-batch, origin, the keys freed, the first periodic micro-batch)."""
+    origin: dict[int, tuple[int, int]] = {}
+    keys: list[tuple[int, ...]] = []
+    shapes: list[tuple[Any, ...]] = []
+    freed: set[int] = set()
+    find, free = origin.get, freed.add  # the loop below runs once per event of the step: locals only
+    for m in range(len(starts) - 1):
+        made: list[int] = []
+        shape: list[Any] = []
+        keep, note = made.append, shape.append
+        for op, key, nbytes in stream[starts[m] : starts[m + 1]]:
+            if op == ALLOC:
+                origin[key] = (m, len(made))
+                keep(key)
+                note(nbytes)
+            else:
+                free(key)
+                at = find(key)
+                note(("g", key) if at is None else ("r", m - at[0], at[1]))
+        keys.append(tuple(made))
+        shapes.append(tuple(shape))
+    periodic = len(shapes) - 1
+    while periodic > 0 and shapes[periodic - 1] == shapes[-1]:
+        periodic -= 1
+    return tuple(keys), origin, frozenset(freed), periodic
 
 
 def _counters(alloc: CachingAllocator) -> tuple[int, int, int, int]:
