@@ -5,6 +5,7 @@ tracing one (estimator/trace.py, estimator/tracker.py) needs them."""
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 from ckptbench.estimator.events import Event
@@ -42,8 +43,11 @@ def is_layer(label: str) -> bool:
 
 
 def add(a: Vector, b: Vector, scale: int = 1) -> Vector:
-    """Element-wise ``a + scale * b``."""
-    return tuple(x + scale * y for x, y in zip(a, b, strict=True))
+    """Element-wise ``a + scale * b`` (the assembly adds hundreds of thousands of them per question: map, not a
+    generator)."""
+    if len(a) != len(b):
+        raise ValueError(f"byte vectors of {len(a)} and {len(b)} categories")
+    return tuple(map(operator.add, a, b)) if scale == 1 else tuple(x + scale * y for x, y in zip(a, b, strict=True))
 
 
 def only(category: int, nbytes: int) -> Vector:
