@@ -69,6 +69,27 @@ def test_estimates_from_cached_traces_are_byte_identical(tmp_path: Path, monkeyp
     assert _estimates(Estimator(CFG, gpu=card("a100-80gb"), cache=None)) == fresh and len(calls) == 2 * traced
 
 
+def test_a_refused_trace_is_kept_as_its_refusal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A technique the estimator does not trace (torchao's CPU offload of the optimizer): refused once, then read
+    back as the same refusal without tracing again."""
+    calls = _count_traces(monkeypatch)
+    cfg = parse_config(tiny_data(device="cuda", model=CFG.model.model_dump(),
+                                 sweep={"layout": ["none"], "batch_size": [1], "seq_len": [64], "precision": ["bf16"],
+                                        "optimizer_offload": ["cpu"]}))
+    cache = TraceCache(tmp_path)
+    first = _estimates_of(Estimator(cfg, gpu=card("a100-80gb"), cache=cache), cfg)
+    traced = len(calls)
+    assert "not estimated" in first and traced >= 1
+    again = _estimates_of(Estimator(cfg, gpu=card("a100-80gb"), cache=cache), cfg)
+    assert again == first and len(calls) == traced
+
+
+def _estimates_of(est: Estimator, cfg: Any) -> str:
+    points = cfg.points_list()
+    est.run_traces(points, workers=1)
+    return "\n".join(repr(e) for e in est.estimate_each(points, workers=1))
+
+
 def test_a_cache_of_another_version_is_ignored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cache = TraceCache(tmp_path)
     cache.put(("k", 1), {"made": "by this version"})

@@ -49,7 +49,7 @@ from ckptbench.estimator.gpus import DEFAULT_GPU, GpuModel, gpu_for_name, gpu_mo
 from ckptbench.estimator.record import CATEGORIES, Estimate, EstimateProgress, Reserved
 from ckptbench.estimator.replay import StreamTooShort, fast_steps, full_steps, predict_reserved
 from ckptbench.estimator.step_trace import GRADS, OPTIMIZER_STATE, PARAMS, StepTrace
-from ckptbench.estimator.trace_cache import TraceCache, default_cache
+from ckptbench.estimator.trace_cache import TraceCache, TraceFailed, default_cache
 from ckptbench.estimator.workers import map_pieces, worker_count
 from ckptbench.results.record import PredictedOom, Prediction
 from ckptbench.results.store import Run
@@ -136,10 +136,10 @@ class Estimator:
         for key, p in {_optim_key(p): p for p in points}.items():
             if key not in self._optim and key not in self._failed and not self._load("optimizer", key):
                 label = f"{key[0]} {p.optimizer}: optimizer step of the whole model"
-                groups.append([(label, self._guarded(key, self._trace_optim, p))])
+                groups.append([(label, self._guarded("optimizer", key, self._trace_optim, p))])
         if self.method == "full":
             todo = [p for p in dict.fromkeys(points) if p not in self._full and not self._load("whole", p)]
-            return groups + [[(_label(p, "whole model"), self._guarded(p, self._trace_full, p))] for p in todo]
+            return groups + [[(_label(p, "whole model"), self._guarded("whole", p, self._trace_full, p))] for p in todo]
         optimizer_groups = len(groups)
         for p in points:
             self._classes.setdefault(_shape_key(p), set()).update(self.classes(p))
@@ -147,7 +147,7 @@ class Estimator:
         for key, p in {self._short_key(p): p for p in points}.items():
             if key not in self._costs and key not in self._failed and not self._load("short", key):
                 label = _label(p, f"{len(key[-1])}-layer model")
-                shapes.setdefault(key[1:], []).append((label, self._guarded(key, self._trace_short, p)))
+                shapes.setdefault(key[1:], []).append((label, self._guarded("short", key, self._trace_short, p)))
         groups += shapes.values()
         # The first short model's trace goes first: run_traces runs the first job alone, before the workers start
         # (it pays what any first trace pays once), and a short model traces in a third of the whole model's time.
@@ -226,12 +226,14 @@ class Estimator:
         """The key of the trace ``point`` is estimated from: the point itself (``full``), else its short model's."""
         return point if self.method == "full" else self._short_key(point)
 
-    def _guarded(self, key: Any, trace: Callable[[Point], None], point: Point) -> Callable[[], None]:
+    def _guarded(self, kind: str, key: Any, trace: Callable[[Point], None], point: Point) -> Callable[[], None]:
         def run() -> None:
             try:
                 trace(point)
             except (TechniqueUnavailable, ModuleNotFoundError) as exc:
                 self._failed[key] = str(exc).splitlines()[0]
+                if isinstance(exc, TechniqueUnavailable):  # a refusal of this code and these libraries: kept too
+                    self._keep(kind, key, TraceFailed(self._failed[key]))
 
         return run
 
@@ -251,7 +253,9 @@ class Estimator:
         found = None if self.cache is None else self.cache.get(self._cache_key(kind, key))
         if found is None:
             return False
-        if kind == "optimizer":
+        if isinstance(found, TraceFailed):
+            self._failed[key] = found.why
+        elif kind == "optimizer":
             self._optim[key] = found
         elif kind == "short":
             self._costs[key], self._traces[key] = found

@@ -6,7 +6,9 @@ A trace depends on the model, the precision, the optimizer, the techniques and t
 keys, derived from the axes config/grid.py declares as shaping the step), on a few settings of the config (seed,
 learning rate, zero_grad's set_to_none, the LoRA spec), on the target, the rank and the cuBLAS workspace, and on the
 code that traced it: ckptbench's own source (a hash of every module, so that a checkout's edit is a new version
-too), torch, transformers, peft, bitsandbytes and Python. Not on the card's memory, the budget or the headroom.
+too), torch, transformers and the libraries of the techniques (peft, bitsandbytes, torchao, Liger,
+cut-cross-entropy, accelerate), and Python. Not on the card's memory, the budget or the headroom. A trace the
+estimator refuses (a technique it does not trace) is kept as that refusal.
 
 Layout: ``<root>/traces/<version>/<kk>/<key>.pickle``, where ``<version>`` hashes the versions above and ``<key>``
 what the trace depends on. A file holds its full key and versions and is used only when both match (a hash collision
@@ -40,7 +42,9 @@ ENV_MAX = "CKPTBENCH_CACHE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 2 * 1024**3
 FORMAT = 1  # what an entry holds; a new layout is a new version
 _OFF = ("off", "none", "0", "no", "false")
-_PACKAGES = ("torch", "transformers", "peft", "bitsandbytes")
+# What traces, or refuses to (a technique whose library is missing or cannot be traced: its refusal is kept too).
+_PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "torchao", "liger-kernel", "cut-cross-entropy",
+             "accelerate")
 
 T = TypeVar("T")
 _PUTS = [0]  # entries written by this process
@@ -93,6 +97,14 @@ def max_bytes() -> int:
         return max(0, int(given)) if given.strip() else DEFAULT_MAX_BYTES
     except ValueError:
         return DEFAULT_MAX_BYTES
+
+
+@dataclass(frozen=True)
+class TraceFailed:
+    """A trace this code and these libraries refuse (``TechniqueUnavailable``: a technique the estimator does not
+    trace), kept so that asking again does not import torch to be refused again."""
+
+    why: str
 
 
 @dataclass(frozen=True)
