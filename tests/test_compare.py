@@ -20,7 +20,7 @@ from ckptbench.analysis.marks import Thresholds, compare_point, memory_mark
 from ckptbench.analysis.verdict import NOISE
 from ckptbench.cli.main import app
 from ckptbench.results.meta import RunEnvironment, RunMeta
-from ckptbench.results.record import PointRecord
+from ckptbench.results.record import PointRecord, Scalar
 from ckptbench.results.store import Run
 
 RUNS = Path(__file__).parent / "fixtures" / "runs"
@@ -345,7 +345,7 @@ def test_few_steps_are_noted_with_what_the_verdict_can_still_do() -> None:
 
 
 def test_status_changes_decide_the_point_mark() -> None:
-    key = {"layout": "all", "batch_size": 2, "seq_len": 8, "precision": "bf16"}
+    key: dict[str, Scalar] = {"layout": "all", "batch_size": 2, "seq_len": 8, "precision": "bf16"}
     ok = _run([key], "a").points[0]
     oom = PointRecord(key=key, status="oom", reason="CUDA out of memory")
     skipped = PointRecord(key=key, status="skipped", reason="batch 1 already ran out of memory")

@@ -157,7 +157,12 @@ def _code_for(o: Option, t: Table) -> str:
 
 def _measure_command(request: AdviseRequest, num_layers: int) -> str:
     """A sweep that would measure the step times the answer lacks (a config written from these flags)."""
-    layouts = ["none", "all", "every:2", f"first:{max(num_layers // 2, 1)}", "all@attn+mlp", "all@selective"]
+    wanted = ["none", "all", "every:2", f"first:{max(num_layers // 2, 1)}", "all@attn+mlp", "all@selective"]
+    # The sweep refuses two layouts that checkpoint the same layers (every:2 is all for one layer, first:1 is
+    # every:2 for two): each is listed once.
+    plans = {(p.layers, p.granularity): layout for layout in reversed(wanted)
+             for p in [parse_layout(layout, num_layers)]}
+    layouts = [layout for layout in wanted if layout in plans.values()]
     model = (f"{{preset: {request.model}}}" if "preset" in request.model_section
              else "{config: <the model's config.json>}")
     return (f"write a sweep config with model: {model}, device: cuda, optimizer: "

@@ -3,3 +3,40 @@
 Owns the consoles, the one error handler (CkptbenchError -> exit code), the Format enum and the
 progress bars. Must not compute anything: every number comes from the core packages.
 """
+
+
+def _hold_signals_until_the_command_starts() -> None:
+    """In the ``ckptbench`` process itself (the console script or ``python -m ckptbench``), never in a program or
+    a test that imports the package: a stop signal that arrives while the command's modules are imported (a few
+    tenths of a second) is held, and the command stops on it with its one line as soon as it starts (cli/common.py
+    CommandSignals). Before, a Ctrl-C then printed a KeyboardInterrupt traceback and SIGTERM or SIGHUP ended the
+    process silently (issue 35). A signal the parent set to be ignored (nohup's SIGHUP) stays ignored."""
+    import os
+    import signal
+    import sys
+    import threading
+
+    main = sys.modules.get("__main__")
+    by_module = getattr(getattr(main, "__spec__", None), "name", None) == "ckptbench.__main__"
+    by_script = os.path.basename(sys.argv[0] if sys.argv else "").removesuffix(".exe") == "ckptbench"
+    if not (by_module or by_script) or threading.current_thread() is not threading.main_thread():
+        return
+    held = HeldSignals()
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)
+        if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
+            held.original[sig] = signal.signal(sig, held)
+
+
+class HeldSignals:
+    """The handler of the stop signals until a command's own are set: it notes each one (``held``)."""
+
+    def __init__(self) -> None:
+        self.held: list[int] = []
+        self.original: dict[int, object] = {}  # each signal's handler before: the command restores it when done
+
+    def __call__(self, signum: int, _frame: object) -> None:
+        self.held.append(signum)
+
+
+_hold_signals_until_the_command_starts()

@@ -184,6 +184,12 @@ class Command(TyperCommand):
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
+def taken_signals() -> tuple[int, ...]:
+    """The stop signals a command acts on: those its parent did not set to be ignored. A signal ignored from the start
+    stays ignored, as it would in any program (``nohup ckptbench sweep ...`` goes on when the terminal closes)."""
+    return tuple(sig for sig in STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN)
+
+
 def signal_exit_code(signum: int) -> int:
     """130 for Ctrl-C (SIGINT), 143 for SIGTERM and SIGHUP."""
     return 130 if signum == signal.SIGINT else 143
@@ -217,9 +223,19 @@ class CommandSignals:
         self.pid = os.getpid()
         self.previous: dict[int, Any] = {}
 
+    _fork_hook = False  # _default_in_forked_child registered (once per process: it cannot be taken back)
+
     def __enter__(self) -> CommandSignals:
+        if not CommandSignals._fork_hook and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_default_in_forked_child)
+            CommandSignals._fork_hook = True
         if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
-            self.previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+            self.previous = {sig: signal.signal(sig, self._handle) for sig in taken_signals()}
+        # A signal that came while the command's modules were imported (cli/__init__.py held it) stops it now.
+        held = [sig for handler in self.previous.values() for sig in getattr(handler, "held", ())]
+        if held:
+            self.__exit__()
+            raise Stopped(held[0])
         return self
 
     def _handle(self, signum: int, _frame: Any) -> None:
@@ -236,7 +252,22 @@ class CommandSignals:
             # A sweep whose final status is written ignores signals until the process ends (cli/runs.py
             # Interrupts.keep_after_exit): that stays.
             if signal.getsignal(sig) == self._handle:
+                # The early hold (cli/__init__.py) has done its work: the handler from before it comes back.
+                handler = getattr(handler, "original", {}).get(sig, handler)
                 signal.signal(sig, handler if handler is not None else signal.SIG_DFL)  # None: set outside Python
+
+
+def _default_in_forked_child() -> None:
+    """In a process forked while a command runs (an estimate's workers), the stop signals take their own action, in
+    the kernel. A Python handler runs only between two bytecodes: a worker busy in a long C call, or stuck in one,
+    never ran it, and the pool's terminate() waited on that worker with no end (a SIGTERM that did not stop the
+    estimate; a worker the pool started in place of one already stopped outlived the command, and the exit waited
+    on it). Only the command's own handlers (and the early hold's) are replaced; a sweep's (cli/runs.py) stay."""
+    for sig in STOP_SIGNALS:
+        handler = signal.getsignal(sig)
+        if isinstance(getattr(handler, "__self__", None), CommandSignals) or hasattr(handler, "held"):
+            with contextlib.suppress(ValueError):  # forked from a thread other than the main one: nothing to do
+                signal.signal(sig, signal.SIG_DFL)
 
 
 def stop_children() -> None:
@@ -293,6 +324,9 @@ class Group(TyperGroup):
             code = fail(exc).exit_code
         except typer.Abort:  # a signal while click parsed the command line
             code = stopped_exit(None, signal.SIGINT).exit_code
+        except Stopped as exc:  # a signal held since the command's modules were imported (CommandSignals)
+            words = list(args[0] if args and args[0] is not None else sys.argv[1:])
+            code = stopped_exit(words[0] if words and words[0] in self.commands else None, exc.signum).exit_code
         sys.exit(code if isinstance(code, int) else 0)
 
 

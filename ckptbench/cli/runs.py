@@ -47,7 +47,9 @@ class Interrupts:
     def __enter__(self) -> Interrupts:
         self.fired = self.finishing = self.late = False
         self.signum: int = signal.SIGINT
-        self.previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        # A signal ignored from the start stays ignored (nohup's SIGHUP: the sweep goes on when the terminal closes).
+        taken = [sig for sig in STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN]
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in taken}
         self.previous_hook = sys.unraisablehook
         sys.unraisablehook = self._unraisable
         return self

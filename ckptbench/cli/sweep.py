@@ -120,6 +120,14 @@ def sweep(
             raise fail(exc) from None
         except KeyboardInterrupt as exc:
             raise interrupted(exc, config, signum=interrupts.signum) from None
+        except (MemoryError, RuntimeError) as exc:
+            # A process out of memory or threads (cpu_threads: 1024 under `ulimit -v` with --force): the machine
+            # failed, not the input; run_sweep has marked the run failed, its records stay as they are.
+            if isinstance(exc, RuntimeError) and "can't start new thread" not in str(exc):
+                raise
+            why = "ran out of memory" if isinstance(exc, MemoryError) else "could not start one more thread"
+            raise fail(RunFailure(f"{config}: the sweep stopped: this process {why}; the points recorded so far "
+                                  "stay on disk (fewer cpu_threads, or more memory, lets it run)")) from None
         for note in outcome.warnings:
             warn(note)
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,9 @@ def loads_config(text: str, *, source: str = "config", config_dir: Path | None =
         problem = getattr(exc, "problem", None) or (str(exc).strip().splitlines() or ["unparsable"])[0]
         raise ConfigError(_one_line(f"{source}: invalid YAML{where}: {problem}")) from None
     except Exception as exc:  # PyYAML's constructors raise others: 2020-13-45, '!!int' (an empty int)
+        if isinstance(exc, ValueError) and "int_max_str_digits" in str(exc):  # not a hint at sys.set_int_max_...
+            raise ConfigError(f"{source}: invalid YAML value: an integer of more than "
+                              f"{sys.get_int_max_str_digits():,} digits; no field takes a number that long") from None
         why = f"{exc.__class__.__name__}: {_shown(str(exc))}"
         raise ConfigError(_one_line(f"{source}: invalid YAML value ({why})")) from None
     return parse_config(data, source=source, config_dir=config_dir)

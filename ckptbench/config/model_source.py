@@ -30,7 +30,7 @@ def model_section(text: str) -> JsonObject:
     path = Path(text).expanduser()
     if path.is_dir():
         inner = path / "config.json"
-        if not inner.is_file():
+        if not inner.exists():  # one that is no regular file (a FIFO) is refused as such when it is read
             raise ConfigError(f"--model: {text} is a folder without a config.json")
         return {"config": str(inner)}
     if path.exists() or text.endswith(".json"):

@@ -8,11 +8,13 @@ and everything that is not a matmul left out) over the rate of one large fp32 ma
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from ckptbench.config.schema import SweepConfig
+from ckptbench.errors import RunFailure
 
 REFUSE_ABOVE_S = 3600.0  # a CPU sweep predicted to run longer than this needs --force
 
@@ -62,6 +64,13 @@ def host_matmul_rate(*, threads: int, seconds: float = 0.2) -> float:
             torch.mm(a, a)
             runs += 1
         return 2.0 * 1024**3 * runs / elapsed
+    except (RuntimeError, MemoryError) as exc:
+        # Each of the threads reserves its stack: 1024 of them under a memory limit (ulimit -v, a container) leave
+        # no room for a 4 MiB tensor, or for one more thread. The points would fail the same way.
+        reason = " ".join(str(exc).split()).removeprefix("[enforce fail at alloc_cpu.cpp:127] err == 0. ")[:120]
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        raise RunFailure(f"cpu_threads: {threads}: this host cannot run torch with {threads} threads ({reason}); "
+                         f"lower cpu_threads (this process may use {cpus} CPUs)") from None
     finally:
         torch.set_num_threads(before)
 
