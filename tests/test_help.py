@@ -34,7 +34,7 @@ def test_the_readme_table_lists_every_command() -> None:
     registered = {c.name or c.callback.__name__ for c in app.registered_commands if c.callback is not None}
     commands = {
         "sweep", "layouts", "compare", "recommend", "report", "estimate", "answers", "trace-allocator", "tune",
-        "advise", "gpus",
+        "advise", "gpus", "cache",
     }
     assert set(readme_commands()) == registered == commands
 
