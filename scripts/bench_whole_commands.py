@@ -46,8 +46,8 @@ class Case:
 CASES = [
     Case("thread question, cold cache", THREAD, None),
     Case("thread question again, same card", THREAD, THREAD),
-    Case("thread question again, another card (a100-40gb)", [*THREAD[:3], "a100-40gb", *THREAD[5:]], THREAD),
-    Case("thread question again, H100 (another cuBLAS workspace)", [*THREAD[:3], "h100-80gb", *THREAD[5:]], THREAD),
+    Case("thread question again, another card (a100-40gb)", [*THREAD[:4], "a100-40gb", *THREAD[5:]], THREAD),
+    Case("thread question again, H100 (another cuBLAS workspace)", [*THREAD[:4], "h100-80gb", *THREAD[5:]], THREAD),
     Case("thread question again, amp_bf16", [*THREAD, "--precision", "amp_bf16"], THREAD),
     Case("estimate configs/llama7b.yaml (66 points), warm", ["estimate", "configs/llama7b.yaml"],
          ["estimate", "configs/llama7b.yaml"]),
