@@ -110,7 +110,7 @@ def test_several_cards_are_answered_per_rank_with_the_launchers_settings(paralle
     result = _advise("--model", "tiny", "--gpu", "24GiB", "--parallel", parallel, *SMALL, "--format", "json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert "2 x a 24.00 GiB card" in data["assumptions"] and "every figure per rank, rank 0" in data["assumptions"]
+    assert "2 x 24.00 GiB card" in data["assumptions"] and "every figure per rank, rank 0" in data["assumptions"]
     assert launcher in data["code"]["accelerate"] and "num_processes: 2" in data["code"]["accelerate"]
     assert "[parallelism] data_parallel_" in data["code"]["torchtitan"]
     assert "torchrun --nproc_per_node 2" in data["code"]["transformers"]

@@ -237,11 +237,12 @@ class Advice:
     def cards_words(self) -> str:
         """'one NVIDIA H100 80GB HBM3', or '8 x NVIDIA H100 80GB HBM3 (FSDP2; every figure per rank, rank 0)'."""
         spec = parse_parallel(self.request.parallel)
+        name = self.card.name
         if spec.kind == "none":
-            return f"one {self.card.name}"
+            return name if name.startswith("a ") else f"one {name}"  # a card given by its size: 'a 24.00 GiB card'
         how = {"ddp": "DDP: every rank holds the whole model", "fsdp2": "FSDP2: parameters, gradients and optimizer "
                "state sharded"}[spec.kind]
-        return f"{spec.world_size} x {self.card.name} ({how}; every figure per rank, rank 0)"
+        return f"{spec.world_size} x {name.removeprefix('a ')} ({how}; every figure per rank, rank 0)"
 
     @property
     def attention_words(self) -> str:
