@@ -231,7 +231,7 @@ def test_a_thousand_micro_batches_hold_sixteen() -> None:
 def _walk_all(costs: Any, optimizer: Any, classes: list[str], micro_batches: int) -> Any:
     """estimator/assembly.py's ``assemble`` as it was: every micro-batch walked (the reference)."""
     from ckptbench.estimator.assembly import Peak, Step
-    from ckptbench.estimator.tracker import add
+    from ckptbench.estimator.step_trace import add
 
     named = [("start", costs.begin)]
     for k in range(micro_batches):
@@ -252,7 +252,7 @@ def test_the_peak_over_many_micro_batches_is_the_walked_one(seed: int) -> None:
     """Later micro-batches that leave more, the same or less behind: the closed form finds the walk's peak
     and the segment where it is first reached."""
     from ckptbench.estimator.assembly import Step, assemble
-    from ckptbench.estimator.tracker import StepSegment
+    from ckptbench.estimator.step_trace import StepSegment
 
     rng = random.Random(seed)
 

@@ -18,21 +18,13 @@ from typing import Any
 
 import pytest
 from matplotlib.figure import Figure
-from typer.testing import CliRunner
 
-from ckptbench.cli.main import app
 from ckptbench.results.store import RUN_FILE
+from tests._cli import invoke
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parents[1]
 PNG_START, PNG_END = b"\x89PNG\r\n\x1a\n", b"IEND\xaeB`\x82"
-
-
-def invoke(args: list[str]) -> Any:
-    result = CliRunner().invoke(app, args)
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    assert "Traceback" not in result.output, result.output
-    return result
 
 
 def only_line(result: Any) -> str:

@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 from ckptbench.cli.main import app
 from ckptbench.results.store import RUN_FILE
+from tests._cli import invoke
 from tests.conftest import MINI
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,13 +34,6 @@ CONFIG_JSON: dict[str, Any] = {
     "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 64, "max_position_embeddings": 256,
     "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
 }
-
-
-def invoke(args: list[str]) -> Any:
-    result = CliRunner().invoke(app, args)
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    assert "Traceback" not in result.output, result.output
-    return result
 
 
 def only_line(result: Any) -> str:

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from ckptbench.estimator.tracker import ACTIVATIONS, GRADS, LOGITS_LOSS, TRANSIENT, StepTracker
+from ckptbench.estimator.step_trace import ACTIVATIONS, GRADS, LOGITS_LOSS, TRANSIENT
+from ckptbench.estimator.tracker import StepTracker
 from ckptbench.train.model import causal_lm, decoder_layers
 
 

@@ -46,17 +46,17 @@ from ckptbench.estimator import optim_8bit
 from ckptbench.estimator.device_model import kernel_model
 from ckptbench.estimator.fake_mode import fake_mode
 from ckptbench.estimator.segments import SegmentMarks
-from ckptbench.estimator.step_trace import StepTrace
-from ckptbench.estimator.tracker import (
+from ckptbench.estimator.step_trace import (
     GRADS,
     LOGITS_LOSS,
     OPTIMIZER_STATE,
     OTHER,
     PARAMS,
     TRANSIENT,
-    StepTracker,
+    StepTrace,
     Vector,
 )
+from ckptbench.estimator.tracker import StepTracker
 from ckptbench.train.checkpointing import applied
 from ckptbench.train.losses import loss_head
 from ckptbench.train.model import apply_lora, attention, build_model, decoder_layers

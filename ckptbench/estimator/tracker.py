@@ -1,5 +1,5 @@
 """Live bytes of a step run under fake tensors, split by category and by segment of the step (the byte
-categories, their vectors and the ``StepSegment`` they describe are defined here too; no torch in those).
+categories, their vectors and the ``StepSegment`` they describe are in estimator/step_trace.py: no torch in those).
 
 ``StepTracker`` is a ``TorchDispatchMode`` stacked on top of ``FakeTensorMode``. It counts
 every storage once when an op creates it and uncounts it when the storage dies, through the
@@ -41,20 +41,7 @@ from ckptbench.estimator.live_storage import (
 )
 from ckptbench.estimator.op_costs import OpCounter
 from ckptbench.estimator.record import CATEGORIES
-from ckptbench.estimator.step_trace import (  # noqa: F401  (re-exported: the tracker's vocabulary)
-    ACTIVATIONS,
-    GRADS,
-    LOGITS_LOSS,
-    OPTIMIZER_STATE,
-    OTHER,
-    PARAMS,
-    TRANSIENT,
-    StepSegment,
-    Vector,
-    add,
-    is_layer,
-    only,
-)
+from ckptbench.estimator.step_trace import ACTIVATIONS, OTHER, TRANSIENT, StepSegment, Vector, add, is_layer, only
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _UNSCALE = torch.ops.aten._amp_foreach_non_finite_check_and_unscale_.default
