@@ -24,7 +24,7 @@ from ckptbench.estimator.workers import WORKERS_ENV
 # used by the tests marked ``trace_cache`` (``disk_trace_cache`` below); the others trace afresh, as many of them count
 # traces or patch what a trace runs, which the cache's version (the code's hash) does not see.
 if "PYTEST_XDIST_WORKER" not in os.environ:
-    _OWN_CACHE = "CKPTBENCH_TEST_CACHE_DIR" not in os.environ
+    _OWN_CACHE = not os.environ.get("CKPTBENCH_TEST_CACHE_DIR")
     os.environ[TRACE_CACHE_ENV] = os.environ.get("CKPTBENCH_TEST_CACHE_DIR") or tempfile.mkdtemp(prefix="ckptbench-t-")
 
 if "PYTEST_XDIST_WORKER" in os.environ:

@@ -32,7 +32,7 @@ from tests._known import known
 from tests.conftest import tiny_config
 
 # Estimates of one config are made once per process and shared (tests/_est_shared.py).
-pytestmark = pytest.mark.usefixtures("shared_estimates")
+pytestmark = [pytest.mark.usefixtures("shared_estimates"), pytest.mark.trace_cache]  # traces shared on disk
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GIB, MIB, KIB = 2**30, 2**20, 2**10

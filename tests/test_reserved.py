@@ -26,7 +26,7 @@ from tests._known import known
 from tests.conftest import tiny_config
 
 # Estimates of one config are made once per process and shared (tests/_est_shared.py).
-pytestmark = pytest.mark.usefixtures("shared_estimates")
+pytestmark = [pytest.mark.usefixtures("shared_estimates"), pytest.mark.trace_cache]  # traces shared on disk
 
 GIB, MIB = 2**30, 2**20
 RESULTS = Path(__file__).parents[1] / "results"

@@ -18,7 +18,7 @@ from ckptbench.estimator.gpus import gpu_model
 from ckptbench.results.store import Run, load_run
 
 # Estimates of one config are made once per process and shared (tests/_est_shared.py).
-pytestmark = pytest.mark.usefixtures("shared_estimates")
+pytestmark = [pytest.mark.usefixtures("shared_estimates"), pytest.mark.trace_cache]  # traces shared on disk
 
 ROOT = Path(__file__).resolve().parent.parent / "results"
 H200_RUNS = ("h200-gpu-check-1/check", "h200-gpu-check-1/axes", "h200-gpu-check-2/check")
