@@ -146,6 +146,9 @@ def test_damaged_entries_are_absent_and_writes_are_atomic(tmp_path: Path, monkey
     cache.put("key", [3])  # costs the cache, never the caller
     cache.put("new", [3])
     assert cache.get("key") == [1, 2] and cache.get("new") is None
+    monkeypatch.undo()
+    cache.put("unpicklable", lambda: None)  # a value pickle refuses: not kept, and no error
+    assert cache.get("unpicklable") is None
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")], "a temporary file was left"
 
 

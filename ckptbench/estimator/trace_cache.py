@@ -155,7 +155,7 @@ class TraceCache:
         return found[2]
 
     def put(self, key: Hashable, value: Any) -> None:
-        """Keep ``value`` under ``key``, written atomically; a disk that refuses costs only the cache."""
+        """Keep ``value`` under ``key``, written atomically; a disk or a value that refuses costs only the cache."""
         text = repr(key)
         path = self._path(text)
         try:
@@ -169,7 +169,7 @@ class TraceCache:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 raise
-        except (OSError, pickle.PicklingError):
+        except Exception:  # a full or read-only disk, a value pickle refuses: the cache's loss, not the answer's
             return
         _PUTS[0] += 1
         if _PUTS[0] % 16 == 1:  # the folder is walked now and then, not at every entry
