@@ -376,26 +376,26 @@ static PyObject *FreeList_remove(FreeList *self, PyObject *block) {
     Py_RETURN_NONE;
 }
 
-static PyObject *FreeList_at(FreeList *self, PyObject *arg) {
+/* A Python index into the list (negative from its end), or -1 with IndexError (or the int's own error) set. */
+static Py_ssize_t fl_index(FreeList *self, PyObject *arg) {
     Py_ssize_t i = PyLong_AsSsize_t(arg);
-    if (i == -1 && PyErr_Occurred()) return NULL;
+    if (i == -1 && PyErr_Occurred()) return -1;
     if (i < 0) i += self->n;
     if (i < 0 || i >= self->n) {
         PyErr_SetString(PyExc_IndexError, "FreeList index out of range");
-        return NULL;
+        return -1;
     }
-    return Py_NewRef(self->items[i].block);
+    return i;
+}
+
+static PyObject *FreeList_at(FreeList *self, PyObject *arg) {
+    Py_ssize_t i = fl_index(self, arg);
+    return i < 0 ? NULL : Py_NewRef(self->items[i].block);
 }
 
 static PyObject *FreeList_pop(FreeList *self, PyObject *arg) {
-    Py_ssize_t i = PyLong_AsSsize_t(arg);
-    if (i == -1 && PyErr_Occurred()) return NULL;
-    if (i < 0) i += self->n;
-    if (i < 0 || i >= self->n) {
-        PyErr_SetString(PyExc_IndexError, "FreeList index out of range");
-        return NULL;
-    }
-    return fl_take(self, i);
+    Py_ssize_t i = fl_index(self, arg);
+    return i < 0 ? NULL : fl_take(self, i);
 }
 
 static PyObject *FreeList_lower_bound(FreeList *self, PyObject *arg) {
