@@ -11,6 +11,7 @@ card by datasheet figures, unvalidated); the user's figure is *observed*. Every 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from collections.abc import Callable
 
@@ -113,8 +114,10 @@ def _why(advice: Advice) -> None:
     advice.why = parts(option, context_label="measured" if advice.card.measured else "estimated")
 
 
+@functools.cache
 def _switches() -> tuple[bool, bool]:
-    """``transformers_switches``, kept in the trace cache (it depends on the transformers version, which keys it)."""
+    """``transformers_switches``, kept in the trace cache (it depends on the transformers version, which keys it),
+    read once per process (every snippet of an answer asks)."""
     cache = default_cache()
     return transformers_switches() if cache is None else cache.memo(("transformers_switches",), transformers_switches)
 
