@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ckptbench.analysis.op_time import (
+    LOOP,
     OP,
     PASS,
     STEP,
@@ -15,6 +16,7 @@ from ckptbench.analysis.op_time import (
     calibrate,
     fallbacks,
     least_seconds,
+    loop_ops,
     not_modelled,
 )
 from ckptbench.config.cards import BY_KEY
@@ -164,12 +166,55 @@ def test_a_gpu_calibration_stays_within_its_datasheet_and_foreach_falls_back_by_
     assert least_seconds("flop:matmul:bf16", h200) == pytest.approx(1 / 989e12)
     assert least_seconds("flop:matmul:fp32", h200) == 0.0 and least_seconds(OP, h200) == 0.0
     assert least_seconds("byte:memory", None) == 0.0  # a CPU: no datasheet
-    # a GPU's multi-tensor kernels stream like the fused one; a CPU's foreach is a loop of per-tensor ops
-    assert fallbacks("byte:optimizer:foreach", h200) == [("byte:optimizer:fused", 1.0), ("byte:memory", 1.0)]
+    # the optimizer's per-tensor and multi-tensor ops are the same streaming kernels: each other's bandwidth, then on
+    # a GPU the fused kernel's; the loop's per-op cost at any op's
+    assert fallbacks("byte:optimizer:foreach", h200) == [
+        ("byte:optimizer:single", 1.0), ("byte:optimizer:fused", 1.0), ("byte:memory", 1.0)]
+    assert fallbacks("byte:optimizer:single", h200) == [
+        ("byte:optimizer:foreach", 1.0), ("byte:optimizer:fused", 1.0), ("byte:memory", 1.0)]
     assert fallbacks("byte:optimizer:foreach", None) == [("byte:optimizer:single", 1.0), ("byte:memory", 1.0)]
+    assert fallbacks(LOOP, h200) == [(OP, 1.0)]
+    # fallbacks that name each other still end: neither calibrated, both take the fused kernel's, then memory's
+    rates = Rates(H200, {"byte:optimizer:fused": 2e-12, "byte:memory": 1e-12})
+    assert rates.get("byte:optimizer:single") == rates.get("byte:optimizer:foreach") == 2e-12
+    assert Rates(None, {"byte:memory": 1e-12}).get("byte:optimizer:single") == 1e-12
+    assert Rates(None, {OP: 1e-6}).get("byte:optimizer:foreach") is None
     # copies that cost nothing in the data: calibrated at the bandwidth, not above it
     free_copies = Rates(H200, {**TRUE.seconds, "byte:copy": 0.0})
     samples = [Sample(s.key, s.cell, s.ops, free_copies.time(s.ops)) for s in _samples()]  # type: ignore[arg-type]
     rates = calibrate(samples, card=H200)
     assert rates is not None and rates.seconds["byte:copy"] >= 1 / 4.8e12 * (1 - 1e-9)
     assert all(v >= least_seconds(p, h200) * (1 - 1e-9) for p, v in rates.seconds.items())
+
+
+def _loop_step(single_bytes: int, loops: int) -> OpCosts:
+    """A step whose optimizer is a per-tensor loop: ``loops`` ops moving ``single_bytes`` in all."""
+    counts = dict(_step(4096).counts)
+    del counts[("optimizer:fused", 0, 94_000_000_000)]
+    counts[("optimizer:single", 0, single_bytes // loops)] = loops
+    return OpCosts(counts)
+
+
+def test_a_gpu_per_tensor_loop_costs_its_ops_and_streams_as_foreach_does() -> None:
+    """SGD's and Adafactor's loops: each op costs the loop's per-op cost on top of any op's (GPU only), their bytes
+    stream at the multi-tensor kernels' bandwidth. Held out, either loop is predicted from the other and foreach."""
+    true = Rates(H200, {**TRUE.seconds, "byte:optimizer:foreach": 1 / 3.2e12, "byte:optimizer:single": 1 / 3.2e12,
+                        LOOP: 7e-6})
+    steps = [(_step(4096, optimizer_bytes=0), "no optimizer")]  # (a fused kernel moving nothing)
+    steps += [(_step(4096).plus(OpCosts({("optimizer:foreach", 0, 283_000_000_000 // 8): 8})), "foreach"),
+              (_loop_step(108_000_000_000, 873), "sgd"), (_loop_step(229_000_000_000, 4944), "adafactor")]
+    main = [(_step(t, attn=a, mlp=m), "main") for t in (2048, 4096, 16384) for a, m in ((0, 0), (32, 0), (0, 32))]
+    samples = [Sample({"i": i}, cell, ops, true.time(ops))  # type: ignore[arg-type]
+               for i, (ops, cell) in enumerate(main + steps)]
+    assert loop_ops(samples[-1].ops, BY_KEY["h200"]) == 4944 and loop_ops(samples[-1].ops, None) == 0
+    assert loop_ops(samples[0].ops, BY_KEY["h200"]) == 0  # a fused kernel's step counters: one op, no loop
+    terms = true.terms(samples[-1].ops)
+    assert terms is not None and terms["optimizer loop"] == pytest.approx(4944 * 7e-6)
+    model = OpTimeModel.calibrated(samples, card=H200)
+    assert model is not None and model.rates.seconds[LOOP] == pytest.approx(7e-6, rel=0.01)
+    loco = {c.cell: c.error for c in model.loco}
+    assert abs(loco["sgd"]) < 1e-3 and abs(loco["adafactor"]) < 1e-3 and abs(loco["foreach"]) < 1e-3  # type: ignore[arg-type]
+    # a CPU runs nothing ahead of an op's dispatch: no loop cost, the per-op cost is all of it
+    cpu = Rates(None, {**TRUE.seconds, "byte:optimizer:single": 1 / 3.2e12, LOOP: 7e-6})
+    cpu_terms = cpu.terms(samples[-1].ops)
+    assert cpu_terms is not None and "optimizer loop" not in cpu_terms

@@ -4,23 +4,28 @@ carried to another card by its datasheet figures. Pure: numpy and scipy, no torc
 A step's ops (``train.flops.OpCosts``: counted on the traced step by estimator/op_costs.py, recomputation where the
 layout recomputes) take, on one card,
 
-    time = sum over ops of max(FLOPs x s[flop:class], bytes x s[byte:group]) + ops x s[op] + s[step]
+    time = sum over ops of max(FLOPs x s[flop:class], bytes x s[byte:group]) + ops x s[op]
+           + loop ops x s[op:optimizer:single] + s[step]
 
 with physical parameters: seconds per FLOP of each compute class (1 / its achieved FLOP/s: ``matmul:bf16``,
 ``attention:sdpa:bf16``, ``attention:eager:bf16``, ...), seconds per byte of each memory group (1 / its achieved
 bandwidth: ``memory`` (elementwise ops, norms, the loss, and the bytes side of every compute op), ``copy`` (casts
 and copies), and the optimizer's by kernel: ``optimizer:fused``, ``optimizer:foreach``, ``optimizer:single``), a
 cost per forward-backward pass with checkpointed layers, seconds per op (a kernel's launch, an op's dispatch: what
-a small op costs beyond its bytes) and a fixed cost per step. Communication is not timed: a step with collectives
+a small op costs beyond its bytes), seconds per op of a per-tensor optimizer loop beyond that (SGD's, Adafactor's:
+the loop issues one op per tensor from Python, small tensors' included, and the device waits for it: 7.4 us an op on
+the H200, against 1.6 us for any op) and a fixed cost per step. Communication is not timed: a step with collectives
 is not modelled.
 
 **Calibration** (``calibrate``): least squares on relative errors, each rate at most its card's datasheet peak
 (``least_seconds``; a CPU has none: non-negative); the max is settled by iterating (each op is bound by the side
 the current rates make longer, the rates are fitted again, until no op changes side), then refitted with the sides
 following the rates (two starts, the better fit kept). A parameter the points say little about stays near the one
-it falls back to (``fallbacks``: a copy or the optimizer at the memory bandwidth, a GPU's foreach at the fused
-kernel's, a CPU's at the per-tensor ops'; an attention kernel at its dtype's matmul rate; fp16 at bf16's rate
-scaled by the card's fp16/bf16 peaks), by a weak prior on the log of their ratio; a class under MIN_SHARE of every
+it falls back to (``fallbacks``: a copy or the optimizer at the memory bandwidth, the optimizer's per-tensor and
+multi-tensor ops at each other's (the same streaming kernels, launched per tensor or per list of tensors), then on a
+GPU at the fused kernel's; an attention kernel at its dtype's matmul rate; fp16 at bf16's rate scaled by the card's
+fp16/bf16 peaks), by a weak prior on the log of their ratio (none for the loop's per-op cost: what it costs beyond
+any op is the data's to say); a class under MIN_SHARE of every
 point's time is not calibrated, and a parameter no point exercises *is* its fallback when a prediction needs it; a
 class with none (fp32 matmuls on a card calibrated in bf16, communication) is not predicted.
 
@@ -58,6 +63,8 @@ from ckptbench.train.flops import (
 )
 
 STEP, OP, PASS = "step", "op", "checkpointed pass"
+LOOP = "op:optimizer:single"  # seconds per op of a per-tensor optimizer loop, beyond OP's
+_NO_PRIOR = frozenset({LOOP})  # falls back when uncalibrated, but is not pulled toward its fallback
 # Weight of the prior that keeps a parameter near its fallback, per squared natural log of their ratio, against the
 # squared relative errors of the points: a rate twice its fallback costs what a 0.07% error on one point costs.
 PRIOR_WEIGHT = 1e-6
@@ -93,15 +100,22 @@ def _peak(card: Card | None, dtype: str) -> float | None:
     return {"bf16": card.bf16_tflops, "fp16": card.fp16_tflops}.get(dtype)
 
 
+_STREAMING = {byte_param(OPTIMIZER_FOREACH): byte_param(OPTIMIZER_SINGLE),
+              byte_param(OPTIMIZER_SINGLE): byte_param(OPTIMIZER_FOREACH)}
+
+
 def fallbacks(param: str, card: Card | None) -> list[tuple[str, float]]:
-    """What an uncalibrated parameter stands in for, in order, each with the factor on its seconds: a copy's or the
-    optimizer's byte at the memory bandwidth, except a multi-tensor (foreach) op's: on a GPU it streams its tensors
-    in large chunks as the fused kernel does, on a CPU it is a loop of per-tensor ops as SGD's or Adafactor's; an
-    attention kernel's FLOP at the same kernel in the other 16-bit dtype (scaled by the card's peaks), else at its
+    """What an uncalibrated parameter stands in for, in order, each with the factor on its seconds: the optimizer's
+    per-tensor (single) and multi-tensor (foreach) ops' bytes at each other's (the same elementwise kernels streaming
+    whole tensors: the H200 calibrates them at 3.27 and 3.22 TB/s), then on a GPU at the fused kernel's, then at the
+    memory bandwidth; a copy's or another optimizer byte at the memory bandwidth; the loop's per-op cost at any op's;
+    an attention kernel's FLOP at the same kernel in the other 16-bit dtype (scaled by the card's peaks), else at its
     dtype's matmul rate; a matmul's at the other 16-bit dtype's."""
-    if param == byte_param(OPTIMIZER_FOREACH):
-        like = OPTIMIZER_FUSED if card is not None else OPTIMIZER_SINGLE
-        return [(byte_param(like), 1.0), (byte_param(MEMORY), 1.0)]
+    if param in _STREAMING:
+        fused = [(byte_param(OPTIMIZER_FUSED), 1.0)] if card is not None else []
+        return [(_STREAMING[param], 1.0), *fused, (byte_param(MEMORY), 1.0)]
+    if param == LOOP:
+        return [(OP, 1.0)]
     if param.startswith("byte:") and param != byte_param(MEMORY):
         return [(byte_param(MEMORY), 1.0)]
     if not param.startswith("flop:"):
@@ -135,9 +149,17 @@ def not_modelled(key: Mapping[str, Any]) -> str | None:
     return None
 
 
-def params_of(ops: OpCosts) -> set[str]:
-    """The parameters the time of these ops needs."""
-    found = {OP, STEP}
+def loop_ops(ops: OpCosts, card: Card | None) -> int:
+    """The ops of a per-tensor optimizer loop among ``ops`` on a GPU: their per-tensor (single) optimizer ops where
+    there are more than one (one alone is a fused or multi-tensor optimizer's update of its step counters, not a
+    loop). None on a CPU, where nothing runs ahead of an op's dispatch: the per-op cost is all of it."""
+    n = ops.count(OPTIMIZER_SINGLE) if card is not None else 0
+    return n if n > 1 else 0
+
+
+def params_of(ops: OpCosts, card: Card | None) -> set[str]:
+    """The parameters the time of these ops needs on ``card`` (None: a CPU)."""
+    found = {OP, STEP} | ({LOOP} if loop_ops(ops, card) else set())
     for c in ops.classes:
         if c == COMMUNICATION:
             continue
@@ -157,14 +179,12 @@ class Rates:
     seconds: Mapping[str, float]
     transferred_from: str | None = None
 
-    def get(self, param: str, _depth: int = 0) -> float | None:
-        """A parameter's seconds, or its fallback's (``fallbacks``); None when neither was calibrated."""
+    def get(self, param: str, _seen: frozenset[str] = frozenset()) -> float | None:
+        """A parameter's seconds, or its fallback's (``fallbacks``, each asked once); None when none was calibrated."""
         if param in self.seconds:
             return self.seconds[param]
-        if _depth > 3:
-            return None
         for other, factor in fallbacks(param, card_of(self.card)):
-            found = self.get(other, _depth + 1)
+            found = None if other in _seen else self.get(other, _seen | {param})
             if found is not None:
                 return found * factor
         return None
@@ -172,7 +192,7 @@ class Rates:
     def missing(self, ops: OpCosts) -> list[str]:
         """The classes of ``ops`` these rates cannot time (no parameter, no fallback; communication)."""
         out = [COMMUNICATION] if COMMUNICATION in ops.classes else []
-        return out + [p for p in sorted(params_of(ops)) if self.get(p) is None]
+        return out + [p for p in sorted(params_of(ops, card_of(self.card))) if self.get(p) is None]
 
     def terms(self, ops: OpCosts) -> dict[str, float] | None:
         """Seconds of each class (compute classes: their ops' roofline times), 'per-op' and 'fixed'; None when a
@@ -186,6 +206,9 @@ class Rates:
                 t = max(t, flops * self.get(flop_param(c)))  # type: ignore[operator]
             out[c] = out.get(c, 0.0) + n * t
         out["per-op"] = ops.ops * self.get(OP)  # type: ignore[operator]
+        loop = loop_ops(ops, card_of(self.card))
+        if loop:
+            out["optimizer loop"] = loop * self.get(LOOP)  # type: ignore[operator]
         out["fixed"] = self.get(STEP)  # type: ignore[assignment]
         return out
 
@@ -262,7 +285,7 @@ class Check:
 class _Design:
     """The samples' ops as arrays over the parameters, and the rows a set of rates makes of them."""
 
-    def __init__(self, samples: Sequence[Sample], params: Sequence[str],
+    def __init__(self, samples: Sequence[Sample], params: Sequence[str], card: Card | None,
                  alias: Mapping[str, tuple[str, float]] | None = None) -> None:
         self.params = list(params)
         col = {p: i for i, p in enumerate(self.params)}
@@ -276,8 +299,10 @@ class _Design:
             return col.get(param, -1), factor
 
         self.op_col, self.step_col = col[OP], col[STEP]
+        self.loop_col, self.loop_factor = where(LOOP) if LOOP in col or LOOP in alias else (-1, 1.0)
         self.rows: list[tuple[np.ndarray, ...]] = []
         self.op_counts = [float(s.ops.ops) for s in samples]
+        self.loop_counts = [float(loop_ops(s.ops, card)) for s in samples]
         for s in samples:
             items = list(s.ops.counts.items())
             fwhere = [where(flop_param(c)) if is_compute(c) else (-1, 1.0) for (c, _, _), _ in items]
@@ -302,6 +327,8 @@ class _Design:
             np.add.at(X[i], fcol[compute], (count * flops)[compute])
             np.add.at(X[i], bcol[~compute], (count * nbytes)[~compute])
             X[i, self.op_col] = self.op_counts[i]
+            if self.loop_col >= 0:
+                X[i, self.loop_col] += self.loop_counts[i] * self.loop_factor
             X[i, self.step_col] = 1.0
             sides.append(compute)
         return X, sides
@@ -312,15 +339,16 @@ def calibrate(samples: Sequence[Sample], *, card: str | None, weight: float = PR
     usable = [s for s in samples if COMMUNICATION not in s.ops.classes]
     if not usable:
         return None
-    params = sorted(set().union(*(params_of(s.ops) for s in usable)))
+    device = card_of(card)
+    params = sorted(set().union(*(params_of(s.ops, device) for s in usable)))
     y = np.array([s.step_time_s for s in usable])
-    theta = _fit(_Design(usable, params), y, params, card_of(card), weight)
+    theta = _fit(_Design(usable, params, device), y, params, device, weight)
     # A class too small in every point for the points to say its rate (a fused optimizer's step counters) takes
     # the rate it falls back to: fitted free, it could take any value, and would where it is not small.
-    alias = _undetermined(_Design(usable, params), y, params, theta, card_of(card))
+    alias = _undetermined(_Design(usable, params, device), y, params, theta, device)
     if alias:
         params = [p for p in params if p not in alias]
-        theta = _fit(_Design(usable, params, alias), y, params, card_of(card), weight)
+        theta = _fit(_Design(usable, params, device, alias), y, params, device, weight)
     return Rates(card, {p: float(v) for p, v in zip(params, theta, strict=True)})
 
 
@@ -329,14 +357,15 @@ MIN_SHARE = 0.005  # of every point's time: below it a class's rate is not calib
 
 def _undetermined(design: _Design, y: np.ndarray, params: Sequence[str], theta: np.ndarray, card: Card | None
                   ) -> dict[str, tuple[str, float]]:
-    """The parameters whose ops take less than MIN_SHARE of every point's time at the rate they fall back to, each
-    with that fallback and its factor."""
+    """The parameters whose ops take less than MIN_SHARE of every point's time at the rate they fall back to (one
+    the prior does not pull toward its fallback: at its own fitted rate), each with that fallback and its factor."""
     X, _ = design.matrix(theta)
     found: dict[str, tuple[str, float]] = {}
-    for i, j, k in _priors(params, card):
+    for i, j, k in _priors(params, card, every=True):
         if params[j] in found or theta[j] <= 0:
             continue
-        if float(np.max(X[:, i] * theta[j] * math.exp(k) / y)) < MIN_SHARE:
+        rate = theta[i] if params[i] in _NO_PRIOR else theta[j] * math.exp(k)
+        if float(np.max(X[:, i] * rate / y)) < MIN_SHARE:
             found[params[i]] = (params[j], math.exp(k))
     return found
 
@@ -375,10 +404,11 @@ def least_seconds(param: str, card: Card | None) -> float:
     return 0.0
 
 
-def _priors(params: Sequence[str], card: Card | None) -> list[tuple[int, int, float]]:
-    """(parameter, the one it falls back to, log of the factor between them) for each parameter with a fallback."""
+def _priors(params: Sequence[str], card: Card | None, *, every: bool = False) -> list[tuple[int, int, float]]:
+    """(parameter, the one it falls back to, log of the factor between them) for each parameter with a fallback
+    among ``params`` that the prior pulls toward it (``every``: each parameter with a fallback)."""
     col = {p: i for i, p in enumerate(params)}
-    return [(i, j, math.log(k)) for p, i in col.items()
+    return [(i, j, math.log(k)) for p, i in col.items() if every or p not in _NO_PRIOR
             for j, k in [next(((col[q], k) for q, k in fallbacks(p, card) if q in col), (-1, 1.0))] if j >= 0]
 
 
@@ -447,7 +477,7 @@ def _solve(X: np.ndarray, y: np.ndarray, params: Sequence[str], previous: np.nda
     col = {p: i for i, p in enumerate(params)}
     if previous is not None:
         for p, i in col.items():
-            parent = next(((col[q], k) for q, k in fallbacks(p, card) if q in col), None)
+            parent = None if p in _NO_PRIOR else next(((col[q], k) for q, k in fallbacks(p, card) if q in col), None)
             if parent is None or previous[parent[0]] <= 0:
                 continue
             j, k = parent
