@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 CONFIGS = ("configs/llama7b.yaml", "configs/llama7b-estimate-grid.yaml")
+# Cards other than the default one whose estimates are kept too: another cuBLAS workspace (Ampere), another size.
+OTHER_CARDS = (("configs/llama7b.yaml", "a100-80gb"), ("configs/llama7b.yaml", "a100-40gb"))
 RUNS = ("results/h200-gpu-check-1/check", "results/h200-gpu-check-1/axes", "results/h200-gpu-check-2/check")
 
 
@@ -42,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(ROOT / config)
         estimates = estimate_config(cfg, target="cuda")
         lines.append(f"{digest([e.to_record() for e in estimates])}  {len(estimates):4d}  {config}")
+    for config, gpu in OTHER_CARDS:
+        estimates = estimate_config(load_config(ROOT / config), target="cuda", gpu=gpu)
+        lines.append(f"{digest([e.to_record() for e in estimates])}  {len(estimates):4d}  {config} --gpu {gpu}")
     for name in RUNS:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -1,6 +1,6 @@
-"""Answers of `ckptbench advise` shared by the advise test files of one pytest process: one Estimator per model,
-optimizer and cuBLAS workspace (its traces serve every card with that workspace: ``Estimator.on_card``), one per
-card on top of it (its replays serve every budget and headroom), and the step-time model fitted once.
+"""Answers of `ckptbench advise` shared by the advise test files of one pytest process: one Estimator per model and
+optimizer (its traces serve every card: ``Estimator.on_card``), one per card on top of it (its replays serve every
+budget and headroom), and the step-time model fitted once.
 
 The answers are the product's own (``advise(request, estimator=..., times=...)``): only the traces and replays
 that several requests share are made once. tests/conftest.py runs the files that use it on one worker.
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-_BASE: dict[tuple[str, str, int], Any] = {}
+_BASE: dict[tuple[str, str], Any] = {}
 _ON_CARD: dict[tuple[str, str, str], Any] = {}
 _TIMES: list[Any] = []
 
@@ -38,7 +38,7 @@ def estimator_for(request: Any) -> Any:
     card = request.card()
     on_card = (request.model, request.optimizer, card.key)
     if on_card not in _ON_CARD:
-        base_key = (request.model, request.optimizer, card.cublas_workspace_bytes())
+        base_key = (request.model, request.optimizer)
         base = _BASE.get(base_key)
         if base is None:
             base = _BASE[base_key] = Estimator(request.config(layouts=PRIMED), target="cuda", gpu=card)

@@ -46,14 +46,13 @@ from typing import Any, Protocol
 
 import torch
 
+from ckptbench.estimator.gpus import HOPPER_CUBLAS_WORKSPACE, block_bytes, persistent_workspace_bytes
+
 _FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 _EMBEDDING_BWD = torch.ops.aten.embedding_dense_backward.default
 _SOFTMAX_BWD = torch.ops.aten._softmax_backward_data.default
 
-CUDA_BLOCK_BYTES = 512
-_MIB = 2**20
-CUBLAS_WORKSPACE_BYTES = 32 * 2**20  # Hopper (sm90) default; 4096 KiB x 2 + 16 KiB x 8 on older GPUs
-CUBLAS_HANDLES = 2  # the main thread (forward, optimizer) and autograd's CUDA device thread (backward)
+CUBLAS_WORKSPACE_BYTES = HOPPER_CUBLAS_WORKSPACE  # 4096 KiB x 2 + 16 KiB x 8 on older GPUs (estimator/gpus.py)
 _EMBEDDING_FAST_PATH_TOKENS = 3072
 _EMBEDDING_ROWS_PER_THREAD = 10
 
@@ -98,16 +97,10 @@ class CudaKernels:
     target = "cuda"
 
     def __init__(self, *, cublas_workspace_bytes: int = CUBLAS_WORKSPACE_BYTES) -> None:
-        self.persistent_bytes = CUBLAS_HANDLES * self.block_bytes(cublas_workspace_bytes)
+        self.persistent_bytes = persistent_workspace_bytes(cublas_workspace_bytes)
 
     def block_bytes(self, nbytes: int) -> int:
-        if nbytes <= 0:
-            return 0
-        size = _round_up(nbytes, CUDA_BLOCK_BYTES)
-        if size > 10 * _MIB:
-            segment = _round_up(size, 2 * _MIB)
-            return segment if segment - size <= _MIB else size
-        return size
+        return block_bytes(nbytes)
 
     def workspace_bytes(self, func: Any, args: tuple[Any, ...], out: Any) -> int:
         """Bytes of the scratch buffers ``func`` holds while it runs, each rounded as the allocator rounds it."""

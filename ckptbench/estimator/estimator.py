@@ -45,10 +45,17 @@ from ckptbench.estimator.assembly import (
     trace_ops,
 )
 from ckptbench.estimator.event_assembly import AssemblyError
-from ckptbench.estimator.gpus import DEFAULT_GPU, GpuModel, gpu_for_name, gpu_model
+from ckptbench.estimator.gpus import (
+    DEFAULT_GPU,
+    HOPPER_CUBLAS_WORKSPACE,
+    GpuModel,
+    gpu_for_name,
+    gpu_model,
+    persistent_workspace_bytes,
+)
 from ckptbench.estimator.record import CATEGORIES, Estimate, EstimateProgress, Reserved
 from ckptbench.estimator.replay import StreamTooShort, fast_steps, full_steps, predict_reserved
-from ckptbench.estimator.step_trace import GRADS, OPTIMIZER_STATE, PARAMS, StepTrace
+from ckptbench.estimator.step_trace import GRADS, OPTIMIZER_STATE, OTHER, PARAMS, StepTrace, add, only
 from ckptbench.estimator.trace_cache import TraceCache, TraceFailed, default_cache
 from ckptbench.estimator.workers import map_pieces, worker_count
 from ckptbench.results.record import PredictedOom, Prediction
@@ -62,6 +69,8 @@ Method = Literal["fast", "full"]
 
 Job = tuple[str, Callable[[], None]]
 
+# Traces are made without the cuBLAS workspaces (Estimator._persistent adds them): the same trace for every card.
+_NO_WORKSPACE = 0
 # What a trace leaves in the Estimator (a worker's trace is sent back as the new entries of these).
 _TRACE_STORES = ("_costs", "_optim", "_full", "_traces", "_failed")
 
@@ -107,13 +116,12 @@ class Estimator:
         return uniform() if self.cache is None else self.cache.memo(key, uniform)
 
     def on_card(self, gpu: GpuModel) -> Estimator:
-        """An Estimator of the same config that replays ``gpu``'s allocator. A trace does not depend on the card
-        but for the cuBLAS workspace its kernels take (estimator/gpus.py): where that is the same, the new one
-        shares this one's traces (and any trace either runs later); else it starts with none."""
+        """An Estimator of the same config that replays ``gpu``'s allocator, sharing this one's traces (and any trace
+        either runs later): a trace does not depend on the card (its cuBLAS workspaces are added to the peak after,
+        ``_peak``)."""
         other = Estimator(self.cfg, target=self.target, method=self.method, rank=self.rank, gpu=gpu, cache=self.cache)
-        if other._workspace == self._workspace:
-            for name in (*_TRACE_STORES, "_classes", "_prepared"):
-                setattr(other, name, getattr(self, name))
+        for name in (*_TRACE_STORES, "_classes", "_prepared"):
+            setattr(other, name, getattr(self, name))
         return other
 
     def classes(self, point: Point) -> list[str]:
@@ -238,15 +246,22 @@ class Estimator:
         return run
 
     @property
-    def _workspace(self) -> int | None:
-        return self.gpu.cublas_workspace_bytes(os.environ.get("CUBLAS_WORKSPACE_CONFIG")) if self.gpu else None
+    def _persistent(self) -> int:
+        """The bytes the step's cuBLAS workspaces hold throughout, on the CUDA target: the card's (without a card,
+        Hopper's). Traces leave them out (they are made without: one trace serves every card) and ``_peak`` adds
+        them, as a trace made with them would count them: a constant under every byte vector of the step."""
+        if self.target != "cuda":
+            return 0
+        config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+        return persistent_workspace_bytes(self.gpu.cublas_workspace_bytes(config) if self.gpu else
+                                          HOPPER_CUBLAS_WORKSPACE)
 
     def _cache_key(self, kind: str, key: Any) -> tuple[Any, ...]:
         """What a trace depends on beyond its trace key: the config's settings a trace reads (estimator/trace.py),
-        the target, the rank and the cuBLAS workspace (the code's versions key the cache's folder)."""
+        the target and the rank (the code's versions key the cache's folder). Not the card: see ``_persistent``."""
         cfg = self.cfg
         return ("trace", kind, key, cfg.model.model_dump_json(), cfg.lora.model_dump_json(), cfg.seed, cfg.lr,
-                cfg.zero_grad_to_none, self.target, self.rank, self._workspace)
+                cfg.zero_grad_to_none, self.target, self.rank)
 
     def _load(self, kind: str, key: Any) -> bool:
         """Take the trace ``kind`` of ``key`` from the disk cache into this Estimator; whether it was there."""
@@ -272,7 +287,7 @@ class Estimator:
 
         key = _optim_key(point)
         self._optim[key] = trace_optimizer(
-            self.cfg, point, target=self.target, rank=self.rank, cublas_workspace_bytes=self._workspace
+            self.cfg, point, target=self.target, rank=self.rank, cublas_workspace_bytes=_NO_WORKSPACE
         )
         self._keep("optimizer", key, self._optim[key])
 
@@ -283,7 +298,7 @@ class Estimator:
         classes, micro = key[-1], min(point.micro_batches, 2)
         trace = trace_step(
             self.cfg, point, target=self.target, plans=plans_for(classes), num_layers=len(classes),
-            micro_batches=micro, defer_shared=True, rank=self.rank, cublas_workspace_bytes=self._workspace,
+            micro_batches=micro, defer_shared=True, rank=self.rank, cublas_workspace_bytes=_NO_WORKSPACE,
             reuse=self._prepared,
         )
         self._costs[key] = StepCosts.from_trace(trace, classes, micro)
@@ -294,7 +309,7 @@ class Estimator:
         from ckptbench.estimator.trace import trace_step
 
         trace = trace_step(
-            self.cfg, point, target=self.target, rank=self.rank, cublas_workspace_bytes=self._workspace
+            self.cfg, point, target=self.target, rank=self.rank, cublas_workspace_bytes=_NO_WORKSPACE
         )
         self._full[point] = Peak.of_trace(trace)
         self._traces[point] = trace
@@ -348,9 +363,13 @@ class Estimator:
         if self._failed.get(_optim_key(point)) or self._failed.get(trace_key):
             return None
         if self.method == "full":
-            return self._full[point]
-        return assemble(self._costs[trace_key], self._optim[_optim_key(point)], self.classes(point),
-                        point.micro_batches)
+            peak = self._full[point]
+        else:
+            peak = assemble(self._costs[trace_key], self._optim[_optim_key(point)], self.classes(point),
+                            point.micro_batches)
+        if not self._persistent:
+            return peak
+        return Peak(add(peak.vector, only(OTHER, self._persistent)), peak.label, peak.retained)
 
     def op_costs(self, point: Point) -> OpCosts | None:
         """Every op of the point's step (class, FLOPs, bytes: estimator/op_costs.py), its recomputation where its

@@ -24,6 +24,25 @@ DEFAULT_CUBLAS_WORKSPACE = 4096 * KIB * 2 + 16 * KIB * 8
 # bias (train.model.warm_device_libraries runs one) allocate it; the H200 points of check-2, which warm
 # the libraries, peak exactly 1 MiB above the same points of check-1, which did not.
 CUBLASLT_WORKSPACE = 1024 * KIB
+CUBLAS_HANDLES = 2  # the main thread (forward, optimizer) and autograd's CUDA device thread (backward)
+_BLOCK = 512
+
+
+def block_bytes(nbytes: int) -> int:
+    """What a request of ``nbytes`` holds of the caching allocator as the device model counts it: rounded up to 512
+    bytes, and above 10 MiB to its 2 MiB segment unless that adds more than 1 MiB."""
+    if nbytes <= 0:
+        return 0
+    size = -(-nbytes // _BLOCK) * _BLOCK
+    if size > 10 * MIB:
+        segment = -(-size // (2 * MIB)) * (2 * MIB)
+        return segment if segment - size <= MIB else size
+    return size
+
+
+def persistent_workspace_bytes(cublas_workspace: int) -> int:
+    """The cuBLAS workspaces a training step holds from its first matmul on: one per handle (CUBLAS_HANDLES)."""
+    return CUBLAS_HANDLES * block_bytes(cublas_workspace)
 
 
 @dataclass(frozen=True)
