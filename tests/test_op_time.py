@@ -175,8 +175,8 @@ def test_a_gpu_calibration_stays_within_its_datasheet_and_foreach_falls_back_by_
     assert fallbacks("byte:optimizer:foreach", None) == [("byte:optimizer:single", 1.0), ("byte:memory", 1.0)]
     assert fallbacks(LOOP, h200) == [(OP, 1.0)]
     # fallbacks that name each other still end: neither calibrated, both take the fused kernel's, then memory's
-    rates = Rates(H200, {"byte:optimizer:fused": 2e-12, "byte:memory": 1e-12})
-    assert rates.get("byte:optimizer:single") == rates.get("byte:optimizer:foreach") == 2e-12
+    streaming = Rates(H200, {"byte:optimizer:fused": 2e-12, "byte:memory": 1e-12})
+    assert streaming.get("byte:optimizer:single") == streaming.get("byte:optimizer:foreach") == 2e-12
     assert Rates(None, {"byte:memory": 1e-12}).get("byte:optimizer:single") == 1e-12
     assert Rates(None, {OP: 1e-6}).get("byte:optimizer:foreach") is None
     # copies that cost nothing in the data: calibrated at the bandwidth, not above it
