@@ -868,6 +868,81 @@ done:
     return result;
 }
 
+/* copy_program(program, start, events, own, workspaces, next_key, alloc_op, free_op) -> (next_key, index):
+ * event_assembly.EventAssembler._segment's copies, from ``start``: each (COPY_ALLOC, id, bytes, workspace) appends
+ * (alloc_op, key, bytes) with the next key, kept in ``own[id]`` (and in ``workspaces`` when it is one); each
+ * (COPY_LOCAL, id, 0, False) appends (free_op, own[id], 0). It stops at the first entry of another code (a free the
+ * assembler places by its rules: event_assembly.py's loop is the reference) and returns its index, or
+ * len(program) when there is none. */
+#define COPY_ALLOC 0
+#define COPY_LOCAL 1
+static PyObject *copy_program(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "copy_program(program, start, events, own, workspaces, next_key, alloc_op, "
+                                         "free_op)");
+        return NULL;
+    }
+    PyObject *program = args[0], *events = args[2], *own = args[3], *workspaces = args[4];
+    PyObject *alloc_op = args[6], *free_op = args[7];
+    if (!PyList_CheckExact(program) || !PyList_CheckExact(events) || !PyDict_CheckExact(own) ||
+        !PySet_Check(workspaces)) {
+        PyErr_SetString(PyExc_TypeError, "copy_program: program and events are lists, own a dict, workspaces a set");
+        return NULL;
+    }
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    long long next_key = PyLong_AsLongLong(args[5]);
+    if (next_key == -1 && PyErr_Occurred()) return NULL;
+    PyObject *zero = PyLong_FromLong(0);
+    if (zero == NULL) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(program);
+    if (i < 0) i = n;
+    for (; i < n; i++) {
+        PyObject *entry = PyList_GET_ITEM(program, i);
+        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4) {
+            PyErr_SetString(PyExc_TypeError, "copy_program: each entry is (code, id, bytes, workspace)");
+            goto fail;
+        }
+        long code = PyLong_AsLong(PyTuple_GET_ITEM(entry, 0));
+        if (code == -1 && PyErr_Occurred()) goto fail;
+        PyObject *eid = PyTuple_GET_ITEM(entry, 1), *ev;
+        if (code == COPY_ALLOC) {
+            PyObject *key = PyLong_FromLongLong(next_key);
+            if (key == NULL) goto fail;
+            if (PyDict_SetItem(own, eid, key) < 0) {
+                Py_DECREF(key);
+                goto fail;
+            }
+            int workspace = PyObject_IsTrue(PyTuple_GET_ITEM(entry, 3));
+            if (workspace < 0 || (workspace && PySet_Add(workspaces, key) < 0)) {
+                Py_DECREF(key);
+                goto fail;
+            }
+            ev = PyTuple_Pack(3, alloc_op, key, PyTuple_GET_ITEM(entry, 2));
+            Py_DECREF(key);
+            next_key++;
+        } else if (code == COPY_LOCAL) {
+            PyObject *key = PyDict_GetItemWithError(own, eid); /* borrowed */
+            if (key == NULL) {
+                if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, eid);
+                goto fail;
+            }
+            ev = PyTuple_Pack(3, free_op, key, zero);
+        } else {
+            break; /* a placed free: the caller's rules */
+        }
+        if (ev == NULL) goto fail;
+        int err = PyList_Append(events, ev);
+        Py_DECREF(ev);
+        if (err < 0) goto fail;
+    }
+    Py_DECREF(zero);
+    return Py_BuildValue("(Ln)", next_key, i);
+fail:
+    Py_DECREF(zero);
+    return NULL;
+}
+
 static PyMethodDef module_methods[] = {
     {"bind", bind, METH_VARARGS,
      "bind(Block, AllocatorSegment): the classes whose slots serve reads and writes, and whose objects it makes; "
@@ -878,6 +953,10 @@ static PyMethodDef module_methods[] = {
      "(its index; len(requests) when none is). ``segments``: None (leave a request that needs a new segment), or "
      "(allowed bytes or -1, what the device has, large_segment_size, the next segment's address, "
      "Stats.segment_events or None) to make new segments while there is room."},
+    {"copy_program", (PyCFunction)(void (*)(void))copy_program, METH_FASTCALL,
+     "copy_program(program, start, events, own, workspaces, next_key, alloc_op, free_op) -> (next_key, index): "
+     "event_assembly's copies of a template segment's allocations and local frees from ``start``, up to the first "
+     "entry of another code (its index; len(program) when there is none)."},
     {"micro_plan", (PyCFunction)(void (*)(void))micro_plan, METH_FASTCALL,
      "micro_plan(events, starts, alloc_op) -> (keys, origin, freed, periodic_from) or None: replay.MicroPlan.of's "
      "loop over a step's events (None: an event it leaves to the pure-Python loop)."},

@@ -26,3 +26,7 @@ def serve(
 def micro_plan(
     events: Sequence[tuple[int, int, int]], starts: Sequence[int], alloc_op: int
 ) -> tuple[tuple[tuple[int, ...], ...], dict[int, tuple[int, int]], frozenset[int], int] | None: ...
+def copy_program(
+    program: list[tuple[int, int, int, bool]], start: int, events: list[tuple[int, int, int]], own: dict[int, int],
+    workspaces: set[int], next_key: int, alloc_op: int, free_op: int,
+) -> tuple[int, int]: ...

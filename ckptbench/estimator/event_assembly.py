@@ -102,6 +102,15 @@ class ShortTemplate:
         return any(op != ALLOC and key == eid for op, key, _ in self.segments.get(make_label("bwd", layer, 0), []))
 
 
+def _copy_program() -> Callable[..., tuple[int, int]] | None:
+    """The C loop of ``EventAssembler._segment``'s copies (``_replay_native.copy_program``), or None where the C part
+    is not used (not built, CKPTBENCH_NATIVE=0: read each time, tests switch it off)."""
+    from ckptbench.estimator import allocator  # the C part, loaded and checked against its source there
+
+    native = allocator.NATIVE
+    return None if native is None else native.copy_program
+
+
 class EventAssembler:
     """Copies a short model's events into one training step of a full model with these layer classes."""
 
@@ -110,6 +119,7 @@ class EventAssembler:
         self.layer_of = [template.template_layer(j, full) for j in range(self.n)]
         self.out = StepEvents()
         self.keys: dict[str, dict[int, int]] = {}  # full label -> {template event id: key}
+        self.copy = _copy_program()
         self._placed: dict[str, list[tuple[str, str, int]]] = {}  # full label -> the releases freed at its end
         for kk in range(self.micro):
             tm = min(kk, template.micro_batches - 1)
@@ -141,7 +151,15 @@ class EventAssembler:
         own = self.keys[label] = {}
         events, workspaces = out.events, out.workspaces
         expanded = False
-        for code, eid, nbytes, workspace in tmpl.program(template):  # StepEvents.alloc and .free, inlined
+        program, copy = tmpl.program(template), self.copy
+        i, n = 0, len(program)
+        while i < n:
+            if copy is not None:  # the copies in C, up to the next free placed by the rules below
+                out.next_key, i = copy(program, i, events, own, workspaces, out.next_key, ALLOC, FREE)
+                if i >= n:
+                    break
+            code, eid, nbytes, workspace = program[i]  # StepEvents.alloc and .free, inlined
+            i += 1
             if code == COPY_ALLOC:
                 key = own[eid] = out.next_key
                 out.next_key = key + 1
