@@ -216,6 +216,7 @@ def plan(
     headroom: str | None = None,
     budget: str | None = None,
     times_from: Sequence[str] = (),
+    attention: str | None = None,
 ) -> Plan:
     """What to checkpoint for ``model`` on ``gpu`` at this batch and sequence length (``ckptbench advise``'s
     answer, as a typed :class:`~ckptbench.advise.plan.Plan`): the layout and its layers, the micro-batches, the
@@ -225,6 +226,7 @@ def plan(
     or a transformers model (its config is read; nothing is run on it). ``gpu``: a card (``ckptbench gpus``) or a
     size ("24GiB"). ``precision``: "bf16" (pure, the default), "amp_bf16" (HF Trainer's bf16=True), ... ``parallel``:
     "ddp:N" or "fsdp2:N" (every figure per rank). ``headroom``: kept free under the budget (default "5%").
+    ``attention``: "sdpa" or "eager" (transformers' attn_implementation; default: sdpa where the model's code has it).
     Apply it with :func:`apply`; check it with ``ckptbench.hf.PeakMemoryCallback``.
     """
     import json
@@ -238,6 +240,7 @@ def plan(
     request = AdviseRequest(
         model=name, gpu=gpu, batches=(batch,), seqs=(seq,), precision=precision, optimizer=optimizer,
         parallel=parallel, headroom=headroom or DEFAULT_HEADROOM, budget=budget, times_from=tuple(times_from),
+        attn=attention,
         model_fields_json=json.dumps(fields, sort_keys=True, default=str) if fields is not None else None,
     )
     return plan_of(advise(request))

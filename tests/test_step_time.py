@@ -521,3 +521,31 @@ def test_every_family_is_modelled(preset: str) -> None:
     got = Predictor(cfg, request.limit(), shipped_calibration()).time(dataclasses.replace(point, layout="all"))
     assert got is not None and got.label == "modelled" and got.step_time_s > 0
     assert got.mfu is not None and 0.05 < got.mfu < 0.8
+
+
+def test_advise_eager_attention_is_asked_for_and_timed_modelled() -> None:
+    """`advise --attention eager` on LLaMA: the step traced with eager attention (bmm scores, its own class), said in
+    the assumptions, and its time modelled on the H200 from the op model (eager attention's own cell has one point at
+    sequence 2048: at 4096, a cell nobody measured); slower than sdpa's at the same point."""
+    from types import SimpleNamespace
+
+    from ckptbench.advise.record import Advice
+    from ckptbench.advise.request import AdviseRequest
+    from ckptbench.analysis.step_time import shipped_calibration
+    from ckptbench.estimator.estimator import Estimator
+
+    times = {}
+    for attn in ("eager", "sdpa"):
+        request = AdviseRequest(model="llama-7b", gpu="h200", batches=(1,), seqs=(4096,), attn=attn).checked()
+        cfg = request.config(layouts=("none",), precisions=("bf16",))
+        (point,) = cfg.points_list()
+        assert point.attn_implementation == attn and request.attention == attn
+        ops = Estimator(cfg, target="cuda", gpu=gpu_model("h200")).op_costs(point)
+        assert ops is not None and (ops.count("attention:eager:bf16") > 0) == (attn == "eager")
+        got = shipped_calibration().predict(point, gpu=gpu_model("h200"), ops=ops)
+        assert got is not None and got.label == "modelled", got
+        times[attn] = got.step_time_s
+    assert times["eager"] > times["sdpa"]
+    eager = AdviseRequest(model="llama-7b", gpu="h200", attn="eager")
+    words = Advice.attention_words.fget(SimpleNamespace(request=eager))  # type: ignore[attr-defined]
+    assert words.startswith('eager attention (asked for: attn_implementation="eager"')

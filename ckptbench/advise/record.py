@@ -246,9 +246,13 @@ class Advice:
 
     @property
     def attention_words(self) -> str:
-        """The attention the answer assumes, and why when it is not sdpa (the family's code has no other)."""
+        """The attention the answer assumes, and why when it is not sdpa (asked for, or the family's code has no
+        other)."""
         if self.request.attention == "sdpa":
             return "sdpa attention (flash/memory-efficient kernels)"
+        if self.request.attn == self.request.attention:
+            return (f"{self.request.attention} attention (asked for: attn_implementation=\"{self.request.attention}\", "
+                    "the S x S attention scores are materialised)")
         family = self.request.model_spec().family
         return (f"{self.request.attention} attention ({family.name}'s {family.special.split(',')[0]} needs it: "
                 "the S x S attention scores are materialised)")

@@ -30,6 +30,7 @@ PRECISIONS: tuple[str, ...] = get_args(Precision)
 # Without --precision the answer is for pure bf16, with one more sentence for HF Trainer's bf16=True (amp_bf16).
 DEFAULT_PRECISION, ALSO_PRECISION = "bf16", "amp_bf16"
 OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
+ATTENTIONS = ("sdpa", "eager")  # --attention: transformers' attn_implementation values the estimator traces
 ALLOWABLE = ("lora",)  # what changes what is trained: shown as a way out only when allowed
 # What each precision means for the bytes of weights, gradients and optimizer state (train/step.py).
 PRECISION_MEANS = {
@@ -59,6 +60,7 @@ class AdviseRequest:
     budget: str | None = None  # the memory to fit (default: the card's usable memory)
     parallel: str = "none"  # 'ddp:N' or 'fsdp2:N': N cards, answered per rank
     model_fields_json: str | None = None  # a config given as fields (ckptbench.plan on a config or a model), as JSON
+    attn: str | None = None  # --attention: sdpa or eager; None: the family's own (sdpa where its code has it)
     tflops: float | None = None  # a card given by its size: its dense bf16 peak (carries step times over)
     bandwidth: float | None = None  # ... and its memory bandwidth in TB/s
 
@@ -88,9 +90,16 @@ class AdviseRequest:
 
     @functools.cached_property
     def attention(self) -> str:
-        """The attention the answer assumes: sdpa (flash/memory-efficient kernels) where the family's code has it,
-        else the family's own (Gemma-2 soft-caps its attention logits: eager)."""
+        """The attention the answer assumes: the one asked for (``--attention``), else sdpa (flash/memory-efficient
+        kernels) where the family's code has it, else the family's own (Gemma-2 soft-caps its attention logits:
+        eager). ConfigError for one the family's code does not run."""
         family = self._validated({**self.model_section, "attn_implementation": "eager"}).family  # every family: eager
+        if self.attn is not None:
+            _choice("--attention", self.attn, ATTENTIONS)
+            if self.attn not in family.attention:
+                raise ConfigError(f"--attention: {family.name}'s code runs {' or '.join(family.attention)} attention "
+                                  f"only, not {self.attn}")
+            return self.attn
         return "sdpa" if "sdpa" in family.attention else family.attention[0]
 
     def model_spec(self) -> ModelSpec:
@@ -148,7 +157,7 @@ class AdviseRequest:
 
     def checked(self) -> AdviseRequest:
         """The request itself, or ConfigError (exit 2) naming the flag and what is allowed."""
-        spec = self.model_spec()
+        spec = self.model_spec()  # (--attention checked with it)
         for flag, value in (("--tflops", self.tflops), ("--bandwidth", self.bandwidth)):
             if value is not None and not 0 < value < math.inf:
                 raise ConfigError(f"{flag}: give a positive number, got {value}")

@@ -63,6 +63,10 @@ def advise_cmd(
         "--precision", metavar="P",
         help="bf16 (pure), amp_bf16 (HF bf16=True), fp16, amp_fp16, fp32. Default: bf16, and one sentence for "
              "amp_bf16.")] = None,
+    attention: Annotated[str | None, typer.Option(
+        "--attention", metavar="sdpa|eager",
+        help="The attention kernels (transformers' attn_implementation): sdpa (the default where the model's code "
+             "has it) or eager (the S x S scores materialised).")] = None,
     optimizer: Annotated[str, typer.Option("--optimizer", metavar="NAME",
                                            help="adamw_fused, adamw_foreach, adamw_8bit, sgd, adafactor, ...")]
     = "adamw_fused",
@@ -101,7 +105,7 @@ def advise_cmd(
             model=model, gpu=gpu, batches=tuple(batch or [2]), seqs=tuple(seq or [2048]), precision=precision,
             optimizer=optimizer, times_from=tuple(times_from or ()), observed=observed,
             allow=tuple(a.strip() for a in (allow or "").split(",") if a.strip()), headroom=headroom, budget=budget,
-            tflops=tflops, bandwidth=bandwidth, parallel=parallel,
+            tflops=tflops, bandwidth=bandwidth, parallel=parallel, attn=attention,
         ).checked()
     except CkptbenchError as exc:
         raise fail(exc) from None
