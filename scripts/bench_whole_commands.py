@@ -47,7 +47,9 @@ CASES = [
     Case("thread question, cold cache", THREAD, None),
     Case("thread question again, same card", THREAD, THREAD),
     Case("thread question again, another card (a100-40gb)", [*THREAD[:4], "a100-40gb", *THREAD[5:]], THREAD),
-    Case("thread question again, H100 (another cuBLAS workspace)", [*THREAD[:4], "h100-80gb", *THREAD[5:]], THREAD),
+    # Hopper's cuBLAS workspace is not Ampere's: the traces are the same (the workspaces are added after), the
+    # largest batch's probes may differ (another limit).
+    Case("thread question again, another card (h100-80gb)", [*THREAD[:4], "h100-80gb", *THREAD[5:]], THREAD),
     Case("thread question again, amp_bf16", [*THREAD, "--precision", "amp_bf16"], THREAD),
     Case("estimate configs/llama7b.yaml (66 points), warm", ["estimate", "configs/llama7b.yaml"],
          ["estimate", "configs/llama7b.yaml"]),
