@@ -69,6 +69,41 @@ def test_estimates_from_cached_traces_are_byte_identical(tmp_path: Path, monkeyp
     assert _estimates(Estimator(CFG, gpu=card("a100-80gb"), cache=None)) == fresh and len(calls) == 2 * traced
 
 
+def test_an_estimate_asked_again_is_read_not_replayed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The estimates replayed from cached traces are kept too: asked again (a new Estimator: a later command) on the
+    same card they are read back, equal, with no allocator replay; another card or budget replays."""
+    import ckptbench.estimator.estimator as estimator_module
+
+    replays: list[int] = []
+    real = estimator_module.predict_reserved
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        replays.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(estimator_module, "predict_reserved", counted)
+    cache = TraceCache(tmp_path)
+    first = _estimates(Estimator(CFG, gpu=card("a100-80gb"), cache=cache))
+    replayed = len(replays)
+    assert replayed > 0
+    again = Estimator(CFG, gpu=card("a100-80gb"), cache=cache)
+    assert _estimates(again) == first and len(replays) == replayed
+    points = CFG.points_list()
+    one_by_one = "\n".join(repr(again.estimate(p)) for p in points)  # the memo
+    assert one_by_one == first and len(replays) == replayed
+    fresh = Estimator(CFG, gpu=card("a100-80gb"), cache=cache)  # one by one from the disk
+    fresh.run_traces(points, workers=1)
+    assert "\n".join(repr(fresh.estimate(p)) for p in points) == first and len(replays) == replayed
+    other = _estimates(Estimator(CFG, gpu=card("a100-40gb"), cache=cache))
+    assert len(replays) == 2 * replayed and other != first
+    budget = Estimator(CFG, gpu=card("a100-80gb"), cache=cache)
+    budget.run_traces(points, workers=1)
+    smaller = "\n".join(repr(e) for e in budget.estimate_each(points, budget_bytes=2**30, workers=1))
+    assert smaller != first and len(replays) == 3 * replayed
+    # written once by the first Estimator: the keys of a point's estimate and of each trace differ
+    assert cache.size().entries >= replayed + len(points)
+
+
 def test_a_refused_trace_is_kept_as_its_refusal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A technique the estimator does not trace (torchao's CPU offload of the optimizer): refused once, then read
     back as the same refusal without tracing again."""
@@ -167,9 +202,10 @@ def test_cache_command_shows_and_clears(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv(trace_cache.ENV_DIR, str(tmp_path / "c"))
     TraceCache(tmp_path / "c").put("x", 1)
     shown = CliRunner().invoke(app, ["cache"])
-    assert shown.exit_code == 0 and f"trace cache: {tmp_path / 'c'}" in shown.stdout and "1 trace," in shown.stdout
+    assert shown.exit_code == 0 and f"trace cache: {tmp_path / 'c'}" in shown.stdout
+    assert "1 entry (traces and the estimates" in shown.stdout
     cleared = CliRunner().invoke(app, ["cache", "clear"])
-    assert cleared.exit_code == 0 and cleared.stdout.startswith("removed 1 trace (")
+    assert cleared.exit_code == 0 and cleared.stdout.startswith("removed 1 entry (")
     assert TraceCache(tmp_path / "c").size().entries == 0
     monkeypatch.setenv(trace_cache.ENV_DIR, "off")
     off = CliRunner().invoke(app, ["cache", "clear"])

@@ -212,23 +212,58 @@ class Estimator:
         workers: int | None = None,
     ) -> list[Estimate]:
         """``estimate`` of every point (their traces must have run), on ``workers`` forked workers (None: as
-        many as there are cores), in the points' order."""
-        n = worker_count(workers, len(points))
-        parts = 1 if n == 1 else min(len(points), 16 * n)  # many small parts per worker: they finish together
+        many as there are cores), in the points' order. A point estimated before (here, or by an earlier command:
+        the disk cache) is not replayed again."""
+        made: dict[int, Estimate] = {}
+        for j, p in enumerate(points):
+            known = self._known(p, budget_bytes, budget_is_cap)
+            if known is not None:
+                made[j] = known
+        todo = [j for j in range(len(points)) if j not in made]
+        n = worker_count(workers, len(todo))
+        parts = 1 if n == 1 else min(len(todo), 16 * n)  # many small parts per worker: they finish together
         # The points of one trace together (a grid's layouts vary slowest): the short trace's template, prepared for
         # copying into full steps (event_assembly.short_template), is then made once per part, not once per point.
         trace_of: dict[Any, int] = {}
-        order = sorted(range(len(points)), key=lambda i: trace_of.setdefault(self._trace_key(points[i]), len(trace_of)))
-        bounds = [(len(points) * i // parts, len(points) * (i + 1) // parts) for i in range(parts)]
+        order = sorted(todo, key=lambda i: trace_of.setdefault(self._trace_key(points[i]), len(trace_of)))
+        bounds = [(len(order) * i // parts, len(order) * (i + 1) // parts) for i in range(parts)]
 
         def run(i: int) -> list[Estimate]:
             lo, hi = bounds[i]
-            return [self.estimate(points[j], budget_bytes=budget_bytes, budget_is_cap=budget_is_cap)
+            return [self._estimate(points[j], budget_bytes=budget_bytes, budget_is_cap=budget_is_cap)
                     for j in order[lo:hi]]
 
-        done: dict[int, list[Estimate]] = dict(map_pieces(run, parts, workers=n))
-        made = dict(zip(order, (e for i in range(parts) for e in done[i]), strict=True))
+        done: dict[int, list[Estimate]] = dict(map_pieces(run, parts, workers=n)) if todo else {}
+        new = dict(zip(order, (e for i in range(len(done)) for e in done[i]), strict=True))
+        kept = []
+        for j, e in new.items():
+            memo = (points[j], budget_bytes, budget_is_cap)
+            made[j] = self._estimates.setdefault(memo, e)  # (a point given twice: its first estimate)
+            kept.append((self._estimate_key(points[j], budget_bytes, budget_is_cap), e))
+        if self.cache is not None and kept:
+            self.cache.put_many(kept)
         return [made[j] for j in range(len(points))]
+
+    def _known(self, point: Point, budget_bytes: int | None, budget_is_cap: bool) -> Estimate | None:
+        """The point's estimate made before: in this Estimator's memo, else on disk (then kept in the memo)."""
+        memo = (point, budget_bytes, budget_is_cap)
+        found = self._estimates.get(memo)
+        if found is None and self.cache is not None:
+            found = self.cache.get(self._estimate_key(point, budget_bytes, budget_is_cap))
+            if isinstance(found, Estimate):
+                self._estimates[memo] = found
+            else:
+                found = None
+        return found
+
+    def _estimate_key(self, point: Point, budget_bytes: int | None, budget_is_cap: bool) -> tuple[Any, ...]:
+        """What a point's estimate depends on: its traces (the short or whole model's and the optimizer's, each by
+        its cache key), the steps and the memory cap the replayed process runs with, the card (every figure) and
+        its cuBLAS workspace setting, the budget (the code's versions key the cache's folder)."""
+        cfg = self.cfg
+        return ("estimate", self._cache_key("point", (self._trace_key(point), _optim_key(point), point)), self.method,
+                cfg.warmup_steps, cfg.measured_steps, cfg.memory_cap_gib, self.gpu,
+                os.environ.get("CUBLAS_WORKSPACE_CONFIG"), budget_bytes, budget_is_cap)
 
     def _trace_key(self, point: Point) -> Any:
         """The key of the trace ``point`` is estimated from: the point itself (``full``), else its short model's."""
@@ -339,17 +374,17 @@ class Estimator:
         if not todo:
             return
         self.run_traces(todo, workers=workers)
-        made = self.estimate_each(todo, budget_bytes=budget_bytes, budget_is_cap=budget_is_cap, workers=workers)
-        for p, e in zip(todo, made, strict=True):
-            self._estimates[(p, budget_bytes, budget_is_cap)] = e
+        self.estimate_each(todo, budget_bytes=budget_bytes, budget_is_cap=budget_is_cap, workers=workers)  # memoised
 
     def estimate(self, point: Point, *, budget_bytes: int | None = None, budget_is_cap: bool = False) -> Estimate:
-        """The estimate of one point (its traces must have run: see ``jobs``), made once (asked again: the same)."""
-        memo = (point, budget_bytes, budget_is_cap)
-        found = self._estimates.get(memo)
+        """The estimate of one point (its traces must have run: see ``jobs``), made once (asked again: the same; by
+        a later command too: kept in the disk cache with the traces)."""
+        found = self._known(point, budget_bytes, budget_is_cap)
         if found is None:
-            found = self._estimates[memo] = self._estimate(point, budget_bytes=budget_bytes,
-                                                           budget_is_cap=budget_is_cap)
+            found = self._estimate(point, budget_bytes=budget_bytes, budget_is_cap=budget_is_cap)
+            self._estimates[(point, budget_bytes, budget_is_cap)] = found
+            if self.cache is not None:
+                self.cache.put(self._estimate_key(point, budget_bytes, budget_is_cap), found)
         return found
 
     def allocated_peak(self, point: Point) -> int | None:

@@ -31,7 +31,7 @@ import os
 import pickle
 import sys
 import tempfile
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -154,8 +154,9 @@ class TraceCache:
             os.utime(path)  # least recently used goes first when the bound is reached
         return found[2]
 
-    def put(self, key: Hashable, value: Any) -> None:
-        """Keep ``value`` under ``key``, written atomically; a disk or a value that refuses costs only the cache."""
+    def put(self, key: Hashable, value: Any, *, bound: bool = True) -> None:
+        """Keep ``value`` under ``key``, written atomically; a disk or a value that refuses costs only the cache.
+        ``bound``: keep the folder's bound now and then (``put_many`` keeps it once)."""
         text = repr(key)
         path = self._path(text)
         try:
@@ -172,8 +173,14 @@ class TraceCache:
         except Exception:  # a full or read-only disk, a value pickle refuses: the cache's loss, not the answer's
             return
         _PUTS[0] += 1
-        if _PUTS[0] % 16 == 1:  # the folder is walked now and then, not at every entry
+        if bound and _PUTS[0] % 16 == 1:  # the folder is walked now and then, not at every entry
             self._bound()
+
+    def put_many(self, items: Iterable[tuple[Hashable, Any]]) -> None:
+        """``put`` of each (key, value), the folder's bound kept once at the end rather than every 16 entries."""
+        for key, value in items:
+            self.put(key, value, bound=False)
+        self._bound()
 
     def memo(self, key: Hashable, compute: Callable[[], T]) -> T:
         """``compute()``, kept under ``key``: computed once per version."""
