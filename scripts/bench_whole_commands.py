@@ -46,6 +46,7 @@ class Case:
 CASES = [
     Case("thread question, cold cache", THREAD, None),
     Case("thread question again, same card", THREAD, THREAD),
+    Case("thread question again, another headroom (10%)", [*THREAD, "--headroom", "10%"], THREAD),
     Case("thread question again, another card (a100-40gb)", [*THREAD[:4], "a100-40gb", *THREAD[5:]], THREAD),
     # Hopper's cuBLAS workspace is not Ampere's: the traces are the same (the workspaces are added after), the
     # largest batch's probes may differ (another limit).
