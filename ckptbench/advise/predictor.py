@@ -27,6 +27,9 @@ PRIMED = ("none", "all", *GRANULAR)
 FAMILIES = ("first", "last", "every")
 MAX_BATCH_SEARCHED = 4096
 _SECANT_STEPS = 6  # probes of the secant method before it brackets the largest batch
+# How far from a probe the largest-batch search looks for a batch traced already (another card's, another headroom's
+# answer near the same boundary): probed instead, it costs a replay, not a trace (and not torch's import).
+FREE_WINDOW = 4
 
 
 class Predictor:
@@ -57,6 +60,11 @@ class Predictor:
             if allocated is None or judge_allocated(allocated, self.limit) is None:
                 needed.append(p)
         self.estimator.predict_many(needed, budget_bytes=self.card.total_bytes)
+
+    def traced(self, point: Point) -> bool:
+        """Whether the point's traces ran (here, or kept on disk by an earlier command): estimating it costs no
+        trace."""
+        return not self.estimator.jobs([point])
 
     def estimate(self, point: Point) -> Estimate:
         """The point's estimate on the card (the Estimator's memo: made once; its traces run where they have not)."""
@@ -153,7 +161,10 @@ def largest_batch(pred: Predictor, base: Point, known: Sequence[Option]) -> tupl
     the next batch does not. A new batch costs a new trace, so the probes are few: above every batch known (the
     question's own batches first: their traces ran already) the line through the two largest puts the next probe at
     the limit; once a batch that does not fit is known, regula falsi between the two (the thread's question: 5
-    probes, where doubling and bisection took 8); a bisection settles what is left."""
+    probes, where doubling and bisection took 8); a bisection settles what is left. A batch within FREE_WINDOW of a
+    probe, inside the bracket, whose traces ran already (asked before for another card or headroom) is probed
+    instead: the bracket narrows as much for a replay. The answer is the same where fitting is monotone in the batch,
+    which the search assumes."""
     at = lambda b: dataclasses.replace(base, layout="all", batch_size=b, micro_batches=1)  # noqa: E731
     asked = sorted({o.point.batch_size for o in known if o.family == "all" and o.accumulation == 1})
     if not asked:
@@ -176,6 +187,16 @@ def largest_batch(pred: Predictor, base: Point, known: Sequence[Option]) -> tupl
         probed.append(b)
         return pred.verdict(at(b)).fits
 
+    def ask(guess: int, lo: int, hi: int | None) -> tuple[int, bool]:
+        """(the batch probed for ``guess``, whether it fits): the nearest batch to it within FREE_WINDOW, strictly
+        inside the bracket (lo fits, hi does not), whose traces ran already, else ``guess`` itself."""
+        top = hi if hi is not None else guess + FREE_WINDOW + 1
+        if not pred.traced(at(guess)):
+            for b in sorted(range(guess - FREE_WINDOW, guess + FREE_WINDOW + 1), key=lambda b: (abs(b - guess), b)):
+                if lo < b < top and b not in probed and pred.traced(at(b)):
+                    return b, fits(b)
+        return guess, fits(guess)
+
     if not fits(asked[0]):
         return None
     lo, hi = asked[0], None  # lo fits; hi (once known) does not
@@ -193,10 +214,11 @@ def largest_batch(pred: Predictor, base: Point, known: Sequence[Option]) -> tupl
         slope = (size(lo) - size(near)) / (lo - near) if near is not None else 0.0
         guess = lo + int((limit - size(lo)) / slope) if slope > 0 else lo * 2
         guess = min(max(guess, lo + 1), MAX_BATCH_SEARCHED)
-        if fits(guess):
-            lo = guess
+        b, ok = ask(guess, lo, hi)
+        if ok:
+            lo = b
         else:
-            hi = guess
+            hi = b
     # Between a batch that fits and one that does not: regula falsi, Illinois' variant (the end kept twice in a row
     # counts half), as the need is convex in the batch (the optimizer's peak first, then the activations' growing).
     f_lo = f_hi = 0.0
@@ -207,11 +229,12 @@ def largest_batch(pred: Predictor, base: Point, known: Sequence[Option]) -> tupl
         steps += 1
         guess = lo + int((hi - lo) * -f_lo / (f_hi - f_lo)) if f_hi > f_lo and f_lo < 0 else (lo + hi) // 2
         guess = min(max(guess, lo + 1), hi - 1)
-        if fits(guess):
-            lo, f_lo = guess, size(guess) - limit
+        b, ok = ask(guess, lo, hi)
+        if ok:
+            lo, f_lo = b, size(b) - limit
             f_hi, kept = (f_hi / 2, -1) if kept == -1 else (f_hi, -1)
         else:
-            hi, f_hi = guess, size(guess) - limit
+            hi, f_hi = b, size(b) - limit
             f_lo, kept = (f_lo / 2, 1) if kept == 1 else (f_lo, 1)
     if hi is None and lo < MAX_BATCH_SEARCHED:  # the probes ran out below the boundary
         if fits(lo + 1):
