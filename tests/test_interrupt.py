@@ -247,6 +247,34 @@ def test_sigterm_stops_an_estimate_and_its_workers_at_once(tmp_path: Path) -> No
             and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"] == []
 
 
+_SIGNAL_WHILE_A_POOL_IS_BUILT = """
+import multiprocessing, multiprocessing.pool, os, signal, sys, time
+from ckptbench.cli.common import CommandSignals, Stopped
+from ckptbench.estimator.workers import map_pieces
+real = multiprocessing.pool.Pool._repopulate_pool
+def repopulate(self):
+    real(self)  # the workers forked, the pool's threads and its terminate() not yet made
+    os.kill(os.getpid(), signal.SIGTERM)
+multiprocessing.pool.Pool._repopulate_pool = repopulate
+try:
+    with CommandSignals():
+        for _ in map_pieces(lambda i: time.sleep(5), 4, workers=2):
+            pass
+except Stopped:
+    print("stopped", len(multiprocessing.active_children()), flush=True)
+"""
+
+
+def test_a_stop_signal_while_a_pool_is_built_stops_it_once_it_can_be_terminated() -> None:
+    """A SIGTERM inside multiprocessing.Pool's constructor (after its workers were forked, before the pool could be
+    terminated) is held until the pool is built, then stops the command inside the pool's `with`: its workers are
+    terminated at once. Raised where it came, it left the workers running, and a pool thread that forked new ones
+    as fast as they were stopped, which the exit waited on with no end (seen once in CI)."""
+    done = subprocess.run([sys.executable, "-c", _SIGNAL_WHILE_A_POOL_IS_BUILT], capture_output=True, text=True,
+                          env=ENV, timeout=60)
+    assert done.stdout == "stopped 0\n", (done.stdout, done.stderr)
+
+
 def test_an_error_found_after_the_progress_bar_started_is_the_only_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """It followed an empty bar line ('estimate 0/? 0:00:00' and a blank line off a terminal)."""
     from typer.testing import CliRunner

@@ -243,6 +243,11 @@ class CommandSignals:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
+        from ckptbench.estimator import workers  # (imported by then where a pool is built: no torch)
+
+        if workers.building():  # a pool of workers half made: the signal comes again once it can be terminated
+            workers.hold(signum)
+            return
         if not self.stopping:
             self.stopping, self.signum = True, signum
             raise Stopped(signum)

@@ -25,6 +25,22 @@ R = TypeVar("R")
 
 _task: Callable[[int], Any] | None = None  # the forked workers' task (set before the fork, inherited)
 _in_worker = False
+# While a pool is being built, a stop signal waits (the command's handler, cli/common.py CommandSignals, asks
+# ``building`` and hands the signal to ``hold``): raised in the middle of multiprocessing.Pool's constructor, after
+# its workers were forked but before it could be terminated, it left a pool whose thread forked new workers as fast
+# as they were stopped, and the exit waited on them with no end.
+_building = False
+_held: list[int] = []
+
+
+def building() -> bool:
+    """Whether this process is building a pool of workers now (a stop signal is then held until it is built)."""
+    return _building
+
+
+def hold(signum: int) -> None:
+    """Keep a stop signal that came while a pool was being built: sent again once it is (``map_pieces``)."""
+    _held.append(signum)
 
 
 def available_cores() -> int:
@@ -61,9 +77,17 @@ class _Failed:
     error: str
 
 
+def _send_held() -> None:
+    """Send again the stop signal held while a pool was being built (the command's handler raises it now)."""
+    if _held:
+        signum = _held[0]
+        _held.clear()
+        os.kill(os.getpid(), signum)
+
+
 def _mark_worker() -> None:
-    global _in_worker
-    _in_worker = True
+    global _in_worker, _building
+    _in_worker, _building = True, False
     # Ctrl-C reaches the whole process group: the parent alone answers it (it stops the pool); a worker's own
     # KeyboardInterrupt would print a traceback per worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -87,7 +111,7 @@ def map_pieces(task: Callable[[int], R], count: int, *, workers: int | None = No
         for i in range(count):
             yield i, task(i)
         return
-    global _task
+    global _task, _building
     previous, _task = _task, task
     # The parent's objects (the traces, torch's and transformers' modules) are frozen out of the garbage collector
     # while the workers run: a collection in a worker would otherwise walk them all and write to every page it
@@ -98,10 +122,18 @@ def map_pieces(task: Callable[[int], R], count: int, *, workers: int | None = No
             # Python 3.12+ warns about forking a process with threads (rich's refresh thread, torch's pools): the
             # workers only run the task, which takes no lock another thread may hold.
             warnings.simplefilter("ignore", DeprecationWarning)
-            pool = multiprocessing.get_context("fork").Pool(n, initializer=_mark_worker)
+            _building = True
+            try:
+                pool = multiprocessing.get_context("fork").Pool(n, initializer=_mark_worker)
+            except BaseException:
+                _building = False
+                _send_held()
+                raise
         with pool:
+            _building = False
+            _send_held()  # inside the pool's `with`: the signal held while it was built stops the command now
             for i, result in pool.imap_unordered(_call, range(count)):
                 yield i, (task(i) if isinstance(result, _Failed) else result)
     finally:
-        _task = previous
+        _task, _building = previous, False
         gc.unfreeze()
