@@ -92,6 +92,7 @@ class Estimator:
     _failed: dict[Any, str] = field(default_factory=dict)
     _prepared: dict[Any, Any] = field(default_factory=dict)  # short models prepared once for traces of several shapes
     _estimates: dict[tuple[Point, int | None, bool], Estimate] = field(default_factory=dict)  # each point once
+    _peaks: dict[tuple[Point, Any], Peak | None] = field(default_factory=dict)  # each point's bytes, by its trace
     # traces kept on disk between commands (estimator/trace_cache.py); None: traced in this process only
     cache: TraceCache | None = field(default_factory=default_cache)
 
@@ -394,6 +395,14 @@ class Estimator:
         return None if peak is None else sum(peak.after_steps(self.cfg.measured_steps))
 
     def _peak(self, point: Point) -> Peak | None:
+        """The point's byte-model peak (workspaces included), assembled once per point and trace: a question judges
+        most points by it before replaying some, and the replay's estimate reads it again."""
+        memo = (point, self._trace_key(point))
+        if memo not in self._peaks:
+            self._peaks[memo] = self._assembled_peak(point)
+        return self._peaks[memo]
+
+    def _assembled_peak(self, point: Point) -> Peak | None:
         trace_key = self._trace_key(point)
         if self._failed.get(_optim_key(point)) or self._failed.get(trace_key):
             return None
