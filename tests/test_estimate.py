@@ -197,7 +197,7 @@ def test_llama7b_fp32_adamw_does_not_fit_80gib_and_says_why() -> None:
 def test_llama7b_grid_is_fast_and_traces_one_short_model_per_shape() -> None:
     cfg = load_config("configs/llama7b.yaml")
     points = cfg.points_list()
-    est = Estimator(cfg)
+    est = Estimator(cfg, cache=None)  # what it traces, whatever another test of the run left on disk
     jobs = est.jobs(points)
     shapes = {(p.precision, p.seq_len, p.batch_size) for p in points}
     assert len(points) == 66 and len(jobs) == len(shapes) + 1  # + the optimizer step of the whole model
