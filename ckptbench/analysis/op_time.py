@@ -152,7 +152,7 @@ def not_modelled(key: Mapping[str, Any]) -> str | None:
 def loop_ops(ops: OpCosts, card: Card | None) -> int:
     """The ops of a per-tensor optimizer loop among ``ops`` on a GPU: their per-tensor (single) optimizer ops where
     there are more than one (one alone is a fused or multi-tensor optimizer's update of its step counters, not a
-    loop). None on a CPU, where nothing runs ahead of an op's dispatch: the per-op cost is all of it."""
+    loop). None (0) on a CPU, where nothing runs ahead of an op's dispatch: the per-op cost is all of it."""
     n = ops.count(OPTIMIZER_SINGLE) if card is not None else 0
     return n if n > 1 else 0
 
