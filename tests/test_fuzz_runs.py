@@ -171,3 +171,40 @@ def test_fuzz_damaged_runs_through_every_reading_command(
         after = (run / POINTS_FILE).read_bytes().split(b"\n")
         assert all(line in after for line in kept), (damages, meta)  # no valid record lost
         assert readable(run) or not was_readable  # no command made a readable run unreadable
+
+
+@pytest.mark.slow
+def test_a_point_edited_to_a_precision_no_step_has_is_not_estimated(
+    mini_run: tuple[Path, Path], shared_estimates: None,
+) -> None:
+    """What the fuzzing above found once: a record whose key names a precision no step has ('[/]') crashed `report`
+    (its breakdown estimated the point: KeyError). The point is left out of what is estimated; the command answers."""
+    _, pristine = mini_run
+    with tempfile.TemporaryDirectory() as tmp:
+        run = copy_run(pristine, Path(tmp) / "run")
+        data = (run / POINTS_FILE).read_bytes()
+        for op in [("cut", 0.25, ""), ("key", 0.0, "precision", "[/]")]:  # the first quarter, its first point edited
+            data = _damage_points(data, op)
+        (run / POINTS_FILE).write_bytes(data)
+        result = CliRunner().invoke(app, ["report", str(run), "--out", str(Path(tmp) / "report")])
+        assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+        assert result.exit_code == 0 and "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_a_point_edited_to_a_precision_no_step_has_is_not_timed_per_op(mini_run: tuple[Path, Path]) -> None:
+    """The step-time model's op costs of a run (`--times-from`) leave such a point out instead of crashing."""
+    from ckptbench.estimator.estimator import run_op_costs
+    from ckptbench.results.store import load_run
+
+    _, pristine = mini_run
+    with tempfile.TemporaryDirectory() as tmp:
+        run = copy_run(pristine, Path(tmp) / "run")
+        data = _damage_points((run / POINTS_FILE).read_bytes(), ("key", 0.0, "precision", "[/]"))
+        (run / POINTS_FILE).write_bytes(data)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loaded = load_run(run)
+        found = run_op_costs([loaded])
+        edited = [r.key_id for r in loaded.points if r.key.get("precision") == "[/]"]
+        assert edited and not set(edited) & set(found) and found

@@ -141,12 +141,17 @@ def _breakdown_estimates(run: Run) -> list[Estimate]:
     from ckptbench.plots.breakdown import breakdown_points
     from ckptbench.results.store import RUN_FILE
 
-    # A key that is not a point of this version (edited, or from a newer ckptbench) cannot be estimated.
-    points = [p.point for p in breakdown_points(run) if p.point is not None]
-    if not points:
+    measured = [p.point for p in breakdown_points(run) if p.point is not None]
+    if not measured:
         return []
     try:
         cfg = parse_config(run.config, source=str(run.path / RUN_FILE))
+        # A key that is not a point of this version (edited, or from a newer ckptbench), or not one of the run's own
+        # config (a value edited by hand: a precision no step has), cannot be estimated.
+        own = set(cfg.points_list())
+        points = [p for p in measured if p in own]
+        if not points:
+            return []
         with EstimateProgressBar(err) as bar:
             return estimate_points(cfg, points, target=resolve_target(cfg, None), on_progress=bar.update)
     except CkptbenchError as exc:

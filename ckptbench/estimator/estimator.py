@@ -558,7 +558,9 @@ def run_op_costs(runs: Sequence[Run]) -> dict[str, OpCosts]:
         points = [r.point for r in run.points if r.ok and r.point is not None and r.key_id not in found]
         if points:
             gpu = gpu_for_name(run.environment.gpu_name)
-            found.update(points_op_costs(parse_config(run.config, source=str(run.path)), points,
+            cfg = parse_config(run.config, source=str(run.path))
+            own = set(cfg.points_list())  # a record's value edited by hand (a precision no step has): not traced
+            found.update(points_op_costs(cfg, [p for p in points if p in own],
                                          target="cuda" if gpu is not None else "cpu", gpu=gpu))
     return found
 
