@@ -187,15 +187,38 @@ def test_damaged_entries_are_absent_and_writes_are_atomic(tmp_path: Path, monkey
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")], "a temporary file was left"
 
 
-def test_the_cache_is_bounded_least_recently_used_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cache_is_bounded_least_recently_used_first(tmp_path: Path) -> None:
     cache = TraceCache(tmp_path, limit=10_000)
-    monkeypatch.setattr(trace_cache, "_PUTS", [0])
     for i in range(12):
         cache.put(("k", i), b"x" * 1500)
         os.utime(cache._path(repr(("k", i))), (1000 + i, 1000 + i))
-        trace_cache._PUTS[0] = 0  # walk the folder at every put here
     assert cache.size().bytes <= 10_000
     assert cache.get(("k", 11)) is not None and cache.get(("k", 0)) is None
+
+
+def test_the_folder_is_walked_only_past_the_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the folder holds is counted as entries are written: a command writing hundreds of estimates does not
+    stat every entry each time (a 20,000-entry cache made an answer 1.5 s slower); past the bound, or with the count
+    lost, it is walked and the count set right."""
+    cache = TraceCache(tmp_path, limit=200_000)  # (an entry of 1,000 bytes: about 1,400 with its key and versions)
+    walks: list[int] = []
+    real = TraceCache._files
+
+    def counted(self: TraceCache) -> Any:
+        walks.append(1)
+        return real(self)
+
+    monkeypatch.setattr(TraceCache, "_files", counted)
+    cache.put_many((("k", i), b"x" * 1000) for i in range(40))
+    for i in range(40, 80):
+        cache.put(("k", i), b"x" * 1000)
+    assert len(walks) == 1  # the first write, with no count yet
+    assert int((tmp_path / "traces" / "size").read_text()) == cache.size().bytes
+    cache.put_many((("k", i), b"x" * 1000) for i in range(80, 200))  # past 200,000 bytes: walked, bounded
+    assert len(walks) == 3 and cache.size().bytes <= 200_000
+    (tmp_path / "traces" / "size").write_text("not a number")
+    cache.put(("k", 0), b"y")
+    assert len(walks) == 5
 
 
 def test_cache_command_shows_and_clears(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

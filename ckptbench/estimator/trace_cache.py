@@ -4,18 +4,22 @@ replays the allocator on traces already made.
 
 A trace depends on the model, the precision, the optimizer, the techniques and the shapes (the Estimator's trace
 keys, derived from the axes config/grid.py declares as shaping the step), on a few settings of the config (seed,
-learning rate, zero_grad's set_to_none, the LoRA spec), on the target, the rank and the cuBLAS workspace, and on the
-code that traced it: ckptbench's own source (a hash of every module, so that a checkout's edit is a new version
-too), torch, transformers and the libraries of the techniques (peft, bitsandbytes, torchao, Liger,
-cut-cross-entropy, accelerate), and Python. Not on the card's memory, the budget or the headroom. A trace the
-estimator refuses (a technique it does not trace) is kept as that refusal.
+learning rate, zero_grad's set_to_none, the LoRA spec), on the target and the rank, and on the code that traced it:
+ckptbench's own source (a hash of every module, so that a checkout's edit is a new version too), torch, transformers
+and the libraries of the techniques (peft, bitsandbytes, torchao, Liger, cut-cross-entropy, accelerate), and
+Python. Not on the card (the estimator adds the cuBLAS workspaces after), the budget or the headroom. A trace the
+estimator refuses (a technique it does not trace) is kept as that refusal. The estimates replayed from the traces
+are kept beside them, under what each depends on (the Estimator's ``_estimate_key``: the card and the budget too).
 
 Layout: ``<root>/traces/<version>/<kk>/<key>.pickle``, where ``<version>`` hashes the versions above and ``<key>``
 what the trace depends on. A file holds its full key and versions and is used only when both match (a hash collision
 or a file of another version is ignored). Files are written to a temporary name and renamed (a killed command
 leaves no half-written entry that is read), and a full or read-only disk only costs the cache, never the answer.
 The folder is bounded (``CKPTBENCH_CACHE_MAX_BYTES``, default 2 GiB): past the bound the least recently used
-entries go, and the folders of other versions first.
+entries go, and the folders of other versions first. What it holds is counted in ``<root>/traces/size`` as entries are
+written, so that the folder is walked (a stat of every entry) only when that count passes the bound, not while a
+command writes its hundreds of estimates; the count is approximate (two commands writing at once may each miss the
+other's bytes) and every walk sets it right.
 
 The root is ``$CKPTBENCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/ckptbench``, else ``~/.cache/ckptbench``;
 ``CKPTBENCH_CACHE_DIR=off`` turns the cache off. ``ckptbench cache info`` and ``ckptbench cache clear`` show and
@@ -47,7 +51,6 @@ _PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "torchao", "liger-
              "accelerate")
 
 T = TypeVar("T")
-_PUTS = [0]  # entries written by this process
 
 
 @functools.cache
@@ -154,9 +157,16 @@ class TraceCache:
             os.utime(path)  # least recently used goes first when the bound is reached
         return found[2]
 
-    def put(self, key: Hashable, value: Any, *, bound: bool = True) -> None:
-        """Keep ``value`` under ``key``, written atomically; a disk or a value that refuses costs only the cache.
-        ``bound``: keep the folder's bound now and then (``put_many`` keeps it once)."""
+    def put(self, key: Hashable, value: Any) -> None:
+        """Keep ``value`` under ``key``, written atomically; a disk or a value that refuses costs only the cache."""
+        self._grew(self._write(key, value))
+
+    def put_many(self, items: Iterable[tuple[Hashable, Any]]) -> None:
+        """``put`` of each (key, value), counted together."""
+        self._grew(sum(self._write(key, value) for key, value in items))
+
+    def _write(self, key: Hashable, value: Any) -> int:
+        """Write one entry; the bytes written (0 when the disk or the value refused)."""
         text = repr(key)
         path = self._path(text)
         try:
@@ -165,22 +175,32 @@ class TraceCache:
             try:
                 with os.fdopen(fd, "wb") as f:
                     pickle.dump((versions(), text, value), f, protocol=pickle.HIGHEST_PROTOCOL)
+                    written = f.tell()
                 os.replace(tmp, path)
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 raise
         except Exception:  # a full or read-only disk, a value pickle refuses: the cache's loss, not the answer's
-            return
-        _PUTS[0] += 1
-        if bound and _PUTS[0] % 16 == 1:  # the folder is walked now and then, not at every entry
-            self._bound()
+            return 0
+        return written
 
-    def put_many(self, items: Iterable[tuple[Hashable, Any]]) -> None:
-        """``put`` of each (key, value), the folder's bound kept once at the end rather than every 16 entries."""
-        for key, value in items:
-            self.put(key, value, bound=False)
-        self._bound()
+    @property
+    def _count(self) -> Path:
+        return self.traces / "size"
+
+    def _grew(self, nbytes: int) -> None:
+        """Count ``nbytes`` more in the folder; past the bound, or with no count yet, walk it and keep the bound."""
+        if nbytes <= 0:
+            return
+        try:
+            held: int | None = int(self._count.read_text()) + nbytes
+        except (OSError, ValueError):  # none yet, or being written by another command
+            held = None
+        if held is None or held > self.limit:
+            held = self._bound()
+        with contextlib.suppress(OSError):
+            self._count.write_text(str(held))
 
     def memo(self, key: Hashable, compute: Callable[[], T]) -> T:
         """``compute()``, kept under ``key``: computed once per version."""
@@ -197,12 +217,13 @@ class TraceCache:
                 out.append((path, path.stat()))
         return out
 
-    def _bound(self) -> None:
-        """Past ``limit``: remove other versions' entries, then the least recently used, down to 80% of it."""
+    def _bound(self) -> int:
+        """Past ``limit``: remove other versions' entries, then the least recently used, down to 80% of it. The bytes
+        the folder holds after."""
         files = self._files()
         total = sum(st.st_size for _, st in files)
         if total <= self.limit:
-            return
+            return total
         current = self.version_dir
         files.sort(key=lambda f: (f[0].is_relative_to(current), f[1].st_mtime))
         for path, st in files:
@@ -212,6 +233,7 @@ class TraceCache:
                 path.unlink()
                 total -= st.st_size
         self._remove_empty_dirs()
+        return total
 
     def _remove_empty_dirs(self) -> None:
         for d in sorted((p for p in self.traces.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
@@ -227,7 +249,7 @@ class TraceCache:
         """Remove every entry (of every version) and the temporary files of interrupted writes; what was removed."""
         before = self.size()
         for path in self.traces.rglob("*") if self.traces.is_dir() else ():
-            if path.is_file() and (path.suffix == ".pickle" or path.name.endswith(".tmp")):
+            if path.is_file() and (path.suffix == ".pickle" or path.name.endswith(".tmp") or path == self._count):
                 with contextlib.suppress(OSError):
                     path.unlink()
         self._remove_empty_dirs()
