@@ -380,12 +380,7 @@ class Estimator:
     def estimate(self, point: Point, *, budget_bytes: int | None = None, budget_is_cap: bool = False) -> Estimate:
         """The estimate of one point (its traces must have run: see ``jobs``), made once (asked again: the same; by
         a later command too: kept in the disk cache with the traces)."""
-        found = self._known(point, budget_bytes, budget_is_cap)
-        if found is None:
-            found = self._estimate(point, budget_bytes=budget_bytes, budget_is_cap=budget_is_cap)
-            self._estimates[(point, budget_bytes, budget_is_cap)] = found
-            if self.cache is not None:
-                self.cache.put(self._estimate_key(point, budget_bytes, budget_is_cap), found)
+        (found,) = self.estimate_each([point], budget_bytes=budget_bytes, budget_is_cap=budget_is_cap, workers=1)
         return found
 
     def allocated_peak(self, point: Point) -> int | None:
