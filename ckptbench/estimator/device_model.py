@@ -29,7 +29,9 @@ formulas that do not depend on the device. What differs is modelled here:
   hidden, plus int64 index buffers, held while the kernel runs;
 - cuBLAS keeps one workspace per (thread, stream) handle, allocated through the caching
   allocator on first use and kept: the forward (main thread) and the backward (autograd's
-  device thread) each get one, 32 MiB by default on Hopper (``CUBLAS_WORKSPACE_CONFIG``);
+  device thread) each get one, 32 MiB by default on Hopper (``CUBLAS_WORKSPACE_CONFIG``). Being
+  held from before the step to its end, and of the card's size, they are not in the trace (one
+  trace serves every card): the Estimator adds them under every byte vector (``_persistent``);
 - fused AdamW (``_fused_adamw_``) updates in place and allocates nothing, as on CPU; non-fused
   Adam keeps its ``step`` counters on the host, so they are not GPU memory;
 - fp32 attention on CUDA uses the memory-efficient kernel, which saves the same tensors (its
@@ -46,21 +48,18 @@ from typing import Any, Protocol
 
 import torch
 
-from ckptbench.estimator.gpus import HOPPER_CUBLAS_WORKSPACE, block_bytes, persistent_workspace_bytes
+from ckptbench.estimator.gpus import block_bytes
 
 _FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 _EMBEDDING_BWD = torch.ops.aten.embedding_dense_backward.default
 _SOFTMAX_BWD = torch.ops.aten._softmax_backward_data.default
 
-CUBLAS_WORKSPACE_BYTES = HOPPER_CUBLAS_WORKSPACE  # 4096 KiB x 2 + 16 KiB x 8 on older GPUs (estimator/gpus.py)
 _EMBEDDING_FAST_PATH_TOKENS = 3072
 _EMBEDDING_ROWS_PER_THREAD = 10
 
 
 class KernelModel(Protocol):
     """How the target device stores tensors and which scratch memory its kernels hold."""
-
-    persistent_bytes: int
 
     def block_bytes(self, nbytes: int) -> int: ...
     def workspace_bytes(self, func: Any, args: tuple[Any, ...], out: Any) -> int: ...
@@ -76,7 +75,6 @@ class CpuKernels:
     """The CPU live-tensor tracker's view: exact storage bytes, no hidden scratch."""
 
     target = "cpu"
-    persistent_bytes = 0
 
     def block_bytes(self, nbytes: int) -> int:
         return nbytes
@@ -95,9 +93,6 @@ class CudaKernels:
     """The CUDA caching allocator's view (see the module docstring for what is modelled)."""
 
     target = "cuda"
-
-    def __init__(self, *, cublas_workspace_bytes: int = CUBLAS_WORKSPACE_BYTES) -> None:
-        self.persistent_bytes = persistent_workspace_bytes(cublas_workspace_bytes)
 
     def block_bytes(self, nbytes: int) -> int:
         return block_bytes(nbytes)
@@ -154,10 +149,10 @@ class CudaKernels:
         return out
 
 
-def kernel_model(target: str, **options: Any) -> CpuKernels | CudaKernels:
+def kernel_model(target: str) -> CpuKernels | CudaKernels:
     """The kernel model for ``target`` ('cpu' or 'cuda')."""
     if target == "cpu":
         return CpuKernels()
     if target == "cuda":
-        return CudaKernels(**options)
+        return CudaKernels()
     raise ValueError(f"unknown estimate target {target!r}; allowed: cpu, cuda")

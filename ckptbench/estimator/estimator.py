@@ -69,8 +69,6 @@ Method = Literal["fast", "full"]
 
 Job = tuple[str, Callable[[], None]]
 
-# Traces are made without the cuBLAS workspaces (Estimator._persistent adds them): the same trace for every card.
-_NO_WORKSPACE = 0
 # What a trace leaves in the Estimator (a worker's trace is sent back as the new entries of these).
 _TRACE_STORES = ("_costs", "_optim", "_full", "_traces", "_failed")
 
@@ -284,8 +282,8 @@ class Estimator:
     @property
     def _persistent(self) -> int:
         """The bytes the step's cuBLAS workspaces hold throughout, on the CUDA target: the card's (without a card,
-        Hopper's). Traces leave them out (they are made without: one trace serves every card) and ``_peak`` adds
-        them, as a trace made with them would count them: a constant under every byte vector of the step."""
+        Hopper's). Held from before the step to its end, they are a constant under every byte vector of it: the
+        traces leave them out (one trace serves every card) and ``_peak`` adds them."""
         if self.target != "cuda":
             return 0
         config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
@@ -322,9 +320,7 @@ class Estimator:
         from ckptbench.estimator.trace import trace_optimizer  # torch and transformers: only to trace
 
         key = _optim_key(point)
-        self._optim[key] = trace_optimizer(
-            self.cfg, point, target=self.target, rank=self.rank, cublas_workspace_bytes=_NO_WORKSPACE
-        )
+        self._optim[key] = trace_optimizer(self.cfg, point, target=self.target, rank=self.rank)
         self._keep("optimizer", key, self._optim[key])
 
     def _trace_short(self, point: Point) -> None:
@@ -334,8 +330,7 @@ class Estimator:
         classes, micro = key[-1], min(point.micro_batches, 2)
         trace = trace_step(
             self.cfg, point, target=self.target, plans=plans_for(classes), num_layers=len(classes),
-            micro_batches=micro, defer_shared=True, rank=self.rank, cublas_workspace_bytes=_NO_WORKSPACE,
-            reuse=self._prepared,
+            micro_batches=micro, defer_shared=True, rank=self.rank, reuse=self._prepared,
         )
         self._costs[key] = StepCosts.from_trace(trace, classes, micro)
         self._traces[key] = trace
@@ -344,9 +339,7 @@ class Estimator:
     def _trace_full(self, point: Point) -> None:
         from ckptbench.estimator.trace import trace_step
 
-        trace = trace_step(
-            self.cfg, point, target=self.target, rank=self.rank, cublas_workspace_bytes=_NO_WORKSPACE
-        )
+        trace = trace_step(self.cfg, point, target=self.target, rank=self.rank)
         self._full[point] = Peak.of_trace(trace)
         self._traces[point] = trace
         self._keep("whole", point, (self._full[point], trace))

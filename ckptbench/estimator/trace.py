@@ -92,8 +92,6 @@ def _prepare(
     tracker.adopt(model.parameters(), PARAMS)  # FSDP2's sharded parameters
     complete_fake_buckets(sharded)
     params = [p for p in model.parameters() if p.requires_grad]
-    if tracker.kernels.persistent_bytes:
-        tracker.reserve(tracker.kernels.persistent_bytes, OTHER)
     opt = build_optimizer(point, params, lr=cfg.lr, zero_grad_to_none=cfg.zero_grad_to_none)
     with tracker:
         for p in params:
@@ -146,8 +144,6 @@ def _adopt_prepared(tracker: StepTracker, prepared: _Prepared) -> None:
     kept gradients; host-resident state not)."""
     tracker.adopt(prepared.model.parameters(), PARAMS)
     tracker.adopt(prepared.model.buffers(), OTHER)
-    if tracker.kernels.persistent_bytes:
-        tracker.reserve(tracker.kernels.persistent_bytes, OTHER)
     _adopt_state(tracker, prepared.params, prepared.opt)
 
 
@@ -161,7 +157,6 @@ def trace_step(
     micro_batches: int | None = None,
     defer_shared: bool = False,
     rank: int = 0,
-    cublas_workspace_bytes: int | None = None,
     reuse: Prepared | None = None,
 ) -> StepTrace:
     """Trace one measured step of ``point`` (optionally on a model of ``num_layers`` with ``plans``).
@@ -176,7 +171,7 @@ def trace_step(
     if point.offload != "none" and target != "cuda":
         raise ConfigError(f"offload={point.offload}: activation offloading can only be estimated for a CUDA target")
     _check_estimable(point)
-    tracker = StepTracker(_kernels(target, cublas_workspace_bytes), defer_shared=defer_shared)
+    tracker = StepTracker(kernel_model(target), defer_shared=defer_shared)
     key = _reuse_key(cfg, point, num_layers, target) if reuse is not None else None
     prepared = reuse.pop(key, None) if reuse is not None and key is not None else None  # out until traced
     with (
@@ -252,13 +247,6 @@ def creation_order(model: Any) -> tuple[int, ...]:
     return tuple(nbytes for _, nbytes in sorted(found, key=lambda item: item[0]))
 
 
-def _kernels(target: str, cublas_workspace_bytes: int | None) -> Any:
-    """The kernel model; on CUDA with a card's cuBLAS workspace size when one is given."""
-    if target == "cuda" and cublas_workspace_bytes is not None:
-        return kernel_model(target, cublas_workspace_bytes=cublas_workspace_bytes)
-    return kernel_model(target)
-
-
 def _check_estimable(point: Point) -> None:
     """Techniques whose kernels or host-side state fake tensors cannot stand for: not estimated."""
     if point.loss == "fused_linear":
@@ -275,8 +263,7 @@ def _check_optimizer_estimable(point: Point) -> None:
 
 
 def trace_optimizer(
-    cfg: SweepConfig, point: Point, *, target: str, rank: int = 0, cublas_workspace_bytes: int | None = None
-) -> StepTrace:
+    cfg: SweepConfig, point: Point, *, target: str, rank: int = 0) -> StepTrace:
     """Trace the whole model's optimizer step and zero_grad (every gradient present), without forward.
 
     With the optimizer in backward the step after backward finds no gradient (each was applied and
@@ -286,7 +273,7 @@ def trace_optimizer(
     warm-up step (in backward too: its ``step()`` steps every parameter that holds a gradient).
     """
     _check_optimizer_estimable(point)
-    tracker = StepTracker(_kernels(target, cublas_workspace_bytes))
+    tracker = StepTracker(kernel_model(target))
     with (
         optim_8bit.traceable(point.optimizer, target=target), fake_process_group(point.parallel, rank=rank) as mesh,
         fake_mode() as mode,

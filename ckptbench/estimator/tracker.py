@@ -105,11 +105,6 @@ class StepTracker(CountingMode):
                 self.reclassify(t, category)
         self._touch()
 
-    def reserve(self, nbytes: int, category: int) -> None:
-        """Count memory that no tensor owns (a library workspace) for the rest of the trace."""
-        self.by_cat[category] += nbytes
-        self._touch()
-
     def reclassify(self, t: torch.Tensor, category: int) -> None:
         """Move a counted storage to another category (a gradient once it lands in ``.grad``)."""
         for inner in storage_tensors(t):
