@@ -17,6 +17,7 @@ from ckptbench.estimator import replay as replay_module
 from ckptbench.estimator.allocator import DeviceLimit
 from ckptbench.estimator.estimator import Estimator
 from ckptbench.estimator.event_assembly import StepEvents
+from ckptbench.estimator.events import ALLOC
 from ckptbench.estimator.gpus import gpu_model
 from ckptbench.estimator.record import Estimate
 from ckptbench.estimator.replay import ProcessModel, replay_point
@@ -41,7 +42,7 @@ def _estimates(cfg: SweepConfig, points: list[Point], *, skip: bool, monkeypatch
     original = replay_module.replay_point
 
     def replay(*args: Any, **kwargs: Any) -> Any:
-        return original(*args, **{**kwargs, "skip_repeats": skip})
+        return original(*args, **{**kwargs, "skip_repeats": skip, "skip_from": 3})  # every count that can skip
 
     monkeypatch.setattr(replay_module, "replay_point", replay)
     try:
@@ -142,8 +143,38 @@ def test_skipping_a_synthetic_stream_is_exact(seed: int) -> None:
     process = ProcessModel(warmup_steps=1, measured_steps=3, workspaces=(), build=(3 * 2**20,), batch_bytes=512)
     limit = DeviceLimit(rng.choice([150, 250, 2000]) * 2**20, 1.0, 0)
     settings = parse_alloc_conf(conf)
-    runs = [replay_point(step, step, process, settings, limit, skip_repeats=skip) for skip in (True, False)]
+    runs = [replay_point(step, step, process, settings, limit, skip_repeats=skip, skip_from=3)
+            for skip in (True, False)]
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize(("count", "planned_here"), [(4, False), (7, False), (8, True), (16, True)])
+def test_repeats_are_planned_from_eight_micro_batches_once_for_both_steps(
+    count: int, planned_here: bool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Below SKIP_FROM (8) micro-batches the replay plans nothing (it replays every micro-batch: planning costs more
+    than it skips); from it, one plan serves the first step too, which differs only from its optimizer step on (here
+    the later step's optimizer allocates nothing, as fused AdamW's does not: its segment and the next start at the
+    same event), and the peaks are those of the whole replay."""
+    whole = _random_step(random.Random(count), count)
+    at, start, _ = whole._segment_at("opt")
+    steady = StepEvents(whole.events, [*whole.bounds[: at + 1], (start, "zero")], next_key=whole.next_key)
+    state = [(ALLOC, whole.next_key, 5 * 2**20), (ALLOC, whole.next_key + 1, 2**20)]
+    first = StepEvents([*whole.events[:start], *state, *whole.events[start:]],
+                       [*whole.bounds[: at + 1], (start + len(state), "zero")], next_key=whole.next_key + 2)
+    planned: list[StepEvents] = []
+    original = replay_module.MicroPlan.of
+
+    def of(events: StepEvents) -> replay_module.MicroPlan:
+        planned.append(events)
+        return original(events)
+
+    monkeypatch.setattr(replay_module.MicroPlan, "of", of)
+    process = ProcessModel(warmup_steps=2, measured_steps=3, workspaces=(), build=(3 * 2**20,), batch_bytes=512)
+    limit, settings = DeviceLimit(2000 * 2**20, 1.0, 0), parse_alloc_conf("")
+    got = replay_point(first, steady, process, settings, limit)
+    assert planned == ([steady] if planned_here else [])
+    assert got == replay_point(first, steady, process, settings, limit, skip_repeats=False)
 
 
 # -- compact steps: a few micro-batches held, the rest stood for ---------------------------------------------
