@@ -21,6 +21,7 @@ from ckptbench.estimator.events import ALLOC
 from ckptbench.estimator.gpus import gpu_model
 from ckptbench.estimator.record import Estimate
 from ckptbench.estimator.replay import ProcessModel, replay_point
+from tests._random_steps import random_step as _random_step
 from tests.conftest import tiny_config
 
 COUNTS = [1, 2, 3, 4, 5, 8]
@@ -95,42 +96,6 @@ def test_a_large_count_replays_quickly(monkeypatch: pytest.MonkeyPatch) -> None:
     print(f"256 micro-batches: estimate with the replay in {time.perf_counter() - began:.2f} s")
     old = _estimates(cfg, points, skip=False, monkeypatch=monkeypatch, est=est)
     _same(new, old)
-
-
-def _random_step(rng: random.Random, count: int) -> StepEvents:
-    """A step of ``count`` micro-batches making the same requests: some of its blocks freed in the same
-    micro-batch, some by the next one, some kept to the end (freed by the optimizer step's segment)."""
-    sizes = [rng.choice([1, 3, 5, 9, 17]) * 2**20 + rng.randrange(0, 2**20) for _ in range(rng.randint(3, 9))]
-    fate = [rng.choice(["self", "next", "next", "end"]) for _ in sizes]
-    first_only = rng.random() < 0.9  # the first micro-batch allocates what later ones accumulate into
-    step = StepEvents()
-    step.begin("start")
-    previous: list[int] = []
-    kept: list[int] = []
-    for k in range(count):
-        step.begin(f"pre@{k}")
-        made = []
-        for size, what in zip(sizes, fate, strict=True):
-            key = step.alloc(size)
-            made.append(key)
-            if what == "self":
-                step.free(key)
-            elif what == "end" and (k == 0 or not first_only):
-                kept.append(key)
-            elif what == "end":
-                step.free(key)
-        for key, what in zip(previous, fate, strict=False):  # none before the first
-            if what == "next":
-                step.free(key)
-        previous = made
-    step.begin("opt")
-    for key, what in zip(previous, fate, strict=False):  # none before the first
-        if what == "next":
-            step.free(key)
-    for key in kept:
-        step.free(key)
-    step.begin("zero")
-    return step
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -8,6 +8,7 @@ import gc
 import random
 import resource
 import sys
+import tracemalloc
 from pathlib import Path
 
 from ckptbench.config.alloc_conf import parse_alloc_conf
@@ -131,3 +132,43 @@ def test_micro_plans_leak_no_objects_references_or_memory() -> None:
     assert exact == dict.fromkeys(exact, 0), grown
     assert grown["objects"] < 100 and grown["memory blocks"] < 1000, grown
     assert grown["resident bytes"] < 2 * MIB, grown
+
+
+@WITH_NATIVE
+def test_process_replays_leak_no_objects_references_or_memory() -> None:
+    """``replay`` (a point's process in C) 40 times over a round of 100,000 requests as its steps, under a roomy card,
+    one that frees cached segments and retries, one that runs out in a step and one that runs out in the setup, and
+    over steps it leaves to Python: nothing of the events' objects, nor memory, is left behind."""
+    from ckptbench.estimator.allocator import NATIVE
+
+    assert NATIVE is not None
+    requests = [(op, key - 10**9, n) for op, key, n in _round(random.Random(2))]  # a step's keys: from 0 on
+    odd = [*requests[:-1], [1, requests[-1][1], 0]]  # left to Python: a list, not a tuple
+    workspaces, build = (8 * MIB, 8 * MIB, MIB), tuple(range(512, 512 * 200, 512))
+
+    def replays() -> None:
+        for total, retried, phase in ((4 * GIB, False, None), (680 * MIB, True, None), (64 * MIB, True, 1),
+                                      (8 * MIB, True, 0)):
+            found = NATIVE.replay(requests, (0, 0), requests, (0, 0), workspaces, build, 4096, 2, 3, -1, total,
+                                  20 * MIB, 0)
+            assert found is not None and (found[2] > 0, found[4] and found[4][0]) == (retried, phase), total
+        for _ in range(6):
+            assert NATIVE.replay(odd, (0, 0), requests, (0, 0), workspaces, build, 4096, 2, 3, -1, GIB, 20 * MIB,
+                                 0) is None
+
+    replays()
+    before = _state(requests)
+    tracemalloc.start()  # the C part's own arrays (PyMem) too, which neither objects nor memory blocks count
+    try:
+        traced = tracemalloc.get_traced_memory()[0]
+        for _ in range(4):
+            replays()
+        traced = tracemalloc.get_traced_memory()[0] - traced
+    finally:
+        tracemalloc.stop()
+    after = _state(requests)
+    grown = {name: after[name] - before[name] for name in before}
+    exact = {name: n for name, n in grown.items() if name.startswith("references") and "shared" not in name}
+    assert exact == dict.fromkeys(exact, 0), grown
+    assert grown["objects"] < 100 and grown["memory blocks"] < 1000, grown
+    assert grown["resident bytes"] < 2 * MIB and traced < 64 * 1024, (grown, traced)

@@ -22,8 +22,12 @@ from ckptbench.estimator import allocator as allocator_module
 from ckptbench.estimator import native_fingerprint
 from ckptbench.estimator.allocator import NATIVE, AllocatorSegment, Block, CachingAllocator, DeviceLimit, SortedBlocks
 from ckptbench.estimator.estimator import Estimator
+from ckptbench.estimator.event_assembly import StepEvents
+from ckptbench.estimator.events import ALLOC
 from ckptbench.estimator.gpus import gpu_model
+from ckptbench.estimator.replay import ProcessModel, ReplayResult, replay_point
 from tests._native import REQUIRED, WITH_NATIVE
+from tests._random_steps import random_step, with_state
 from tests.conftest import tiny_config
 
 MIB, GIB = 2**20, 2**30
@@ -292,3 +296,79 @@ def test_recorded_addresses_then_the_bump_pointer_as_in_the_general_rules() -> N
         a.serve(requests, live)
     assert [b.segment.addr for b in lives[0].values()] == [b.segment.addr for b in lives[1].values()]
     assert [b.segment.addr for b in lives[0].values()][:2] == recorded and fast._next_addr == slow._next_addr
+
+
+def _random_process(seed: int) -> tuple[ReplayResult, ReplayResult]:
+    """One random process (steps of 1 to 7 micro-batches of large and small requests, a first step that makes its
+    optimizer state, cuBLAS-like workspaces, a model, a batch) under a random limit and the default settings: replayed
+    in C and through allocator.py's objects."""
+    rng = random.Random(seed)
+    steady = random_step(rng, rng.choice([1, 2, 3, 5, 7]), small=rng.choice([0, 3, 8]))
+    first = with_state(steady, [rng.choice([512, 3 * 2**20, 11 * 2**20]) for _ in range(rng.randint(0, 4))],
+                       transient=rng.choice([0, 0, 64 * 2**20]))
+    workspaces = rng.choice([(), (8_519_680, 8_519_680, 2**20), (32 * 2**20, 32 * 2**20, 2**20)])
+    build = tuple(rng.choice([0, 512, 4096, 2**20, 5 * 2**20, 24 * 2**20]) for _ in range(rng.randint(0, 12)))
+    process = ProcessModel(warmup_steps=rng.choice([1, 2, 3]), measured_steps=rng.choice([1, 3, 5]),
+                           workspaces=workspaces, build=build, batch_bytes=rng.choice([512, 4096, 3 * 2**20]))
+    settings = parse_alloc_conf(rng.choice(["", "", "garbage_collection_threshold:0.6"]))
+    # The limit between what the process allocates at most and what it reserves with room to spare (where cached
+    # segments are freed and the request retried), or well below it (out of memory).
+    roomy = replay_point(first, steady, process, settings, DeviceLimit(2**40, 1.0, 0), in_c=False)
+    low, high = roomy.peak_allocated_bytes, roomy.peak_reserved_bytes
+    total = int(rng.choice([low * rng.uniform(0.3, 1.0), rng.uniform(low, high * 1.05)])) + 2**20
+    limit = DeviceLimit(total, rng.choice([None, 1.0, 0.7]), rng.choice([0, 2**20]))
+    return (replay_point(first, steady, process, settings, limit),
+            replay_point(first, steady, process, settings, limit, in_c=False))
+
+
+@WITH_NATIVE
+def test_a_process_replayed_in_c_is_the_general_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random processes replayed in C (``_replay_native.replay``) give the general rules' results, field for field:
+    peaks, retries, and where they run out (in the setup, a warm-up step, a measured step: phase, segment, bytes)."""
+    calls = []
+    original = NATIVE.replay
+
+    def counted(*args: Any) -> Any:
+        calls.append(found := original(*args))
+        return found
+
+    monkeypatch.setattr(NATIVE, "replay", counted)
+    results = []
+    for seed in range(300):
+        in_c, python = _random_process(seed)
+        assert in_c == python, seed
+        results.append(python)
+    assert len(calls) > 150 and all(found is not None for found in calls)  # replayed in C but under GC settings
+    phases = {r.oom.phase.split(" step")[0] for r in results if r.oom is not None}
+    assert phases == {"setup", "warm-up", "measured"}, phases
+    assert sum(r.oom is None for r in results) >= 30
+
+
+@WITH_NATIVE
+@pytest.mark.parametrize("total_mib", [27, 30, 60])
+def test_a_retry_that_fits_and_one_that_does_not_are_replayed_in_c_as_by_the_general_rules(total_mib: int) -> None:
+    """3 MiB leaves a whole cached 20 MiB segment; 25 MiB then needs a new 26 MiB one, over the limit with it: the
+    cached segment is freed and the request retried. Under 30 MiB it then fits (the batch's 2 MiB small segment, which
+    the 512 KiB requests share, beside it); under 27 MiB it does not (out of memory after the retry). Under 60 MiB
+    nothing is retried."""
+    step = StepEvents()
+    step.begin("start")
+    for k in range(2):
+        step.begin(f"pre@{k}")
+        first = step.alloc(3 * 2**20)
+        step.free(first)
+        kept, small = step.alloc(25 * 2**20), step.alloc(2**19)
+        step.free(small)
+        step.free(kept)
+    step.begin("opt")
+    step.begin("zero")
+    process = ProcessModel(warmup_steps=2, measured_steps=3, workspaces=(), build=(), batch_bytes=512)
+    limit = DeviceLimit(total_mib * 2**20, 1.0, 0)
+    assert NATIVE is not None
+    found = NATIVE.replay(step.events, (0, 0), step.events, (0, 0), (), (), 512, 2, 3, limit.allowed_bytes,
+                          limit.total_bytes, parse_alloc_conf("").large_segment_size, ALLOC)
+    assert found is not None
+    retries, oom = found[2], found[4]
+    assert (retries, oom is None) == {27: (1, False), 30: (1, True), 60: (0, True)}[total_mib]
+    in_c = replay_point(step, step, process, parse_alloc_conf(""), limit)
+    assert in_c == replay_point(step, step, process, parse_alloc_conf(""), limit, in_c=False)

@@ -17,7 +17,14 @@ from ckptbench.config.load import parse_config
 from ckptbench.config.schema import SweepConfig
 from ckptbench.errors import ConfigError
 from ckptbench.estimator.assembly import layer_classes, plans_for, short_model_classes
-from ckptbench.estimator.event_assembly import StepEvents, assemble_step, segment_events, traced_step
+from ckptbench.estimator.event_assembly import (
+    EventAssembler,
+    StepEvents,
+    assemble_step,
+    segment_events,
+    short_template,
+    traced_step,
+)
 from ckptbench.estimator.events import ALLOC
 from ckptbench.estimator.gpus import DEFAULT_CUBLAS_WORKSPACE, GPUS, HOPPER_CUBLAS_WORKSPACE, gpu_model
 from ckptbench.estimator.trace import trace_step
@@ -76,13 +83,15 @@ def test_fast_events_equal_a_full_trace_for_every_layout() -> None:
     ("layouts", "axes"),
     [
         (["none", "all", "first:3@mlp", "last:2@attn"], {"precision": ["amp_bf16"], "micro_batches": [3]}),
+        # micro-batches 3 and 4 are copies of the one before (EventAssembler._repeat)
+        (["none", "all", "every:2@attn", "last:2"], {"precision": ["bf16"], "micro_batches": [5]}),
         (["none", "all", "first:3@mlp", "last:2@attn"], {"precision": ["bf16"], "lora": ["r4"]}),
         # Offloading the checkpointed inputs uses reentrant checkpointing, which holds the tensors every layer
         # receives until the embedding's backward: where they are freed in a layout without checkpointed layers
         # is not known from the short model (the byte model shares this; they are a few KiB).
         (["all", "last:2@attn"], {"precision": ["bf16"], "offload": ["ckpt_inputs"]}),
     ],
-    ids=["amp-3-microbatches", "lora", "offload"],
+    ids=["amp-3-microbatches", "5-microbatches", "lora", "offload"],
 )
 def test_fast_events_equal_a_full_trace_on_other_axes(layouts: list[str], axes: dict[str, Any]) -> None:
     sweep = {"layout": layouts, "batch_size": [2], "seq_len": [64], **axes}
@@ -96,6 +105,26 @@ def test_fast_events_equal_a_full_trace_at_llama7b_widths() -> None:
                   "seq_len": [256], "precision": ["bf16"]},
     })
     _assert_fast_events_equal_full(cfg)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "amp_bf16"])
+def test_later_micro_batches_copied_from_the_one_before_equal_their_templates(precision: str) -> None:
+    """From the fourth micro-batch on, each is the one before with its keys moved on: the same step, event for
+    event (keys, bounds, workspaces), as copying every micro-batch from the short model's templates."""
+    layouts = ["none", "all", "every:2", "last:3", "first:2@mlp", "all@selective", "layers:1,4@attn"]
+    cfg = tiny_config(device="cuda", sweep={"layout": layouts, "batch_size": [2], "seq_len": [32],
+                                            "precision": [precision]})
+    num_layers = cfg.model.num_layers
+    classes = short_model_classes({c for lay in layouts for c in layer_classes(parse_layout(lay, num_layers))})
+    short = trace_step(cfg, cfg.points_list()[0], target="cuda", plans=plans_for(classes), num_layers=len(classes),
+                       micro_batches=2, defer_shared=True)
+    opt = segment_events(short, "opt")
+    for layout in layouts:
+        full = layer_classes(parse_layout(layout, num_layers))
+        for count in (3, 4, 5, 9):
+            template = short_template(short, classes, count)
+            copied = EventAssembler(template, full, count).run(opt)
+            assert copied == EventAssembler(template, full, count).run(opt, repeat=False), (layout, count)
 
 
 # -- the committed H200 runs --------------------------------------------------------------------------------

@@ -943,6 +943,449 @@ fail:
     return NULL;
 }
 
+/* -- replay: a point's whole process under the default settings, on C structs ----------------------------------- */
+/* replay.replay_point's loop (no micro-batches skipped) and the general rules' default-settings path, with the blocks,
+   the free lists and the live requests held here rather than as allocator.py's objects: no Python object is made per
+   request. It serves what ``serve`` serves and what it leaves to the general rules under the default settings: a new
+   segment that does not fit frees every cached whole segment (release_cached) and retries once (a counted retry),
+   then runs out of memory (a counted OOM). The general rules are the reference (tests/test_native.py replays the same
+   processes through both). Blocks are indices into one array; a pool's free blocks an array ordered by (size,
+   address), as FreeList. */
+
+typedef struct {
+    long long addr, size;
+    int prev, next; /* neighbours in the segment, -1 at its ends */
+    char allocated, small;
+} NBlock;
+
+typedef struct {
+    long long size, addr;
+    int block;
+} NEntry;
+
+typedef struct {
+    NEntry *items;
+    Py_ssize_t n, cap;
+} NList;
+
+typedef struct {
+    NBlock *blocks;
+    int *spare; /* indices of blocks merged away, reused first (as large as ``blocks``: pushing never fails) */
+    int n_blocks, cap, n_spare;
+    NList pools[2]; /* [0] large, [1] small */
+    long long allocated, peak_allocated, reserved, peak_reserved, retries, ooms;
+    long long next_addr, allowed, device_cap, large_segment, oom_size;
+} NAlloc;
+
+#define N_NOMEM (-2) /* the host ran out of memory here (MemoryError set) */
+
+static int na_block(NAlloc *a, long long addr, long long size, int small) {
+    int i;
+    if (a->n_spare > 0) {
+        i = a->spare[--a->n_spare];
+    } else {
+        if (a->n_blocks == a->cap) {
+            int cap = a->cap ? a->cap * 2 : 4096;
+            NBlock *blocks = PyMem_Realloc(a->blocks, (size_t)cap * sizeof(NBlock));
+            if (blocks == NULL) {
+                PyErr_NoMemory();
+                return N_NOMEM;
+            }
+            a->blocks = blocks;
+            int *spare = PyMem_Realloc(a->spare, (size_t)cap * sizeof(int));
+            if (spare == NULL) {
+                PyErr_NoMemory();
+                return N_NOMEM;
+            }
+            a->spare = spare;
+            a->cap = cap;
+        }
+        i = a->n_blocks++;
+    }
+    NBlock *b = &a->blocks[i];
+    b->addr = addr;
+    b->size = size;
+    b->prev = b->next = -1;
+    b->allocated = 0;
+    b->small = (char)small;
+    return i;
+}
+
+static Py_ssize_t nl_lower(const NList *l, long long size, long long addr) {
+    Py_ssize_t lo = 0, hi = l->n;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) >> 1;
+        const NEntry *e = &l->items[mid];
+        if (e->size < size || (e->size == size && e->addr < addr))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int nl_insert(NList *l, long long size, long long addr, int block) {
+    if (l->n == l->cap) {
+        Py_ssize_t cap = l->cap ? l->cap * 2 : 256;
+        NEntry *items = PyMem_Realloc(l->items, (size_t)cap * sizeof(NEntry));
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return N_NOMEM;
+        }
+        l->items = items;
+        l->cap = cap;
+    }
+    Py_ssize_t at = nl_lower(l, size, addr); /* (size, address) pairs are unique: bisect_left is insort's place */
+    memmove(&l->items[at + 1], &l->items[at], (size_t)(l->n - at) * sizeof(NEntry));
+    l->items[at].size = size;
+    l->items[at].addr = addr;
+    l->items[at].block = block;
+    l->n++;
+    return 0;
+}
+
+static void nl_remove_at(NList *l, Py_ssize_t at) {
+    memmove(&l->items[at], &l->items[at + 1], (size_t)(l->n - at - 1) * sizeof(NEntry));
+    l->n--;
+}
+
+/* Take a free neighbour out of its list (-1: it is not there, which the general rules never leave). */
+static int nl_take(NList *l, const NBlock *b) {
+    Py_ssize_t at = nl_lower(l, b->size, b->addr);
+    if (at >= l->n || l->items[at].size != b->size || l->items[at].addr != b->addr) return -1;
+    nl_remove_at(l, at);
+    return 0;
+}
+
+/* alloc_block: a new segment while the fraction and the device have room; -1 when they do not. */
+static int na_segment(NAlloc *a, long long size, int small, int retry) {
+    if (retry) a->retries++;
+    if ((a->allowed >= 0 && a->reserved + size > a->allowed) || a->reserved + size > a->device_cap) return -1;
+    int block = na_block(a, a->next_addr, size, small);
+    if (block < 0) return block;
+    a->next_addr += (size + ROUND_LARGE - 1) / ROUND_LARGE * ROUND_LARGE;
+    a->reserved += size;
+    if (a->reserved > a->peak_reserved) a->peak_reserved = a->reserved;
+    return block;
+}
+
+/* release_cached: free every cached block that is a whole segment, the large pool's, then the small pool's. */
+static void na_release_cached(NAlloc *a) {
+    for (int p = 0; p < 2; p++) {
+        NList *l = &a->pools[p];
+        Py_ssize_t kept = 0;
+        for (Py_ssize_t i = 0; i < l->n; i++) {
+            NBlock *b = &a->blocks[l->items[i].block];
+            if (b->prev < 0 && b->next < 0) {
+                a->reserved -= b->size;
+                a->spare[a->n_spare++] = l->items[i].block;
+            } else {
+                l->items[kept++] = l->items[i];
+            }
+        }
+        l->n = kept;
+    }
+}
+
+/* malloc: the block served (its index), -1 out of memory (``oom_size``: the segment it tried), or N_NOMEM. */
+static int na_malloc(NAlloc *a, long long requested) {
+    long long size = requested < MIN_BLOCK ? MIN_BLOCK : (requested + MIN_BLOCK - 1) / MIN_BLOCK * MIN_BLOCK;
+    int small = size <= SMALL_SIZE, block;
+    NList *pool = &a->pools[small];
+    Py_ssize_t at = nl_lower(pool, size, LLONG_MIN);
+    if (at < pool->n) { /* get_free_block: the best fit */
+        block = pool->items[at].block;
+        nl_remove_at(pool, at);
+    } else {
+        long long alloc = small ? SMALL_BUFFER
+                                : size < MIN_LARGE_ALLOC ? a->large_segment
+                                                         : (size + ROUND_LARGE - 1) / ROUND_LARGE * ROUND_LARGE;
+        block = na_segment(a, alloc, small, 0);
+        if (block == -1) {
+            na_release_cached(a);
+            block = na_segment(a, alloc, small, 1);
+        }
+        if (block == -1) {
+            a->ooms++;
+            a->oom_size = alloc;
+        }
+        if (block < 0) return block;
+    }
+    long long remaining = a->blocks[block].size - size;
+    if (small ? remaining >= MIN_BLOCK : remaining > SMALL_SIZE) { /* should_split: the rest is cached */
+        int rest = na_block(a, a->blocks[block].addr + size, remaining, small);
+        if (rest < 0) return rest;
+        NBlock *b = &a->blocks[block], *r = &a->blocks[rest];
+        r->prev = block;
+        r->next = b->next;
+        if (b->next >= 0) a->blocks[b->next].prev = rest;
+        b->next = rest;
+        b->size = size;
+        if (nl_insert(pool, remaining, r->addr, rest)) return N_NOMEM;
+    }
+    NBlock *b = &a->blocks[block];
+    b->allocated = 1;
+    a->allocated += b->size;
+    if (a->allocated > a->peak_allocated) a->peak_allocated = a->allocated;
+    return block;
+}
+
+/* free -> free_block: merged with its free neighbours (try_merge_blocks), cached. 0, -1 (a neighbour missing from
+   its list), or N_NOMEM. */
+static int na_free(NAlloc *a, int block) {
+    NBlock *b = &a->blocks[block];
+    NList *pool = &a->pools[(int)b->small];
+    int prev = b->prev, next = b->next;
+    b->allocated = 0;
+    a->allocated -= b->size;
+    if (prev >= 0 && !a->blocks[prev].allocated) {
+        NBlock *s = &a->blocks[prev];
+        if (nl_take(pool, s)) return -1;
+        b->addr = s->addr;
+        b->prev = s->prev;
+        if (s->prev >= 0) a->blocks[s->prev].next = block;
+        b->size += s->size;
+        a->spare[a->n_spare++] = prev;
+    }
+    if (next >= 0 && !a->blocks[next].allocated) {
+        NBlock *s = &a->blocks[next];
+        if (nl_take(pool, s)) return -1;
+        b->next = s->next;
+        if (s->next >= 0) a->blocks[s->next].prev = block;
+        b->size += s->size;
+        a->spare[a->n_spare++] = next;
+    }
+    return nl_insert(pool, b->size, b->addr, block);
+}
+
+/* One step's requests as read from a StepEvents' list: whether each allocates, its key, its bytes; and which of them
+   the optimizer step makes (its state: kept for good). */
+typedef struct {
+    char *alloc;
+    int *key;
+    long long *bytes;
+    Py_ssize_t n, state_begin, state_end;
+} NStep;
+
+static void nstep_free(NStep *s) {
+    PyMem_Free(s->alloc);
+    PyMem_Free(s->key);
+    PyMem_Free(s->bytes);
+}
+
+#define MAX_KEY (1 << 28)
+
+/* 1 read, 0 not a plain stream (the caller replays it in Python), -1 error. ``max_key``: raised to its largest key. */
+static int nstep_read(PyObject *events, Py_ssize_t state_begin, Py_ssize_t state_end, long alloc_op, NStep *s,
+                      int *max_key) {
+    if (!PyList_CheckExact(events)) return 0;
+    Py_ssize_t n = PyList_GET_SIZE(events);
+    s->n = n;
+    s->state_begin = state_begin;
+    s->state_end = state_end;
+    s->alloc = PyMem_Malloc((size_t)(n ? n : 1));
+    s->key = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int));
+    s->bytes = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(long long));
+    if (s->alloc == NULL || s->key == NULL || s->bytes == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *ev = PyList_GET_ITEM(events, i);
+        if (!PyTuple_CheckExact(ev) || PyTuple_GET_SIZE(ev) != 3) return 0;
+        PyObject *op = PyTuple_GET_ITEM(ev, 0), *key = PyTuple_GET_ITEM(ev, 1), *nbytes = PyTuple_GET_ITEM(ev, 2);
+        if (!PyLong_CheckExact(op) || !PyLong_CheckExact(key) || !PyLong_CheckExact(nbytes)) return 0;
+        int overflow = 0;
+        long o = PyLong_AsLongAndOverflow(op, &overflow);
+        long long k = overflow ? -1 : PyLong_AsLongLongAndOverflow(key, &overflow);
+        long long b = overflow ? -1 : PyLong_AsLongLongAndOverflow(nbytes, &overflow);
+        if (PyErr_Occurred()) return -1;
+        if (overflow || k < 0 || k >= MAX_KEY || b < 0 || b > MAX_REQUEST) return 0;
+        s->alloc[i] = o == alloc_op;
+        s->key[i] = (int)k;
+        s->bytes[i] = b;
+        if (k > *max_key) *max_key = (int)k;
+    }
+    return 1;
+}
+
+/* Allocate ``sizes`` for good (zero bytes: nothing): 0, -1 out of memory, N_NOMEM, or -3 not plain. */
+static int na_keep(NAlloc *a, PyObject *sizes) {
+    if (!PyTuple_CheckExact(sizes)) return -3;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(sizes); i++) {
+        int overflow = 0;
+        long long n = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(sizes, i), &overflow);
+        if (n == -1 && PyErr_Occurred()) return N_NOMEM;
+        if (overflow || n < 0 || n > MAX_REQUEST) return -3;
+        if (n > 0) {
+            int block = na_malloc(a, n);
+            if (block < 0) return block;
+        }
+    }
+    return 0;
+}
+
+/* Replay one step: 0 served, -1 out of memory at request ``*at``, N_NOMEM, or -3 a request the general rules must
+   answer (a free of a key not live, a key made twice). ``live``: one entry per key, -1 where none. ``losses``: where
+   the blocks it leaves (but the optimizer state) are appended, or NULL. */
+static int na_step(NAlloc *a, const NStep *s, int *live, int max_key, int *losses, Py_ssize_t *n_losses,
+                   Py_ssize_t *at) {
+    memset(live, 0xff, (size_t)(max_key + 1) * sizeof(int));
+    for (Py_ssize_t i = 0; i < s->n; i++) {
+        int key = s->key[i];
+        if (s->alloc[i]) {
+            if (live[key] >= 0) return -3;
+            int block = na_malloc(a, s->bytes[i]);
+            if (block < 0) {
+                *at = i;
+                return block;
+            }
+            live[key] = block;
+        } else {
+            int block = live[key];
+            if (block < 0) return -3;
+            live[key] = -1;
+            int err = na_free(a, block);
+            if (err) return err == -1 ? -3 : err;
+        }
+    }
+    if (losses != NULL) {
+        for (Py_ssize_t i = 0; i < s->n; i++) {
+            if (s->alloc[i] && live[s->key[i]] >= 0 && (i < s->state_begin || i >= s->state_end)) {
+                losses[(*n_losses)++] = live[s->key[i]];
+                live[s->key[i]] = -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* The large pool's free blocks and the reserved bytes: two steps that end alike repeat (large_pool_state). */
+typedef struct {
+    NEntry *items;
+    Py_ssize_t n;
+    long long reserved;
+} NState;
+
+static int nstate_take(const NAlloc *a, NState *st) {
+    const NList *l = &a->pools[0];
+    NEntry *items = PyMem_Realloc(st->items, (size_t)(l->n ? l->n : 1) * sizeof(NEntry));
+    if (items == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    st->items = items;
+    for (Py_ssize_t i = 0; i < l->n; i++) { /* (size, address): which block holds them does not matter */
+        st->items[i] = l->items[i];
+        st->items[i].block = 0;
+    }
+    st->n = l->n;
+    st->reserved = a->reserved;
+    return 0;
+}
+
+static int nstate_equal(const NState *x, const NState *y) {
+    return x->reserved == y->reserved && x->n == y->n && memcmp(x->items, y->items, (size_t)x->n * sizeof(NEntry)) == 0;
+}
+
+/* replay(first, first_state, steady, steady_state, workspaces, build, batch_bytes, warmup_steps, measured_steps,
+ *        allowed, device_cap, large_segment_size, alloc_op)
+ * -> (peak_allocated, peak_reserved, retries, retries_before_window, oom) or None. */
+static PyObject *replay(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "replay(first, first_state, steady, steady_state, workspaces, build, "
+                                         "batch_bytes, warmup_steps, measured_steps, allowed, device_cap, "
+                                         "large_segment_size, alloc_op)");
+        return NULL;
+    }
+    Py_ssize_t fb, fe, sb, se;
+    if (!PyArg_ParseTuple(args[1], "nn", &fb, &fe) || !PyArg_ParseTuple(args[3], "nn", &sb, &se)) return NULL;
+    long long batch = PyLong_AsLongLong(args[6]);
+    long warmup = PyLong_AsLong(args[7]), measured = PyLong_AsLong(args[8]), alloc_op = PyLong_AsLong(args[12]);
+    NAlloc a;
+    memset(&a, 0, sizeof(a));
+    a.allowed = PyLong_AsLongLong(args[9]);
+    a.device_cap = PyLong_AsLongLong(args[10]);
+    a.large_segment = PyLong_AsLongLong(args[11]);
+    a.next_addr = 1LL << 40;
+    if (PyErr_Occurred()) return NULL;
+    PyObject *result = NULL, *batch_sizes = NULL;
+    NStep steps[2];
+    memset(steps, 0, sizeof(steps));
+    NState before = {NULL, 0, 0}, after = {NULL, 0, 0};
+    int *live = NULL, *losses = NULL, max_key = 0, code = 0;
+    Py_ssize_t n_losses = 0, at = -1;
+    long phase = 0; /* 0 setup, 1..warmup the warm-up steps, then the measured ones */
+    long long retries_before = 0;
+    int plain = nstep_read(args[0], fb, fe, alloc_op, &steps[0], &max_key);
+    if (plain == 1) plain = nstep_read(args[2], sb, se, alloc_op, &steps[1], &max_key);
+    if (plain <= 0) {
+        if (plain == 0) result = Py_NewRef(Py_None);
+        goto done;
+    }
+    live = PyMem_Malloc((size_t)(max_key + 1) * sizeof(int));
+    losses = PyMem_Malloc((size_t)(steps[0].n + (warmup > 1 ? (warmup - 1) : 0) * steps[1].n + 1) * sizeof(int));
+    batch_sizes = Py_BuildValue("(L)", batch);
+    if (live == NULL || losses == NULL || batch_sizes == NULL) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
+    code = na_keep(&a, args[4]);
+    if (code == 0) code = na_keep(&a, args[5]);
+    if (code == 0) code = na_keep(&a, batch_sizes);
+    for (long w = 0; code == 0 && w < warmup; w++) {
+        phase = 1 + w;
+        code = na_step(&a, &steps[w == 0 ? 0 : 1], live, max_key, losses, &n_losses, &at);
+    }
+    if (code == 0) {
+        for (Py_ssize_t i = 0; i < n_losses && code == 0; i++) { /* the warm-up losses, dropped when it returns */
+            code = na_free(&a, losses[i]);
+            if (code == -1) code = -3;
+        }
+    }
+    if (code == 0) {
+        a.peak_allocated = a.allocated; /* reset_peak_memory_stats */
+        a.peak_reserved = a.reserved;
+        retries_before = a.retries;
+        code = nstate_take(&a, &before) ? N_NOMEM : 0;
+    }
+    for (long m = 0; code == 0 && m < measured; m++) {
+        phase = 1 + warmup + m;
+        code = na_step(&a, &steps[1], live, max_key, NULL, NULL, &at);
+        if (code == 0 && nstate_take(&a, &after)) code = N_NOMEM;
+        if (code == 0) {
+            if (nstate_equal(&before, &after)) break; /* every later step repeats this one: its peaks are reached */
+            NState swap = before;
+            before = after;
+            after = swap;
+        }
+    }
+    if (code == N_NOMEM) goto done;
+    if (code == -3) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (code == -1) {
+        result = Py_BuildValue("(LLLL(lnLLL))", a.peak_allocated, a.peak_reserved, a.retries, retries_before, phase,
+                               phase == 0 ? (Py_ssize_t)-1 : at, a.oom_size, a.allocated, a.reserved);
+    } else {
+        result = Py_BuildValue("(LLLLO)", a.peak_allocated, a.peak_reserved, a.retries, retries_before, Py_None);
+    }
+done:
+    Py_XDECREF(batch_sizes);
+    nstep_free(&steps[0]);
+    nstep_free(&steps[1]);
+    PyMem_Free(before.items);
+    PyMem_Free(after.items);
+    PyMem_Free(live);
+    PyMem_Free(losses);
+    PyMem_Free(a.blocks);
+    PyMem_Free(a.spare);
+    PyMem_Free(a.pools[0].items);
+    PyMem_Free(a.pools[1].items);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"bind", bind, METH_VARARGS,
      "bind(Block, AllocatorSegment): the classes whose slots serve reads and writes, and whose objects it makes; "
@@ -960,6 +1403,12 @@ static PyMethodDef module_methods[] = {
     {"micro_plan", (PyCFunction)(void (*)(void))micro_plan, METH_FASTCALL,
      "micro_plan(events, starts, alloc_op) -> (keys, origin, freed, periodic_from) or None: replay.MicroPlan.of's "
      "loop over a step's events (None: an event it leaves to the pure-Python loop)."},
+    {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL,
+     "replay(first, first_state, steady, steady_state, workspaces, build, batch_bytes, warmup_steps, measured_steps, "
+     "allowed, device_cap, large_segment_size, alloc_op) -> (peak_allocated, peak_reserved, retries, "
+     "retries_before_window, oom) or None: replay.replay_point's process under the default settings, every "
+     "micro-batch replayed; ``oom``: None or (phase, request index or -1, bytes, allocated, reserved), phase 0 the "
+     "setup, 1.. the warm-up steps, then the measured ones. None: a stream it leaves to the general rules."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -30,3 +30,8 @@ def copy_program(
     program: list[tuple[int, int, int, bool]], start: int, events: list[tuple[int, int, int]], own: dict[int, int],
     workspaces: set[int], next_key: int, alloc_op: int, free_op: int,
 ) -> tuple[int, int]: ...
+def replay(
+    first: Sequence[tuple[int, int, int]], first_state: tuple[int, int], steady: Sequence[tuple[int, int, int]],
+    steady_state: tuple[int, int], workspaces: tuple[int, ...], build: tuple[int, ...], batch_bytes: int,
+    warmup_steps: int, measured_steps: int, allowed: int, device_cap: int, large_segment_size: int, alloc_op: int,
+) -> tuple[int, int, int, int, tuple[int, int, int, int, int] | None] | None: ...

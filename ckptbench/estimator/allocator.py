@@ -296,6 +296,14 @@ def round_power2_division(size: int, divisions: int) -> int:
     return size if rounded == size else rounded + step
 
 
+def default_rules(settings: AllocatorSettings, limit: DeviceLimit) -> bool:
+    """Whether the allocator runs the default settings' rules, which the C part knows: no expandable segments, garbage
+    collection (a threshold with a memory fraction set), max_split_size or power-of-two rounding."""
+    gc_on = settings.garbage_collection_threshold > 0 and limit.fraction is not None
+    return not (settings.expandable_segments or gc_on or any(settings.roundup_power2_divisions)
+                or settings.max_split_size is not None)
+
+
 class CachingAllocator:
     """One device's caching allocator (DeviceCachingAllocator) for one process."""
 
@@ -318,10 +326,8 @@ class CachingAllocator:
         self._next_addr = 1 << 40
         self.gc_on = settings.garbage_collection_threshold > 0 and limit.fraction is not None
         self._divisions = any(settings.roundup_power2_divisions)
-        # The C loop knows the default settings' rules only: no expandable segments, garbage collection,
-        # max_split_size or power-of-two rounding (issue 24).
-        self._serves_in_c = self._native is not None and not (
-            settings.expandable_segments or self.gc_on or self._divisions or settings.max_split_size is not None)
+        # The C loop knows the default settings' rules only (issue 24).
+        self._serves_in_c = self._native is not None and default_rules(settings, limit)
 
     # -- sizes -----------------------------------------------------------------------------------
     def round_size(self, size: int) -> int:

@@ -127,16 +127,47 @@ class EventAssembler:
                 if parse_label(where)[2] == tm:
                     self._placed.setdefault(self._placement(where, what, kk), []).append((where, what, eid))
 
-    def run(self, optimizer_step: Sequence[tuple[int, int, int]]) -> StepEvents:
-        """The step: start, every micro-batch, the optimizer step (given, whole model), zero_grad."""
+    def run(self, optimizer_step: Sequence[tuple[int, int, int]], *, repeat: bool = True) -> StepEvents:
+        """The step: start, every micro-batch, the optimizer step (given, whole model), zero_grad. ``repeat``:
+        micro-batches from the fourth on copy the one before (``_repeat``) rather than their templates."""
+        out = self.out
         self._segment("start", "start")
+        starts: list[tuple[int, int, int]] = []  # each micro-batch's first event, bound and key
         for kk in range(self.micro):
+            starts.append((len(out.events), len(out.bounds), out.next_key))
             tm = min(kk, self.tmpl.micro_batches - 1)
+            if repeat and kk >= 3 and tm == 1 and self._repeat(kk, starts):
+                continue
             for label, template in self._micro_labels(kk, tm):
                 self._segment(label, template)
-        self.out.add_optimizer(optimizer_step)
+        out.add_optimizer(optimizer_step)
         self._segment("zero", "zero")
-        return self.out
+        return out
+
+    def _repeat(self, kk: int, starts: Sequence[tuple[int, int, int]]) -> bool:
+        """Micro-batch ``kk`` as a copy of micro-batch ``kk - 1``, its keys moved on by the keys one micro-batch
+        allocates; whether it was made so (the two before it allocated alike: else the rules copy it).
+
+        The same as copying its templates: micro-batches from the second on copy the same templates (the short
+        model's second micro-batch), and every free the rules place in one refers to a tensor made before the
+        micro-batches (the same key in each) or in its own or the previous micro-batch (a key that many keys on:
+        ``_micros`` counts micro-batches back from the one copied, the rules look no further back than one). From
+        the fourth micro-batch on, the two before are both copies of the second template."""
+        out = self.out
+        (e_prev, b_prev, k_prev), (_, _, k_before) = starts[kk - 1], starts[kk - 2]
+        step = out.next_key - k_prev  # keys micro-batch kk - 1 allocated
+        if step != k_prev - k_before:
+            return False
+        events, bounds = out.events, out.bounds
+        at, moved = len(events) - e_prev, f"@{kk}"
+        copied = [(i + at, label.rpartition("@")[0] + moved) for i, label in bounds[b_prev:]]
+        for (_, label), (_, new) in zip(bounds[b_prev:], copied, strict=True):
+            self.keys[new] = {eid: key + step for eid, key in self.keys[label].items()}
+        out.workspaces.update([key + step for key in out.workspaces if key >= k_prev])
+        events += [(op, key + step if key >= k_before else key, nbytes) for op, key, nbytes in events[e_prev:]]
+        bounds += copied
+        out.next_key += step
+        return True
 
     def _micro_labels(self, kk: int, tm: int) -> list[tuple[str, str]]:
         pairs = [(f"pre@{kk}", f"pre@{tm}")]
@@ -382,6 +413,11 @@ class StepEvents:
                 end = self.bounds[i + 1][0] if i + 1 < len(self.bounds) else len(self.events)
                 return i, start, end
         raise KeyError(label)
+
+    def segment_range(self, label: str) -> tuple[int, int]:
+        """(first event, end event) of segment ``label`` (KeyError when the step has none)."""
+        _, start, end = self._segment_at(label)
+        return start, end
 
     def keys_made_in(self, label: str) -> set[int]:
         """Keys allocated in segment ``label`` (the optimizer step's: its state on the first step)."""

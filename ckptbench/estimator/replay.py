@@ -31,7 +31,7 @@ from ckptbench.config.alloc_conf import AllocatorSettings, axis_to_conf, parse_a
 from ckptbench.config.grid import Point
 from ckptbench.config.schema import SweepConfig
 from ckptbench.estimator import allocator
-from ckptbench.estimator.allocator import AllocatorOOM, Block, CachingAllocator, DeviceLimit
+from ckptbench.estimator.allocator import AllocatorOOM, Block, CachingAllocator, DeviceLimit, default_rules
 from ckptbench.estimator.event_assembly import StepEvents, assemble_step, of_trace, segment_events, traced_step
 from ckptbench.estimator.events import ALLOC
 from ckptbench.estimator.gpus import CUBLASLT_WORKSPACE, GpuModel
@@ -312,10 +312,12 @@ SKIP_FROM = 8
 
 def replay_point(
     first: StepEvents, steady: StepEvents, process: ProcessModel, settings: AllocatorSettings, limit: DeviceLimit,
-    *, skip_repeats: bool = True, skip_from: int = SKIP_FROM,
+    *, skip_repeats: bool = True, skip_from: int = SKIP_FROM, in_c: bool = True,
 ) -> ReplayResult:
     """Replay a point's process; the measured window's peaks, or where it runs out of memory. ``skip_repeats``:
-    skip the repeats of a step of at least ``skip_from`` micro-batches (and of a compact step, always)."""
+    skip the repeats of a step of at least ``skip_from`` micro-batches (and of a compact step, always). ``in_c``: a
+    process without skips, under the default settings, is replayed in C where it is built (``_replay_in_c``; False:
+    through allocator.py's objects, the reference)."""
     run = _Run(settings, limit)
     stats = run.allocator.stats
     plans: dict[int, MicroPlan] = {}
@@ -329,6 +331,10 @@ def replay_point(
         same = (MicroPlan.starts_of(first) == plan.starts and first.extra_micro_batches == plan.extra
                 and first.events[:end] == steady.events[:end])
         plans[id(first)] = plan if same else MicroPlan.of(first)
+    if not plans and in_c:
+        fast = _replay_in_c(first, steady, process, settings, limit)
+        if fast is not None:
+            return fast
     try:
         try:
             run.keep(process.workspaces)
@@ -360,6 +366,41 @@ def replay_point(
         oom = OomPrediction(run.phase, stop.segment, stop.oom.size, stop.oom.allocated, stop.oom.reserved)
         return ReplayResult(stats.peak_allocated, stats.peak_reserved, stats.num_alloc_retries, oom)
     return ReplayResult(stats.peak_allocated, stats.peak_reserved, stats.num_alloc_retries - retries, None)
+
+
+def _replay_in_c(
+    first: StepEvents, steady: StepEvents, process: ProcessModel, settings: AllocatorSettings, limit: DeviceLimit,
+) -> ReplayResult | None:
+    """``replay_point``'s process, every micro-batch replayed, in C (``_replay_native.replay``: its blocks and free
+    lists as C structs, no Python object per request); None where it is not built, the settings are not the default
+    ones, or a step has a request the general rules must answer (they raise for it)."""
+    native = allocator.NATIVE
+    if native is None or not default_rules(settings, limit):
+        return None
+    try:
+        first_state, steady_state = first.segment_range("opt"), steady.segment_range("opt")
+    except KeyError:
+        return None
+    allowed = limit.allowed_bytes
+    found = native.replay(
+        first.events, first_state, steady.events, steady_state, tuple(process.workspaces), tuple(process.build),
+        process.batch_bytes, process.warmup_steps, process.measured_steps, -1 if allowed is None else allowed,
+        limit.total_bytes - limit.outside_bytes, settings.large_segment_size, ALLOC,
+    )
+    if found is None:
+        return None
+    peak_allocated, peak_reserved, retries, before_window, oom = found
+    if oom is None:
+        return ReplayResult(peak_allocated, peak_reserved, retries - before_window, None)
+    phase, index, nbytes, allocated, reserved = oom
+    warmup = process.warmup_steps
+    if phase == 0:
+        where = OomPrediction("setup", "", nbytes, allocated, reserved)
+    else:
+        name = f"warm-up step {phase}" if phase <= warmup else f"measured step {phase - warmup}"
+        events = first if phase == 1 else steady
+        where = OomPrediction(name, _Run._where(events, index), nbytes, allocated, reserved)
+    return ReplayResult(peak_allocated, peak_reserved, retries, where)
 
 
 TOKEN_BYTES = 8  # the batch: int64 token ids (train.step.make_batch)
