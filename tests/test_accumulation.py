@@ -113,14 +113,14 @@ def test_skipping_a_synthetic_stream_is_exact(seed: int) -> None:
     assert runs[0] == runs[1]
 
 
-@pytest.mark.parametrize(("count", "planned_here"), [(4, False), (7, False), (8, True), (16, True)])
-def test_repeats_are_planned_from_eight_micro_batches_once_for_both_steps(
+@pytest.mark.parametrize(("count", "planned_here"), [(4, False), (17, False), (18, True), (19, True)])
+def test_repeats_are_planned_from_eighteen_micro_batches_once_for_both_steps(
     count: int, planned_here: bool, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Below SKIP_FROM (8) micro-batches the replay plans nothing (it replays every micro-batch: planning costs more
-    than it skips); from it, one plan serves the first step too, which differs only from its optimizer step on (here
-    the later step's optimizer allocates nothing, as fused AdamW's does not: its segment and the next start at the
-    same event), and the peaks are those of the whole replay."""
+    """Below SKIP_FROM (18) micro-batches the replay plans nothing (it replays every micro-batch, in C: planning costs
+    more than it skips); from it, one plan serves the first step too, which differs only from its optimizer step on
+    (here the later step's optimizer allocates nothing, as fused AdamW's does not: its segment and the next start at
+    the same event), and the peaks are those of the whole replay."""
     whole = _random_step(random.Random(count), count)
     at, start, _ = whole._segment_at("opt")
     steady = StepEvents(whole.events, [*whole.bounds[: at + 1], (start, "zero")], next_key=whole.next_key)

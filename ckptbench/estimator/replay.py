@@ -303,11 +303,12 @@ class _Stopped(Exception):
         self.segment, self.oom = segment, oom
 
 
-# The fewest micro-batches whose repeats a replay skips (a compact step's always are): below it, planning the skip
-# (MicroPlan.of over every event, the allocator's state after each micro-batch) costs more than the micro-batches it
-# skips (an LLaMA step repeats from its 3rd). Measured on LLaMA-7B, sequence 2048, on a 2-core CPU, ms per replay
-# skipping / whole: 4 micro-batches 16.5 / 13.0, 6: 22.5 / 20.7, 8: 25.2 / 27.5, 12: 31.6 / 41.1, 16: 44.9 / 55.9.
-SKIP_FROM = 8
+# The fewest micro-batches whose repeats a replay skips (a compact step's always are): below it, the whole step
+# replayed in C (``_replay_in_c``) costs less than planning the skip (MicroPlan.of over every event, the allocator's
+# state after each micro-batch, on allocator.py's objects) and replaying the micro-batches before the repeat. Measured
+# on LLaMA-7B, sequence 2048, micro-batches of 1, on a 2-core CPU, ms per point (the step's assembly and its replay),
+# skipping / whole in C: 12 micro-batches 51 / 37, 16: 63 / 48, 18: 67 / 58 (held whole), 24: 68 / 78 (16 held).
+SKIP_FROM = 18
 
 
 def replay_point(
