@@ -1260,24 +1260,25 @@ static int na_step(NAlloc *a, const NStep *s, int *live, int max_key, int *losse
     return 0;
 }
 
-/* The large pool's free blocks and the reserved bytes: two steps that end alike repeat (large_pool_state). */
+/* The large pool's free blocks, as (size, address) pairs, and the reserved bytes: two steps that end alike repeat
+   (large_pool_state). Plain numbers, compared as memory: no padding between them. */
 typedef struct {
-    NEntry *items;
+    long long *pairs;
     Py_ssize_t n;
     long long reserved;
 } NState;
 
 static int nstate_take(const NAlloc *a, NState *st) {
     const NList *l = &a->pools[0];
-    NEntry *items = PyMem_Realloc(st->items, (size_t)(l->n ? l->n : 1) * sizeof(NEntry));
-    if (items == NULL) {
+    long long *pairs = PyMem_Realloc(st->pairs, (size_t)(l->n ? 2 * l->n : 1) * sizeof(long long));
+    if (pairs == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    st->items = items;
-    for (Py_ssize_t i = 0; i < l->n; i++) { /* (size, address): which block holds them does not matter */
-        st->items[i] = l->items[i];
-        st->items[i].block = 0;
+    st->pairs = pairs;
+    for (Py_ssize_t i = 0; i < l->n; i++) { /* which block holds them does not matter */
+        st->pairs[2 * i] = l->items[i].size;
+        st->pairs[2 * i + 1] = l->items[i].addr;
     }
     st->n = l->n;
     st->reserved = a->reserved;
@@ -1285,7 +1286,8 @@ static int nstate_take(const NAlloc *a, NState *st) {
 }
 
 static int nstate_equal(const NState *x, const NState *y) {
-    return x->reserved == y->reserved && x->n == y->n && memcmp(x->items, y->items, (size_t)x->n * sizeof(NEntry)) == 0;
+    return x->reserved == y->reserved && x->n == y->n &&
+           memcmp(x->pairs, y->pairs, (size_t)(2 * x->n) * sizeof(long long)) == 0;
 }
 
 /* replay(first, first_state, steady, steady_state, workspaces, build, batch_bytes, warmup_steps, measured_steps,
@@ -1375,8 +1377,8 @@ done:
     Py_XDECREF(batch_sizes);
     nstep_free(&steps[0]);
     nstep_free(&steps[1]);
-    PyMem_Free(before.items);
-    PyMem_Free(after.items);
+    PyMem_Free(before.pairs);
+    PyMem_Free(after.pairs);
     PyMem_Free(live);
     PyMem_Free(losses);
     PyMem_Free(a.blocks);
