@@ -104,6 +104,34 @@ def test_an_estimate_asked_again_is_read_not_replayed(tmp_path: Path, monkeypatc
     assert cache.size().entries >= replayed + len(points)
 
 
+def test_peaks_are_assembled_once_for_every_card_and_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The byte model's peaks of a short trace's points are kept on disk (``keep_peaks``, one entry a trace) without
+    the card's cuBLAS workspaces: a later command, on this card or another (H100: other workspaces), assembles none,
+    and its allocated peaks and estimates are those assembled afresh."""
+    import ckptbench.estimator.estimator as estimator_module
+
+    cache = TraceCache(tmp_path)
+    first = Estimator(CFG, gpu=card("a100-80gb"), cache=cache)
+    fresh = _estimates(first)
+    first.keep_peaks()
+    kept = cache.size().entries
+    first.keep_peaks()  # nothing new: nothing written
+    assert cache.size().entries == kept
+    fresh_h100 = _estimates(Estimator(CFG, gpu=card("h100-80gb"), cache=None))
+    peaks_h100 = Estimator(CFG, gpu=card("h100-80gb"), cache=None)
+    peaks_h100.run_traces(POINTS, workers=1)
+    allocated = [peaks_h100.allocated_peak(p) for p in POINTS]
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a kept peak was assembled again")
+
+    monkeypatch.setattr(estimator_module, "assemble", refused)
+    again = Estimator(CFG, gpu=card("h100-80gb"), cache=cache)
+    again.run_traces(POINTS, workers=1)
+    assert [again.allocated_peak(p) for p in POINTS] == allocated
+    assert "\n".join(repr(e) for e in again.estimate_each(POINTS, workers=1)) == fresh_h100 != fresh
+
+
 def test_a_refused_trace_is_kept_as_its_refusal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A technique the estimator does not trace (torchao's CPU offload of the optimizer): refused once, then read
     back as the same refusal without tracing again."""

@@ -79,6 +79,7 @@ def advise(
     _code(advice, cfg.model.num_layers)
     if any(o.time is None for t in advice.tables for o in t.rows if o.fits):
         advice.measure = _measure_command(request, cfg.model.num_layers)
+    pred.estimator.keep_peaks()
     if on_progress is not None:
         on_progress(EstimateProgress(1, 1, "done"))
     return advice

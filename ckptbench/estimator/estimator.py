@@ -91,6 +91,10 @@ class Estimator:
     _prepared: dict[Any, Any] = field(default_factory=dict)  # short models prepared once for traces of several shapes
     _estimates: dict[tuple[Point, int | None, bool], Estimate] = field(default_factory=dict)  # each point once
     _peaks: dict[tuple[Point, Any], Peak | None] = field(default_factory=dict)  # each point's bytes, by its trace
+    # The byte model's peaks of a short trace's points, before the card's workspaces (any card's), by their layer
+    # classes and micro-batches: kept on disk with the traces (``keep_peaks``), one entry a trace.
+    _books: dict[tuple[Any, ...], dict[tuple[tuple[str, ...], int], Peak]] = field(default_factory=dict)
+    _unwritten: set[tuple[Any, ...]] = field(default_factory=set)  # books with peaks the disk does not have yet
     # traces kept on disk between commands (estimator/trace_cache.py); None: traced in this process only
     cache: TraceCache | None = field(default_factory=default_cache)
 
@@ -119,7 +123,7 @@ class Estimator:
         either runs later): a trace does not depend on the card (its cuBLAS workspaces are added to the peak after,
         ``_peak``)."""
         other = Estimator(self.cfg, target=self.target, method=self.method, rank=self.rank, gpu=gpu, cache=self.cache)
-        for name in (*_TRACE_STORES, "_classes", "_prepared"):
+        for name in (*_TRACE_STORES, "_classes", "_prepared", "_books", "_unwritten"):
             setattr(other, name, getattr(self, name))
         return other
 
@@ -394,14 +398,32 @@ class Estimator:
         trace_key = self._trace_key(point)
         if self._failed.get(_optim_key(point)) or self._failed.get(trace_key):
             return None
-        if self.method == "full":
-            peak = self._full[point]
-        else:
-            peak = assemble(self._costs[trace_key], self._optim[_optim_key(point)], self.classes(point),
-                            point.micro_batches)
+        peak = self._full[point] if self.method == "full" else self._short_peak(point, trace_key)
         if not self._persistent:
             return peak
         return Peak(add(peak.vector, only(OTHER, self._persistent)), peak.label, peak.retained)
+
+    def _short_peak(self, point: Point, trace_key: Any) -> Peak:
+        """The byte model's peak of a point from its short trace (no workspaces: any card's), assembled once: by this
+        command, else by an earlier one (its trace's book, read from disk once)."""
+        key = self._cache_key("peaks", (trace_key, _optim_key(point)))
+        book = self._books.get(key)
+        if book is None:
+            found = None if self.cache is None else self.cache.get(key)
+            book = self._books[key] = found if isinstance(found, dict) else {}
+        entry = (tuple(self.classes(point)), point.micro_batches)
+        peak = book.get(entry)
+        if peak is None:
+            peak = book[entry] = assemble(self._costs[trace_key], self._optim[_optim_key(point)], self.classes(point),
+                                          point.micro_batches)
+            self._unwritten.add(key)
+        return peak
+
+    def keep_peaks(self) -> None:
+        """Write the books of peaks assembled since they were read (a command calls it when it has answered)."""
+        if self.cache is not None and self._unwritten:
+            self.cache.put_many((key, self._books[key]) for key in self._unwritten)
+        self._unwritten.clear()
 
     def op_costs(self, point: Point) -> OpCosts | None:
         """Every op of the point's step (class, FLOPs, bytes: estimator/op_costs.py), its recomputation where its
@@ -517,7 +539,9 @@ def estimate_points(
     ran = est.run_traces(points, on_progress=on_progress, workers=workers)
     if on_progress is not None:
         on_progress(EstimateProgress(ran, ran, "done"))
-    return est.estimate_each(points, budget_bytes=budget_bytes, budget_is_cap=budget_is_cap, workers=workers)
+    found = est.estimate_each(points, budget_bytes=budget_bytes, budget_is_cap=budget_is_cap, workers=workers)
+    est.keep_peaks()
+    return found
 
 
 def points_op_costs(
