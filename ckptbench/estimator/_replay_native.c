@@ -1,4 +1,6 @@
-/* The replayed caching allocator's fast path in C: the free-block lists and ``serve``'s default-settings loop.
+/* The replayed caching allocator's fast path in C: the free-block lists and ``serve``'s default-settings loop, on
+   allocator.py's objects; and ``replay``, a point's whole process under the default settings on C structs of its own
+   (its section below says how it relates to the general rules).
 
    Optional: setup.py builds it when a compiler is there. allocator.py's general rules (``malloc``/``free``) are the
    reference and are always present; this loop serves the requests it can exactly as they would, and stops at the

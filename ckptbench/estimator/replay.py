@@ -12,9 +12,11 @@ The process a sweep runs a point in (measure/runner.py, measure/window.py), fres
    losses the runner keeps are freed when the warm-up ends;
 5. ``reset_peak_memory_stats``, then the measured steps: the peaks and the retries counted here.
 
-The allocator state carries over from step to step, as on the GPU. Within a step, once the allocator ends a
-micro-batch where it ended the previous one (or the one before: double buffers), and the micro-batches left make
-the same requests, they would repeat it exactly: they are skipped, their counters added (``MicroPlan``).
+The allocator state carries over from step to step, as on the GPU. Within a step of many micro-batches (a compact
+step's, or ``SKIP_FROM`` and more), once the allocator ends a micro-batch where it ended the previous one (or the one
+before: double buffers), and the micro-batches left make the same requests, they would repeat it exactly: they are
+skipped, their counters added (``MicroPlan``). Any other process, under the default settings, is replayed whole in
+C where the C part is built (``_replay_in_c``); allocator.py's objects and general rules are the reference.
 The first request the allocator cannot serve is the predicted out-of-memory error: which step, which segment of
 the step (estimator/trace.py labels), how large a segment it tried to reserve.
 """
