@@ -372,3 +372,27 @@ def test_a_retry_that_fits_and_one_that_does_not_are_replayed_in_c_as_by_the_gen
     assert (retries, oom is None) == {27: (1, False), 30: (1, True), 60: (0, True)}[total_mib]
     in_c = replay_point(step, step, process, parse_alloc_conf(""), limit)
     assert in_c == replay_point(step, step, process, parse_alloc_conf(""), limit, in_c=False)
+
+
+@WITH_NATIVE
+def test_the_estimator_replays_every_point_of_a_plain_config_in_c(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A point of a few micro-batches under the default settings is replayed by ``_replay_native.replay``, not through
+    allocator.py's objects (which it would give the same numbers as, only slower): the estimator's fast path is the one
+    it takes."""
+    assert NATIVE is not None
+    calls: list[Any] = []
+    original = NATIVE.replay
+
+    def counted(*args: Any) -> Any:
+        calls.append(found := original(*args))
+        return found
+
+    monkeypatch.setattr(NATIVE, "replay", counted)
+    cfg = tiny_config(device="cuda", sweep={"layout": ["none", "all"], "batch_size": [2], "seq_len": [32],
+                                            "precision": ["bf16"], "micro_batches": [1, 4]})
+    points = cfg.points_list()
+    est = Estimator(cfg, target="cuda", gpu=gpu_model("h200"))
+    est.run_traces(points, workers=1)
+    estimates = est.estimate_each(points, workers=1)
+    assert all(e.reserved is not None and e.reserved.peak_reserved_bytes for e in estimates)
+    assert len(calls) == len(points) and all(found is not None for found in calls)
