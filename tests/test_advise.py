@@ -385,3 +385,35 @@ def test_pytorch_snippet_wraps_the_chosen_submodules(tiny_llama: Any) -> None:
         layer.self_attn.q_proj.register_forward_pre_hook(lambda *_, i=i: attn.__setitem__(i, attn[i] + 1))
     assert _forward_counts(tiny_llama, "mlp.gate_proj") == [1, 2, 2, 2, 1, 1]
     assert attn == [1] * 6  # attention is not recomputed
+
+
+def test_ways_out_are_traced_side_by_side_before_any_is_judged() -> None:
+    """Every way out the question does not take, at no checkpointing and at all layers, is handed to the predictor in
+    one ``warm`` (its traces then run on every core, each variant's short model holding both layouts) before the first
+    verdict; the variants the question has are left out, and judging stops at a variant's first layout that fits."""
+    from types import SimpleNamespace
+
+    from ckptbench.advise.ways_out import ways_out
+    from ckptbench.config.grid import Point
+
+    base = Point(precision="bf16", lora="none", layout="none", seq_len=2048, batch_size=8, model="llama-7b",
+                 optimizer="adamw_8bit")
+    calls: list[tuple[str, Any]] = []
+
+    class Stub:
+        def warm(self, points: list[Point]) -> None:
+            calls.append(("warm", [(p.layout, p.optimizer, p.optimizer_offload, p.parallel, p.lora) for p in points]))
+
+        def verdict(self, point: Point) -> Any:
+            calls.append(("verdict", point.layout))
+            return SimpleNamespace(fits=point.layout == "none" and point.lora == "r16")
+
+    table = SimpleNamespace(none=SimpleNamespace(point=base))
+    request = SimpleNamespace(allow=(), parallel="none")
+    out = ways_out(Stub(), table, request)  # type: ignore[arg-type]
+    assert calls[0] == ("warm", [(layout, "adamw_8bit", offload, parallel, lora)
+                                 for offload, parallel, lora in (("cpu", "none", "none"), ("none", "fsdp2:2", "none"),
+                                                                  ("none", "none", "r16"))
+                                 for layout in ("none", "all")])
+    assert calls[1:] == [("verdict", lay) for lay in ("none", "all", "none", "all", "none")]
+    assert [w.point.layout for w in out] == ["none", "all", "none", "all", "none"] and out[-1].fits

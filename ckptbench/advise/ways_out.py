@@ -26,14 +26,12 @@ def ways_out(pred: Predictor, table: Table, request: AdviseRequest) -> list[WayO
     """Each way out the question does not already take, at no checkpointing, then at all layers if that does
     not fit."""
     base = table.none.point
+    variants = [(what, change, changes) for what, change, changes in _VARIANTS if _applies(base, change)]
+    # Traced side by side (each variant's short model holds both layouts): not one after the other as each is judged.
+    pred.warm([dataclasses.replace(base, layout=layout, **change) for _, change, _ in variants
+               for layout in ("none", "all")])
     out: list[WayOut] = []
-    for what, change, changes in _VARIANTS:
-        if all(getattr(base, k) == v for k, v in change.items()):
-            continue  # the question already has it
-        if "parallel" in change and base.parallel != "none":
-            continue  # already spread over cards: more of them is another question
-        if "optimizer" in change and base.optimizer != "adamw_fused" and base.optimizer != "adamw_foreach":
-            continue  # 8-bit state replaces AdamW's; another optimizer's is another question
+    for what, change, changes in variants:
         for layout in ("none", "all"):
             point = dataclasses.replace(base, layout=layout, **change)
             way = WayOut(what, point, pred.verdict(point), changes, change)
@@ -41,6 +39,16 @@ def ways_out(pred: Predictor, table: Table, request: AdviseRequest) -> list[WayO
             if way.fits:
                 break
     return out
+
+
+def _applies(base: Any, change: dict[str, Any]) -> bool:
+    """Whether a way out is one the question does not take already."""
+    if all(getattr(base, k) == v for k, v in change.items()):
+        return False  # the question already has it
+    if "parallel" in change and base.parallel != "none":
+        return False  # already spread over cards: more of them is another question
+    # 8-bit state replaces AdamW's; another optimizer's is another question
+    return "optimizer" not in change or base.optimizer in ("adamw_fused", "adamw_foreach")
 
 
 def recommended(ways: Sequence[WayOut], request: AdviseRequest) -> WayOut | None:
