@@ -325,6 +325,7 @@ def _random_process(seed: int) -> tuple[ReplayResult, ReplayResult]:
 def test_a_process_replayed_in_c_is_the_general_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     """Random processes replayed in C (``_replay_native.replay``) give the general rules' results, field for field:
     peaks, retries, and where they run out (in the setup, a warm-up step, a measured step: phase, segment, bytes)."""
+    assert NATIVE is not None
     calls = []
     original = NATIVE.replay
 
