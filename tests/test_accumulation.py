@@ -147,7 +147,7 @@ def test_repeats_are_planned_from_eighteen_micro_batches_once_for_both_steps(
 def test_a_compact_synthetic_step_replays_as_the_whole_step(seed: int) -> None:
     """Held micro-batches and the count they stand for give the whole step's replay, OOM labels included,
     or say that their micro-batches never repeat (the estimator then replays the whole step)."""
-    count = random.Random(seed).choice([18, 19, 20, 27, 40, 41, 100])
+    count = random.Random(seed).choice([12, 13, 18, 19, 20, 27, 40, 41, 100])
     whole = _random_step(random.Random(seed), count)
     held = replay_module.held_micro_batches(count)
     compact = _random_step(random.Random(seed), held)
@@ -165,12 +165,23 @@ def test_a_compact_synthetic_step_replays_as_the_whole_step(seed: int) -> None:
     assert got == expected
 
 
-def test_most_compact_synthetic_steps_need_no_whole_replay() -> None:
-    """The fallback is the exception: most random periodic streams repeat within 16 or 17 micro-batches (those
-    that keep a block of every micro-batch to the end never do)."""
+def test_the_whole_replay_of_a_compact_step_is_the_exception() -> None:
+    """The fallback is the exception: a LLaMA step's held micro-batches (6 or 7) repeat (its allocator settles from
+    the 3rd micro-batch), for every layout of the tests' model at long accumulations; of random periodic streams,
+    which settle later under tight limits or keep a block of every micro-batch to the end (then they never repeat),
+    most do too."""
+    cfg = _config("cuda", layout=["none", "all", "every:2@attn", "first:2", "last:3@mlp"])
+    points = [p for count in (12, 13, 32, 64) for p in _with_micro(cfg.points_list(), count)]
+    est = _traced(cfg, points, method="fast")
+    for p in points:
+        key, optim = est._short_key(p), est._optim[next(iter(est._optim))]
+        steps = replay_module.fast_steps(est._traces[key], key[-1], est.classes(p), p.micro_batches, optim,
+                                         compact=True)
+        assert steps[1].extra_micro_batches == p.micro_batches - 6 - p.micro_batches % 2
+        replay_module.predict_reserved(cfg, p, steps, optim, gpu_model("h200"))  # no StreamTooShort
     fell_back = 0
     for seed in range(60):
-        count = random.Random(seed).choice([18, 19, 20, 27, 40, 41, 100])
+        count = random.Random(seed).choice([12, 13, 18, 19, 20, 27, 40, 41, 100])
         held = replay_module.held_micro_batches(count)
         compact = _random_step(random.Random(seed), held)
         compact.extra_micro_batches = count - held
@@ -179,7 +190,7 @@ def test_most_compact_synthetic_steps_need_no_whole_replay() -> None:
             replay_point(compact, compact, process, parse_alloc_conf(""), DeviceLimit(2000 * 2**20, 1.0, 0))
         except replay_module.StreamTooShort:
             fell_back += 1
-    assert fell_back <= 6
+    assert fell_back <= 30
 
 
 def test_a_compact_step_without_skipping_is_refused() -> None:
@@ -192,10 +203,10 @@ def test_a_compact_step_without_skipping_is_refused() -> None:
 
 @pytest.mark.parametrize("allocator", ["default", "expandable_segments"])
 def test_estimates_of_many_micro_batches_equal_the_whole_step(allocator: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The estimator holds 16 or 17 micro-batches of a long accumulation: the same estimates, peak labels and
-    OOM included, as assembling and replaying every micro-batch."""
+    """The estimator holds 6 or 7 micro-batches of a long accumulation: the same estimates, peak labels and OOM
+    included, as assembling and replaying every micro-batch."""
     cfg = _config("cuda", allocator=[allocator])
-    points = [p for count in (18, 19, 24, 61) for p in _with_micro(cfg.points_list(), count)]
+    points = [p for count in (12, 13, 24, 61) for p in _with_micro(cfg.points_list(), count)]
     est = _traced(cfg, points, method="fast")
     compact = [est.estimate(p) for p in points]
     monkeypatch.setattr(replay_module, "held_micro_batches", lambda count: count)  # hold them all
@@ -208,16 +219,16 @@ def test_estimates_of_many_micro_batches_equal_the_whole_step(allocator: str, mo
     assert [est_capped.estimate(p) for p in points[:3]] == ooms
 
 
-def test_a_thousand_micro_batches_hold_sixteen() -> None:
-    """micro_batches 1024 is assembled and replayed with 16 of them held (the others stood for)."""
+def test_a_thousand_micro_batches_hold_six() -> None:
+    """micro_batches 1024 is assembled and replayed with 6 of them held (the others stood for)."""
     cfg = _config("cuda", layout=["all"])
     (point,) = _with_micro(cfg.points_list(), 1024)
     est = _traced(cfg, [point], method="fast")
     key = est._short_key(point)
     optim = est._optim[next(iter(est._optim))]
     first, steady = replay_module.fast_steps(est._traces[key], key[-1], est.classes(point), 1024, optim, compact=True)
-    assert steady.extra_micro_batches == first.extra_micro_batches == 1008
-    assert sum(1 for _, label in steady.bounds if label.startswith("pre@")) == 16
+    assert steady.extra_micro_batches == first.extra_micro_batches == 1018
+    assert sum(1 for _, label in steady.bounds if label.startswith("pre@")) == 6
     (estimate,) = [est.estimate(point)]
     assert estimate.reserved is not None and estimate.reserved.peak_reserved_bytes
     assert estimate.peak_at is not None
