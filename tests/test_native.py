@@ -397,3 +397,22 @@ def test_the_estimator_replays_every_point_of_a_plain_config_in_c(monkeypatch: p
     estimates = est.estimate_each(points, workers=1)
     assert all(e.reserved is not None and e.reserved.peak_reserved_bytes for e in estimates)
     assert len(calls) == len(points) and all(found is not None for found in calls)
+
+
+@WITH_NATIVE
+def test_a_step_of_sparse_keys_is_left_to_the_general_rules() -> None:
+    """The C replay holds the live requests as an array by key (a step's keys count its requests from 0); a step whose
+    keys are far apart is replayed through allocator.py's objects instead, with the same result."""
+    assert NATIVE is not None
+    step = StepEvents()
+    step.begin("start")
+    step.begin("pre@0")
+    step.events += [(ALLOC, 10**7, 3 * MIB), (ALLOC, 5, 512), (1, 10**7, 0)]
+    step.begin("opt")
+    step.begin("zero")
+    args = ((0, 0), (), (), 512, 2, 3, -1, GIB, 20 * MIB, ALLOC)
+    assert NATIVE.replay(step.events, args[0], step.events, *args) is None
+    process = ProcessModel(warmup_steps=2, measured_steps=3, workspaces=(), build=(), batch_bytes=512)
+    limit, settings = DeviceLimit(GIB, 1.0, 0), parse_alloc_conf("")
+    assert replay_point(step, step, process, settings, limit) == replay_point(step, step, process, settings, limit,
+                                                                              in_c=False)

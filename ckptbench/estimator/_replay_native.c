@@ -1175,7 +1175,7 @@ static void nstep_free(NStep *s) {
     PyMem_Free(s->bytes);
 }
 
-#define MAX_KEY (1 << 28)
+#define MAX_KEY (1 << 28) /* a step's keys count its requests from 0 (StepEvents): the live requests, an array */
 
 /* 1 read, 0 not a plain stream (the caller replays it in Python), -1 error. ``max_key``: raised to its largest key. */
 static int nstep_read(PyObject *events, Py_ssize_t state_begin, Py_ssize_t state_end, long alloc_op, NStep *s,
@@ -1323,6 +1323,7 @@ static PyObject *replay(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
     long long retries_before = 0;
     int plain = nstep_read(args[0], fb, fe, alloc_op, &steps[0], &max_key);
     if (plain == 1) plain = nstep_read(args[2], sb, se, alloc_op, &steps[1], &max_key);
+    if (plain == 1 && max_key > 4 * (steps[0].n + steps[1].n) + 4096) plain = 0; /* sparse keys: a map, not an array */
     if (plain <= 0) {
         if (plain == 0) result = Py_NewRef(Py_None);
         goto done;
