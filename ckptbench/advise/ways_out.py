@@ -26,14 +26,13 @@ def ways_out(pred: Predictor, table: Table, request: AdviseRequest) -> list[WayO
     """Each way out the question does not already take, at no checkpointing, then at all layers if that does
     not fit."""
     base = table.none.point
-    variants = [(what, change, changes) for what, change, changes in _VARIANTS if _applies(base, change)]
+    variants = [(what, change, changes, [dataclasses.replace(base, layout=lay, **change) for lay in ("none", "all")])
+                for what, change, changes in _VARIANTS if _applies(base, change)]
     # Traced side by side (each variant's short model holds both layouts): not one after the other as each is judged.
-    pred.warm([dataclasses.replace(base, layout=layout, **change) for _, change, _ in variants
-               for layout in ("none", "all")])
+    pred.warm([point for *_, points in variants for point in points])
     out: list[WayOut] = []
-    for what, change, changes in variants:
-        for layout in ("none", "all"):
-            point = dataclasses.replace(base, layout=layout, **change)
+    for what, change, changes, points in variants:
+        for point in points:
             way = WayOut(what, point, pred.verdict(point), changes, change)
             out.append(way)
             if way.fits:

@@ -296,12 +296,16 @@ def round_power2_division(size: int, divisions: int) -> int:
     return size if rounded == size else rounded + step
 
 
+def collects_garbage(settings: AllocatorSettings, limit: DeviceLimit) -> bool:
+    """Whether cached blocks are garbage-collected: a threshold, with a memory fraction set."""
+    return settings.garbage_collection_threshold > 0 and limit.fraction is not None
+
+
 def default_rules(settings: AllocatorSettings, limit: DeviceLimit) -> bool:
     """Whether the allocator runs the default settings' rules, which the C part knows: no expandable segments, garbage
-    collection (a threshold with a memory fraction set), max_split_size or power-of-two rounding."""
-    gc_on = settings.garbage_collection_threshold > 0 and limit.fraction is not None
-    return not (settings.expandable_segments or gc_on or any(settings.roundup_power2_divisions)
-                or settings.max_split_size is not None)
+    collection, max_split_size or power-of-two rounding."""
+    return not (settings.expandable_segments or collects_garbage(settings, limit)
+                or any(settings.roundup_power2_divisions) or settings.max_split_size is not None)
 
 
 class CachingAllocator:
@@ -324,7 +328,7 @@ class CachingAllocator:
         # blocks go to the lower address, as in BlockComparatorSize), else a rising bump pointer.
         self._addresses = list(reversed(addresses or []))
         self._next_addr = 1 << 40
-        self.gc_on = settings.garbage_collection_threshold > 0 and limit.fraction is not None
+        self.gc_on = collects_garbage(settings, limit)
         self._divisions = any(settings.roundup_power2_divisions)
         # The C loop knows the default settings' rules only (issue 24).
         self._serves_in_c = self._native is not None and default_rules(settings, limit)
