@@ -7,9 +7,12 @@ fast path and the straightforward rule it replaces, on many random inputs. (The 
 
 from __future__ import annotations
 
+import functools
+import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +90,7 @@ def test_label_nearest_point_check_sees_every_point_that_could_be_nearer() -> No
 # -- start-up: the quick commands import neither torch nor transformers ----------------------------------
 _PROBE = """
 import sys
+import time
 from ckptbench.cli.main import app
 try:
     app(sys.argv[1:], standalone_mode=False)
@@ -261,6 +265,53 @@ def test_a_piece_failing_in_a_worker_raises_its_own_error_here() -> None:
 
     with pytest.raises(KeyError, match="piece 3"):
         dict(map_pieces(_square_or_fail, 6, workers=2))
+
+
+def _pid_and_warning() -> int:
+    import warnings
+
+    warnings.warn("from the task", UserWarning, stacklevel=1)
+    return os.getpid()
+
+
+def _failing() -> int:
+    raise KeyError("the task's own error")
+
+
+def test_a_background_task_runs_in_another_process_and_its_warnings_come_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckptbench.estimator.workers import WORKERS_ENV, Background
+
+    monkeypatch.setenv(WORKERS_ENV, "2")
+    with Background(_pid_and_warning) as task, pytest.warns(UserWarning, match="from the task"):
+        pid = task.result()
+    assert pid != os.getpid()
+
+
+def test_a_background_task_runs_here_with_one_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckptbench.estimator.workers import WORKERS_ENV, Background
+
+    monkeypatch.setenv(WORKERS_ENV, "1")
+    with Background(_pid_and_warning) as task, pytest.warns(UserWarning, match="from the task"):
+        assert task.result() == os.getpid()
+
+
+def test_a_background_task_failing_there_raises_its_own_error_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckptbench.estimator.workers import WORKERS_ENV, Background
+
+    monkeypatch.setenv(WORKERS_ENV, "2")
+    with Background(_failing) as task, pytest.raises(KeyError, match="the task's own error"):
+        task.result()
+
+
+def test_leaving_a_background_task_unasked_stops_its_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckptbench.estimator.workers import WORKERS_ENV, Background
+
+    monkeypatch.setenv(WORKERS_ENV, "2")
+    with Background(functools.partial(time.sleep, 30)) as task:
+        process = task._process
+        assert process is not None and process.is_alive()
+    assert not process.is_alive()
 
 
 def test_worker_count_is_bounded_by_the_pieces_and_refuses_zero(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ckptbench.advise import answer
 from ckptbench.advise.accumulation import accumulation_rows, micro_points, preferred
@@ -22,13 +22,15 @@ from ckptbench.advise.predictor import PRIMED, Predictor, family_rows, fewest, l
 from ckptbench.advise.record import Advice, Option, Table, WayOut
 from ckptbench.advise.request import AdviseRequest
 from ckptbench.advise.snippets import Setup, snippets
+from ckptbench.advise.verdict import Verdict
 from ckptbench.advise.ways_out import recommended, ways_out
 from ckptbench.analysis.step_time import StepTimeModel, shipped_calibration
 from ckptbench.config.grid import Point
 from ckptbench.config.layouts import parse_layout
 from ckptbench.estimator.estimator import Estimator, run_op_costs
-from ckptbench.estimator.record import EstimateProgress
+from ckptbench.estimator.record import Estimate, EstimateProgress
 from ckptbench.estimator.trace_cache import default_cache
+from ckptbench.estimator.workers import Background
 from ckptbench.results.store import load_run
 from ckptbench.train.switches import transformers_switches
 
@@ -51,23 +53,22 @@ def advise(
     pred.prime(cfg.points_list())
     bases = {(p.precision, p.batch_size, p.seq_len): p for p in cfg.points_list() if p.layout == "none"}
 
-    def tables(precision: str, *, accumulate: bool) -> list[Table]:
-        made = [_table(pred, bases[(precision, b, s)]) for s in request.seqs for b in request.batches]
-        if not accumulate:
-            return made
+    def tables(precision: str) -> list[Table]:
+        return [_table(pred, bases[(precision, b, s)]) for s in request.seqs for b in request.batches]
+
+    made = tables(request.answered_precision)
+    # The largest batch's probes (new batches: traces) run in a forked process meanwhile (estimator/workers.py):
+    # they need only the rows made so far, and fill the core the accumulation's and the second precision's traces
+    # and replays leave idle.
+    with Background(functools.partial(_largest, pred, made, request.seqs)) as largest:
         wanted = [t for t in made if not t.none.fits and t.none.verdict.predicted and t.batch > 1]
         pred.prime([dataclasses.replace(m, layout=layout) for t in wanted for m in micro_points(t.none.point)
                     for layout in PRIMED])
-        return [_with_accumulation(pred, t) if t in wanted else t for t in made]
-
-    advice = Advice(request, limit, tables(request.answered_precision, accumulate=True), calibration)
-    if request.also_precision is not None:
-        advice.also = tables(request.also_precision, accumulate=False)
-    for s in request.seqs:
-        first = next(t for t in advice.tables if t.seq == s)
-        found = largest_batch(pred, first.none.point, [o for t in advice.tables if t.seq == s for o in t.options])
-        if found is not None:
-            advice.largest[s] = found
+        advice = Advice(request, limit, [_with_accumulation(pred, t) if t in wanted else t for t in made],
+                        calibration)
+        if request.also_precision is not None:
+            advice.also = tables(request.also_precision)
+        advice.largest = largest.result()
     advice.answers = answer.answers(advice)
     _why(advice)
     if request.observed is not None and advice.why_option is not None:
@@ -83,6 +84,19 @@ def advise(
     if on_progress is not None:
         on_progress(EstimateProgress(1, 1, "done"))
     return advice
+
+
+def _largest(pred: Predictor, made: list[Table], seqs: Sequence[int]) -> dict[int, tuple[int, Estimate, Verdict]]:
+    """The largest batch that fits with every layer checkpointed, per sequence length, from the rows of ``made`` (the
+    peaks its probes assembled kept on disk: in a forked process, this command's ``keep_peaks`` does not see them)."""
+    found = {}
+    for s in seqs:
+        first = next(t for t in made if t.seq == s)
+        largest = largest_batch(pred, first.none.point, [o for t in made if t.seq == s for o in t.options])
+        if largest is not None:
+            found[s] = largest
+    pred.estimator.keep_peaks()
+    return found
 
 
 def step_times(request: AdviseRequest) -> tuple[StepTimeModel | None, str | None]:

@@ -19,7 +19,8 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from types import TracebackType
+from typing import Any, Generic, TypeVar
 
 R = TypeVar("R")
 
@@ -137,3 +138,79 @@ def map_pieces(task: Callable[[int], R], count: int, *, workers: int | None = No
     finally:
         _task, _building = previous, False
         gc.unfreeze()
+
+
+class Background(Generic[R]):
+    """``task()`` run in a forked process while this one goes on (a context manager: leaving it stops the process if
+    its result was not asked for). ``result()`` waits for it; where no process could be forked (``can_fork``, a
+    single core or ``CKPTBENCH_WORKERS=1``) or the task failed there, it runs ``task()`` here, so that its error is
+    raised as it would have been. The task must be a pure function of this process's state at the fork: its result
+    is then the one it would have returned here. Warnings it raises there are raised again here, once, when the
+    result is taken."""
+
+    def __init__(self, task: Callable[[], R]) -> None:
+        self._task = task
+        self._process: Any = None
+        self._pipe: Any = None
+        if default_workers() < 2 or not can_fork():
+            return
+        global _building
+        context = multiprocessing.get_context("fork")
+        receive, send = context.Pipe(duplex=False)
+        gc.freeze()  # as map_pieces: the child does not copy the pages it shares with this process
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # forking with threads: see map_pieces
+                _building = True
+                process = context.Process(target=_background, args=(task, send), daemon=True)
+                process.start()
+        finally:
+            _building = False
+            gc.unfreeze()
+            send.close()
+        self._process, self._pipe = process, receive
+        _send_held()
+
+    def result(self) -> R:
+        """The task's result (waited for)."""
+        if self._process is None:
+            return self._task()
+        try:
+            found = self._pipe.recv()
+        except (EOFError, OSError):
+            found = _Failed("the process ended without a result")
+        finally:
+            self._stop()
+        if isinstance(found, _Failed):
+            return self._task()
+        result, caught = found
+        for message, category in caught:
+            warnings.warn(message, category, stacklevel=2)
+        return result
+
+    def _stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            if process.is_alive():
+                process.terminate()
+            process.join()
+            self._pipe.close()
+
+    def __enter__(self) -> Background[R]:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._stop()
+
+
+def _background(task: Callable[[], Any], send: Any) -> None:
+    """The forked process of a ``Background``: the task's result and the warnings it raised, or why it failed."""
+    _mark_worker()
+    try:
+        with warnings.catch_warnings(record=True) as caught:  # under the filters this process had at the fork
+            result = task()
+        send.send((result, [(str(w.message), w.category) for w in caught]))
+    except Exception as exc:  # run again in the parent, which raises it in full
+        send.send(_Failed(f"{type(exc).__name__}: {exc}"))
+    finally:
+        send.close()
