@@ -5,6 +5,7 @@ the README's table, bad flags refused before torch is imported, and the code exe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -64,6 +65,23 @@ def test_thread_question_matches_the_golden_80_column_output(thread: Any) -> Non
     assert text.startswith("Assumed: llama-7b, bf16 (pure bf16")
     assert "Batch 2, sequence 2048, bf16: do not checkpoint" in text
     assert "With HF Trainer's bf16=True (amp_bf16" in text  # the second precision, in one sentence
+
+
+def test_the_largest_batch_probes_traces_are_the_callers_estimators(thread: Any) -> None:
+    # The probes ran in a forked process (advise/advice.py, estimator/workers.py: Background); what they traced and
+    # estimated is handed back, so that a caller's Estimator serves the next question without tracing them again.
+    from ckptbench.advise.request import AdviseRequest
+    from tests._advise_shared import estimator_for
+
+    estimator = estimator_for(AdviseRequest(model="llama-7b", gpu="a100-80gb"))  # THREAD's model, optimizer, card
+    ((batch, estimate, _),) = thread.largest.values()
+    point = dataclasses.replace(thread.tables[0].none.point, layout="all", batch_size=batch, micro_batches=1)
+    cache, estimator.cache = estimator.cache, None  # what this process holds, not what a disk cache kept
+    try:
+        assert batch not in THREAD["batches"] and not estimator.jobs([point])
+        assert estimator.estimate(point, budget_bytes=estimator.gpu.total_bytes) == estimate
+    finally:
+        estimator.cache = cache
 
 
 def test_the_answer_keeps_the_default_headroom_and_states_its_margin(thread: Any) -> None:

@@ -27,7 +27,7 @@ from ckptbench.advise.ways_out import recommended, ways_out
 from ckptbench.analysis.step_time import StepTimeModel, shipped_calibration
 from ckptbench.config.grid import Point
 from ckptbench.config.layouts import parse_layout
-from ckptbench.estimator.estimator import Estimator, run_op_costs
+from ckptbench.estimator.estimator import Estimator, Learned, run_op_costs
 from ckptbench.estimator.record import Estimate, EstimateProgress
 from ckptbench.estimator.trace_cache import default_cache
 from ckptbench.estimator.workers import Background
@@ -68,7 +68,8 @@ def advise(
                         calibration)
         if request.also_precision is not None:
             advice.also = tables(request.also_precision)
-        advice.largest = largest.result()
+        advice.largest, learned = largest.result()
+        pred.estimator.learn(learned)
     advice.answers = answer.answers(advice)
     _why(advice)
     if request.observed is not None and advice.why_option is not None:
@@ -86,9 +87,12 @@ def advise(
     return advice
 
 
-def _largest(pred: Predictor, made: list[Table], seqs: Sequence[int]) -> dict[int, tuple[int, Estimate, Verdict]]:
-    """The largest batch that fits with every layer checkpointed, per sequence length, from the rows of ``made`` (the
-    peaks its probes assembled kept on disk: in a forked process, this command's ``keep_peaks`` does not see them)."""
+def _largest(pred: Predictor, made: list[Table], seqs: Sequence[int]) -> tuple[dict[int, tuple[int, Estimate,
+                                                                                             Verdict]], Learned]:
+    """The largest batch that fits with every layer checkpointed, per sequence length, from the rows of ``made``, and
+    what its probes traced and estimated (in a forked process: handed back to this command's Estimator, whose
+    traces a caller may reuse; the peaks they assembled are kept on disk from there)."""
+    known = pred.estimator.known()
     found = {}
     for s in seqs:
         first = next(t for t in made if t.seq == s)
@@ -96,7 +100,7 @@ def _largest(pred: Predictor, made: list[Table], seqs: Sequence[int]) -> dict[in
         if largest is not None:
             found[s] = largest
     pred.estimator.keep_peaks()
-    return found
+    return found, pred.estimator.learned_since(known)
 
 
 def step_times(request: AdviseRequest) -> tuple[StepTimeModel | None, str | None]:

@@ -71,6 +71,16 @@ Job = tuple[str, Callable[[], None]]
 
 # What a trace leaves in the Estimator (a worker's trace is sent back as the new entries of these).
 _TRACE_STORES = ("_costs", "_optim", "_full", "_traces", "_failed")
+_LEARNED = (*_TRACE_STORES, "_estimates")  # what a forked process hands back (``Estimator.learned_since``)
+
+
+@dataclass(frozen=True)
+class Learned:
+    """What an Estimator traced and estimated after a moment (in a forked process: ``Estimator.learn`` takes it in
+    here): its new traces and estimates, and every shape's layer classes."""
+
+    memos: dict[str, dict[Any, Any]]
+    classes: dict[tuple[Any, ...], set[str]]
 
 
 @dataclass
@@ -418,6 +428,25 @@ class Estimator:
                                           point.micro_batches)
             self._unwritten.add(key)
         return peak
+
+    def known(self) -> dict[str, set[Any]]:
+        """The keys of what this Estimator has traced and estimated (``learned_since`` takes what comes after)."""
+        return {name: set(getattr(self, name)) for name in _LEARNED}
+
+    def learned_since(self, known: dict[str, set[Any]]) -> Learned:
+        """The traces and estimates made since ``known`` (``known()``'s), and every shape's layer classes."""
+        memos = {name: {k: v for k, v in getattr(self, name).items() if k not in known[name]} for name in _LEARNED}
+        return Learned(memos, {shape: set(classes) for shape, classes in self._classes.items()})
+
+    def learn(self, learned: Learned) -> None:
+        """Take in what another Estimator of the same config learned (a forked process's): the traces and estimates
+        this one does not have, the layer classes of each shape added to its own."""
+        for name, made in learned.memos.items():
+            mine = getattr(self, name)
+            for key, value in made.items():
+                mine.setdefault(key, value)
+        for shape, classes in learned.classes.items():
+            self._classes.setdefault(shape, set()).update(classes)
 
     def keep_peaks(self) -> None:
         """Write the books of peaks assembled since they were read (a command calls it when it has answered)."""
