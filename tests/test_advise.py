@@ -435,3 +435,37 @@ def test_ways_out_are_traced_side_by_side_before_any_is_judged() -> None:
                                  for layout in ("none", "all")])
     assert calls[1:] == [("verdict", lay) for lay in ("none", "all", "none", "all", "none")]
     assert [w.point.layout for w in out] == ["none", "all", "none", "all", "none"] and out[-1].fits
+
+
+def test_a_tables_rows_are_replayed_together_even_where_none_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each row of a table shows its estimate (reserved bytes, where the allocator runs out), fitting or not: the six
+    # are replayed side by side at once (Predictor.warm_rows), not one by one as the rows are made, where ``warm``'s
+    # shortcut (an allocated peak alone above the limit needs no replay for a verdict) would have left them.
+    from ckptbench.advise.predictor import PRIMED, Predictor, family_rows
+    from ckptbench.advise.request import AdviseRequest
+
+    monkeypatch.setenv("CKPTBENCH_WORKERS", "1")  # the replays in this process, where they are counted
+    request = AdviseRequest(model="tiny", gpu="8MiB", batches=(2,), seqs=(128,), precision="bf16").checked()
+    cfg = request.config(layouts=PRIMED)
+    pred = Predictor(cfg, request.limit(), None)
+    estimator = pred.estimator
+    estimator.cache = None
+    replays, calls = [0], []
+    each, one = estimator.estimate_each, estimator._estimate
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        replays[0] += 1
+        return one(*args, **kwargs)
+
+    def asked(points: Any, **kwargs: Any) -> Any:
+        before = replays[0]
+        found = each(points, **kwargs)
+        calls.append((len(points), replays[0] - before))
+        return found
+
+    monkeypatch.setattr(estimator, "_estimate", counted)
+    monkeypatch.setattr(estimator, "estimate_each", asked)
+    rows = family_rows(pred, next(p for p in cfg.points_list() if p.layout == "none"))
+    assert [r.layout for r in rows] == list(PRIMED) and not any(r.fits for r in rows)
+    assert all(r.verdict.allocated_bytes and r.verdict.allocated_bytes > pred.limit.limit_bytes for r in rows)
+    assert calls[0] == (6, 6) and all(n == 0 for _, n in calls[1:])

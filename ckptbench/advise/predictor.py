@@ -61,6 +61,13 @@ class Predictor:
                 needed.append(p)
         self.estimator.predict_many(needed, budget_bytes=self.card.total_bytes)
 
+    def warm_rows(self, points: Sequence[Point]) -> None:
+        """Predict ``points`` side by side, every one: the rows of a table, whose estimates it shows (reserved bytes,
+        where the allocator runs out) whether they fit or not, so ``warm``'s shortcut would only leave their replays
+        to be run one by one after."""
+        self.prime(points)
+        self.estimator.predict_many(points, budget_bytes=self.card.total_bytes)
+
     def traced(self, point: Point) -> bool:
         """Whether the point's traces ran (here, or kept on disk by an earlier command): estimating it costs no
         trace."""
@@ -122,7 +129,7 @@ def family_rows(pred: Predictor, base: Point) -> list[Option]:
     predicted); then each granularity of all layers. Rows that checkpoint the same layers as an earlier row
     (every:1, first:n, last:n are all) are left out."""
     at = lambda layout: dataclasses.replace(base, layout=layout)  # noqa: E731
-    pred.warm([at(layout) for layout in PRIMED])
+    pred.warm_rows([at(layout) for layout in PRIMED])
     rows = [pred.option("none", at("none")), pred.option("all", at("all"))]
     if not rows[0].fits:
         n = pred.cfg.model.num_layers
