@@ -437,19 +437,9 @@ def test_ways_out_are_traced_side_by_side_before_any_is_judged() -> None:
     assert [w.point.layout for w in out] == ["none", "all", "none", "all", "none"] and out[-1].fits
 
 
-def test_a_tables_rows_are_replayed_together_even_where_none_fits(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Each row of a table shows its estimate (reserved bytes, where the allocator runs out), fitting or not: the six
-    # are replayed side by side at once (Predictor.warm_rows), not one by one as the rows are made, where ``warm``'s
-    # shortcut (an allocated peak alone above the limit needs no replay for a verdict) would have left them.
-    from ckptbench.advise.predictor import PRIMED, Predictor, family_rows
-    from ckptbench.advise.request import AdviseRequest
-
-    monkeypatch.setenv("CKPTBENCH_WORKERS", "1")  # the replays in this process, where they are counted
-    request = AdviseRequest(model="tiny", gpu="8MiB", batches=(2,), seqs=(128,), precision="bf16").checked()
-    cfg = request.config(layouts=PRIMED)
-    pred = Predictor(cfg, request.limit(), None)
-    estimator = pred.estimator
-    estimator.cache = None
+def _counted_replays(monkeypatch: pytest.MonkeyPatch, estimator: Any) -> list[tuple[int, int]]:
+    """(points asked, replays run) of every ``estimate_each`` call from now on (the replays in this process)."""
+    monkeypatch.setenv("CKPTBENCH_WORKERS", "1")
     replays, calls = [0], []
     each, one = estimator.estimate_each, estimator._estimate
 
@@ -465,7 +455,44 @@ def test_a_tables_rows_are_replayed_together_even_where_none_fits(monkeypatch: p
 
     monkeypatch.setattr(estimator, "_estimate", counted)
     monkeypatch.setattr(estimator, "estimate_each", asked)
+    return calls
+
+
+def test_a_tables_rows_are_replayed_together_even_where_none_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each row of a table shows its estimate (reserved bytes, where the allocator runs out), fitting or not: the six
+    # are replayed side by side at once (Predictor.warm_rows), not one by one as the rows are made, where ``warm``'s
+    # shortcut (an allocated peak alone above the limit needs no replay for a verdict) would have left them.
+    from ckptbench.advise.predictor import PRIMED, Predictor, family_rows
+    from ckptbench.advise.request import AdviseRequest
+
+    request = AdviseRequest(model="tiny", gpu="8MiB", batches=(2,), seqs=(128,), precision="bf16").checked()
+    cfg = request.config(layouts=PRIMED)
+    pred = Predictor(cfg, request.limit(), None)
+    pred.estimator.cache = None
+    calls = _counted_replays(monkeypatch, pred.estimator)
     rows = family_rows(pred, next(p for p in cfg.points_list() if p.layout == "none"))
     assert [r.layout for r in rows] == list(PRIMED) and not any(r.fits for r in rows)
     assert all(r.verdict.allocated_bytes and r.verdict.allocated_bytes > pred.limit.limit_bytes for r in rows)
     assert calls[0] == (6, 6) and all(n == 0 for _, n in calls[1:])
+
+
+def test_the_tables_of_several_batches_are_replayed_in_two_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    # warm_tables: every row of every table, then every family count of the tables where no checkpointing does not
+    # fit, each set side by side; the tables made after replay nothing more.
+    from ckptbench.advise.predictor import PRIMED, Predictor, family_rows, warm_tables
+    from ckptbench.advise.request import AdviseRequest
+
+    request = AdviseRequest(model="tiny", gpu="600MiB", batches=(4, 8), seqs=(256,), precision="bf16").checked()
+    cfg = request.config(layouts=PRIMED)
+    pred = Predictor(cfg, request.limit(), None)
+    pred.estimator.cache = None
+    bases = [p for p in cfg.points_list() if p.layout == "none"]
+    calls = _counted_replays(monkeypatch, pred.estimator)
+    warm_tables(pred, bases)
+    replayed = [c for c in calls if c[1]]
+    assert len(replayed) == 2 and replayed[0] == (12, 12)  # the rows, then the family counts of both tables
+    assert replayed[1][0] == 2 * 3 * cfg.model.num_layers
+    calls.clear()
+    tables = [family_rows(pred, base) for base in bases]
+    assert not any(rows[0].fits for rows in tables) and any(o.fits for rows in tables for o in rows)
+    assert calls and all(n == 0 for _, n in calls)

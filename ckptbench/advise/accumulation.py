@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from ckptbench.advise.predictor import Predictor, family_rows
+from ckptbench.advise.predictor import Predictor, family_rows, warm_tables
 from ckptbench.advise.record import Option
 from ckptbench.config.grid import Point
 
@@ -46,7 +46,7 @@ def accumulation_rows(pred: Predictor, base: Point) -> list[Option]:
     """For every count m of micro-batches: the best setup that fits at micro-batches of B/m (none when none
     fits at that count)."""
     rows = []
-    pred.warm([dataclasses.replace(m, layout=layout) for m in micro_points(base) for layout in ("none", "all")])
+    warm_tables(pred, micro_points(base))
     for micro in micro_points(base):
         best = preferred(family_rows(pred, micro))
         if best is not None:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from ckptbench.advise import answer
 from ckptbench.advise.accumulation import accumulation_rows, micro_points, preferred
 from ckptbench.advise.memory_parts import observed, parts
-from ckptbench.advise.predictor import PRIMED, Predictor, family_rows, fewest, largest_batch
+from ckptbench.advise.predictor import PRIMED, Predictor, family_rows, fewest, largest_batch, warm_tables
 from ckptbench.advise.record import Advice, Option, Table, WayOut
 from ckptbench.advise.request import AdviseRequest
 from ckptbench.advise.snippets import Setup, snippets
@@ -54,7 +54,9 @@ def advise(
     bases = {(p.precision, p.batch_size, p.seq_len): p for p in cfg.points_list() if p.layout == "none"}
 
     def tables(precision: str) -> list[Table]:
-        return [_table(pred, bases[(precision, b, s)]) for s in request.seqs for b in request.batches]
+        made = [bases[(precision, b, s)] for s in request.seqs for b in request.batches]
+        warm_tables(pred, made)
+        return [_table(pred, base) for base in made]
 
     made = tables(request.answered_precision)
     # The largest batch's probes (new batches: traces) run in a forked process meanwhile (estimator/workers.py):

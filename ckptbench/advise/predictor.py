@@ -143,6 +143,17 @@ def family_rows(pred: Predictor, base: Point) -> list[Option]:
     return _distinct(rows, pred.cfg.model.num_layers)
 
 
+def warm_tables(pred: Predictor, bases: Sequence[Point]) -> None:
+    """The replays ``family_rows`` asks for at each of ``bases``, side by side across them: every row of each table,
+    then every family count of the tables where no checkpointing does not fit (two batches of replays in all, rather
+    than up to two a table)."""
+    pred.warm_rows([dataclasses.replace(b, layout=layout) for b in bases for layout in PRIMED])
+    n = pred.cfg.model.num_layers
+    pred.warm([dataclasses.replace(b, layout=f"{family}:{c}") for b in bases
+               if not pred.verdict(dataclasses.replace(b, layout="none")).fits
+               for family in FAMILIES for c in range(1, n + 1)])
+
+
 def _distinct(rows: list[Option], num_layers: int) -> list[Option]:
     """The rows whose checkpointed modules differ from every earlier row's."""
     seen: set[tuple[str, tuple[str, ...]]] = set()
