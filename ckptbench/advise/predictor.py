@@ -129,11 +129,9 @@ def family_rows(pred: Predictor, base: Point) -> list[Option]:
     predicted); then each granularity of all layers. Rows that checkpoint the same layers as an earlier row
     (every:1, first:n, last:n are all) are left out."""
     at = lambda layout: dataclasses.replace(base, layout=layout)  # noqa: E731
-    pred.warm_rows([at(layout) for layout in PRIMED])
+    warm_tables(pred, [base])  # (nothing to replay where the question's tables were warmed together)
     rows = [pred.option("none", at("none")), pred.option("all", at("all"))]
     if not rows[0].fits:
-        n = pred.cfg.model.num_layers
-        pred.warm([at(f"{family}:{c}") for family in FAMILIES for c in range(1, n + 1)])
         for family in FAMILIES:
             scan = pred.scan(base, family)
             robust = scan.robust
