@@ -386,3 +386,37 @@ def test_estimates_and_progress_do_not_depend_on_the_workers() -> None:
     serial = heard[1]
     assert [p.done for p in serial] == list(range(len(serial))) and serial[-1].label == "done"
     assert [p.done for p in heard[2]] == [p.done for p in serial] and heard[2][-1].label == "done"
+
+
+def test_the_optimizer_trace_runs_beside_the_first_trace_in_another_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With two workers the whole model's optimizer trace runs in a forked process while the first short model's
+    trace runs here (estimator.py ``run_traces``: the core the first trace leaves idle), and comes back: the same
+    traces, and the same estimates, as one process makes; with one worker both run here."""
+    from ckptbench.estimator import estimator as est_module
+    from ckptbench.estimator.estimator import Estimator
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(device="cuda", sweep={"layout": ["none", "all"], "batch_size": [1], "seq_len": [32]})
+    points = cfg.points_list()
+    where = tmp_path / "where"
+    for name in ("_trace_optim", "_trace_short"):
+        traced = getattr(Estimator, name)
+
+        def noted(self: Estimator, point: Any, traced: Any = traced, name: str = name) -> None:
+            with where.open("a") as f:
+                f.write(f"{name} {os.getpid()}\n")
+            traced(self, point)
+
+        monkeypatch.setattr(Estimator, name, noted)
+    made = {}
+    for workers in (1, 2):
+        where.write_text("")
+        est = est_module.Estimator(cfg, cache=None)
+        assert est.run_traces(points, workers=workers) == 2
+        ran = dict(line.split() for line in where.read_text().splitlines())
+        assert ran["_trace_short"] == str(os.getpid())
+        assert (ran["_trace_optim"] == str(os.getpid())) == (workers == 1), (workers, ran)
+        assert len(est._optim) == 1 and len(est._costs) == 1
+        made[workers] = est.predict_many(points)
+    assert made[1] == made[2]

@@ -23,6 +23,8 @@ what each measured step keeps alive for the next (the detached loss the runner r
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -57,7 +59,7 @@ from ckptbench.estimator.record import CATEGORIES, Estimate, EstimateProgress, R
 from ckptbench.estimator.replay import StreamTooShort, fast_steps, full_steps, predict_reserved
 from ckptbench.estimator.step_trace import GRADS, OPTIMIZER_STATE, OTHER, PARAMS, StepTrace, add, only
 from ckptbench.estimator.trace_cache import TraceCache, TraceFailed, default_cache
-from ckptbench.estimator.workers import map_pieces, worker_count
+from ckptbench.estimator.workers import Background, map_pieces, worker_count
 from ckptbench.results.record import PredictedOom, Prediction
 from ckptbench.results.store import Run
 from ckptbench.train.flops import CHECKPOINTED_PASS, OpCosts
@@ -152,16 +154,25 @@ class Estimator:
     def _job_groups(self, points: Sequence[Point]) -> list[list[Job]]:
         """``jobs``, in groups best run one after the other in one process: a shape's short models of every
         precision (they share most of the fake-tensor cache's entries: the second precision of a shape misses the
-        cache about half as often as the first, an autocast one a tenth as often); each other trace alone."""
-        groups: list[list[Job]] = []
+        cache about half as often as the first, an autocast one a tenth as often); each other trace alone. The first
+        trace (a short model's where there is one) comes first, the optimizer's next."""
+        optimizer, steps = self._optimizer_groups(points), self._step_groups(points)
+        return [*steps[:1], *optimizer, *steps[1:]]
+
+    def _optimizer_groups(self, points: Sequence[Point]) -> list[list[Job]]:
+        """The whole model's optimizer traces ``points`` still need, each alone."""
+        groups = []
         for key, p in {_optim_key(p): p for p in points}.items():
             if key not in self._optim and key not in self._failed and not self._load("optimizer", key):
                 label = f"{key[0]} {p.optimizer}: optimizer step of the whole model"
                 groups.append([(label, self._guarded("optimizer", key, self._trace_optim, p))])
+        return groups
+
+    def _step_groups(self, points: Sequence[Point]) -> list[list[Job]]:
+        """The traces of the step ``points`` still need (short models by shape, or whole models one by one)."""
         if self.method == "full":
             todo = [p for p in dict.fromkeys(points) if p not in self._full and not self._load("whole", p)]
-            return groups + [[(_label(p, "whole model"), self._guarded("whole", p, self._trace_full, p))] for p in todo]
-        optimizer_groups = len(groups)
+            return [[(_label(p, "whole model"), self._guarded("whole", p, self._trace_full, p))] for p in todo]
         for p in points:
             self._classes.setdefault(_shape_key(p), set()).update(self.classes(p))
         shapes: dict[tuple[Any, ...], list[Job]] = {}
@@ -169,11 +180,7 @@ class Estimator:
             if key not in self._costs and key not in self._failed and not self._load("short", key):
                 label = _label(p, f"{len(key[-1])}-layer model")
                 shapes.setdefault(key[1:], []).append((label, self._guarded("short", key, self._trace_short, p)))
-        groups += shapes.values()
-        # The first short model's trace goes first: run_traces runs the first job alone, before the workers start
-        # (it pays what any first trace pays once), and a short model traces in a third of the whole model's time.
-        return [*groups[optimizer_groups : optimizer_groups + 1], *groups[:optimizer_groups],
-                *groups[optimizer_groups + 1 :]]
+        return list(shapes.values())
 
     def run_traces(
         self, points: Sequence[Point], *, on_progress: Callable[[EstimateProgress], None] | None = None,
@@ -182,9 +189,15 @@ class Estimator:
         """Run the traces ``points`` still need (each once), on ``workers`` forked workers (None: as many as
         there are cores: estimator/workers.py); ``on_progress`` hears of each before it ends. Returns how many ran.
 
-        A forked worker takes a group of ``_job_groups`` at a time where there are enough groups to keep every worker
-        busy to the end (four per worker), else one trace at a time; progress is heard of trace by trace either way."""
-        groups = self._job_groups(points)
+        The first trace runs here: what any first trace pays once (transformers' lazy imports of the model's
+        module, fake-tensor caches) is then paid once, before the workers fork, not once per worker. Meanwhile, with
+        more than one worker, an optimizer trace (the whole model's optimizer step: it shares little with a short
+        model's, and takes about as long) runs in a forked process (``Background``), on the core the first trace
+        would leave idle; the pool of workers takes the rest once the first is done. A forked worker takes a group of
+        ``_job_groups`` at a time where there are enough groups to keep every worker busy to the end (four per
+        worker), else one trace at a time; progress is heard of trace by trace either way."""
+        optimizer, steps = self._optimizer_groups(points), self._step_groups(points)
+        groups = [*steps[:1], *optimizer, *steps[1:]]
         jobs = [job for group in groups for job in group]
 
         def report(done: int) -> None:  # names the next job in order (the one running, when they run here)
@@ -194,31 +207,45 @@ class Estimator:
         report(0)
         if not jobs:
             return 0
-        # The first trace runs here: what any first trace pays once (transformers' lazy imports of the model's
-        # module, fake-tensor caches) is then paid once, before the workers fork, not once per worker.
-        jobs[0][1]()
-        report(1)
-        rest = [group[1:] if i == 0 else group for i, group in enumerate(groups)]
-        n = worker_count(workers, len(jobs) - 1)
-        if n == 1 or len(rest) < 4 * n:
-            rest = [[job] for group in rest for job in group]
-        pieces = [group for group in rest if group]
-
-        def run(i: int) -> dict[str, dict[Any, Any]]:
-            before = {name: set(getattr(self, name)) for name in _TRACE_STORES}
-            for _, job in pieces[i]:
-                job()
-            return {name: {k: v for k, v in getattr(self, name).items() if k not in before[name]}
-                    for name in _TRACE_STORES}
-
-        done = 1
-        for i, made in map_pieces(run, len(pieces), workers=workers):
-            for name, new in made.items():
-                getattr(self, name).update(new)
-            for _ in pieces[i]:  # each trace of the piece, in order: progress does not depend on the grouping
-                done += 1
-                report(done)
+        beside = optimizer[:1] if steps and worker_count(workers, len(jobs)) > 1 else []
+        rest = [group[1:] if i == 0 else group for i, group in enumerate(groups) if not any(group is b for b in beside)]
+        jobs = [jobs[0], *(job for group in rest for job in group), *(job for group in beside for job in group)]
+        with contextlib.ExitStack() as stack:
+            aside = (stack.enter_context(Background(functools.partial(self._run_groups, beside), workers=workers))
+                     if beside else None)
+            jobs[0][1]()
+            report(1)
+            n = worker_count(workers, sum(len(group) for group in rest))
+            if n == 1 or len(rest) < 4 * n:
+                rest = [[job] for group in rest for job in group]
+            pieces = [group for group in rest if group]
+            done = 1
+            for i, made in map_pieces(lambda i: self._run_groups([pieces[i]]), len(pieces), workers=workers):
+                self._take(made)
+                for _ in pieces[i]:  # each trace of the piece, in order: progress does not depend on the grouping
+                    done += 1
+                    report(done)
+            if aside is not None:
+                self._take(aside.result())
+                for _ in beside[0]:
+                    done += 1
+                    report(done)
         return len(jobs)
+
+    def _run_groups(self, groups: Sequence[Sequence[Job]]) -> dict[str, dict[Any, Any]]:
+        """Run the jobs of ``groups`` (in a forked process: a worker, a ``Background``) and return what they traced,
+        as the new entries of each trace store."""
+        before = {name: set(getattr(self, name)) for name in _TRACE_STORES}
+        for group in groups:
+            for _, job in group:
+                job()
+        return {name: {k: v for k, v in getattr(self, name).items() if k not in before[name]}
+                for name in _TRACE_STORES}
+
+    def _take(self, made: dict[str, dict[Any, Any]]) -> None:
+        """What ``_run_groups`` traced elsewhere, added to this Estimator's stores."""
+        for name, new in made.items():
+            getattr(self, name).update(new)
 
     def estimate_each(
         self, points: Sequence[Point], *, budget_bytes: int | None = None, budget_is_cap: bool = False,

@@ -143,16 +143,16 @@ def map_pieces(task: Callable[[int], R], count: int, *, workers: int | None = No
 class Background(Generic[R]):
     """``task()`` run in a forked process while this one goes on (a context manager: leaving it stops the process if
     its result was not asked for). ``result()`` waits for it; where no process could be forked (``can_fork``, a
-    single core or ``CKPTBENCH_WORKERS=1``) or the task failed there, it runs ``task()`` here, so that its error is
-    raised as it would have been. The task must be a pure function of this process's state at the fork: its result
-    is then the one it would have returned here. Warnings it raises there are raised again here, once, when the
-    result is taken."""
+    single core, ``CKPTBENCH_WORKERS=1`` or ``workers`` 1) or the task failed there, it runs ``task()`` here, so that
+    its error is raised as it would have been. The task must be a pure function of this process's state at the fork:
+    its result is then the one it would have returned here. Warnings it raises there are raised again here, once,
+    when the result is taken."""
 
-    def __init__(self, task: Callable[[], R]) -> None:
+    def __init__(self, task: Callable[[], R], *, workers: int | None = None) -> None:
         self._task = task
         self._process: Any = None
         self._pipe: Any = None
-        if default_workers() < 2 or not can_fork():
+        if (default_workers() if workers is None else workers) < 2 or not can_fork():
             return
         global _building
         context = multiprocessing.get_context("fork")
