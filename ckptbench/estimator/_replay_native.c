@@ -870,25 +870,28 @@ done:
     return result;
 }
 
-/* copy_program(program, start, events, own, workspaces, next_key, alloc_op, free_op) -> (next_key, index):
+/* copy_program(program, start, events, own, workspaces, next_key, alloc_op, free_op, forward) -> (next_key, index):
  * event_assembly.EventAssembler._segment's copies, from ``start``: each (COPY_ALLOC, id, bytes, workspace) appends
  * (alloc_op, key, bytes) with the next key, kept in ``own[id]`` (and in ``workspaces`` when it is one); each
- * (COPY_LOCAL, id, 0, False) appends (free_op, own[id], 0). It stops at the first entry of another code (a free the
- * assembler places by its rules: event_assembly.py's loop is the reference) and returns its index, or
- * len(program) when there is none. */
+ * (COPY_LOCAL, id, 0, False) appends (free_op, own[id], 0); each (COPY_FORWARD, id, 0, False) appends
+ * (free_op, forward[id], 0) (``forward``: the keys of the same layer's forward, or None where the segment has none).
+ * It stops at the first entry of another code (a free the assembler places by its rules: event_assembly.py's loop is
+ * the reference) and returns its index, or len(program) when there is none. */
 #define COPY_ALLOC 0
 #define COPY_LOCAL 1
+#define COPY_FORWARD 3
 static PyObject *copy_program(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
+    if (nargs != 9) {
         PyErr_SetString(PyExc_TypeError, "copy_program(program, start, events, own, workspaces, next_key, alloc_op, "
-                                         "free_op)");
+                                         "free_op, forward)");
         return NULL;
     }
     PyObject *program = args[0], *events = args[2], *own = args[3], *workspaces = args[4];
-    PyObject *alloc_op = args[6], *free_op = args[7];
+    PyObject *alloc_op = args[6], *free_op = args[7], *forward = args[8];
     if (!PyList_CheckExact(program) || !PyList_CheckExact(events) || !PyDict_CheckExact(own) ||
-        !PySet_Check(workspaces)) {
-        PyErr_SetString(PyExc_TypeError, "copy_program: program and events are lists, own a dict, workspaces a set");
+        !PySet_Check(workspaces) || (forward != Py_None && !PyDict_CheckExact(forward))) {
+        PyErr_SetString(PyExc_TypeError, "copy_program: program and events are lists, own a dict, workspaces a set, "
+                                         "forward a dict or None");
         return NULL;
     }
     Py_ssize_t i = PyLong_AsSsize_t(args[1]);
@@ -923,8 +926,8 @@ static PyObject *copy_program(PyObject *Py_UNUSED(module), PyObject *const *args
             ev = PyTuple_Pack(3, alloc_op, key, PyTuple_GET_ITEM(entry, 2));
             Py_DECREF(key);
             next_key++;
-        } else if (code == COPY_LOCAL) {
-            PyObject *key = PyDict_GetItemWithError(own, eid); /* borrowed */
+        } else if (code == COPY_LOCAL || (code == COPY_FORWARD && forward != Py_None)) {
+            PyObject *key = PyDict_GetItemWithError(code == COPY_LOCAL ? own : forward, eid); /* borrowed */
             if (key == NULL) {
                 if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, eid);
                 goto fail;

@@ -32,7 +32,12 @@ from typing import TypeVar
 from ckptbench.estimator.events import ALLOC, FREE
 from ckptbench.estimator.step_trace import StepTrace
 
-COPY_ALLOC, COPY_LOCAL, COPY_PLACED = range(3)  # how the assembler copies a template event (ShortTemplate.program)
+# How the assembler copies a template event (ShortTemplate.program): the C loop's codes (_replay_native.c).
+COPY_ALLOC, COPY_LOCAL, COPY_PLACED, COPY_FORWARD = range(4)
+# How the assembler places a free the copies leave to it (ShortTemplate.rules): its rule, the kind, layer and
+# micro-batch of the segment that made the tensor, the index of its role, and the error where none places it.
+Rule = tuple[int, str, int | None, int | None, int, str | None]
+_MISSING, _CROSSING, _ROLE, _OTHER = range(4)
 
 
 class ShortTemplate:
@@ -56,22 +61,35 @@ class ShortTemplate:
         self.middle = {c: i for i, c in reversed(list(enumerate(classes))) if 0 < i < self.last}
         self._holds: dict[str, bool] = {}
         self._programs: dict[str, list[tuple[int, int, int, bool]]] = {}
+        self._crossings: dict[str, dict[int, list[tuple[str, int | None, int]]]] = {}
+        self._rules: dict[str, dict[int, Rule]] = {}
 
     def program(self, template: str) -> list[tuple[int, int, int, bool]]:
         """Segment ``template``'s events as the assembler copies them: ``(COPY_ALLOC, id, bytes, workspace)``;
         ``(COPY_LOCAL, id, 0, False)``, a free of an allocation of the same segment that hands nothing on (the
-        copy's own); ``(COPY_PLACED, id, 0, False)``, any other free, placed by the assembler's rules. The frees of
-        shared tensors (``released``) are left out: the assembler places them at a segment's end."""
+        copy's own); ``(COPY_FORWARD, id, 0, False)``, a layer's backward freeing what the same layer's forward of
+        the same micro-batch saved (the copy's forward's: the most common free the rules would place);
+        ``(COPY_PLACED, id, 0, False)``, any other free, placed by the assembler's rules. The frees of shared tensors
+        (``released``) are left out: the assembler places them at a segment's end."""
         found = self._programs.get(template)
         if found is None:
             found = self._programs[template] = [
                 (COPY_ALLOC, eid, nbytes, eid in self.workspaces) if op == ALLOC
                 else (COPY_LOCAL, eid, 0, False) if self.alloc_at.get(eid) == template and eid not in self.role
+                else (COPY_FORWARD, eid, 0, False) if self._forward_free(template, eid)
                 else (COPY_PLACED, eid, 0, False)
                 for op, eid, nbytes in self.segments.get(template, [])
                 if op == ALLOC or eid not in self.released
             ]
         return found
+
+    def _forward_free(self, template: str, eid: int) -> bool:
+        """Whether a free in ``template`` is of an allocation (no role) of the same layer's forward, same micro-batch:
+        what the rules place in the copy's forward (``EventAssembler._place_free``'s same-layer rule)."""
+        kind, layer, micro = parse_label(template)
+        made = self.alloc_at.get(eid)
+        return (kind == "bwd" and layer is not None and made is not None and eid not in self.role
+                and parse_label(made) == ("fwd", layer, micro))
 
     @staticmethod
     def _roles(trace: StepTrace) -> dict[str, list[int]]:
@@ -89,6 +107,47 @@ class ShortTemplate:
         if j == len(full) - 1 and full[j] == c0:
             return self.last
         return self.middle[full[j]]
+
+    def rules(self, template: str) -> dict[int, Rule]:
+        """What places each free ``program(template)`` leaves to the assembler, by id (made once per segment): the
+        rule (a layer allocation freed in a global segment, expanded per full layer; a role, the output of the layer
+        below or the gradient from above; any other, the same layer's forward or a global segment), where the tensor
+        was made, the role's index, and the error to raise where no rule can place it."""
+        found = self._rules.get(template)
+        if found is None:
+            found = self._rules[template] = {}
+            _, consumer, _ = parse_label(template)
+            for code, eid, _, _ in self.program(template):
+                if code != COPY_PLACED:
+                    continue
+                made = self.alloc_at.get(eid)
+                if made is None:
+                    missing = f"{template} frees a tensor that existed before the step"
+                    found[eid] = (_MISSING, "", None, None, -1, missing)
+                    continue
+                kind, producer, micro = parse_label(made)
+                if consumer is None and producer is not None and eid not in self.role:
+                    found[eid] = (_CROSSING, kind, producer, micro, -1, None)
+                elif eid in self.role:
+                    expected = None if consumer is None or producer is None else \
+                        consumer - 1 if kind == "fwd" else consumer + 1
+                    error = (f"layer {consumer} frees what layer {producer} handed on"
+                             if expected is not None and producer != expected else None)
+                    found[eid] = (_ROLE, kind, producer, micro, self.role[eid][1], error)
+                else:
+                    found[eid] = (_OTHER, kind, producer, micro, -1, None)
+        return found
+
+    def crossing_frees(self, template: str) -> dict[int, list[tuple[str, int | None, int]]]:
+        """The frees in segment ``template`` of layer allocations (its rules' crossings), which the assembler expands
+        per full layer, by the short layer that made them: (kind, micro-batch, id) in the segment's order."""
+        found = self._crossings.get(template)
+        if found is None:
+            found = self._crossings[template] = {}
+            for eid, (how, kind, layer, micro, _, _) in self.rules(template).items():  # in the program's order
+                if how == _CROSSING and layer is not None:
+                    found.setdefault(layer, []).append((kind, micro, eid))
+        return found
 
     def holds_input(self, cls: str) -> bool:
         """Whether a (middle) layer of the class keeps its input until its backward."""
@@ -182,11 +241,14 @@ class EventAssembler:
         own = self.keys[label] = {}
         events, workspaces = out.events, out.workspaces
         expanded = False
-        program, copy = tmpl.program(template), self.copy
+        program, copy, rules = tmpl.program(template), self.copy, tmpl.rules(template)
+        where = parse_label(label)
+        kind, layer, micro = where
+        forward = self.keys.get(make_label("fwd", layer, micro)) if kind == "bwd" else None  # the same layer's
         i, n = 0, len(program)
         while i < n:
             if copy is not None:  # the copies in C, up to the next free placed by the rules below
-                out.next_key, i = copy(program, i, events, own, workspaces, out.next_key, ALLOC, FREE)
+                out.next_key, i = copy(program, i, events, own, workspaces, out.next_key, ALLOC, FREE, forward)
                 if i >= n:
                     break
             code, eid, nbytes, workspace = program[i]  # StepEvents.alloc and .free, inlined
@@ -201,40 +263,46 @@ class EventAssembler:
             if code == COPY_LOCAL:
                 events.append((FREE, own[eid], 0))
                 continue
-            made = tmpl.alloc_at.get(eid)
-            if made is None:
-                raise AssemblyError(f"{template} frees a tensor that existed before the step")
-            if self._crossing(made, template, eid):
+            if code == COPY_FORWARD:
+                if forward is None:
+                    raise KeyError(make_label("fwd", layer, micro))
+                events.append((FREE, forward[eid], 0))
+                continue
+            rule = rules[eid]
+            if rule[0] == _CROSSING:
                 if not expanded:
                     self._expand_crossings(label, template)
                     expanded = True
                 continue
-            for key in self._resolve(label, template, made, eid):
+            for key in self._place_free(where, template, eid, rule):
                 out.free(key)
         for key in self._releases_into(label):
             out.free(key)
 
-    def _crossing(self, made: str, template: str, eid: int) -> bool:
-        """A layer's allocation freed in a global segment (not a layer output): expanded per full layer."""
-        return parse_label(template)[1] is None and parse_label(made)[1] is not None and eid not in self.tmpl.role
-
     def _expand_crossings(self, label: str, template: str) -> None:
-        tmpl = self.tmpl
-        frees = [
-            (tmpl.alloc_at[eid], eid) for op, eid, _ in tmpl.segments[template]
-            if op != ALLOC and eid not in tmpl.released and eid in tmpl.alloc_at
-            and self._crossing(tmpl.alloc_at[eid], template, eid)
-        ]
+        """Each layer allocation ``template`` frees in a global segment, once per full layer of its template layer, in
+        layer order (the frees of one layer in the template's order)."""
+        by_layer = self.tmpl.crossing_frees(template)
+        lm, tm = parse_label(label)[2], parse_label(template)[2]
+        micros: dict[int | None, list[int | None]] = {}  # of each micro-batch an allocation was made in
+        events, keys = self.out.events, self.keys
         for j in range(self.n):
-            for made, eid in frees:
-                kind, layer, micro = parse_label(made)
-                if layer == self.layer_of[j]:
-                    for m in self._micros(label, template, micro):
-                        self.out.free(self.keys[make_label(kind, j, m)][eid])
+            made: dict[tuple[str, int | None], dict[int, int]] = {}  # the keys of full layer j's segments
+            for kind, micro, eid in by_layer.get(self.layer_of[j], ()):
+                if micro not in micros:
+                    micros[micro] = self._micros_at(lm, tm, micro)
+                for m in micros[micro]:
+                    found = made.get((kind, m))
+                    if found is None:
+                        found = made[(kind, m)] = keys[make_label(kind, j, m)]
+                    events.append((FREE, found[eid], 0))
 
     def _micros(self, label: str, template: str, made_micro: int | None) -> list[int | None]:
         """The full micro-batches an allocation of template micro-batch ``made_micro`` stands for."""
-        lm, tm = parse_label(label)[2], parse_label(template)[2]
+        return self._micros_at(parse_label(label)[2], parse_label(template)[2], made_micro)
+
+    def _micros_at(self, lm: int | None, tm: int | None, made_micro: int | None) -> list[int | None]:
+        """``_micros``, for a full segment of micro-batch ``lm`` copying a template of micro-batch ``tm``."""
         if made_micro is None:
             return [None]
         if lm is not None and tm is not None:
@@ -242,26 +310,23 @@ class EventAssembler:
         last = self.tmpl.micro_batches - 1  # freed after every micro-batch (zero_grad): each later one too
         return [made_micro] if made_micro < last else list(range(made_micro, self.micro))
 
-    def _resolve(self, label: str, template: str, made: str, eid: int) -> list[int]:
-        """The full keys one template free stands for (none for layer 0's input: freed as 'input0')."""
-        (lk, lj, _), (_, tt, _), (yk, yt, ym) = parse_label(label), parse_label(template), parse_label(made)
-        micros = self._micros(label, template, ym)
-        if eid in self.tmpl.role:
-            self._check_neighbour(tt, yk, yt)
-            return [k for m in micros for k in self._role(lk, lj, yk, self.tmpl.role[eid][1], m)]
+    def _place_free(self, where: tuple[str, int | None, int | None], template: str, eid: int, rule: Rule
+                    ) -> list[int]:
+        """The full keys one template free stands for in the full segment ``where`` (parsed), by its rule (none for
+        layer 0's input: freed as 'input0')."""
+        how, yk, yt, ym, index, error = rule
+        if error is not None:
+            raise AssemblyError(error)
+        lk, lj, lm = where
+        _, tt, tm = parse_label(template)
+        micros = self._micros_at(lm, tm, ym)
+        if how == _ROLE:
+            return [k for m in micros for k in self._role(lk, lj, yk, index, m)]
         if yt is not None and yt == tt and lj is not None:  # the same layer's forward (saved activations)
             return [self.keys[make_label(yk, lj, m)][eid] for m in micros]
         if yt is None and tt is None:
             return [self.keys[make_label(yk, None, m)][eid] for m in micros]
-        raise AssemblyError(f"no rule places a free in {template} of a tensor made in {made}")
-
-    def _check_neighbour(self, consumer: int | None, kind: str, producer: int | None) -> None:
-        """A layer frees the output of the layer right below it, or the gradient of the one right above."""
-        if consumer is None or producer is None:
-            return
-        expected = consumer - 1 if kind == "fwd" else consumer + 1
-        if producer != expected:
-            raise AssemblyError(f"layer {consumer} frees what layer {producer} handed on")
+        raise AssemblyError(f"no rule places a free in {template} of a tensor made in {make_label(yk, yt, ym)}")
 
     def _role(self, lk: str, lj: int | None, yk: str, index: int, micro: int | None) -> list[int]:
         if yk == "fwd":  # the layer below's output (the final norm takes the top layer's)
@@ -350,6 +415,33 @@ def short_template(trace: StepTrace, classes: Sequence[str], micro_batches: int)
 
 FullEvent = tuple[int, int, int]  # (op, key, nbytes)
 
+# Optimizer steps compiled into copy programs, by the id of the events (held, so that another at a reused address is
+# not taken for them): every point of a question copies the same few.
+_OPTIMIZER_PROGRAMS: dict[int, tuple[Sequence[tuple[int, int, int]], list[tuple[int, int, int, bool]]]] = {}
+
+
+def _optimizer_program(events: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int, bool]]:
+    """An optimizer step's (op, id, bytes) as a program of ``EventAssembler._segment``'s copies: each allocation
+    a COPY_ALLOC, each free a COPY_LOCAL of it. AssemblyError where it frees a tensor it did not allocate."""
+    hit = _OPTIMIZER_PROGRAMS.get(id(events))
+    if hit is not None and hit[0] is events:
+        return hit[1]
+    program: list[tuple[int, int, int, bool]] = []
+    live: set[int] = set()
+    for op, eid, nbytes in events:
+        if op == ALLOC:
+            live.add(eid)
+            program.append((COPY_ALLOC, eid, nbytes, False))
+        elif eid in live:
+            live.discard(eid)
+            program.append((COPY_LOCAL, eid, 0, False))
+        else:
+            raise AssemblyError("the optimizer step frees a tensor it did not allocate")
+    if len(_OPTIMIZER_PROGRAMS) >= 8:
+        _OPTIMIZER_PROGRAMS.pop(next(iter(_OPTIMIZER_PROGRAMS)))
+    _OPTIMIZER_PROGRAMS[id(events)] = (events, program)
+    return program
+
 
 class AssemblyError(Exception):
     """The short trace has a free this assembly does not know how to place (use the full trace)."""
@@ -395,16 +487,19 @@ class StepEvents:
         self.events.append((FREE, key, 0))
 
     def add_optimizer(self, events: Sequence[tuple[int, int, int]]) -> None:
-        """The whole model's optimizer step, traced apart: its own allocations and frees."""
+        """The whole model's optimizer step, traced apart: its own allocations and frees (copied as a segment's
+        program: compiled once per optimizer step, ``_optimizer_program``, the copies in C where it is built)."""
         self.begin("opt")
+        program, copy = _optimizer_program(events), _copy_program()
+        if copy is not None:
+            self.next_key, _ = copy(program, 0, self.events, {}, self.workspaces, self.next_key, ALLOC, FREE, None)
+            return
         own: dict[int, int] = {}
-        for op, eid, nbytes in events:
-            if op == ALLOC:
+        for code, eid, nbytes, _ in program:
+            if code == COPY_ALLOC:
                 own[eid] = self.alloc(nbytes)
-            elif eid in own:
-                self.free(own.pop(eid))
             else:
-                raise AssemblyError("the optimizer step frees a tensor it did not allocate")
+                self.free(own[eid])
 
     def _segment_at(self, label: str) -> tuple[int, int, int]:
         """(position in ``bounds``, first event, end event) of segment ``label``."""
