@@ -420,3 +420,22 @@ def test_the_optimizer_trace_runs_beside_the_first_trace_in_another_process(
         assert len(est._optim) == 1 and len(est._costs) == 1
         made[workers] = est.predict_many(points)
     assert made[1] == made[2]
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_tracing_is_imported_with_the_collector_paused_and_frozen_only_where_asked(frozen: bool) -> None:
+    """estimator/imports.py: torch and transformers imported for tracing with no collection during the import (they
+    made the collector walk the heap again and again: 0.5 s); frozen after where the command line asks for it, and a
+    caller's process (the Python API's) keeps its collector as it was."""
+    script = (
+        "import gc, sys\n"
+        "from ckptbench.estimator import imports\n"
+        "runs = []\n"
+        "gc.callbacks.append(lambda phase, info: runs.append(phase) if phase == 'start' else None)\n"
+        + ("imports.freeze_imports()\n" if frozen else "")
+        + "imports.import_for_tracing()\n"
+        "assert 'torch' in sys.modules and 'transformers' in sys.modules\n"
+        "print(len(runs), gc.isenabled(), gc.get_freeze_count() > 0)\n"
+    )
+    found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert found.stdout.split() == ["0", "True", str(frozen)]

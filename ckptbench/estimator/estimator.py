@@ -55,6 +55,7 @@ from ckptbench.estimator.gpus import (
     gpu_model,
     persistent_workspace_bytes,
 )
+from ckptbench.estimator.imports import import_for_tracing
 from ckptbench.estimator.record import CATEGORIES, Estimate, EstimateProgress, Reserved
 from ckptbench.estimator.replay import StreamTooShort, fast_steps, full_steps, predict_reserved
 from ckptbench.estimator.step_trace import GRADS, OPTIMIZER_STATE, OTHER, PARAMS, StepTrace, add, only
@@ -123,7 +124,8 @@ class Estimator:
     def _uniform_layers(self) -> bool:
         """Whether every decoder layer is built alike (train/model.py: transformers' config says), kept in the cache."""
         def uniform() -> bool:
-            from ckptbench.train.model import uniform_layers  # transformers: only when the cache does not know
+            import_for_tracing()  # torch and transformers: only when the cache does not know
+            from ckptbench.train.model import uniform_layers
 
             return uniform_layers(self.cfg.model)
 
@@ -358,13 +360,15 @@ class Estimator:
             self.cache.put(self._cache_key(kind, key), value)
 
     def _trace_optim(self, point: Point) -> None:
-        from ckptbench.estimator.trace import trace_optimizer  # torch and transformers: only to trace
+        import_for_tracing()  # torch and transformers: only to trace
+        from ckptbench.estimator.trace import trace_optimizer
 
         key = _optim_key(point)
         self._optim[key] = trace_optimizer(self.cfg, point, target=self.target, rank=self.rank)
         self._keep("optimizer", key, self._optim[key])
 
     def _trace_short(self, point: Point) -> None:
+        import_for_tracing()
         from ckptbench.estimator.trace import trace_step
 
         key = self._short_key(point)
@@ -378,6 +382,7 @@ class Estimator:
         self._keep("short", key, (self._costs[key], trace))
 
     def _trace_full(self, point: Point) -> None:
+        import_for_tracing()
         from ckptbench.estimator.trace import trace_step
 
         trace = trace_step(self.cfg, point, target=self.target, rank=self.rank)
