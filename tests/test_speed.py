@@ -424,18 +424,50 @@ def test_the_optimizer_trace_runs_beside_the_first_trace_in_another_process(
 
 @pytest.mark.parametrize("frozen", [False, True])
 def test_tracing_is_imported_with_the_collector_paused_and_frozen_only_where_asked(frozen: bool) -> None:
-    """estimator/imports.py: torch and transformers imported for tracing with no collection during the import (they
+    """estimator/collector.py: torch and transformers imported for tracing with no collection during the import (they
     made the collector walk the heap again and again: 0.5 s); frozen after where the command line asks for it, and a
     caller's process (the Python API's) keeps its collector as it was."""
     script = (
         "import gc, sys\n"
-        "from ckptbench.estimator import imports\n"
+        "from ckptbench.estimator import collector\n"
         "runs = []\n"
         "gc.callbacks.append(lambda phase, info: runs.append(phase) if phase == 'start' else None)\n"
-        + ("imports.freeze_imports()\n" if frozen else "")
-        + "imports.import_for_tracing()\n"
+        + ("collector.freeze_imports()\n" if frozen else "")
+        + "collector.import_for_tracing()\n"
         "assert 'torch' in sys.modules and 'transformers' in sys.modules\n"
         "print(len(runs), gc.isenabled(), gc.get_freeze_count() > 0)\n"
     )
     found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True)
     assert found.stdout.split() == ["0", "True", str(frozen)]
+
+
+def test_traces_and_replays_collect_the_young_generation_less_often_and_restore_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """estimator/collector.py ``relaxed``: while the estimator traces and replays (here, one process) the youngest
+    generation is collected every 20,000 net allocations, and the thresholds are as they were after (a measured step
+    never runs under it); a higher threshold is kept."""
+    import gc
+
+    from ckptbench.estimator import collector
+    from ckptbench.estimator.estimator import Estimator
+    from tests.conftest import tiny_config
+
+    seen: list[int] = []
+    for name in ("_trace_short", "_estimate"):
+        original = getattr(Estimator, name)
+
+        def noted(self: Estimator, *args: Any, original: Any = original, **kwargs: Any) -> Any:
+            seen.append(gc.get_threshold()[0])
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(Estimator, name, noted)
+    before = gc.get_threshold()
+    cfg = tiny_config(device="cuda", sweep={"layout": ["none", "all"], "batch_size": [1], "seq_len": [32]})
+    Estimator(cfg, cache=None).predict_many(cfg.points_list(), workers=1)
+    assert len(seen) == 3 and set(seen) == {collector.RELAXED_THRESHOLD} and gc.get_threshold() == before
+    gc.set_threshold(50_000, *before[1:])
+    try:
+        with collector.relaxed():
+            assert gc.get_threshold()[0] == 50_000
+    finally:
+        gc.set_threshold(*before)

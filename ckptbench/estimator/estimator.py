@@ -46,6 +46,7 @@ from ckptbench.estimator.assembly import (
     short_model_classes,
     trace_ops,
 )
+from ckptbench.estimator.collector import import_for_tracing, relaxed
 from ckptbench.estimator.event_assembly import AssemblyError
 from ckptbench.estimator.gpus import (
     DEFAULT_GPU,
@@ -55,7 +56,6 @@ from ckptbench.estimator.gpus import (
     gpu_model,
     persistent_workspace_bytes,
 )
-from ckptbench.estimator.imports import import_for_tracing
 from ckptbench.estimator.record import CATEGORIES, Estimate, EstimateProgress, Reserved
 from ckptbench.estimator.replay import StreamTooShort, fast_steps, full_steps, predict_reserved
 from ckptbench.estimator.step_trace import GRADS, OPTIMIZER_STATE, OTHER, PARAMS, StepTrace, add, only
@@ -213,6 +213,7 @@ class Estimator:
         rest = [group[1:] if i == 0 else group for i, group in enumerate(groups) if not any(group is b for b in beside)]
         jobs = [jobs[0], *(job for group in rest for job in group), *(job for group in beside for job in group)]
         with contextlib.ExitStack() as stack:
+            stack.enter_context(relaxed())  # the young collections a trace's fake tensors make (estimator/collector.py)
             aside = (stack.enter_context(Background(functools.partial(self._run_groups, beside), workers=workers))
                      if beside else None)
             jobs[0][1]()
@@ -275,7 +276,8 @@ class Estimator:
             return [self._estimate(points[j], budget_bytes=budget_bytes, budget_is_cap=budget_is_cap)
                     for j in order[lo:hi]]
 
-        done: dict[int, list[Estimate]] = dict(map_pieces(run, parts, workers=n)) if todo else {}
+        with relaxed():  # the young collections a replay's events make (estimator/collector.py)
+            done: dict[int, list[Estimate]] = dict(map_pieces(run, parts, workers=n)) if todo else {}
         new = dict(zip(order, (e for i in range(len(done)) for e in done[i]), strict=True))
         kept = []
         for j, e in new.items():
