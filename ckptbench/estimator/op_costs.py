@@ -127,13 +127,34 @@ def tensors(value: Any) -> Iterator[torch.Tensor]:
 
 def spanned_bytes(t: torch.Tensor) -> int:
     """The bytes a tensor's shape spans, a broadcast (stride 0) dimension once."""
+    strides = t.stride()
+    if 0 not in strides:  # no broadcast dimension: every element (none where a dimension is empty)
+        return t.numel() * t.element_size()
     elements = 1
-    for size, stride in zip(t.shape, t.stride(), strict=True):
+    for size, stride in zip(t.shape, strides, strict=True):
         if size == 0:
             return 0
         if stride:
             elements *= size
     return elements * t.element_size()
+
+
+def _spanned(values: Any) -> int:
+    """``spanned_bytes`` of every tensor ``tensors`` finds in each of ``values`` (an op's arguments), added up: the
+    same walk, without a generator per argument (a trace counts thousands of ops)."""
+    total = 0
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            total += spanned_bytes(v)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                if isinstance(x, torch.Tensor):
+                    total += spanned_bytes(x)
+                elif isinstance(x, (list, tuple)):
+                    total += sum(spanned_bytes(y) for y in x if isinstance(y, torch.Tensor))
+        elif isinstance(v, dict):
+            total += _spanned(v.values())
+    return total
 
 
 def mutated_arguments(func: Any) -> tuple[int, ...]:
@@ -153,6 +174,24 @@ def _compute_dtype(kind: str, args: tuple[Any, ...], out: Any) -> str:
     return dtype_name(first.dtype) if first is not None else "?"
 
 
+def _shapes_key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any) -> tuple[Any, ...] | None:
+    """What a FLOP formula reads of a call: the op, each tensor's shape (in lists and tuples too, one level) and every
+    other argument, the outputs' shapes; None where an argument cannot be a key (then the formula is asked)."""
+    def described(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return (torch.Size, value.shape)
+        if isinstance(value, (list, tuple)):
+            return (type(value), *(described(v) for v in value))
+        return value
+
+    key = (func, described(args), described(tuple(sorted((kwargs or {}).items()))), described(out))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 def _formula(func: Any) -> Callable[..., int] | None:
     packet = getattr(func, "_overloadpacket", None)
     found = flop_registry.get(packet)
@@ -169,6 +208,8 @@ class OpCounter:
         self.segments: dict[str, Counter[OpKey]] = {}
         self._kinds: dict[Any, str] = {}
         self._mutated: dict[Any, tuple[int, ...]] = {}
+        self._optimizing: dict[str, bool] = {}  # whether a segment is the optimizer step's, by label
+        self._flop_memo: dict[tuple[Any, ...], int] = {}  # FLOPs by op and shapes (``_flops``)
 
     def count(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any,
               label: str | None) -> None:
@@ -179,28 +220,43 @@ class OpCounter:
             kind = self._kinds[func] = kind_of(func)
         if kind == _NOT_COUNTED:
             return
-        segment = label.partition("@")[0]
-        if segment in OPTIMIZER_SEGMENTS and kind not in (COMMUNICATION, OPTIMIZER_FUSED, OPTIMIZER_FOREACH):
+        optimizing = self._optimizing.get(label)
+        if optimizing is None:
+            optimizing = self._optimizing[label] = label.partition("@")[0] in OPTIMIZER_SEGMENTS
+        if optimizing and kind not in (COMMUNICATION, OPTIMIZER_FUSED, OPTIMIZER_FOREACH):
             kind = OPTIMIZER_SINGLE  # the optimizer's per-tensor ops (SGD's or Adafactor's loop, a cast)
         elif kind == OPTIMIZER_FOREACH and all(t.numel() <= 1 for a in args for t in tensors(a)):
             kind = OPTIMIZER_SINGLE  # over scalars (the step counters, host tensors on a GPU): not a streaming kernel
-        moved = sum(spanned_bytes(t) for a in args for t in tensors(a))
-        moved += sum(spanned_bytes(t) for v in (kwargs or {}).values() for t in tensors(v))
+        moved = _spanned(args)
+        if kwargs:
+            moved += _spanned(kwargs.values())
         mutated = self._mutated.get(func)
         if mutated is None:
             mutated = self._mutated[func] = mutated_arguments(func)
         if mutated:  # written in place (what it returns is what it wrote)
-            moved += sum(spanned_bytes(t) for i in mutated if i < len(args) for t in tensors(args[i]))
+            moved += _spanned([args[i] for i in mutated if i < len(args)])
         else:
-            moved += sum(spanned_bytes(t) for t in tensors(out))
+            moved += _spanned((out,))
         flops = 0
         if kind in ("matmul", "attention:sdpa", "attention:eager"):
-            formula = _formula(func)
-            flops = int(formula(*args, **(kwargs or {}), out_val=out)) if formula is not None else 0
+            flops = self._flops(func, args, kwargs, out)
             # An outer or matrix-vector product (the rotary angles' fp32 matmul) does fewer FLOPs than it moves
             # bytes: memory-bound on any device, so timed with the memory ops (and not by a dtype's peak).
             kind = f"{kind}:{_compute_dtype(kind, args, out)}" if flops >= moved * MIN_INTENSITY else MEMORY
         self.segments.setdefault(label, Counter())[(kind, flops, moved)] += 1
+
+    def _flops(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any) -> int:
+        """The op's FLOPs by its registered formula (0 where none is), worked out once per op and shapes: the
+        formulas read only shapes (and flags), and each decoder layer repeats its products (PyTorch's wrapper maps
+        every argument to its shape first: 3% of a short model's trace, asked every time)."""
+        key = _shapes_key(func, args, kwargs, out)
+        found = self._flop_memo.get(key) if key is not None else None
+        if found is None:
+            formula = _formula(func)
+            found = int(formula(*args, **(kwargs or {}), out_val=out)) if formula is not None else 0
+            if key is not None:
+                self._flop_memo[key] = found
+        return found
 
     def result(self) -> tuple[tuple[str, OpCosts], ...]:
         """Each segment's ops, in the order the segments opened (plain data for the trace)."""
