@@ -1,6 +1,6 @@
 """The estimator's fake-tensor mode (estimator/fake_mode.py): its dispatch-cache key tells calls apart exactly as
-PyTorch's own key does and falls back to it for what it does not describe, its uncached `_unsafe_view` gives what
-PyTorch's path gives, and a step traces identically."""
+PyTorch's own key does and falls back to it for what it does not describe, its uncached `_unsafe_view` and its direct
+view ops give what PyTorch's path gives, and a step traces identically."""
 
 from __future__ import annotations
 
@@ -125,6 +125,63 @@ def test_unsafe_view_is_pytorchs_own_result_without_its_uncached_path() -> None:
                          out._base is None))
         results.append(made)
     assert results[0] == results[1]
+
+
+def _view_calls(mode: FakeTensorMode) -> list[tuple[Any, tuple[Any, ...]]]:
+    """Every view op of the direct path on inputs that differ (contiguous, with an offset, bf16, requiring grad,
+    transposed)."""
+    with mode:
+        plain = torch.empty(4, 6, 8)
+        offset = torch.empty(5, 6, 8, dtype=torch.bfloat16)[1:]
+        grad = torch.empty(4, 6, 8, requires_grad=True)
+        matrix = torch.empty(6, 5)
+        ones = torch.empty(1, 6, 8)
+    calls: list[tuple[Any, tuple[Any, ...]]] = []
+    for t in (plain, offset, grad):
+        calls += [(aten.detach.default, (t,)), (aten.view.default, (t, [24, 8])), (aten.slice.Tensor, (t, 1, 1, 5)),
+                  (aten.transpose.int, (t, 0, 2)), (aten.unsqueeze.default, (t, 1)),
+                  (aten.permute.default, (t, [2, 0, 1])), (aten.as_strided.default, (t, [2, 3], [8, 1], 4)),
+                  (aten.select.int, (t, 1, 3)),
+                  (aten.alias.default, (t,)), (aten.t.default, (matrix,)), (aten.expand.default, (ones, [4, 6, 8])),
+                  (aten.squeeze.dim, (ones, 0))]
+    return calls
+
+
+def test_view_ops_take_the_direct_path_and_give_pytorchs_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each view op of the direct path (estimator/fake_mode.py ``DIRECT_VIEWS``, every one of them on this PyTorch):
+    a fake tensor of the mode on its input's storage, with the sizes, strides, offset, dtype, device and
+    requires_grad PyTorch's own path gives, made without PyTorch's dispatch (its cache and its uncached path)."""
+    assert frozenset(fm._VIEW_CHECKS) == fm.DIRECT_VIEWS
+    results = []
+    for mode in (fm.FastKeyFakeTensorMode(), FakeTensorMode()):
+        calls = _view_calls(mode)
+        dispatched: list[Any] = []
+        original = FakeTensorMode._cached_dispatch_impl
+
+        def noted(self: Any, func: Any, *rest: Any, seen: list[Any] = dispatched, impl: Any = original) -> Any:
+            seen.append(func)
+            return impl(self, func, *rest)
+
+        monkeypatch.setattr(FakeTensorMode, "_cached_dispatch_impl", noted)
+        made = []
+        for func, args in calls:
+            with mode:
+                out = func(*args)
+            assert type(out) is FakeTensor and out.fake_mode is mode
+            made.append((str(func), out.shape, out.stride(), out.storage_offset(), out.dtype, out.device,
+                         out.requires_grad, out.untyped_storage()._cdata == args[0].untyped_storage()._cdata))
+        monkeypatch.undo()
+        assert not dispatched if type(mode) is fm.FastKeyFakeTensorMode else len(dispatched) >= len(calls)
+        results.append(made)
+    assert results[0] == results[1] and all(same for *_, same in results[0])
+
+
+def test_a_view_op_whose_check_fails_keeps_pytorchs_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check at import decides op by op: one that fails there (here, arguments its kernel refuses) is left to
+    PyTorch's path, the others keep the direct one."""
+    monkeypatch.setattr(fm, "_VIEW_CHECKS", {**fm._VIEW_CHECKS, aten.view.default: ([7, 7],)})
+    found = fm._direct_views()
+    assert aten.view.default not in found and aten.detach.default in found
 
 
 def test_a_cache_hit_makes_the_tensor_pytorchs_own_path_makes() -> None:
