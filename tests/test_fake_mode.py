@@ -184,6 +184,69 @@ def test_a_view_op_whose_check_fails_keeps_pytorchs_path(monkeypatch: pytest.Mon
     assert aten.view.default not in found and aten.detach.default in found
 
 
+def _misses(mode: FakeTensorMode, n: int) -> list[Any]:
+    """Calls the cache has not seen (sizes of their own, ``n`` apart): what a trace of a new batch size makes."""
+    with mode:
+        a, b = torch.empty(4, n), torch.empty(n, 3, dtype=torch.bfloat16)
+        c = torch.empty(2, n, 5, requires_grad=True)
+    return [(aten.mm.default, (a.to(torch.bfloat16), b), {}), (aten.add.Tensor, (a, a), {"alpha": 2}),
+            (aten.mul.Tensor, (c, c), {}), (aten.sum.dim_IntList, (c, [1], True), {}),
+            (aten.cat.default, ([a, a], 1), {}), (aten.where.self, (a > 0, a, a), {}),
+            (aten._to_copy.default, (a,), {"dtype": torch.float64})]
+
+
+def test_an_op_pytorch_answers_with_its_meta_kernel_runs_it_directly_once_learnt(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cache misses (estimator/fake_mode.py ``_dispatch_impl``): an op whose first miss PyTorch's path answered with its
+    meta kernel (mm, add, mul, sum, cat, where) runs that kernel directly afterwards, the outputs those PyTorch's path
+    gives; one it answers otherwise (_to_copy: a decomposition) keeps PyTorch's path; and a meta kernel that raises
+    NotImplementedError leaves the call to PyTorch's path (which falls back to the op's real kernel)."""
+    fast = fm.FastKeyFakeTensorMode()
+    for call in _misses(fast, 5):  # the first misses: learnt
+        with fast:
+            call[0](*call[1], **call[2])
+    assert {aten.mm.default, aten.add.Tensor, aten.mul.Tensor, aten.sum.dim_IntList} <= fm.META_BRANCH
+    assert aten._to_copy.default not in fm.META_BRANCH
+    taken: list[Any] = []
+    original = FakeTensorMode._dispatch_impl
+
+    def noted(self: Any, func: Any, *rest: Any) -> Any:
+        taken.append(func)
+        return original(self, func, *rest)
+
+    results, paths = [], []
+    for mode, n in ((fast, 7), (FakeTensorMode(), 7)):
+        calls = _misses(mode, n)
+        monkeypatch.setattr(FakeTensorMode, "_dispatch_impl", noted)
+        made = []
+        for func, args, kwargs in calls:
+            with mode:
+                out = func(*args, **kwargs)
+            made.append((out.shape, out.stride(), out.dtype, out.device, out.requires_grad, type(out) is FakeTensor))
+        monkeypatch.undo()
+        results.append(made)
+        paths.append(set(taken))
+        taken.clear()
+    assert results[0] == results[1]
+    assert aten.mm.default not in paths[0] and aten._to_copy.default in paths[0] and aten.mm.default in paths[1]
+
+    refused: list[Any] = []
+    real_manager = fm.in_kernel_invocation_manager
+
+    def refusing_once(mode: Any) -> Any:  # the direct path's kernel raises NotImplementedError, once
+        if not refused:
+            refused.append(mode)
+            raise NotImplementedError
+        return real_manager(mode)
+
+    with fast:
+        a, w = torch.empty(9, 4), torch.empty(4, 2)
+    monkeypatch.setattr(fm, "in_kernel_invocation_manager", refusing_once)
+    with fast:
+        assert aten.mm.default(a, w).shape == (9, 2)  # a miss: the direct path refused, PyTorch's answers
+    assert refused
+
+
 def test_a_cache_hit_makes_the_tensor_pytorchs_own_path_makes() -> None:
     """New tensors made from a cache entry (the second call of each op hits the cache): the sizes, strides, dtype,
     device and requires_grad PyTorch's path gives, each with a storage of its own; views and in-place ops too."""

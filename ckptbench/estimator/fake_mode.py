@@ -29,6 +29,15 @@ with the input, from a tensor that requires grad and one that does not); one tha
 A cache hit that makes a new tensor (not a view, not in place) is wrapped straight from the entry's metadata, without
 the checks for symbolic sizes that only a shape environment needs.
 
+A cache miss (a trace of a new batch or sequence length misses for about a hundred ops) took PyTorch's uncached path:
+some twenty checks (subclasses, constants, lifts, decompositions, prims, registered fake kernels, PyTorch's own
+implementations, fallbacks) before, for most ops, running the op's meta kernel and wrapping its outputs, 0.3 ms an op.
+Which way that path goes depends on the op alone where every tensor argument is a plain fake tensor of the mode; so
+the first miss of an op takes it and notes whether it ended in the meta kernel (the one place that wraps a kernel's
+outputs for the op it was asked: ``wrap_meta_outputs_with_default_device_logic``), and the later misses of such an op
+run the kernel and that wrapping directly (6% of a short model's trace; a kernel that raises NotImplementedError
+leaves the call to PyTorch's path, which then falls back to the op's real kernel).
+
 Where this PyTorch lacks the private methods overridden here (or their signatures changed), ``fake_mode()`` returns a
 plain FakeTensorMode: traces are the same, only slower.
 """
@@ -65,6 +74,30 @@ _VIEW_CHECKS: dict[Any, tuple[Any, ...]] = {
 _PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
 
 
+# The ops PyTorch's uncached path answers with their meta kernel, and those it answers otherwise (a decomposition, its
+# own implementation, a fallback), learnt in this process (FastKeyFakeTensorMode._learnt; forked workers inherit them).
+META_BRANCH: set[Any] = set()
+_OTHER_BRANCH: set[Any] = set()
+
+
+def _plain_leaves(mode: Any, args: Any, kwargs: Any) -> list[Any] | None:
+    """The arguments of a call, a list or tuple of them flattened, where every tensor among them is a plain fake tensor
+    of ``mode`` (strided, no constant, no symbolic sizes) and there is one at least; else None."""
+    leaves: list[Any] = []
+    tensors = 0
+    for value in (*args, *kwargs.values()):
+        for leaf in (value if type(value) in (list, tuple) else (value,)):
+            if isinstance(leaf, torch.Tensor):
+                if (type(leaf) is not FakeTensor or leaf.fake_mode is not mode or leaf.constant is not None
+                        or leaf.layout is not _STRIDED or leaf._has_symbolic_sizes_strides):
+                    return None
+                tensors += 1
+            elif type(leaf) in (list, tuple) or isinstance(leaf, torch.SymInt):
+                return None
+            leaves.append(leaf)
+    return leaves if tensors else None
+
+
 class _Fallback(Exception):
     """An argument this key does not describe: PyTorch's own key decides."""
 
@@ -83,6 +116,44 @@ class FastKeyFakeTensorMode(FakeTensorMode):
                     out = func(source, *args[1:])  # the meta kernel: a tensor on the input's storage
                 return FakeTensor(self, out, source.device)
         return super()._cached_dispatch_impl(func, types, args, kwargs)
+
+    def _dispatch_impl(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        # What the cache does not answer: an op PyTorch's path answers with its meta kernel (learnt from its first
+        # call, ``_learnt``), on fake tensors of this mode alone, runs that kernel here and wraps its outputs as that
+        # path does, without the checks that lead there; anything else takes PyTorch's path.
+        if self.shape_env is None and not getattr(self, "propagate_real_tensors", True):
+            flat = _plain_leaves(self, args, kwargs)
+            if flat is not None:
+                if func in META_BRANCH:
+                    try:
+                        with in_kernel_invocation_manager(self):
+                            r = func(*args, **kwargs)
+                    except NotImplementedError:  # PyTorch's path then runs the op's real kernel: its own
+                        return super()._dispatch_impl(func, types, args, kwargs)
+                    return self.wrap_meta_outputs_with_default_device_logic(r, func, flat, kwargs.get("device"))
+                if func not in _OTHER_BRANCH:
+                    return self._learnt(func, types, args, kwargs)
+        return super()._dispatch_impl(func, types, args, kwargs)
+
+    def _learnt(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        """PyTorch's path for ``func``, noting whether it answered with the op's meta kernel (it wrapped the kernel's
+        outputs for this very op: ``wrap_meta_outputs_with_default_device_logic`` is called there alone). Which way
+        it goes depends on the op alone where every tensor argument is a plain fake tensor of this mode (no constant,
+        no symbol, no other mode's or real tensor: ``_plain_leaves``)."""
+        learning = self.__dict__.setdefault("_ckptbench_learning", [])
+        learning.append(func)
+        try:
+            return super()._dispatch_impl(func, types, args, kwargs)
+        finally:
+            learning.pop()
+            if func not in META_BRANCH:
+                _OTHER_BRANCH.add(func)
+
+    def wrap_meta_outputs_with_default_device_logic(self, r: Any, func: Any, flat_args: Any, device: Any) -> Any:
+        learning = self.__dict__.get("_ckptbench_learning")
+        if learning and learning[-1] is func:
+            META_BRANCH.add(func)
+        return super().wrap_meta_outputs_with_default_device_logic(r, func, flat_args, device)
 
     def _get_output_tensor_from_cache_entry(self, state: Any, entry: Any, key: Any, func: Any, args: Any) -> Any:
         # A cache hit that makes a new tensor (no view, no in-place op, no symbols, no conjugate or negative bit): the
@@ -144,6 +215,8 @@ def _overridable() -> bool:
         "_cache_key": ["self", "state", "func", "args", "kwargs"],
         "_cached_dispatch_impl": ["self", "func", "types", "args", "kwargs"],
         "_get_output_tensor_from_cache_entry": ["self", "state", "entry", "key", "func", "args"],
+        "_dispatch_impl": ["self", "func", "types", "args", "kwargs"],
+        "wrap_meta_outputs_with_default_device_logic": ["self", "r", "func", "flat_args", "device"],
     }
     for name, parameters in expected.items():
         method = getattr(FakeTensorMode, name, None)
