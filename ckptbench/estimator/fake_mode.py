@@ -55,7 +55,8 @@ _MARK = object()  # first element of every key made here
 _STRIDED = torch.strided
 _UNSAFE_VIEW = torch.ops.aten._unsafe_view.default
 _ATEN = torch.ops.aten
-# The view ops that take the direct path where ``_works`` finds them equal to PyTorch's, each with arguments to check.
+# The view ops that take the direct path where ``_direct_views`` finds them equal to PyTorch's, each with arguments to
+# check them with.
 _VIEW_CHECKS: dict[Any, tuple[Any, ...]] = {
     _ATEN.detach.default: (),
     _ATEN.t.default: (),  # (on a 2-D tensor: see _direct_views)
