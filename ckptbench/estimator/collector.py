@@ -4,10 +4,9 @@ and replays themselves.
 - Importing torch and transformers makes about 800,000 objects; with the collector running, each collection of the
   oldest generation walks the whole growing heap again: 0.5 s of the 2.9 s the import took on a 2-core machine.
   ``import_for_tracing`` imports estimator/trace.py (torch, transformers and ckptbench's training code with it) with
-  the collector paused. Once imported they live as long as the process; frozen (``gc.freeze``), later collections do
-  not walk them. Freezing is the process's choice, not a library's: the command line asks for it
-  (``freeze_imports``, its process ends with the command); a caller's process (the Python API's) keeps its collector
-  as it was, paused only during the import.
+  the collector paused, and restores it as it was. (Freezing what was imported as well, ``gc.freeze``, changed no
+  command's time measurably, and would freeze whatever else the process holds then: a sweep's model built before a
+  search's first estimate, whose reference cycles must stay collectable between its points.)
 - Traces and replays make millions of short-lived objects (fake tensors, events), which reference counting frees;
   the youngest generation, collected every 700 net allocations, walked them for nothing: 4% of the 704-point
   estimate, 10% of its replays. ``relaxed`` collects it every 20,000 instead while the estimator works (its forked
@@ -25,19 +24,11 @@ from collections.abc import Iterator
 
 _TRACING = "ckptbench.estimator.trace"
 RELAXED_THRESHOLD = 20_000  # net allocations between collections of the youngest generation (Python's default: 700)
-_freeze = False
-
-
-def freeze_imports() -> None:
-    """Freeze what ``import_for_tracing`` imports, and every object this process holds then (the command line: its
-    process ends with the command)."""
-    global _freeze
-    _freeze = True
 
 
 def import_for_tracing() -> None:
     """Import estimator/trace.py (torch, transformers and ckptbench's training code with it) with the cyclic garbage
-    collector paused, unless it was imported already; frozen after where ``freeze_imports`` asked."""
+    collector paused, unless it was imported already."""
     if _TRACING in sys.modules:
         return
     enabled = gc.isenabled()
@@ -47,8 +38,6 @@ def import_for_tracing() -> None:
     finally:
         if enabled:
             gc.enable()
-    if _freeze:
-        gc.freeze()
 
 
 @contextlib.contextmanager
