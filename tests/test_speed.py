@@ -422,21 +422,26 @@ def test_the_optimizer_trace_runs_beside_the_first_trace_in_another_process(
     assert made[1] == made[2] and all(e.peak_bytes for e in made[1])
 
 
-def test_tracing_is_imported_with_the_collector_paused_and_restored() -> None:
+@pytest.mark.parametrize(("frozen", "torch_first"), [(False, False), (True, False), (True, True)])
+def test_tracing_is_imported_with_the_collector_paused_and_frozen_only_where_asked(frozen: bool,
+                                                                                  torch_first: bool) -> None:
     """estimator/collector.py: torch and transformers imported for tracing with no collection during the import (they
-    made the collector walk the heap again and again: 0.5 s); the collector enabled again after, nothing frozen (a
-    sweep's model must stay collectable)."""
+    made the collector walk the heap again and again: 0.5 s); frozen after where the command line asks for it and
+    this import brought torch in (where torch came first, a model built with it may be alive: nothing is frozen); a
+    caller's process (the Python API's) keeps its collector as it was."""
     script = (
         "import gc, sys\n"
-        "from ckptbench.estimator import collector\n"
+        + ("import torch\n" if torch_first else "")
+        + "from ckptbench.estimator import collector\n"
         "runs = []\n"
         "gc.callbacks.append(lambda phase, info: runs.append(phase) if phase == 'start' else None)\n"
-        "collector.import_for_tracing()\n"
+        + ("collector.freeze_imports()\n" if frozen else "")
+        + "collector.import_for_tracing()\n"
         "assert 'torch' in sys.modules and 'transformers' in sys.modules\n"
-        "print(len(runs), gc.isenabled(), gc.get_freeze_count())\n"
+        "print(len(runs), gc.isenabled(), gc.get_freeze_count() > 0)\n"
     )
     found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True)
-    assert found.stdout.split() == ["0", "True", "0"]
+    assert found.stdout.split() == ["0", "True", str(frozen and not torch_first)]
 
 
 def test_traces_and_replays_collect_the_young_generation_less_often_and_restore_it(

@@ -23,6 +23,7 @@ from ckptbench.cli.sweep import layouts, sweep
 from ckptbench.cli.trace import trace_allocator
 from ckptbench.cli.tune import tune
 from ckptbench.errors import CkptbenchError
+from ckptbench.estimator.collector import freeze_imports
 
 app = typer.Typer(
     name="ckptbench",
@@ -72,6 +73,7 @@ app.command("cache", **example("ckptbench cache clear"))(cache_cmd)
 def main() -> None:
     """Entry point for ``python -m ckptbench`` and the ``ckptbench`` script."""
     hold_late_signals_until_exit()  # this process ends with the command
+    freeze_imports()  # ... so what tracing imports is kept out of the collector's walks (estimator/collector.py)
     try:
         app()
     except CkptbenchError as exc:  # safety net: commands convert their own errors
