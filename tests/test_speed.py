@@ -433,15 +433,18 @@ def test_tracing_is_imported_with_the_collector_paused_and_frozen_only_where_ask
         "import gc, sys\n"
         + ("import torch\n" if torch_first else "")
         + "from ckptbench.estimator import collector\n"
-        "runs = []\n"
-        "gc.callbacks.append(lambda phase, info: runs.append(phase) if phase == 'start' else None)\n"
+        "runs = []  # for each collection: whether the import had finished\n"
+        "done = lambda: hasattr(sys.modules.get('ckptbench.estimator.trace'), 'trace_optimizer')  # (its body ran)\n"
+        "gc.callbacks.append(lambda phase, info: runs.append(done()) if phase == 'start' else None)\n"
         + ("collector.freeze_imports()\n" if frozen else "")
         + "collector.import_for_tracing()\n"
         "assert 'torch' in sys.modules and 'transformers' in sys.modules\n"
-        "print(len(runs), gc.isenabled(), gc.get_freeze_count() > 0)\n"
+        "during, after = runs.count(False), runs.count(True)\n"
+        "print(during, after if gc.get_freeze_count() else 0, gc.isenabled(), gc.get_freeze_count() > 0)\n"
     )
     found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True)
-    assert found.stdout.split() == ["0", "True", str(frozen and not torch_first)]
+    # no collection during the import; frozen, none after it in the import either (it would walk what was imported)
+    assert found.stdout.split() == ["0", "0", "True", str(frozen and not torch_first)]
 
 
 def test_traces_and_replays_collect_the_young_generation_less_often_and_restore_it(

@@ -10,8 +10,8 @@ import typer
 from rich.markup import escape
 
 from ckptbench.cli.common import Format, FormatOpt, ResultsOpt, err, fail, finite, out, warn
-from ckptbench.cli.gc_pause import gc_paused
 from ckptbench.errors import EXIT_BAD_INPUT, EXIT_REGRESSION, CkptbenchError
+from ckptbench.estimator.collector import gc_paused
 
 if TYPE_CHECKING:  # imported when a comparison is made: the CLI stays fast to start
     from ckptbench.analysis.compare import Comparison

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ckptbench.cli.common import BudgetOpt, Format, HeadroomOpt, RunArg, SeqLenOpt, err, fail, out, path_option, warn
-from ckptbench.cli.gc_pause import gc_paused
 from ckptbench.errors import CkptbenchError, ConfigError, RunFailure
+from ckptbench.estimator.collector import gc_paused
 from ckptbench.results.fit import DEFAULT_HEADROOM
 
 if TYPE_CHECKING:  # the estimator imports torch; the CLI stays fast to start
