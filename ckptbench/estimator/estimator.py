@@ -238,12 +238,11 @@ class Estimator:
     def _run_groups(self, groups: Sequence[Sequence[Job]]) -> dict[str, dict[Any, Any]]:
         """Run the jobs of ``groups`` (in a forked process: a worker, a ``Background``) and return what they traced,
         as the new entries of each trace store."""
-        before = {name: set(getattr(self, name)) for name in _TRACE_STORES}
+        before = self._keys(_TRACE_STORES)
         for group in groups:
             for _, job in group:
                 job()
-        return {name: {k: v for k, v in getattr(self, name).items() if k not in before[name]}
-                for name in _TRACE_STORES}
+        return self._since(before)
 
     def _take(self, made: dict[str, dict[Any, Any]]) -> None:
         """What ``_run_groups`` traced elsewhere, added to this Estimator's stores."""
@@ -465,12 +464,19 @@ class Estimator:
 
     def known(self) -> dict[str, set[Any]]:
         """The keys of what this Estimator has traced and estimated (``learned_since`` takes what comes after)."""
-        return {name: set(getattr(self, name)) for name in _LEARNED}
+        return self._keys(_LEARNED)
 
     def learned_since(self, known: dict[str, set[Any]]) -> Learned:
         """The traces and estimates made since ``known`` (``known()``'s), and every shape's layer classes."""
-        memos = {name: {k: v for k, v in getattr(self, name).items() if k not in known[name]} for name in _LEARNED}
-        return Learned(memos, {shape: set(classes) for shape, classes in self._classes.items()})
+        return Learned(self._since(known), {shape: set(classes) for shape, classes in self._classes.items()})
+
+    def _keys(self, names: Sequence[str]) -> dict[str, set[Any]]:
+        """The keys each of these stores holds now (``_since`` takes what comes after)."""
+        return {name: set(getattr(self, name)) for name in names}
+
+    def _since(self, before: dict[str, set[Any]]) -> dict[str, dict[Any, Any]]:
+        """The entries of each store of ``before`` (``_keys``'s) made since."""
+        return {name: {k: v for k, v in getattr(self, name).items() if k not in keys} for name, keys in before.items()}
 
     def learn(self, learned: Learned) -> None:
         """Take in what another Estimator of the same config learned (a forked process's): the traces and estimates
