@@ -297,12 +297,9 @@ class EventAssembler:
                         found = made[(kind, m)] = keys[make_label(kind, j, m)]
                     events.append((FREE, found[eid], 0))
 
-    def _micros(self, label: str, template: str, made_micro: int | None) -> list[int | None]:
-        """The full micro-batches an allocation of template micro-batch ``made_micro`` stands for."""
-        return self._micros_at(parse_label(label)[2], parse_label(template)[2], made_micro)
-
     def _micros_at(self, lm: int | None, tm: int | None, made_micro: int | None) -> list[int | None]:
-        """``_micros``, for a full segment of micro-batch ``lm`` copying a template of micro-batch ``tm``."""
+        """The full micro-batches an allocation of template micro-batch ``made_micro`` stands for, in a full segment of
+        micro-batch ``lm`` copying a template of micro-batch ``tm``."""
         if made_micro is None:
             return [None]
         if lm is not None and tm is not None:

@@ -122,7 +122,7 @@ class FastKeyFakeTensorMode(FakeTensorMode):
         # What the cache does not answer: an op PyTorch's path answers with its meta kernel (learnt from its first
         # call, ``_learnt``), on fake tensors of this mode alone, runs that kernel here and wraps its outputs as that
         # path does, without the checks that lead there; anything else takes PyTorch's path.
-        if self.shape_env is None and not getattr(self, "propagate_real_tensors", True):
+        if func not in _OTHER_BRANCH and self.shape_env is None and not getattr(self, "propagate_real_tensors", True):
             flat = _plain_leaves(self, args, kwargs)
             if flat is not None:
                 if func in META_BRANCH:
@@ -132,8 +132,7 @@ class FastKeyFakeTensorMode(FakeTensorMode):
                     except NotImplementedError:  # PyTorch's path then runs the op's real kernel: its own
                         return super()._dispatch_impl(func, types, args, kwargs)
                     return self.wrap_meta_outputs_with_default_device_logic(r, func, flat, kwargs.get("device"))
-                if func not in _OTHER_BRANCH:
-                    return self._learnt(func, types, args, kwargs)
+                return self._learnt(func, types, args, kwargs)
         return super()._dispatch_impl(func, types, args, kwargs)
 
     def _learnt(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:

@@ -175,8 +175,8 @@ def _compute_dtype(kind: str, args: tuple[Any, ...], out: Any) -> str:
 
 
 def _shapes_key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any) -> tuple[Any, ...] | None:
-    """What a FLOP formula reads of a call: the op, each tensor's shape (in lists and tuples too, one level) and every
-    other argument, the outputs' shapes; None where an argument cannot be a key (then the formula is asked)."""
+    """What a FLOP formula reads of a call: the op, each tensor's shape (in lists and tuples too) and every other
+    argument, the outputs' shapes; None where an argument cannot be a key (then the formula is asked)."""
     def described(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             return (torch.Size, value.shape)
