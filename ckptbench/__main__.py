@@ -1,3 +1,3 @@
-from ckptbench.cli.main import main
+from ckptbench.cli.main import run
 
-main()
+run()

@@ -1,10 +1,11 @@
-"""The typer application: one command per core entry point, registered here; ``main`` runs it."""
+"""The typer application: one command per core entry point, registered here; ``main`` runs it, ``run`` runs it as
+the ``ckptbench`` process (cli/process_end.py)."""
 
 from __future__ import annotations
 
 import gc
 import sys
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.markup import escape
@@ -17,6 +18,7 @@ from ckptbench.cli.common import Group, err, example, out
 from ckptbench.cli.compare import compare
 from ckptbench.cli.estimate import estimate
 from ckptbench.cli.gpus import gpus_cmd
+from ckptbench.cli.process_end import end_process
 from ckptbench.cli.recommend import recommend_cmd, report_cmd
 from ckptbench.cli.runs import hold_late_signals_until_exit
 from ckptbench.cli.sweep import layouts, sweep
@@ -83,5 +85,15 @@ def main() -> None:
         # The process ends with the command: the interpreter's teardown then collects every object, more than once,
         # which with torch, transformers and the traces loaded took 0.9 s of the thread question's 8.3 s (one core,
         # after the answer was printed). Frozen, they are skipped (modules are still cleared and atexit handlers
-        # run), as a sweep's ``finish`` does.
+        # run), as a sweep's ``finish`` does. (``run``, the command line's entry, skips the teardown altogether.)
         gc.freeze()
+
+
+def run() -> NoReturn:
+    """The ``ckptbench`` script's and ``python -m ckptbench``'s entry: ``main``, then the process ends without the
+    interpreter's teardown (cli/process_end.py). An exception other than ``SystemExit`` takes Python's own exit."""
+    try:
+        main()
+    except SystemExit as exc:
+        end_process(exc.code)
+    end_process(0)
