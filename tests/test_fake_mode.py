@@ -309,3 +309,25 @@ def test_a_pytorch_whose_internals_differ_gets_the_plain_mode(monkeypatch: pytes
 
     monkeypatch.setattr(fm.FastKeyFakeTensorMode, "_describe", broken)
     assert not fm._works()
+
+
+def test_the_trace_s_dispatch_modes_run_without_dynamo_s_guard() -> None:
+    """PyTorch wraps a dispatch mode's ``__torch_dispatch__`` in ``torch._disable_dynamo``: four frame-hook switches
+    around every dispatch of a trace, which never compiles. The tracker and the fake mode decline it; ``unguarded``
+    takes off that wrapper and no other (FakeTensorMode's call counter stays)."""
+    from torch.utils._stats import count
+
+    from ckptbench.estimator.tracker import StepTracker
+
+    if fm._GUARD is None:
+        pytest.skip("this torch wraps no dispatch mode")
+    assert StepTracker.__torch_dispatch__.__code__ is not fm._GUARD
+    assert fm.FastKeyFakeTensorMode.__torch_dispatch__.__code__ is not fm._GUARD
+    assert FakeTensorMode.__dict__["__torch_dispatch__"].__code__ is fm._GUARD  # what PyTorch does to a mode
+
+    def plain() -> int:
+        return 1
+
+    counted = count(plain)
+    assert fm.unguarded(torch._disable_dynamo(plain)) is plain
+    assert fm.unguarded(torch._disable_dynamo(counted)) is counted and fm.unguarded(counted) is counted

@@ -38,6 +38,12 @@ outputs for the op it was asked: ``wrap_meta_outputs_with_default_device_logic``
 run the kernel and that wrapping directly (6% of a short model's trace; a kernel that raises NotImplementedError
 leaves the call to PyTorch's path, which then falls back to the op's real kernel).
 
+PyTorch wraps a dispatch mode's ``__torch_dispatch__`` in ``torch._disable_dynamo`` (so that ``torch.compile`` never
+traces a mode's Python): four switches of the frame-evaluation hook a call, around each of a trace's dispatches,
+which never compiles. This mode takes FakeTensorMode's method without that wrapper (``unguarded``) and declines it for
+itself (``_should_skip_dynamo``, the switch PyTorch's ``TorchDispatchMode`` documents), as the tracker does: 3-6% of
+a short model's trace.
+
 Where this PyTorch lacks the private methods overridden here (or their signatures changed), ``fake_mode()`` returns a
 plain FakeTensorMode: traces are the same, only slower.
 """
@@ -81,6 +87,22 @@ META_BRANCH: set[Any] = set()
 _OTHER_BRANCH: set[Any] = set()
 
 
+def _guard_code() -> Any:
+    """The code of the wrapper ``torch._disable_dynamo`` puts around a function (one nested function: every wrapper
+    it makes runs the same code), or None where this torch has no such function."""
+    disable = getattr(torch, "_disable_dynamo", None)
+    return None if disable is None else getattr(disable(lambda: None), "__code__", None)
+
+
+_GUARD = _guard_code()
+
+
+def unguarded(fn: Any) -> Any:
+    """``fn`` without ``torch._disable_dynamo``'s wrapper, where it is one (its ``__wrapped__``); else ``fn``."""
+    inner = getattr(fn, "__wrapped__", None)
+    return inner if _GUARD is not None and getattr(fn, "__code__", None) is _GUARD and inner is not None else fn
+
+
 def _plain_leaves(mode: Any, args: Any, kwargs: Any) -> list[Any] | None:
     """The arguments of a call, a list or tuple of them flattened, where every tensor among them is a plain fake tensor
     of ``mode`` (strided, no constant, no symbolic sizes) and there is one at least; else None."""
@@ -106,6 +128,12 @@ class _Fallback(Exception):
 class FastKeyFakeTensorMode(FakeTensorMode):
     """FakeTensorMode whose dispatch-cache key is made in one pass over the arguments, and whose ``_unsafe_view`` runs
     its meta kernel directly (see the module docstring)."""
+
+    __torch_dispatch__ = unguarded(FakeTensorMode.__dict__["__torch_dispatch__"])  # a trace never compiles
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # (TorchDispatchMode.__init_subclass__ would wrap the method above again)
 
     def _cached_dispatch_impl(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         if (func is _UNSAFE_VIEW or func in DIRECT_VIEWS) and not kwargs and self.shape_env is None:

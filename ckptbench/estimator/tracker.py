@@ -226,6 +226,11 @@ class StepTracker(CountingMode):
             return 0.0  # GradScaler's found_inf: no overflow, so the optimizer steps
         return 1.0 if t.is_floating_point() else 1  # e.g. Adam's step count (any positive value)
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No ``torch._disable_dynamo`` around ``__torch_dispatch__``: a trace never compiles (see fake_mode.py)."""
+        return False
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if self.pending_label is not None:
             label, self.pending_label = self.pending_label, None
