@@ -476,6 +476,32 @@ def test_a_tables_rows_are_replayed_together_even_where_none_fits(monkeypatch: p
     assert calls[0] == (6, 6) and all(n == 0 for _, n in calls[1:])
 
 
+def test_a_table_whose_none_exceeds_the_limit_by_its_allocated_peak_replays_rows_and_counts_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Where no checkpointing is over the limit by its allocated peak alone (known from the traces, before any replay),
+    # its table's family counts need no replayed verdict of it first: they are replayed with the rows, in one batch
+    # (those whose own allocated peak is over the limit are judged without one); the rows made after replay nothing.
+    from ckptbench.advise.predictor import FAMILIES, PRIMED, Predictor, family_rows, warm_tables
+    from ckptbench.advise.request import AdviseRequest
+
+    request = AdviseRequest(model="tiny", gpu="100MiB", batches=(8,), seqs=(256,), precision="bf16").checked()
+    cfg = request.config(layouts=PRIMED)
+    pred = Predictor(cfg, request.limit(), None)
+    pred.estimator.cache = None
+    (base,) = [p for p in cfg.points_list() if p.layout == "none"]
+    calls = _counted_replays(monkeypatch, pred.estimator)
+    warm_tables(pred, [base])
+    n = cfg.model.num_layers
+    counts = [dataclasses.replace(base, layout=f"{f}:{c}") for f in FAMILIES for c in range(1, n + 1)]
+    under = [p for p in counts if not pred.over_by_allocation(p)]
+    assert pred.over_by_allocation(base) and 0 < len(under) < len(counts)
+    assert [c for c in calls if c[1]] == [(len(PRIMED) + len(under),) * 2]
+    calls.clear()
+    rows = family_rows(pred, base)
+    assert not rows[0].fits and all(n == 0 for _, n in calls)
+
+
 def test_the_tables_of_several_batches_are_replayed_in_two_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     # warm_tables: every row of every table, then every family count of the tables where no checkpointing does not
     # fit, each set side by side; the tables made after replay nothing more.

@@ -53,11 +53,17 @@ def advise(
     pred.prime(cfg.points_list())
     bases = {(p.precision, p.batch_size, p.seq_len): p for p in cfg.points_list() if p.layout == "none"}
 
+    def at(precision: str) -> list[Point]:
+        return [bases[(precision, b, s)] for s in request.seqs for b in request.batches]
+
     def tables(precision: str) -> list[Table]:
-        made = [bases[(precision, b, s)] for s in request.seqs for b in request.batches]
+        made = at(precision)
         warm_tables(pred, made)
         return [_table(pred, base) for base in made]
 
+    # Every table's replays side by side, the second precision's with the first's (one batch of replays, not two).
+    warm_tables(pred, [p for precision in (request.answered_precision, request.also_precision)
+                       if precision is not None for p in at(precision)])
     made = tables(request.answered_precision)
     # The largest batch's probes (new batches: traces) run in a forked process meanwhile (estimator/workers.py):
     # they need only the rows made so far, and fill the core the accumulation's and the second precision's traces

@@ -54,19 +54,22 @@ class Predictor:
         """Predict ``points`` side by side (``Estimator.predict_many``) where their verdict needs the allocator's
         replay (a point whose allocated peak alone exceeds the limit is judged without one: ``quick_verdict``)."""
         self.prime(points)
-        needed = []
-        for p in points:
-            allocated = self.estimator.allocated_peak(p)
-            if allocated is None or judge_allocated(allocated, self.limit) is None:
-                needed.append(p)
-        self.estimator.predict_many(needed, budget_bytes=self.card.total_bytes)
+        self.estimator.predict_many([p for p in points if not self.over_by_allocation(p)],
+                                    budget_bytes=self.card.total_bytes)
 
-    def warm_rows(self, points: Sequence[Point]) -> None:
+    def warm_rows(self, points: Sequence[Point], counts: Sequence[Point] = ()) -> None:
         """Predict ``points`` side by side, every one: the rows of a table, whose estimates it shows (reserved bytes,
         where the allocator runs out) whether they fit or not, so ``warm``'s shortcut would only leave their replays
-        to be run one by one after."""
-        self.prime(points)
-        self.estimator.predict_many(points, budget_bytes=self.card.total_bytes)
+        to be run one by one after; and with them, in the same replays, ``counts`` as ``warm`` predicts them."""
+        self.prime([*points, *counts])
+        needed = [p for p in counts if not self.over_by_allocation(p)]
+        self.estimator.predict_many([*points, *needed], budget_bytes=self.card.total_bytes)
+
+    def over_by_allocation(self, point: Point) -> bool:
+        """Whether the point's allocated peak alone exceeds the limit (its traces must have run): it does not fit,
+        known without a replay."""
+        allocated = self.estimator.allocated_peak(point)
+        return allocated is not None and judge_allocated(allocated, self.limit) is not None
 
     def traced(self, point: Point) -> bool:
         """Whether the point's traces ran (here, or kept on disk by an earlier command): estimating it costs no
@@ -143,13 +146,21 @@ def family_rows(pred: Predictor, base: Point) -> list[Option]:
 
 def warm_tables(pred: Predictor, bases: Sequence[Point]) -> None:
     """The replays ``family_rows`` asks for at each of ``bases``, side by side across them: every row of each table,
-    then every family count of the tables where no checkpointing does not fit (two batches of replays in all, rather
-    than up to two a table)."""
-    pred.warm_rows([dataclasses.replace(b, layout=layout) for b in bases for layout in PRIMED])
+    and with them every family count of the tables whose no-checkpointing row exceeds the limit by its allocated peak
+    alone (known from the traces, before any replay); then the family counts of the other tables where no
+    checkpointing does not fit (one batch of replays in all for most questions, at most two, rather than up to two a
+    table)."""
     n = pred.cfg.model.num_layers
-    pred.warm([dataclasses.replace(b, layout=f"{family}:{c}") for b in bases
-               if not pred.verdict(dataclasses.replace(b, layout="none")).fits
-               for family in FAMILIES for c in range(1, n + 1)])
+
+    def counts(base: Point) -> list[Point]:
+        return [dataclasses.replace(base, layout=f"{family}:{c}") for family in FAMILIES for c in range(1, n + 1)]
+
+    rows = [dataclasses.replace(b, layout=layout) for b in bases for layout in PRIMED]
+    pred.prime(rows)
+    over = [b for b in bases if pred.over_by_allocation(dataclasses.replace(b, layout="none"))]
+    pred.warm_rows(rows, [p for b in over for p in counts(b)])
+    pred.warm([p for b in bases if b not in over and not pred.verdict(dataclasses.replace(b, layout="none")).fits
+               for p in counts(b)])
 
 
 def _distinct(rows: list[Option], num_layers: int) -> list[Option]:
