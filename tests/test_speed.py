@@ -371,6 +371,28 @@ def test_a_shapes_short_models_of_every_precision_are_traced_together() -> None:
         assert len(shapes) == 1 and [label.split(" ")[0] for label in group] == ["bf16", "fp32", "amp_bf16"]
 
 
+def test_the_last_groups_of_a_grid_are_handed_out_a_trace_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers take a shape's traces (its precisions) as one piece while there are enough groups to keep them busy,
+    and the last group of each worker's share a trace at a time: they end within a trace of each other, not a
+    group (the 704-point grid's end had one core idle for half a second)."""
+    from ckptbench.estimator import estimator as est_module
+    from ckptbench.estimator.estimator import Estimator
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(device="cuda", sweep={"layout": ["none"], "batch_size": [1, 2, 3, 4, 5], "seq_len": [32, 64],
+                                            "precision": ["bf16", "fp32"]})
+    est = Estimator(cfg, cache=None)
+    pieces: list[list[int]] = []
+    run_groups = est._run_groups
+    here = lambda task, count, workers=None: ((i, task(i)) for i in range(count))  # noqa: E731
+    monkeypatch.setattr(est_module, "map_pieces", here)
+    monkeypatch.setattr(est, "_run_groups", lambda gs: pieces.append([len(g) for g in gs]) or run_groups(gs))
+    assert est.run_traces(cfg.points_list(), workers=2) == 10 * 2 + 2
+    # (the pieces here; the optimizer trace run beside the first short model's is another process's)
+    assert pieces[-4:] == [[1]] * 4 and pieces[-5] == [2] and sum(n for (n,) in pieces) == 10 * 2 + 2 - 2
+    assert all(est.ready(p) for p in cfg.points_list())
+
+
 def test_estimates_and_progress_do_not_depend_on_the_workers() -> None:
     """The traces and the points spread over forked workers give the estimates one process gives, in order."""
     from ckptbench.estimator.estimator import estimate_points

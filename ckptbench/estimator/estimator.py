@@ -197,7 +197,9 @@ class Estimator:
         model's, and takes about as long) runs in a forked process (``Background``), on the core the first trace
         would leave idle; the pool of workers takes the rest once the first is done. A forked worker takes a group of
         ``_job_groups`` at a time where there are enough groups to keep every worker busy to the end (four per
-        worker), else one trace at a time; progress is heard of trace by trace either way."""
+        worker), the last group of each worker's share a trace at a time (so that they end within a trace of each
+        other: a group of a grid's four precisions left one core idle for half a second at the 704-point grid's end),
+        else one trace at a time; progress is heard of trace by trace either way."""
         optimizer, steps = self._optimizer_groups(points), self._step_groups(points)
         groups = [*steps[:1], *optimizer, *steps[1:]]
         jobs = [job for group in groups for job in group]
@@ -221,6 +223,8 @@ class Estimator:
             n = worker_count(workers, sum(len(group) for group in rest))
             if n == 1 or len(rest) < 4 * n:
                 rest = [[job] for group in rest for job in group]
+            else:  # the last n groups a trace at a time: the workers end together (within a trace, not a group)
+                rest = [*rest[:-n], *([job] for group in rest[-n:] for job in group)]
             pieces = [group for group in rest if group]
             done = 1
             for i, made in map_pieces(lambda i: self._run_groups([pieces[i]]), len(pieces), workers=workers):
