@@ -129,11 +129,11 @@ class FastKeyFakeTensorMode(FakeTensorMode):
     """FakeTensorMode whose dispatch-cache key is made in one pass over the arguments, and whose ``_unsafe_view`` runs
     its meta kernel directly (see the module docstring)."""
 
-    __torch_dispatch__ = unguarded(FakeTensorMode.__dict__["__torch_dispatch__"])  # a trace never compiles
+    __torch_dispatch__ = unguarded(vars(FakeTensorMode).get("__torch_dispatch__", FakeTensorMode.__torch_dispatch__))
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        return False  # (TorchDispatchMode.__init_subclass__ would wrap the method above again)
+        return False  # a trace never compiles (TorchDispatchMode.__init_subclass__ would wrap the method above again)
 
     def _cached_dispatch_impl(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         if (func is _UNSAFE_VIEW or func in DIRECT_VIEWS) and not kwargs and self.shape_env is None:
