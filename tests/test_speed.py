@@ -384,9 +384,13 @@ def test_the_last_groups_of_a_grid_are_handed_out_a_trace_at_a_time(monkeypatch:
     est = Estimator(cfg, cache=None)
     pieces: list[list[int]] = []
     run_groups = est._run_groups
+    def noted(groups: Any) -> Any:
+        pieces.append([len(g) for g in groups])
+        return run_groups(groups)
+
     here = lambda task, count, workers=None: ((i, task(i)) for i in range(count))  # noqa: E731
     monkeypatch.setattr(est_module, "map_pieces", here)
-    monkeypatch.setattr(est, "_run_groups", lambda gs: pieces.append([len(g) for g in gs]) or run_groups(gs))
+    monkeypatch.setattr(est, "_run_groups", noted)
     assert est.run_traces(cfg.points_list(), workers=2) == 10 * 2 + 2
     # (the pieces here; the optimizer trace run beside the first short model's is another process's)
     assert pieces[-4:] == [[1]] * 4 and pieces[-5] == [2] and sum(n for (n,) in pieces) == 10 * 2 + 2 - 2
