@@ -384,12 +384,14 @@ def assemble_step(
 
 
 K = TypeVar("K")
+S = TypeVar("S")
 V = TypeVar("V")
 
 
-def of_trace(memo: dict[K, tuple[StepTrace, V]], key: K, trace: StepTrace, make: Callable[[], V], kept: int) -> V:
-    """``make()`` once per ``key`` (which holds ``id(trace)``) for every point that uses it; the last ``kept`` are
-    held, each with its trace, so that another trace at a reused address is not taken for it."""
+def of_trace(memo: dict[K, tuple[S, V]], key: K, trace: S, make: Callable[[], V], kept: int) -> V:
+    """``make()`` once per ``key`` (which holds ``id(trace)``: a trace, or an optimizer step's events) for every point
+    that uses it; the last ``kept`` are held, each with what it was made of, so that another object at a reused
+    address is not taken for it."""
     hit = memo.get(key)
     if hit is not None and hit[0] is trace:
         return hit[1]
@@ -420,24 +422,22 @@ _OPTIMIZER_PROGRAMS: dict[int, tuple[Sequence[tuple[int, int, int]], list[tuple[
 def _optimizer_program(events: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int, bool]]:
     """An optimizer step's (op, id, bytes) as a program of ``EventAssembler._segment``'s copies: each allocation
     a COPY_ALLOC, each free a COPY_LOCAL of it. AssemblyError where it frees a tensor it did not allocate."""
-    hit = _OPTIMIZER_PROGRAMS.get(id(events))
-    if hit is not None and hit[0] is events:
-        return hit[1]
-    program: list[tuple[int, int, int, bool]] = []
-    live: set[int] = set()
-    for op, eid, nbytes in events:
-        if op == ALLOC:
-            live.add(eid)
-            program.append((COPY_ALLOC, eid, nbytes, False))
-        elif eid in live:
-            live.discard(eid)
-            program.append((COPY_LOCAL, eid, 0, False))
-        else:
-            raise AssemblyError("the optimizer step frees a tensor it did not allocate")
-    if len(_OPTIMIZER_PROGRAMS) >= 8:
-        _OPTIMIZER_PROGRAMS.pop(next(iter(_OPTIMIZER_PROGRAMS)))
-    _OPTIMIZER_PROGRAMS[id(events)] = (events, program)
-    return program
+
+    def compiled() -> list[tuple[int, int, int, bool]]:
+        program: list[tuple[int, int, int, bool]] = []
+        live: set[int] = set()
+        for op, eid, nbytes in events:
+            if op == ALLOC:
+                live.add(eid)
+                program.append((COPY_ALLOC, eid, nbytes, False))
+            elif eid in live:
+                live.discard(eid)
+                program.append((COPY_LOCAL, eid, 0, False))
+            else:
+                raise AssemblyError("the optimizer step frees a tensor it did not allocate")
+        return program
+
+    return of_trace(_OPTIMIZER_PROGRAMS, id(events), events, compiled, kept=8)
 
 
 class AssemblyError(Exception):
