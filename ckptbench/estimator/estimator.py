@@ -158,8 +158,7 @@ class Estimator:
         precision (they share most of the fake-tensor cache's entries: the second precision of a shape misses the
         cache about half as often as the first, an autocast one a tenth as often); each other trace alone. The first
         trace (a short model's where there is one) comes first, the optimizer's next."""
-        optimizer, steps = self._optimizer_groups(points), self._step_groups(points)
-        return [*steps[:1], *optimizer, *steps[1:]]
+        return _in_order(self._optimizer_groups(points), self._step_groups(points))
 
     def _optimizer_groups(self, points: Sequence[Point]) -> list[list[Job]]:
         """The whole model's optimizer traces ``points`` still need, each alone."""
@@ -201,7 +200,7 @@ class Estimator:
         other: a group of a grid's four precisions left one core idle for half a second at the 704-point grid's end),
         else one trace at a time; progress is heard of trace by trace either way."""
         optimizer, steps = self._optimizer_groups(points), self._step_groups(points)
-        groups = [*steps[:1], *optimizer, *steps[1:]]
+        groups = _in_order(optimizer, steps)
         jobs = [job for group in groups for job in group]
 
         def report(done: int) -> None:  # names the next job in order (the one running, when they run here)
@@ -569,6 +568,12 @@ class Estimator:
             "grads_bytes": grads,
             "optimizer_state_bytes": optim.static[OPTIMIZER_STATE],
         }
+
+
+def _in_order(optimizer: list[list[Job]], steps: list[list[Job]]) -> list[list[Job]]:
+    """Trace groups in the order they run: the first step trace's group first (``run_traces`` runs its first trace
+    here), the optimizer traces next, the other step traces after."""
+    return [*steps[:1], *optimizer, *steps[1:]]
 
 
 def _shape_key(point: Point) -> tuple[Any, ...]:
