@@ -448,6 +448,47 @@ def test_the_optimizer_trace_runs_beside_the_first_trace_in_another_process(
     assert made[1] == made[2] and all(e.peak_bytes for e in made[1])
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_traces_run_beside_come_back_as_traced_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    workers: int) -> None:
+    """``Estimator.traced_beside``: with two workers the traces run in a forked process while this one goes on and
+    ``take`` brings them here (nothing is traced here, then nothing is left to trace); with one they run at ``take``,
+    here. Either way the traces and the estimates are those ``run_traces`` makes, and each trace is heard of once.
+    Left without ``take``, nothing comes back (and the traces run again when asked for)."""
+    from ckptbench.estimator.estimator import Estimator
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(device="cuda", sweep={"layout": ["none", "all"], "batch_size": [1, 2], "seq_len": [32]})
+    points = cfg.points_list()
+    where = tmp_path / "where"
+    traced = Estimator._trace_short
+
+    def noted(self: Estimator, point: Any) -> None:
+        with where.open("a") as f:
+            f.write(f"{os.getpid()}\n")
+        traced(self, point)
+
+    monkeypatch.setattr(Estimator, "_trace_short", noted)
+    reference = Estimator(cfg, cache=None)
+    reference.run_traces(points, workers=1)
+    where.write_text("")
+    est = Estimator(cfg, cache=None)
+    heard: list[Any] = []
+    with est.traced_beside(points, on_progress=heard.append, workers=workers) as take:
+        assert not est._costs  # not here (yet)
+        take()
+        take()  # once is enough
+    ran = where.read_text().split()
+    assert len(ran) == 2 and (set(ran) == {str(os.getpid())}) == (workers == 1), ran
+    assert not est.jobs(points) and est._costs.keys() == reference._costs.keys()
+    assert [e.done for e in heard] == [1, 2, 3] and heard[-1].total == 3  # two shapes' traces and the optimizer's
+    assert [est.predict(p) for p in points] == [reference.predict(p) for p in points]
+    untaken = Estimator(cfg, cache=None)
+    with untaken.traced_beside(points, workers=workers):
+        pass
+    assert not untaken._costs and len(untaken.jobs(points)) == 3
+
+
 @pytest.mark.parametrize(("frozen", "torch_first"), [(False, False), (True, False), (True, True)])
 def test_tracing_is_imported_with_the_collector_paused_and_frozen_only_where_asked(frozen: bool,
                                                                                   torch_first: bool) -> None:

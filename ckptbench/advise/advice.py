@@ -61,23 +61,30 @@ def advise(
         warm_tables(pred, made)
         return [_table(pred, base) for base in made]
 
-    # Every table's replays side by side, the second precision's with the first's (one batch of replays, not two).
-    warm_tables(pred, [p for precision in (request.answered_precision, request.also_precision)
-                       if precision is not None for p in at(precision)])
-    made = tables(request.answered_precision)
-    # The largest batch's probes (new batches: traces) run in a forked process meanwhile (estimator/workers.py):
-    # they need only the rows made so far, and fill the core the accumulation's and the second precision's traces
-    # and replays leave idle.
-    with Background(functools.partial(_largest, pred, made, request.seqs)) as largest:
-        wanted = [t for t in made if not t.none.fits and t.none.verdict.predicted and t.batch > 1]
-        pred.prime([dataclasses.replace(m, layout=layout) for t in wanted for m in micro_points(t.none.point)
-                    for layout in PRIMED])
-        advice = Advice(request, limit, [_with_accumulation(pred, t) if t in wanted else t for t in made],
-                        calibration)
-        if request.also_precision is not None:
-            advice.also = tables(request.also_precision)
-        advice.largest, learned = largest.result()
-        pred.estimator.learn(learned)
+    # The accumulation's traces of a batch whose no-checkpointing exceeds the card by its allocated peak alone (known
+    # from the traces, before any replay: it cannot fit) run in a forked process (estimator/workers.py) beside the
+    # tables' replays, rather than after them. (Which traces run where changes no figure: each is a pure function of
+    # the config.)
+    over = [b for b in at(request.answered_precision) if b.batch_size > 1 and pred.over_by_allocation(b)]
+    early = [dataclasses.replace(m, layout=layout) for b in over for m in micro_points(b) for layout in PRIMED]
+    with pred.estimator.traced_beside(early, on_progress=on_progress) as take_early:
+        # Every table's replays side by side, the second precision's with the first's (one batch of replays).
+        warm_tables(pred, [p for precision in (request.answered_precision, request.also_precision)
+                           if precision is not None for p in at(precision)])
+        made = tables(request.answered_precision)
+        # The largest batch's probes (new batches: traces) run in a forked process meanwhile: they need only the
+        # rows made so far, and fill the core the accumulation's and the second precision's replays leave idle.
+        with Background(functools.partial(_largest, pred, made, request.seqs)) as largest:
+            take_early()
+            wanted = [t for t in made if not t.none.fits and t.none.verdict.predicted and t.batch > 1]
+            pred.prime([dataclasses.replace(m, layout=layout) for t in wanted for m in micro_points(t.none.point)
+                        for layout in PRIMED])
+            advice = Advice(request, limit, [_with_accumulation(pred, t) if t in wanted else t for t in made],
+                            calibration)
+            if request.also_precision is not None:
+                advice.also = tables(request.also_precision)
+            advice.largest, learned = largest.result()
+            pred.estimator.learn(learned)
     advice.answers = answer.answers(advice)
     _why(advice)
     if request.observed is not None and advice.why_option is not None:

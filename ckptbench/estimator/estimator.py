@@ -238,6 +238,46 @@ class Estimator:
                     report(done)
         return len(jobs)
 
+    @contextlib.contextmanager
+    def traced_beside(
+        self, points: Sequence[Point], *, on_progress: Callable[[EstimateProgress], None] | None = None,
+        workers: int | None = None,
+    ) -> Iterator[Callable[[], None]]:
+        """The traces ``points`` still need, run in forked processes (``Background``: one per worker, each a share of
+        the groups ``run_traces`` would hand out) while this one goes on (replays, other traces). The block is given
+        ``take``: it waits for them and adds them here (a trace that failed there runs here, raising as it would
+        have). Where no process can be forked, or one worker is asked for, they run at ``take``; leaving the block
+        without taking them stops the processes, and they run again when asked for. Each trace is heard of by
+        ``on_progress`` as it is taken."""
+        groups = _in_order(self._optimizer_groups(points), self._step_groups(points))
+        jobs = [job for group in groups for job in group]
+        if not jobs:
+            yield lambda: None
+            return
+        ways = worker_count(workers, len(groups))  # a process per core (each a share of the groups), at most
+        with contextlib.ExitStack() as stack:
+            asides = [stack.enter_context(Background(functools.partial(self._run_relaxed, groups[i::ways]),
+                                                     workers=workers)) for i in range(ways)]
+            taken = False
+
+            def take() -> None:
+                nonlocal taken
+                if taken:
+                    return
+                taken = True
+                for aside in asides:
+                    self._take(aside.result())
+                if on_progress is not None:
+                    for done, (label, _) in enumerate(jobs, start=1):
+                        on_progress(EstimateProgress(done, len(jobs), label))
+
+            yield take
+
+    def _run_relaxed(self, groups: Sequence[Sequence[Job]]) -> dict[str, dict[Any, Any]]:
+        """``_run_groups`` under ``relaxed`` collections (as ``run_traces`` runs its traces)."""
+        with relaxed():
+            return self._run_groups(groups)
+
     def _run_groups(self, groups: Sequence[Sequence[Job]]) -> dict[str, dict[Any, Any]]:
         """Run the jobs of ``groups`` (in a forked process: a worker, a ``Background``) and return what they traced,
         as the new entries of each trace store."""
