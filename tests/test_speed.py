@@ -454,7 +454,11 @@ def test_traces_run_beside_come_back_as_traced_here(tmp_path: Path, monkeypatch:
     """``Estimator.traced_beside``: with two workers the traces run in a forked process while this one goes on and
     ``take`` brings them here (nothing is traced here, then nothing is left to trace); with one they run at ``take``,
     here. Either way the traces and the estimates are those ``run_traces`` makes, and each trace is heard of once.
-    Left without ``take``, nothing comes back (and the traces run again when asked for)."""
+    Left without ``take``, nothing comes back (and the traces run again when asked for). What tracing imports is
+    imported here before any process is forked (a command whose earlier traces were all on disk imported it in each
+    forked process, then here again for its next traces: 2 s more for the thread question asked again with
+    --precision amp_bf16)."""
+    from ckptbench.estimator import estimator as est_module
     from ckptbench.estimator.estimator import Estimator
     from tests.conftest import tiny_config
 
@@ -469,13 +473,16 @@ def test_traces_run_beside_come_back_as_traced_here(tmp_path: Path, monkeypatch:
         traced(self, point)
 
     monkeypatch.setattr(Estimator, "_trace_short", noted)
+    imported: list[int] = []
+    monkeypatch.setattr(est_module, "import_for_tracing", lambda: imported.append(os.getpid()))
     reference = Estimator(cfg, cache=None)
     reference.run_traces(points, workers=1)
     where.write_text("")
     est = Estimator(cfg, cache=None)
     heard: list[Any] = []
+    imported.clear()
     with est.traced_beside(points, on_progress=heard.append, workers=workers) as take:
-        assert not est._costs  # not here (yet)
+        assert not est._costs and imported == [os.getpid()]  # not traced here (yet); imported here, before forking
         take()
         take()  # once is enough
     ran = where.read_text().split()

@@ -248,12 +248,16 @@ class Estimator:
         ``take``: it waits for them and adds them here (a trace that failed there runs here, raising as it would
         have). Where no process can be forked, or one worker is asked for, they run at ``take``; leaving the block
         without taking them stops the processes, and they run again when asked for. Each trace is heard of by
-        ``on_progress`` as it is taken."""
+        ``on_progress`` as it is taken. What tracing imports (torch, transformers) is imported here first: the
+        processes start with it, and so do this one's later traces."""
         groups = _in_order(self._optimizer_groups(points), self._step_groups(points))
         jobs = [job for group in groups for job in group]
         if not jobs:
             yield lambda: None
             return
+        # Imported here first (where no trace ran yet: every trace was on disk), not in each process and then here
+        # again for the traces this process runs later.
+        import_for_tracing()
         ways = worker_count(workers, len(groups))  # a process per core (each a share of the groups), at most
         with contextlib.ExitStack() as stack:
             asides = [stack.enter_context(Background(functools.partial(self._run_relaxed, groups[i::ways]),
