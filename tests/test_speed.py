@@ -451,19 +451,20 @@ def test_the_optimizer_trace_runs_beside_the_first_trace_in_another_process(
 @pytest.mark.parametrize("workers", [1, 2])
 def test_traces_run_beside_come_back_as_traced_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     workers: int) -> None:
-    """``Estimator.traced_beside``: with two workers the traces run in a forked process while this one goes on and
-    ``take`` brings them here (nothing is traced here, then nothing is left to trace); with one they run at ``take``,
-    here. Either way the traces and the estimates are those ``run_traces`` makes, and each trace is heard of once.
-    Left without ``take``, nothing comes back (and the traces run again when asked for). What tracing imports is
-    imported here before any process is forked (a command whose earlier traces were all on disk imported it in each
-    forked process, then here again for its next traces: 2 s more for the thread question asked again with
-    --precision amp_bf16)."""
-    from ckptbench.estimator import estimator as est_module
+    """``Estimator.traced_beside``, once a short model was traced (and prepared) here: with two workers the traces run
+    in forked processes while this one goes on and ``take`` brings them here (nothing is traced here, then nothing is
+    left to trace); with one they run at ``take``, here. Either way the traces and the estimates are those
+    ``run_traces`` makes, and each trace is heard of once. Left without ``take``, nothing comes back (and the traces
+    run again when asked for). An Estimator that traced nothing yet (its earlier traces all on disk) runs them here at
+    once, as ``run_traces`` does: forked, each process imported torch and paid a first trace's costs again (0.2 s
+    more for the thread question asked again with --precision amp_bf16; 2 s before torch was imported first)."""
     from ckptbench.estimator.estimator import Estimator
     from tests.conftest import tiny_config
 
-    cfg = tiny_config(device="cuda", sweep={"layout": ["none", "all"], "batch_size": [1, 2], "seq_len": [32]})
+    cfg = tiny_config(device="cuda", sweep={"layout": ["none", "all"], "batch_size": [1, 2, 3], "seq_len": [32]})
     points = cfg.points_list()
+    first = [p for p in points if p.batch_size == 1]  # batch 1's two layouts, then batches 2 and 3
+    rest = [p for p in points if p.batch_size > 1]
     where = tmp_path / "where"
     traced = Estimator._trace_short
 
@@ -473,27 +474,34 @@ def test_traces_run_beside_come_back_as_traced_here(tmp_path: Path, monkeypatch:
         traced(self, point)
 
     monkeypatch.setattr(Estimator, "_trace_short", noted)
-    imported: list[int] = []
-    monkeypatch.setattr(est_module, "import_for_tracing", lambda: imported.append(os.getpid()))
     reference = Estimator(cfg, cache=None)
     reference.run_traces(points, workers=1)
-    where.write_text("")
     est = Estimator(cfg, cache=None)
+    est.run_traces(first, workers=1)
+    assert est._prepared
+    where.write_text("")
     heard: list[Any] = []
-    imported.clear()
-    with est.traced_beside(points, on_progress=heard.append, workers=workers) as take:
-        assert not est._costs and imported == [os.getpid()]  # not traced here (yet); imported here, before forking
+    with est.traced_beside(rest, on_progress=heard.append, workers=workers) as take:
+        assert len(est._costs) == 1  # not traced here (yet)
         take()
         take()  # once is enough
     ran = where.read_text().split()
     assert len(ran) == 2 and (set(ran) == {str(os.getpid())}) == (workers == 1), ran
     assert not est.jobs(points) and est._costs.keys() == reference._costs.keys()
-    assert [e.done for e in heard] == [1, 2, 3] and heard[-1].total == 3  # two shapes' traces and the optimizer's
+    assert [e.done for e in heard] == [1, 2] and heard[-1].total == 2  # batch 2's and batch 3's short models
     assert [est.predict(p) for p in points] == [reference.predict(p) for p in points]
     untaken = Estimator(cfg, cache=None)
-    with untaken.traced_beside(points, workers=workers):
+    untaken.run_traces(first, workers=1)
+    with untaken.traced_beside(rest, workers=workers):
         pass
-    assert not untaken._costs and len(untaken.jobs(points)) == 3
+    assert len(untaken._costs) == 1 and len(untaken.jobs(points)) == 2
+    where.write_text("")
+    fresh = Estimator(cfg, cache=None)
+    with fresh.traced_beside(points, workers=workers) as take:
+        assert len(fresh._costs) == 3 and not fresh.jobs(points)  # run here, before the block
+        take()
+    assert where.read_text().split()[0] == str(os.getpid())  # run_traces: the first trace here, before any fork
+    assert [fresh.predict(p) for p in points] == [reference.predict(p) for p in points]
 
 
 @pytest.mark.parametrize(("frozen", "torch_first"), [(False, False), (True, False), (True, True)])

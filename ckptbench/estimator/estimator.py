@@ -248,16 +248,19 @@ class Estimator:
         ``take``: it waits for them and adds them here (a trace that failed there runs here, raising as it would
         have). Where no process can be forked, or one worker is asked for, they run at ``take``; leaving the block
         without taking them stops the processes, and they run again when asked for. Each trace is heard of by
-        ``on_progress`` as it is taken. What tracing imports (torch, transformers) is imported here first: the
-        processes start with it, and so do this one's later traces."""
+        ``on_progress`` as it is taken. Where this Estimator has prepared no short model yet (nothing traced here),
+        they run at once, as ``run_traces`` runs them, before the block."""
         groups = _in_order(self._optimizer_groups(points), self._step_groups(points))
         jobs = [job for group in groups for job in group]
+        if jobs and not self._prepared:
+            # No short model prepared here yet (every earlier trace was on disk): each forked process would import
+            # torch and transformers, pay a first trace's one-time costs and prepare its own model; ``run_traces``
+            # pays them once, here, before its workers fork (a question asked again with another precision: 0.2 s).
+            self.run_traces(points, on_progress=on_progress, workers=workers)
+            jobs = []
         if not jobs:
             yield lambda: None
             return
-        # Imported here first (where no trace ran yet: every trace was on disk), not in each process and then here
-        # again for the traces this process runs later.
-        import_for_tracing()
         ways = worker_count(workers, len(groups))  # a process per core (each a share of the groups), at most
         with contextlib.ExitStack() as stack:
             asides = [stack.enter_context(Background(functools.partial(self._run_relaxed, groups[i::ways]),
