@@ -455,8 +455,8 @@ def test_traces_run_beside_come_back_as_traced_here(tmp_path: Path, monkeypatch:
     in forked processes while this one goes on and ``take`` brings them here (nothing is traced here, then nothing is
     left to trace); with one they run at ``take``, here. Either way the traces and the estimates are those
     ``run_traces`` makes, and each trace is heard of once. Left without ``take``, nothing comes back (and the traces
-    run again when asked for). An Estimator that traced nothing yet (its earlier traces all on disk) runs them here at
-    once, as ``run_traces`` does: forked, each process imported torch and paid a first trace's costs again (0.2 s
+    run again when asked for). An Estimator that traced nothing yet (its earlier traces all on disk) runs them at
+    ``take`` as ``run_traces`` does: forked, each process imported torch and paid a first trace's costs again (0.2 s
     more for the thread question asked again with --precision amp_bf16; 2 s before torch was imported first)."""
     from ckptbench.estimator.estimator import Estimator
     from tests.conftest import tiny_config
@@ -498,8 +498,10 @@ def test_traces_run_beside_come_back_as_traced_here(tmp_path: Path, monkeypatch:
     where.write_text("")
     fresh = Estimator(cfg, cache=None)
     with fresh.traced_beside(points, workers=workers) as take:
-        assert len(fresh._costs) == 3 and not fresh.jobs(points)  # run here, before the block
+        assert not fresh._costs and not where.read_text()  # nothing forked, nothing traced yet
         take()
+        assert len(fresh._costs) == 3 and not fresh.jobs(points)
+        take()  # once is enough
     assert where.read_text().split()[0] == str(os.getpid())  # run_traces: the first trace here, before any fork
     assert [fresh.predict(p) for p in points] == [reference.predict(p) for p in points]
 

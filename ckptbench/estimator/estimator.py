@@ -249,15 +249,19 @@ class Estimator:
         have). Where no process can be forked, or one worker is asked for, they run at ``take``; leaving the block
         without taking them stops the processes, and they run again when asked for. Each trace is heard of by
         ``on_progress`` as it is taken. Where this Estimator has prepared no short model yet (nothing traced here),
-        they run at once, as ``run_traces`` runs them, before the block."""
+        ``take`` runs them, as ``run_traces`` does."""
+        if not self._prepared:
+            # No short model prepared here yet (every earlier trace was on disk): each forked process would import
+            # torch and transformers, pay a first trace's one-time costs and prepare its own model; ``run_traces`` at
+            # ``take`` pays them once, here, before its workers fork (a question asked again with another precision:
+            # 0.2 s), and the processes the caller forks before (its replays') do not carry torch.
+            def run_at_take() -> None:
+                self.run_traces(points, on_progress=on_progress, workers=workers)  # (again: nothing left to run)
+
+            yield run_at_take
+            return
         groups = _in_order(self._optimizer_groups(points), self._step_groups(points))
         jobs = [job for group in groups for job in group]
-        if jobs and not self._prepared:
-            # No short model prepared here yet (every earlier trace was on disk): each forked process would import
-            # torch and transformers, pay a first trace's one-time costs and prepare its own model; ``run_traces``
-            # pays them once, here, before its workers fork (a question asked again with another precision: 0.2 s).
-            self.run_traces(points, on_progress=on_progress, workers=workers)
-            jobs = []
         if not jobs:
             yield lambda: None
             return
