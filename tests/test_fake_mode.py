@@ -331,3 +331,68 @@ def test_the_trace_s_dispatch_modes_run_without_dynamo_s_guard() -> None:
     counted = count(plain)
     assert fm.unguarded(torch._disable_dynamo(plain)) is plain
     assert fm.unguarded(torch._disable_dynamo(counted)) is counted and fm.unguarded(counted) is counted
+
+
+@pytest.mark.parametrize("unsafe", [False, True])
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("device", ["cpu", "cuda:0"])
+def test_new_fake_makes_what_pytorchs_constructor_makes(device: str, grad: bool, unsafe: bool) -> None:
+    """``new_fake`` (a cache hit's and a direct view's tensors) against ``FakeTensor(...)``: the same type, attributes
+    (the memos empty), dispatch keys (the fake device's), ``requires_grad``, metadata and data-pointer guard; and it
+    takes its own path here (a CPU build of PyTorch: no accelerator), not PyTorch's constructor."""
+    assert fm.FAST_NEW
+    mode = FakeTensorMode()
+    mode._allow_unsafe_data_ptr_access = unsafe
+    where = torch.device(device)
+    mine = fm.new_fake(mode, torch.empty(4, 6, device="meta", dtype=torch.bfloat16, requires_grad=grad), where)
+    theirs = FakeTensor(mode, torch.empty(4, 6, device="meta", dtype=torch.bfloat16, requires_grad=grad), where)
+    assert fm._same_tensor(mine, theirs)
+    assert vars(mine) == vars(theirs) and mine.device == where and mine.fake_mode is mode
+    with mode, torch.no_grad():  # an op on it runs under the mode (no graph: a CUDA leaf needs a CUDA build)
+        out = mine * 2
+    assert type(out) is FakeTensor and out.device == where and out.dtype == torch.bfloat16
+
+
+def test_a_device_to_normalise_or_the_accelerator_takes_pytorchs_constructor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA device without an index (PyTorch's constructor gives it one) and a device of this process's accelerator
+    (PyTorch's constructor readies the device) are left to ``FakeTensor(...)``."""
+    made: list[Any] = []
+
+    def counted(*args: Any) -> Any:
+        made.append(args)
+        return FakeTensor(*args)
+
+    monkeypatch.setattr(fm, "_plain_new", counted)
+    mode = FakeTensorMode()
+    unindexed = fm.new_fake(mode, torch.empty(2, device="meta"), torch.device("cuda"))
+    assert unindexed.device == torch.device("cuda", 0) and not made
+    fm.new_fake(mode, torch.empty(2, device="meta"), torch.device("cuda", 0))
+    assert len(made) == 1
+    monkeypatch.setattr(fm, "_accelerator", ["cuda"])
+    fm.new_fake(mode, torch.empty(2, device="meta"), torch.device("cuda", 0))
+    assert len(made) == 1
+
+
+def test_a_constructor_that_differs_keeps_pytorchs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The import-time check finds a ``_plain_new`` that would differ from this PyTorch's constructor: an attribute
+    it does not set, no data-pointer guard, or the meta device's dispatch keys rather than the fake device's."""
+    assert fm._plain_new_works()
+    monkeypatch.setattr(fm, "_ATTRIBUTES", {k: v for k, v in (fm._ATTRIBUTES or {}).items() if k != "_item_memo"})
+    assert not fm._plain_new_works()
+    monkeypatch.undo()
+
+    def made(mode: Any, elem: torch.Tensor, device: torch.device, *, guard: bool, keys: bool) -> Any:
+        t = (torch.Tensor._make_subclass(FakeTensor, elem, elem.requires_grad, dispatch_device=True,
+                                         device_for_backend_keys=device) if keys
+             else torch.Tensor._make_subclass(FakeTensor, elem, elem.requires_grad))
+        if guard and not mode._allow_unsafe_data_ptr_access:
+            torch._C._set_throw_on_mutable_data_ptr(t)
+        vars(t).update(fm._ATTRIBUTES or {}, _fake_device=device, fake_mode=mode)
+        return t
+
+    monkeypatch.setattr(fm, "_plain_new", lambda *a: made(*a, guard=True, keys=True))
+    assert fm._plain_new_works()  # the same steps: the check passes
+    monkeypatch.setattr(fm, "_plain_new", lambda *a: made(*a, guard=False, keys=True))
+    assert not fm._plain_new_works()
+    monkeypatch.setattr(fm, "_plain_new", lambda *a: made(*a, guard=True, keys=False))
+    assert not fm._plain_new_works()
