@@ -533,28 +533,32 @@ def test_tracing_is_imported_with_the_collector_paused_and_frozen_only_where_ask
 
 def test_traces_and_replays_collect_the_young_generation_less_often_and_restore_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """estimator/collector.py ``relaxed``: while the estimator traces and replays (here, one process) the youngest
-    generation is collected every 20,000 net allocations, and the thresholds are as they were after (a measured step
-    never runs under it); a higher threshold is kept."""
+    """estimator/collector.py ``relaxed``: while the estimator traces (here, one process) the youngest generation is
+    collected every 20,000 net allocations; its replays (``estimate_each``'s parts) run with the collector paused;
+    the thresholds and the collector are as they were after (a measured step never runs under either); a higher
+    threshold is kept."""
     import gc
 
     from ckptbench.estimator import collector
     from ckptbench.estimator.estimator import Estimator
     from tests.conftest import tiny_config
 
-    seen: list[int] = []
+    seen: dict[str, list[tuple[int, bool]]] = {}
     for name in ("_trace_short", "_estimate"):
         original = getattr(Estimator, name)
 
-        def noted(self: Estimator, *args: Any, original: Any = original, **kwargs: Any) -> Any:
-            seen.append(gc.get_threshold()[0])
+        def noted(self: Estimator, *args: Any, original: Any = original, name: str = name, **kwargs: Any) -> Any:
+            seen.setdefault(name, []).append((gc.get_threshold()[0], gc.isenabled()))
             return original(self, *args, **kwargs)
 
         monkeypatch.setattr(Estimator, name, noted)
     before = gc.get_threshold()
+    assert gc.isenabled()
     cfg = tiny_config(device="cuda", sweep={"layout": ["none", "all"], "batch_size": [1], "seq_len": [32]})
     Estimator(cfg, cache=None).predict_many(cfg.points_list(), workers=1)
-    assert len(seen) == 3 and set(seen) == {collector.RELAXED_THRESHOLD} and gc.get_threshold() == before
+    assert seen["_trace_short"] == [(collector.RELAXED_THRESHOLD, True)]
+    assert seen["_estimate"] == [(collector.RELAXED_THRESHOLD, False)] * 2
+    assert gc.get_threshold() == before and gc.isenabled()
     gc.set_threshold(50_000, *before[1:])
     try:
         with collector.relaxed():

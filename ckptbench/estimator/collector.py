@@ -19,7 +19,10 @@ while tracing's libraries are imported, and collecting less often while traces a
   the youngest generation, collected every 700 net allocations, walked them for nothing: 4% of the 704-point
   estimate, 10% of its replays. ``relaxed`` collects it every 20,000 instead while the estimator works (its forked
   workers inherit the setting), and restores the thresholds after: a measured step (whose cyclic garbage may hold
-  device memory) never runs under it.
+  device memory) never runs under it. Replays make no reference cycles at all (their events are tuples of ints in
+  lists; a replay of 48 points left nothing for the collector), and even every 20,000 allocations the collections
+  were a tenth of an accumulated step's replay (LLaMA-7B, 4 micro-batches: 11.3 ms a point, 10.2 without): each
+  part of ``Estimator.estimate_each`` runs under ``gc_paused``.
 """
 
 from __future__ import annotations

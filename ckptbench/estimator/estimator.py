@@ -46,7 +46,7 @@ from ckptbench.estimator.assembly import (
     short_model_classes,
     trace_ops,
 )
-from ckptbench.estimator.collector import import_for_tracing, relaxed
+from ckptbench.estimator.collector import gc_paused, import_for_tracing, relaxed
 from ckptbench.estimator.event_assembly import AssemblyError
 from ckptbench.estimator.gpus import (
     DEFAULT_GPU,
@@ -326,10 +326,11 @@ class Estimator:
 
         def run(i: int) -> list[Estimate]:
             lo, hi = bounds[i]
-            return [self._estimate(points[j], budget_bytes=budget_bytes, budget_is_cap=budget_is_cap)
-                    for j in order[lo:hi]]
+            with gc_paused():  # the collections a replay's events make, for nothing (estimator/collector.py)
+                return [self._estimate(points[j], budget_bytes=budget_bytes, budget_is_cap=budget_is_cap)
+                        for j in order[lo:hi]]
 
-        with relaxed():  # the young collections a replay's events make (estimator/collector.py)
+        with relaxed():  # (what the pool itself makes, here)
             done: dict[int, list[Estimate]] = dict(map_pieces(run, parts, workers=n)) if todo else {}
         new = dict(zip(order, (e for i in range(len(done)) for e in done[i]), strict=True))
         kept = []
