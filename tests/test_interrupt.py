@@ -235,7 +235,7 @@ def test_sigterm_stops_an_estimate_and_its_workers_at_once(tmp_path: Path) -> No
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env={**ENV, "CKPTBENCH_WORKERS": "2"})
     deadline = time.monotonic() + 120
-    while len(workers := _children(proc.pid)) < 2:  # the pool's two workers are at work
+    while len(workers := _children(proc.pid)) < 1:  # a forked process is at work (a trace's, then the pool's)
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
@@ -271,6 +271,32 @@ def test_a_stop_signal_while_a_pool_is_built_stops_it_once_it_can_be_terminated(
     terminated at once. Raised where it came, it left the workers running, and a pool thread that forked new ones
     as fast as they were stopped, which the exit waited on with no end (seen once in CI)."""
     done = subprocess.run([sys.executable, "-c", _SIGNAL_WHILE_A_POOL_IS_BUILT], capture_output=True, text=True,
+                          env=ENV, timeout=60)
+    assert done.stdout == "stopped 0\n", (done.stdout, done.stderr)
+
+
+_SIGNAL_WHILE_PIECES_ARE_SHARED = """
+import multiprocessing, multiprocessing.context, os, signal, time
+from ckptbench.cli.common import CommandSignals, Stopped
+from ckptbench.estimator.workers import share_pieces
+real = multiprocessing.context.ForkProcess.start
+def start(self):
+    real(self)  # forked, not yet kept to be stopped
+    os.kill(os.getpid(), signal.SIGTERM)
+multiprocessing.context.ForkProcess.start = start
+try:
+    with CommandSignals():
+        for _ in share_pieces(lambda q, i: time.sleep(5), [4], here=(0,), there=(0,), workers=3):
+            pass
+except Stopped:
+    print("stopped", len(multiprocessing.active_children()), flush=True)
+"""
+
+
+def test_a_stop_signal_while_pieces_are_shared_stops_every_process() -> None:
+    """A SIGTERM as ``share_pieces`` forks its processes (after the first one started, before the second) is held
+    until they are all kept, then stops the command: every one is stopped at once, none is left."""
+    done = subprocess.run([sys.executable, "-c", _SIGNAL_WHILE_PIECES_ARE_SHARED], capture_output=True, text=True,
                           env=ENV, timeout=60)
     assert done.stdout == "stopped 0\n", (done.stdout, done.stderr)
 

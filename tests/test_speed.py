@@ -388,13 +388,17 @@ def test_the_last_groups_of_a_grid_are_handed_out_a_trace_at_a_time(monkeypatch:
         pieces.append([len(g) for g in groups])
         return {}
 
-    here = lambda task, count, workers=None: ((i, task(i)) for i in range(count))  # noqa: E731
-    monkeypatch.setattr(est_module, "map_pieces", here)
+    def here(task: Any, sizes: Any, *, here: Any, there: Any, first: Any = None, workers: Any = None) -> Any:
+        first()
+        return (((q, i), task(q, i)) for q in here for i in range(sizes[q]))  # this process's order, here
+
+    monkeypatch.setattr(est_module, "share_pieces", here)
     monkeypatch.setattr(est, "_run_groups", noted)
     assert est.run_traces(cfg.points_list(), workers=2) == 10 * 2 + 2
-    # The first trace ran here, the optimizer trace beside it in another process: the rest as pieces, whole shapes
-    # (a bf16 and an fp32 trace) but for the last two, a trace at a time.
-    assert pieces[-4:] == [[1]] * 4 and pieces[-5] == [2] and sum(n for (n,) in pieces) == 10 * 2 + 2 - 2
+    # The first trace ran here (not a piece): the step traces as pieces, whole shapes (a bf16 and an fp32 trace) but
+    # for the last two, a trace at a time; then the two optimizer traces, each alone.
+    assert pieces[-2:] == [[1]] * 2 and pieces[-6:-2] == [[1]] * 4 and pieces[-7] == [2]
+    assert sum(n for (n,) in pieces) == 10 * 2 + 2 - 1
 
 
 def test_estimates_and_progress_do_not_depend_on_the_workers() -> None:
@@ -414,11 +418,11 @@ def test_estimates_and_progress_do_not_depend_on_the_workers() -> None:
     assert [p.done for p in heard[2]] == [p.done for p in serial] and heard[2][-1].label == "done"
 
 
-def test_the_optimizer_trace_runs_beside_the_first_trace_in_another_process(
+def test_the_optimizer_trace_runs_beside_the_first_trace_and_comes_back(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With two workers the whole model's optimizer trace runs in a forked process while the first short model's
-    trace runs here (estimator.py ``run_traces``: the core the first trace leaves idle), and comes back: the same
-    traces, and the same estimates, as one process makes; with one worker both run here."""
+    """With two workers a forked process starts beside the first short model's trace, which runs here (estimator.py
+    ``run_traces``), and takes the whole model's optimizer trace: the same traces, and the same estimates, as one
+    process makes; with one worker both run here."""
     from ckptbench.estimator import estimator as est_module
     from ckptbench.estimator.estimator import Estimator
     from tests.conftest import tiny_config
@@ -430,6 +434,8 @@ def test_the_optimizer_trace_runs_beside_the_first_trace_in_another_process(
         traced = getattr(Estimator, name)
 
         def noted(self: Estimator, point: Any, traced: Any = traced, name: str = name) -> None:
+            if name == "_trace_short":
+                time.sleep(0.5)  # the forked process has started: it takes the optimizer trace
             with where.open("a") as f:
                 f.write(f"{name} {os.getpid()}\n")
             traced(self, point)
@@ -446,6 +452,37 @@ def test_the_optimizer_trace_runs_beside_the_first_trace_in_another_process(
         assert len(est._optim) == 1 and len(est._costs) == 1
         made[workers] = [est.predict(p) for p in points]
     assert made[1] == made[2] and all(e.peak_bytes for e in made[1])
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_shared_pieces_run_once_each_in_each_process_s_order(workers: int) -> None:
+    """``share_pieces``: every piece once, whatever the processes; this process runs ``first``, then takes from its
+    queues in its order; the forked ones start at once and take from theirs in theirs (the slow first piece here
+    leaves them queue 0 and the start of queue 1); a piece failing in a forked process runs again here; with one
+    worker, everything here in this process's order."""
+    from ckptbench.estimator.workers import share_pieces
+
+    here = os.getpid()
+
+    def task(q: int, i: int) -> tuple[int, int, bool]:
+        if os.getpid() != here and (q, i) == (1, 0):
+            raise KeyError("fails there")
+        time.sleep(0.02)
+        return q, i, os.getpid() == here
+
+    def first() -> None:
+        time.sleep(0.5)
+
+    got = list(share_pieces(task, [3, 4], here=(1, 0), there=(0, 1), first=first, workers=workers))
+    assert sorted(piece for piece, _ in got) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (1, 3)]
+    assert all(piece == result[:2] for piece, result in got)
+    by = {piece: result[2] for piece, result in got}
+    if workers == 1:
+        assert [piece for piece, _ in got] == [(1, 0), (1, 1), (1, 2), (1, 3), (0, 0), (0, 1), (0, 2)]
+        assert all(by.values())
+    else:
+        assert not by[(0, 0)] and not by[(0, 1)] and not by[(0, 2)]  # taken there while ``first`` ran here
+        assert by[(1, 0)]  # failed there (whoever took it), run here
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -60,7 +60,7 @@ from ckptbench.estimator.record import CATEGORIES, Estimate, EstimateProgress, R
 from ckptbench.estimator.replay import StreamTooShort, fast_steps, full_steps, predict_reserved
 from ckptbench.estimator.step_trace import GRADS, OPTIMIZER_STATE, OTHER, PARAMS, StepTrace, add, only
 from ckptbench.estimator.trace_cache import TraceCache, TraceFailed, default_cache
-from ckptbench.estimator.workers import Background, map_pieces, worker_count
+from ckptbench.estimator.workers import Background, map_pieces, share_pieces, worker_count
 from ckptbench.results.record import PredictedOom, Prediction
 from ckptbench.results.store import Run
 from ckptbench.train.flops import CHECKPOINTED_PASS, OpCosts
@@ -191,49 +191,50 @@ class Estimator:
         there are cores: estimator/workers.py); ``on_progress`` hears of each before it ends. Returns how many ran.
 
         The first trace runs here: what any first trace pays once (transformers' lazy imports of the model's
-        module, fake-tensor caches) is then paid once, before the workers fork, not once per worker. Meanwhile, with
-        more than one worker, an optimizer trace (the whole model's optimizer step: it shares little with a short
-        model's, and takes about as long) runs in a forked process (``Background``), on the core the first trace
-        would leave idle; the pool of workers takes the rest once the first is done. A forked worker takes a group of
-        ``_job_groups`` at a time where there are enough groups to keep every worker busy to the end (four per
-        worker), the last group of each worker's share a trace at a time (so that they end within a trace of each
-        other: a group of a grid's four precisions left one core idle for half a second at the 704-point grid's end),
-        else one trace at a time; progress is heard of trace by trace either way."""
+        module, fake-tensor caches) is paid here once. With more than one worker, forked processes start beside it
+        (``share_pieces``): they take the whole model's optimizer traces first (they share little with a short
+        model's), then step traces; this process takes the step traces after its first, then what optimizer traces
+        are left. Each process keeps its fake-tensor cache from trace to trace (a shape's second precision misses
+        it half as often as the first; a pool forked anew after the first trace started each worker's first
+        autocast trace cold): the thread's question's six traces took 0.89 s on two cores that way, 0.7 s this way.
+        A step piece is a group of ``_job_groups`` (a shape's precisions, which share most of the cache's entries)
+        where there are enough groups to keep every process busy to the end (four per worker), the last groups a
+        trace at a time (so that they end within a trace of each other: a group of a grid's four precisions left one
+        core idle for half a second at the 704-point grid's end), else one trace; progress is heard of trace by
+        trace either way."""
         optimizer, steps = self._optimizer_groups(points), self._step_groups(points)
-        groups = _in_order(optimizer, steps)
-        jobs = [job for group in groups for job in group]
+        if not optimizer and not steps:
+            return 0
+        if steps:  # the first step trace first (_in_order)
+            first, step_groups, opt_groups = steps[0][0], [steps[0][1:], *steps[1:]], optimizer
+        else:
+            first, step_groups, opt_groups = optimizer[0][0], [], [optimizer[0][1:], *optimizer[1:]]
+        step_groups = [group for group in step_groups if group]
+        n = worker_count(workers, 1 + sum(len(group) for group in (*step_groups, *opt_groups)))
+        opt_pieces = [[job] for group in opt_groups for job in group]
+        if n == 1 or len(step_groups) < 4 * n:
+            step_pieces = [[job] for group in step_groups for job in group]
+        else:  # the last n groups a trace at a time: the processes end together (within a trace, not a group)
+            step_pieces = [*step_groups[:-n], *([job] for group in step_groups[-n:] for job in group)]
+        queues = (opt_pieces, step_pieces)
+        jobs = [first, *(job for pieces in (step_pieces, opt_pieces) for piece in pieces for job in piece)]
 
         def report(done: int) -> None:  # names the next job in order (the one running, when they run here)
             if on_progress is not None and done < len(jobs):
                 on_progress(EstimateProgress(done, len(jobs), jobs[done][0]))
 
         report(0)
-        if not jobs:
-            return 0
-        beside = optimizer[:1] if steps and worker_count(workers, len(jobs)) > 1 else []
-        rest = [group[1:] if i == 0 else group for i, group in enumerate(groups) if not any(group is b for b in beside)]
-        jobs = [jobs[0], *(job for group in rest for job in group), *(job for group in beside for job in group)]
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(relaxed())  # the young collections a trace's fake tensors make (estimator/collector.py)
-            aside = (stack.enter_context(Background(functools.partial(self._run_groups, beside), workers=workers))
-                     if beside else None)
-            jobs[0][1]()
+
+        def run_first() -> None:
+            first[1]()
             report(1)
-            n = worker_count(workers, sum(len(group) for group in rest))
-            if n == 1 or len(rest) < 4 * n:
-                rest = [[job] for group in rest for job in group]
-            else:  # the last n groups a trace at a time: the workers end together (within a trace, not a group)
-                rest = [*rest[:-n], *([job] for group in rest[-n:] for job in group)]
-            pieces = [group for group in rest if group]
-            done = 1
-            for i, made in map_pieces(lambda i: self._run_groups([pieces[i]]), len(pieces), workers=workers):
+
+        done = 1
+        with relaxed():  # the young collections a trace's fake tensors make (estimator/collector.py)
+            for (q, i), made in share_pieces(lambda q, i: self._run_groups([queues[q][i]]), [len(p) for p in queues],
+                                             here=(1, 0), there=(0, 1), first=run_first, workers=workers):
                 self._take(made)
-                for _ in pieces[i]:  # each trace of the piece, in order: progress does not depend on the grouping
-                    done += 1
-                    report(done)
-            if aside is not None:
-                self._take(aside.result())
-                for _ in beside[0]:
+                for _ in queues[q][i]:  # each trace of the piece: progress does not depend on the grouping
                     done += 1
                     report(done)
         return len(jobs)

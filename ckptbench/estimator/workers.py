@@ -6,18 +6,24 @@ result crosses a pipe. Where forking is not available (not Linux), inside a work
 calls run in this process, in order. A piece that fails in a worker is run again here, so that its error is raised
 as it would have been without workers (the worker's exception may not survive pickling).
 
-The results do not depend on the number of workers: every piece is a pure function of the parent's state.
+``map_pieces`` hands pieces to a pool of forked workers while this process waits; ``share_pieces`` (the traces)
+shares queues of pieces between this process and forked ones, each taking from the queues in its own order, so that
+each process goes on with pieces alike (a trace's fake-tensor cache is kept from one to the next) and this one works
+too. The results do not depend on the number of workers: every piece is a pure function of the parent's state.
 """
 
 from __future__ import annotations
 
 import gc
 import multiprocessing
+import multiprocessing.connection
 import os
+import queue
 import signal
 import sys
+import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, TypeVar
@@ -138,6 +144,140 @@ def map_pieces(task: Callable[[int], R], count: int, *, workers: int | None = No
     finally:
         _task, _building = previous, False
         gc.unfreeze()
+
+
+def share_pieces(
+    task: Callable[[int, int], R], sizes: Sequence[int], *, here: Sequence[int], there: Sequence[int],
+    first: Callable[[], None] | None = None, workers: int | None = None,
+) -> Iterator[tuple[tuple[int, int], R]]:
+    """Pieces in queues (``sizes[q]`` of them in queue ``q``; piece ``i`` of it is ``task(q, i)``), shared between
+    this process and ``workers - 1`` forked ones (None: one per core in all): each takes the next piece of the first
+    queue in its order that has one left (``here``: this process's order, ``there``: the forked ones'), so that
+    each keeps what it has learnt (a trace's fake-tensor cache) for pieces alike. ``first`` runs here before this
+    process takes any; the forked ones start at once, beside it. Yields ``((q, i), task(q, i))`` as each finishes.
+    Where no process is forked (``can_fork``, one worker, at most one piece), ``first`` then every piece run here,
+    in this process's order. A piece that fails in a forked process runs again here (its error raised as it would
+    have been); one whose process ended without it too."""
+    total = sum(sizes)
+    n = worker_count(workers, total + (first is not None)) if total else 1  # ``first`` keeps this process busy
+    if n <= 1 or not can_fork():
+        if first is not None:
+            first()
+        for q in here:
+            for i in range(sizes[q]):
+                yield (q, i), task(q, i)
+        return
+    global _building
+    context = multiprocessing.get_context("fork")
+    taken = context.RawArray("l", len(sizes))  # the next piece of each queue
+    lock = context.Lock()
+
+    def take(order: Sequence[int]) -> tuple[int, int] | None:
+        with lock:
+            for q in order:
+                i = taken[q]
+                if i < sizes[q]:
+                    taken[q] = i + 1
+                    return q, int(i)
+        return None
+
+    processes: list[Any] = []
+    readers: list[Any] = []
+    reader: threading.Thread | None = None
+    gc.freeze()  # as map_pieces: a forked process does not copy the pages it shares with this one
+    try:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # forking with threads: see map_pieces
+                _building = True
+                for _ in range(n - 1):
+                    receive, send = context.Pipe(duplex=False)
+                    process = context.Process(target=_share, args=(task, take, there, send), daemon=True)
+                    process.start()
+                    send.close()
+                    processes.append(process)
+                    readers.append(receive)
+        finally:
+            _building = False
+            gc.unfreeze()
+        _send_held()
+        # Their results are read as they come, by a thread: one larger than a pipe's buffer (a trace) would otherwise
+        # keep its process waiting while this one works on a piece of its own.
+        arrivals: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        reader = threading.Thread(target=_read_all, args=(list(readers), arrivals), daemon=True)
+        reader.start()
+        done: set[tuple[int, int]] = set()
+        ended = False
+
+        def arrived(block: bool) -> Iterator[tuple[tuple[int, int], R]]:
+            nonlocal ended
+            while not ended:
+                try:
+                    got = arrivals.get(block=block)
+                except queue.Empty:
+                    return
+                if got is None:  # every process has ended
+                    ended = True
+                    return
+                piece, result = got
+                done.add(piece)
+                yield piece, (task(*piece) if isinstance(result, _Failed) else result)
+
+        if first is not None:
+            first()
+        while (piece := take(here)) is not None:
+            yield from arrived(False)
+            done.add(piece)
+            yield piece, task(*piece)
+        while not ended:
+            yield from arrived(True)
+        for q in here:  # taken by a process that ended without its result
+            for i in range(sizes[q]):
+                if (q, i) not in done:
+                    yield (q, i), task(q, i)
+    finally:
+        _building = False
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+            process.join()
+        if reader is not None:  # it ends at the pipes' ends, which the processes' end closed
+            reader.join()
+        for conn in readers:
+            conn.close()
+
+
+def _share(task: Callable[[int, int], Any], take: Callable[[Sequence[int]], tuple[int, int] | None],
+           order: Sequence[int], send: Any) -> None:
+    """A forked process of ``share_pieces``: the pieces it takes, each result (or why it failed) sent back."""
+    _mark_worker()
+    try:
+        while (piece := take(order)) is not None:
+            try:
+                result: Any = task(*piece)
+            except Exception as exc:  # run again in the parent, which raises it in full
+                result = _Failed(f"{type(exc).__name__}: {exc}")
+            send.send((piece, result))
+    finally:
+        send.close()
+
+
+def _read_all(readers: list[Any], arrivals: queue.SimpleQueue[Any]) -> None:
+    """Each message of the processes' pipes as it comes, then None once every pipe has ended."""
+    try:
+        while readers:
+            try:
+                found = multiprocessing.connection.wait(readers)
+            except (OSError, ValueError):  # a pipe closed under it: nothing more comes
+                return
+            for ready in found:
+                conn: Any = ready  # one of the pipes' ends
+                try:
+                    arrivals.put(conn.recv())
+                except Exception:  # its end (or what cannot be read back): its pieces left run here
+                    readers.remove(conn)
+    finally:
+        arrivals.put(None)
 
 
 class Background(Generic[R]):
