@@ -152,6 +152,25 @@ def test_micro_plan_in_c_is_the_python_loop() -> None:
     assert {0, 1} <= periodic and any(p > 1 for p in periodic), periodic
 
 
+@WITH_NATIVE
+@pytest.mark.parametrize("seed", range(8))
+def test_a_micro_batch_repeated_in_c_is_the_python_copy(seed: int) -> None:
+    """``shift_events`` (event_assembly.py ``_repeat``'s copy): the events from ``start`` appended again, each key at
+    or past ``k_before`` moved on by ``step``, the others (tensors made before) kept, as the Python comprehension
+    makes them; what is not a list of triples is refused."""
+    assert NATIVE is not None
+    rng = random.Random(seed)
+    events = [(rng.randint(0, 1), rng.randint(0, 500), rng.choice([0, 512, 2**40])) for _ in range(rng.randint(0, 300))]
+    start, k_before, step = rng.randint(0, len(events)), rng.randint(0, 500), rng.randint(1, 10**6)
+    expected = events + [(op, key + step if key >= k_before else key, n) for op, key, n in events[start:]]
+    NATIVE.shift_events(events, start, k_before, step)
+    assert events == expected
+    with pytest.raises(TypeError, match="each event"):
+        NATIVE.shift_events([(0, 1)], 0, 0, 1)
+    with pytest.raises(IndexError):
+        NATIVE.shift_events([], 1, 0, 1)
+
+
 def _one_micro_plan(seed: int, periodic: set[int]) -> None:
     from ckptbench.estimator.events import ALLOC, FREE
     from ckptbench.estimator.replay import _micro_plan

@@ -948,6 +948,55 @@ fail:
     return NULL;
 }
 
+/* shift_events(events, start, k_before, step) -> None: event_assembly.EventAssembler._repeat's copy: appends to
+ * ``events`` each (op, key, bytes) of events[start:] (as it is when called), its key moved on by ``step`` where it is at
+ * least ``k_before`` (the Python comprehension there is the reference). */
+static PyObject *shift_events(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "shift_events(events, start, k_before, step)");
+        return NULL;
+    }
+    PyObject *events = args[0];
+    if (!PyList_CheckExact(events)) {
+        PyErr_SetString(PyExc_TypeError, "shift_events: events is a list");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred()) return NULL;
+    long long k_before = PyLong_AsLongLong(args[2]);
+    if (k_before == -1 && PyErr_Occurred()) return NULL;
+    long long step = PyLong_AsLongLong(args[3]);
+    if (step == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t end = PyList_GET_SIZE(events);
+    if (start < 0 || start > end) {
+        PyErr_SetString(PyExc_IndexError, "shift_events: start out of range");
+        return NULL;
+    }
+    for (Py_ssize_t i = start; i < end; i++) {
+        PyObject *ev = PyList_GET_ITEM(events, i);
+        if (!PyTuple_CheckExact(ev) || PyTuple_GET_SIZE(ev) != 3) {
+            PyErr_SetString(PyExc_TypeError, "shift_events: each event is (op, key, bytes)");
+            return NULL;
+        }
+        PyObject *key = PyTuple_GET_ITEM(ev, 1), *copy;
+        long long k = PyLong_AsLongLong(key);
+        if (k == -1 && PyErr_Occurred()) return NULL;
+        if (k >= k_before) {
+            PyObject *moved = PyLong_FromLongLong(k + step);
+            if (moved == NULL) return NULL;
+            copy = PyTuple_Pack(3, PyTuple_GET_ITEM(ev, 0), moved, PyTuple_GET_ITEM(ev, 2));
+            Py_DECREF(moved);
+        } else {
+            copy = PyTuple_Pack(3, PyTuple_GET_ITEM(ev, 0), key, PyTuple_GET_ITEM(ev, 2));
+        }
+        if (copy == NULL) return NULL;
+        int err = PyList_Append(events, copy);
+        Py_DECREF(copy);
+        if (err < 0) return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* -- replay: a point's whole process under the default settings, on C structs ----------------------------------- */
 /* replay.replay_point's loop (no micro-batches skipped) and the general rules' default-settings path, with the blocks,
    the free lists and the live requests held here rather than as allocator.py's objects: no Python object is made per
@@ -1408,6 +1457,9 @@ static PyMethodDef module_methods[] = {
      "copy_program(program, start, events, own, workspaces, next_key, alloc_op, free_op) -> (next_key, index): "
      "event_assembly's copies of a template segment's allocations and local frees from ``start``, up to the first "
      "entry of another code (its index; len(program) when there is none)."},
+    {"shift_events", (PyCFunction)(void (*)(void))shift_events, METH_FASTCALL,
+     "shift_events(events, start, k_before, step) -> None: event_assembly's repeat of a micro-batch: each event of "
+     "events[start:] appended again, its key moved on by step where it is at least k_before."},
     {"micro_plan", (PyCFunction)(void (*)(void))micro_plan, METH_FASTCALL,
      "micro_plan(events, starts, alloc_op) -> (keys, origin, freed, periodic_from) or None: replay.MicroPlan.of's "
      "loop over a step's events (None: an event it leaves to the pure-Python loop)."},

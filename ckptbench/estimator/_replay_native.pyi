@@ -30,6 +30,7 @@ def copy_program(
     program: list[tuple[int, int, int, bool]], start: int, events: list[tuple[int, int, int]], own: dict[int, int],
     workspaces: set[int], next_key: int, alloc_op: int, free_op: int,
 ) -> tuple[int, int]: ...
+def shift_events(events: list[tuple[int, int, int]], start: int, k_before: int, step: int) -> None: ...
 def replay(
     first: Sequence[tuple[int, int, int]], first_state: tuple[int, int], steady: Sequence[tuple[int, int, int]],
     steady_state: tuple[int, int], workspaces: tuple[int, ...], build: tuple[int, ...], batch_bytes: int,

@@ -170,6 +170,15 @@ def _copy_program() -> Callable[..., tuple[int, int]] | None:
     return None if native is None else native.copy_program
 
 
+def _shift_events() -> Callable[[list[tuple[int, int, int]], int, int, int], None] | None:
+    """``_repeat``'s copy of a micro-batch's events in C (``_replay_native.shift_events``), or None (as
+    ``_copy_program``)."""
+    from ckptbench.estimator import allocator
+
+    native = allocator.NATIVE
+    return None if native is None else native.shift_events
+
+
 class EventAssembler:
     """Copies a short model's events into one training step of a full model with these layer classes."""
 
@@ -223,7 +232,11 @@ class EventAssembler:
         for (_, label), (_, new) in zip(bounds[b_prev:], copied, strict=True):
             self.keys[new] = {eid: key + step for eid, key in self.keys[label].items()}
         out.workspaces.update([key + step for key in out.workspaces if key >= k_prev])
-        events += [(op, key + step if key >= k_before else key, nbytes) for op, key, nbytes in events[e_prev:]]
+        shift = _shift_events()
+        if shift is not None:  # the same copies, in C
+            shift(events, e_prev, k_before, step)
+        else:
+            events += [(op, key + step if key >= k_before else key, nbytes) for op, key, nbytes in events[e_prev:]]
         bounds += copied
         out.next_key += step
         return True
