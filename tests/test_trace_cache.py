@@ -104,6 +104,35 @@ def test_an_estimate_asked_again_is_read_not_replayed(tmp_path: Path, monkeypatc
     assert cache.size().entries >= replayed + len(points)
 
 
+def test_estimates_written_by_forked_workers_are_counted_and_read_back(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """With two workers each forked process keeps the estimates it made (``estimate_each``'s parts, in parallel):
+    a later command reads them all back, equal, with no replay, and the folder's count holds what they wrote."""
+    import ckptbench.estimator.estimator as estimator_module
+
+    cache = TraceCache(tmp_path)
+    est = Estimator(CFG, gpu=card("a100-80gb"), cache=cache)
+    est.run_traces(POINTS, workers=1)
+    here = os.getpid()
+    writers: list[int] = []
+    real = TraceCache.write_many
+
+    def noted(self: TraceCache, items: Any) -> int:
+        writers.append(os.getpid())
+        return real(self, items)
+
+    monkeypatch.setattr(TraceCache, "write_many", noted)
+    first = est.estimate_each(POINTS, workers=2)
+    # (the forked workers' calls are not seen here: none of this process's, every estimate written there)
+    assert here not in writers
+    assert int((tmp_path / "traces" / "size").read_text()) == cache.size().bytes
+    replays: list[int] = []
+    monkeypatch.setattr(estimator_module, "predict_reserved", lambda *a, **k: replays.append(1))
+    again = Estimator(CFG, gpu=card("a100-80gb"), cache=cache)
+    again.run_traces(POINTS, workers=1)
+    assert again.estimate_each(POINTS, workers=1) == first and not replays
+
+
 def test_peaks_are_assembled_once_for_every_card_and_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The byte model's peaks of a short trace's points are kept on disk (``keep_peaks``, one entry a trace) without
     the card's cuBLAS workspaces: a later command, on this card or another (H100: other workspaces), assembles none,

@@ -326,22 +326,26 @@ class Estimator:
         order = sorted(todo, key=lambda i: trace_of.setdefault(self._trace_key(points[i]), len(trace_of)))
         bounds = [(len(order) * i // parts, len(order) * (i + 1) // parts) for i in range(parts)]
 
-        def run(i: int) -> list[Estimate]:
+        def run(i: int) -> tuple[list[Estimate], int]:
+            """A part's estimates, each kept on disk by the process that made it (in parallel: the 704-point grid's
+            entries took 0.13 s written one after the other here), and the bytes written."""
             lo, hi = bounds[i]
             with gc_paused():  # the collections a replay's events make, for nothing (estimator/collector.py)
-                return [self._estimate(points[j], budget_bytes=budget_bytes, budget_is_cap=budget_is_cap)
-                        for j in order[lo:hi]]
+                found = [self._estimate(points[j], budget_bytes=budget_bytes, budget_is_cap=budget_is_cap)
+                         for j in order[lo:hi]]
+            if self.cache is None:
+                return found, 0
+            keys = [self._estimate_key(points[j], budget_bytes, budget_is_cap) for j in order[lo:hi]]
+            return found, self.cache.write_many(zip(keys, found, strict=True))
 
         with relaxed():  # (what the pool itself makes, here)
-            done: dict[int, list[Estimate]] = dict(map_pieces(run, parts, workers=n)) if todo else {}
-        new = dict(zip(order, (e for i in range(len(done)) for e in done[i]), strict=True))
-        kept = []
+            done: dict[int, tuple[list[Estimate], int]] = dict(map_pieces(run, parts, workers=n)) if todo else {}
+        new = dict(zip(order, (e for i in range(len(done)) for e in done[i][0]), strict=True))
         for j, e in new.items():
             memo = (points[j], budget_bytes, budget_is_cap)
             made[j] = self._estimates.setdefault(memo, e)  # (a point given twice: its first estimate)
-            kept.append((self._estimate_key(points[j], budget_bytes, budget_is_cap), e))
-        if self.cache is not None and kept:
-            self.cache.put_many(kept)
+        if self.cache is not None and done:
+            self.cache.count(sum(written for _, written in done.values()))
         return [made[j] for j in range(len(points))]
 
     def _known(self, point: Point, budget_bytes: int | None, budget_is_cap: bool) -> Estimate | None:

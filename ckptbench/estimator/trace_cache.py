@@ -163,7 +163,16 @@ class TraceCache:
 
     def put_many(self, items: Iterable[tuple[Hashable, Any]]) -> None:
         """``put`` of each (key, value), counted together."""
-        self._grew(sum(self._write(key, value) for key, value in items))
+        self.count(self.write_many(items))
+
+    def write_many(self, items: Iterable[tuple[Hashable, Any]]) -> int:
+        """Each (key, value) written as ``put`` writes it, not yet counted in the folder's size: the bytes written,
+        for ``count`` (a forked worker writes what it made; the command counts it once, with the folder's bound)."""
+        return sum(self._write(key, value) for key, value in items)
+
+    def count(self, nbytes: int) -> None:
+        """``nbytes`` written by ``write_many`` counted in the folder's size (past the bound, the bound kept)."""
+        self._grew(nbytes)
 
     def _write(self, key: Hashable, value: Any) -> int:
         """Write one entry; the bytes written (0 when the disk or the value refused)."""
