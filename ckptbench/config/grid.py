@@ -269,32 +269,39 @@ def _in_loop_order(axes: Sequence[Axis]) -> list[Axis]:
     return sorted((a for a in axes if a.swept), key=lambda a: a.loop or 0)
 
 
+# The swept axes in the loop order, and those each key below reads, worked out once (the estimator asks for a
+# point's keys tens of thousands of times a question).
+_LOOP_AXES = tuple(_in_loop_order(KEY_AXES))
+_STEP_AXES = tuple((a.name, a.step) for a in _LOOP_AXES if a.step is not None)
+_OPTIMIZER_STEP_AXES = tuple((a.name, a.optimizer_step) for a in _LOOP_AXES if a.optimizer_step is not None)
+_PLAIN_PREPARED = tuple((a.name, a.plain) for a in _LOOP_AXES if a.prepared == "plain")
+_KEY_PREPARED = tuple(a.name for a in _LOOP_AXES if a.prepared == "key")
+
+
 def step_key(point: Point) -> tuple[Any, ...]:
     """What a traced step depends on besides its layout: every axis declared ``step``, in the loop order (precision
     first), each as its declaration keeps it."""
-    return tuple(a.step(getattr(point, a.name), point) for a in _in_loop_order(KEY_AXES) if a.step is not None)
+    return tuple(step(getattr(point, name), point) for name, step in _STEP_AXES)
 
 
 def optimizer_step_key(point: Point) -> tuple[Any, ...]:
     """What the whole model's optimizer trace depends on: every axis declared ``optimizer_step``, in the loop order
     (precision first), each as its declaration keeps it."""
-    axes = _in_loop_order(KEY_AXES)
-    return tuple(a.optimizer_step(getattr(point, a.name), point) for a in axes if a.optimizer_step is not None)
+    return tuple(keep(getattr(point, name), point) for name, keep in _OPTIMIZER_STEP_AXES)
 
 
 def prepared_key(point: Point) -> tuple[Any, ...] | None:
     """The values a prepared short model depends on (the axes declared ``prepared='key'``, in the loop order), or None
     where one is prepared for each trace (an axis declared ``prepared='plain'`` is not at its plain value)."""
-    axes = _in_loop_order(KEY_AXES)
-    if any(a.prepared == "plain" and getattr(point, a.name) != a.plain for a in axes):
+    if any(getattr(point, name) != plain for name, plain in _PLAIN_PREPARED):
         return None
-    return tuple(getattr(point, a.name) for a in axes if a.prepared == "key")
+    return tuple(getattr(point, name) for name in _KEY_PREPARED)
 
 
 def model_setup(point: Point) -> tuple[Any, ...]:
     """What the runner's built model depends on (the axes declared ``builds_model``, in the loop order): a point of
     another setup needs another model."""
-    return tuple(getattr(point, a.name) for a in _in_loop_order(KEY_AXES) if a.builds_model)
+    return tuple(getattr(point, a.name) for a in _LOOP_AXES if a.builds_model)
 
 
 def search_templates(

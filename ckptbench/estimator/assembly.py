@@ -151,7 +151,8 @@ class LayerCosts:
         named += [(f"bwd:{i}", bwd[i]) for i in reversed(range(n))]
         named.append(("tail", glob["tail"]))
         releases = self._releases_after(classes)
-        return [(f"{label}@{micro}", step.freeing(releases.get(label, ZERO))) for label, step in named]
+        return [(f"{label}@{micro}", step.freeing(releases[label]) if label in releases else step)
+                for label, step in named]
 
     def _releases_after(self, classes: Sequence[str]) -> dict[str, Vector]:
         """Shared frees placed in the full model: after the backward of its lowest holding layer."""
@@ -275,11 +276,15 @@ class _Walk:
     def through(self, named: Sequence[tuple[str, Step]]) -> None:
         self.level_before_last_micro = self.level
         level, peak, where = self.level, self.peak, self.where
+        level_sum, peak_sum = sum(level), sum(peak)  # (integers: a sum of sums is the sum of the sum)
         for label, step in named:
-            candidate = add(level, step.rise)
-            if sum(candidate) > sum(peak):
-                peak, where = candidate, label
-            level = add(level, step.delta)
+            rise = step.rise
+            if level_sum + sum(rise) > peak_sum:  # the level plus the step's rise, made only for a new peak
+                peak, where = add(level, rise), label
+                peak_sum = sum(peak)
+            delta = step.delta
+            level = add(level, delta)
+            level_sum += sum(delta)
         self.level, self.peak, self.where = level, peak, where
 
 
