@@ -269,39 +269,65 @@ def _in_loop_order(axes: Sequence[Axis]) -> list[Axis]:
     return sorted((a for a in axes if a.swept), key=lambda a: a.loop or 0)
 
 
-# The swept axes in the loop order, and those each key below reads, worked out once (the estimator asks for a
-# point's keys tens of thousands of times a question).
-_LOOP_AXES = tuple(_in_loop_order(KEY_AXES))
-_STEP_AXES = tuple((a.name, a.step) for a in _LOOP_AXES if a.step is not None)
-_OPTIMIZER_STEP_AXES = tuple((a.name, a.optimizer_step) for a in _LOOP_AXES if a.optimizer_step is not None)
-_PLAIN_PREPARED = tuple((a.name, a.plain) for a in _LOOP_AXES if a.prepared == "plain")
-_KEY_PREPARED = tuple(a.name for a in _LOOP_AXES if a.prepared == "key")
+@dataclass(frozen=True)
+class _LoopAxes:
+    """The swept axes of a declaration in the loop order, and those each key below reads, worked out once per
+    declaration (the estimator asks for a point's keys tens of thousands of times a question)."""
+
+    declared: tuple[Axis, ...]
+    ordered: tuple[Axis, ...]
+    step: tuple[tuple[str, Callable[[Any, Any], Any]], ...]
+    optimizer_step: tuple[tuple[str, Callable[[Any, Any], Any]], ...]
+    plain_prepared: tuple[tuple[str, Any], ...]
+    key_prepared: tuple[str, ...]
+
+    @classmethod
+    def of(cls, declared: tuple[Axis, ...]) -> _LoopAxes:
+        ordered = tuple(_in_loop_order(declared))
+        return cls(
+            declared, ordered,
+            step=tuple((a.name, a.step) for a in ordered if a.step is not None),
+            optimizer_step=tuple((a.name, a.optimizer_step) for a in ordered if a.optimizer_step is not None),
+            plain_prepared=tuple((a.name, a.plain) for a in ordered if a.prepared == "plain"),
+            key_prepared=tuple(a.name for a in ordered if a.prepared == "key"),
+        )
+
+
+_loop_axes: list[_LoopAxes] = []
+
+
+def _loop() -> _LoopAxes:
+    """``_LoopAxes`` of ``KEY_AXES`` as it is now (made again where it was replaced: a test's new axis)."""
+    if not _loop_axes or _loop_axes[0].declared is not KEY_AXES:
+        _loop_axes[:] = [_LoopAxes.of(KEY_AXES)]
+    return _loop_axes[0]
 
 
 def step_key(point: Point) -> tuple[Any, ...]:
     """What a traced step depends on besides its layout: every axis declared ``step``, in the loop order (precision
     first), each as its declaration keeps it."""
-    return tuple(step(getattr(point, name), point) for name, step in _STEP_AXES)
+    return tuple(step(getattr(point, name), point) for name, step in _loop().step)
 
 
 def optimizer_step_key(point: Point) -> tuple[Any, ...]:
     """What the whole model's optimizer trace depends on: every axis declared ``optimizer_step``, in the loop order
     (precision first), each as its declaration keeps it."""
-    return tuple(keep(getattr(point, name), point) for name, keep in _OPTIMIZER_STEP_AXES)
+    return tuple(keep(getattr(point, name), point) for name, keep in _loop().optimizer_step)
 
 
 def prepared_key(point: Point) -> tuple[Any, ...] | None:
     """The values a prepared short model depends on (the axes declared ``prepared='key'``, in the loop order), or None
     where one is prepared for each trace (an axis declared ``prepared='plain'`` is not at its plain value)."""
-    if any(getattr(point, name) != plain for name, plain in _PLAIN_PREPARED):
+    axes = _loop()
+    if any(getattr(point, name) != plain for name, plain in axes.plain_prepared):
         return None
-    return tuple(getattr(point, name) for name in _KEY_PREPARED)
+    return tuple(getattr(point, name) for name in axes.key_prepared)
 
 
 def model_setup(point: Point) -> tuple[Any, ...]:
     """What the runner's built model depends on (the axes declared ``builds_model``, in the loop order): a point of
     another setup needs another model."""
-    return tuple(getattr(point, a.name) for a in _LOOP_AXES if a.builds_model)
+    return tuple(getattr(point, a.name) for a in _loop().ordered if a.builds_model)
 
 
 def search_templates(
