@@ -248,17 +248,17 @@ def test_sigterm_stops_an_estimate_and_its_workers_at_once(tmp_path: Path) -> No
 
 
 _SIGNAL_WHILE_A_POOL_IS_BUILT = """
-import multiprocessing, multiprocessing.pool, os, signal, sys, time
+import multiprocessing, multiprocessing.context, os, signal, time
 from ckptbench.cli.common import CommandSignals, Stopped
 from ckptbench.estimator.workers import map_pieces
-real = multiprocessing.pool.Pool._repopulate_pool
-def repopulate(self):
-    real(self)  # the workers forked, the pool's threads and its terminate() not yet made
+real = multiprocessing.context.ForkProcess.start
+def start(self):
+    real(self)  # forked, not yet kept to be stopped
     os.kill(os.getpid(), signal.SIGTERM)
-multiprocessing.pool.Pool._repopulate_pool = repopulate
+multiprocessing.context.ForkProcess.start = start
 try:
     with CommandSignals():
-        for _ in map_pieces(lambda i: time.sleep(5), 4, workers=2):
+        for _ in map_pieces(lambda i: time.sleep(5), 4, workers=3):
             pass
 except Stopped:
     print("stopped", len(multiprocessing.active_children()), flush=True)
@@ -266,10 +266,11 @@ except Stopped:
 
 
 def test_a_stop_signal_while_a_pool_is_built_stops_it_once_it_can_be_terminated() -> None:
-    """A SIGTERM inside multiprocessing.Pool's constructor (after its workers were forked, before the pool could be
-    terminated) is held until the pool is built, then stops the command inside the pool's `with`: its workers are
-    terminated at once. Raised where it came, it left the workers running, and a pool thread that forked new ones
-    as fast as they were stopped, which the exit waited on with no end (seen once in CI)."""
+    """A SIGTERM while an estimate's workers are forked (``map_pieces``: after the first started, before the second)
+    is held until they are all kept, then stops the command: every worker is stopped at once. Raised where it came
+    (inside multiprocessing.Pool's constructor, when the workers were a pool), it left the workers running, and a pool
+    thread that forked new ones as fast as they were stopped, which the exit waited on with no end (seen once in CI);
+    a pool stopped right after it was built could wait on its task queue's lock with no end (seen once in CI)."""
     done = subprocess.run([sys.executable, "-c", _SIGNAL_WHILE_A_POOL_IS_BUILT], capture_output=True, text=True,
                           env=ENV, timeout=60)
     assert done.stdout == "stopped 0\n", (done.stdout, done.stderr)

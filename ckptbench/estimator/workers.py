@@ -6,10 +6,11 @@ result crosses a pipe. Where forking is not available (not Linux), inside a work
 calls run in this process, in order. A piece that fails in a worker is run again here, so that its error is raised
 as it would have been without workers (the worker's exception may not survive pickling).
 
-``map_pieces`` hands pieces to a pool of forked workers while this process waits; ``share_pieces`` (the traces)
-shares queues of pieces between this process and forked ones, each taking from the queues in its own order, so that
-each process goes on with pieces alike (a trace's fake-tensor cache is kept from one to the next) and this one works
-too. The results do not depend on the number of workers: every piece is a pure function of the parent's state.
+``share_pieces`` (the traces) shares queues of pieces between this process and forked ones, each taking from the
+queues in its own order, so that each process goes on with pieces alike (a trace's fake-tensor cache is kept from one
+to the next) and this one works too; ``map_pieces`` (the points' replays) is it with one queue. ``Background`` runs
+one task in a forked process while this one goes on. The results do not depend on the number of workers: every
+piece is a pure function of the parent's state.
 """
 
 from __future__ import annotations
@@ -30,23 +31,23 @@ from typing import Any, Generic, TypeVar
 
 R = TypeVar("R")
 
-_task: Callable[[int], Any] | None = None  # the forked workers' task (set before the fork, inherited)
 _in_worker = False
-# While a pool is being built, a stop signal waits (the command's handler, cli/common.py CommandSignals, asks
-# ``building`` and hands the signal to ``hold``): raised in the middle of multiprocessing.Pool's constructor, after
-# its workers were forked but before it could be terminated, it left a pool whose thread forked new workers as fast
-# as they were stopped, and the exit waited on them with no end.
+# While processes are being forked, a stop signal waits (the command's handler, cli/common.py CommandSignals, asks
+# ``building`` and hands the signal to ``hold``) until every one of them is kept to be stopped: raised in the middle
+# of multiprocessing.Pool's constructor (what the workers were before ``share_pieces``), after its workers were forked
+# but before it could be terminated, it left a pool whose thread forked new workers as fast as they were stopped,
+# and the exit waited on them with no end.
 _building = False
 _held: list[int] = []
 
 
 def building() -> bool:
-    """Whether this process is building a pool of workers now (a stop signal is then held until it is built)."""
+    """Whether this process is forking its workers now (a stop signal is then held until they are all kept)."""
     return _building
 
 
 def hold(signum: int) -> None:
-    """Keep a stop signal that came while a pool was being built: sent again once it is (``map_pieces``)."""
+    """Keep a stop signal that came while workers were forked: sent again once they are all kept."""
     _held.append(signum)
 
 
@@ -100,50 +101,17 @@ def _mark_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _call(index: int) -> tuple[int, Any]:
-    assert _task is not None
-    try:
-        return index, _task(index)
-    except Exception as exc:  # run again in the parent, which raises it in full
-        return index, _Failed(f"{type(exc).__name__}: {exc}")
-
-
 def map_pieces(task: Callable[[int], R], count: int, *, workers: int | None = None) -> Iterator[tuple[int, R]]:
-    """``(i, task(i))`` for i in 0..count-1, as each finishes (in order when they run here).
+    """``(i, task(i))`` for i in 0..count-1, as each finishes (in order when they run here): ``share_pieces`` with one
+    queue, taken in order by this process and ``workers - 1`` forked ones.
 
-    ``workers`` None: as many as the available cores; 1: in this process.
+    ``workers`` None: as many as the available cores; 1: in this process. (A ``multiprocessing.Pool`` made this
+    process wait while two workers worked, and one stopped by a signal right after it was built could wait with no
+    end to be terminated: its ``terminate`` takes the task queue's lock, which a worker waiting for its first task
+    holds.)
     """
-    n = worker_count(workers, count)
-    if n <= 1 or not can_fork():
-        for i in range(count):
-            yield i, task(i)
-        return
-    global _task, _building
-    previous, _task = _task, task
-    # The parent's objects (the traces, torch's and transformers' modules) are frozen out of the garbage collector
-    # while the workers run: a collection in a worker would otherwise walk them all and write to every page it
-    # shares with the parent (copy on write): 1 to 2 of the 704-point grid's 35 CPU-seconds (issue 24).
-    gc.freeze()
-    try:
-        with warnings.catch_warnings():
-            # Python 3.12+ warns about forking a process with threads (rich's refresh thread, torch's pools): the
-            # workers only run the task, which takes no lock another thread may hold.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            _building = True
-            try:
-                pool = multiprocessing.get_context("fork").Pool(n, initializer=_mark_worker)
-            except BaseException:
-                _building = False
-                _send_held()
-                raise
-        with pool:
-            _building = False
-            _send_held()  # inside the pool's `with`: the signal held while it was built stops the command now
-            for i, result in pool.imap_unordered(_call, range(count)):
-                yield i, (task(i) if isinstance(result, _Failed) else result)
-    finally:
-        _task, _building = previous, False
-        gc.unfreeze()
+    for (_, i), result in share_pieces(lambda _, i: task(i), [count], here=(0,), there=(0,), workers=workers):
+        yield i, result
 
 
 def share_pieces(
@@ -184,11 +152,16 @@ def share_pieces(
     processes: list[Any] = []
     readers: list[Any] = []
     reader: threading.Thread | None = None
-    gc.freeze()  # as map_pieces: a forked process does not copy the pages it shares with this one
+    # This process's objects (the traces, torch's and transformers' modules) are frozen out of the garbage collector
+    # at the fork: a collection in a forked process would otherwise walk them all and write to every page it shares
+    # with this one (copy on write): 1 to 2 of the 704-point grid's 35 CPU-seconds (issue 24).
+    gc.freeze()
     try:
         try:
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)  # forking with threads: see map_pieces
+                # Python 3.12+ warns about forking a process with threads (rich's refresh thread, torch's pools): the
+                # forked processes only take pieces, which take no lock another thread may hold.
+                warnings.simplefilter("ignore", DeprecationWarning)
                 _building = True
                 for _ in range(n - 1):
                     receive, send = context.Pipe(duplex=False)
@@ -297,10 +270,10 @@ class Background(Generic[R]):
         global _building
         context = multiprocessing.get_context("fork")
         receive, send = context.Pipe(duplex=False)
-        gc.freeze()  # as map_pieces: the child does not copy the pages it shares with this process
+        gc.freeze()  # as share_pieces: the child does not copy the pages it shares with this process
         try:
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)  # forking with threads: see map_pieces
+                warnings.simplefilter("ignore", DeprecationWarning)  # forking with threads: see share_pieces
                 _building = True
                 process = context.Process(target=_background, args=(task, send), daemon=True)
                 process.start()
