@@ -270,7 +270,7 @@ def test_a_stop_signal_while_a_pool_is_built_stops_it_once_it_can_be_terminated(
     is held until they are all kept, then stops the command: every worker is stopped at once. Raised where it came
     (inside multiprocessing.Pool's constructor, when the workers were a pool), it left the workers running, and a pool
     thread that forked new ones as fast as they were stopped, which the exit waited on with no end (seen once in CI);
-    a pool stopped right after it was built could wait on its task queue's lock with no end (seen once in CI)."""
+    a pool stopped right after it was built once waited with no end to be terminated (in CI)."""
     done = subprocess.run([sys.executable, "-c", _SIGNAL_WHILE_A_POOL_IS_BUILT], capture_output=True, text=True,
                           env=ENV, timeout=60)
     assert done.stdout == "stopped 0\n", (done.stdout, done.stderr)

@@ -106,9 +106,9 @@ def map_pieces(task: Callable[[int], R], count: int, *, workers: int | None = No
     queue, taken in order by this process and ``workers - 1`` forked ones.
 
     ``workers`` None: as many as the available cores; 1: in this process. (A ``multiprocessing.Pool`` made this
-    process wait while two workers worked, and one stopped by a signal right after it was built could wait with no
-    end to be terminated: its ``terminate`` takes the task queue's lock, which a worker waiting for its first task
-    holds.)
+    process wait while two workers worked, and one stopped by a signal right after it was built once waited with no
+    end to be terminated, in CI: likely on its task queue's lock, which its ``terminate`` takes and a worker waiting
+    for its first task holds.)
     """
     for (_, i), result in share_pieces(lambda _, i: task(i), [count], here=(0,), there=(0,), workers=workers):
         yield i, result
