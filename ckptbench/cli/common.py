@@ -243,9 +243,9 @@ class CommandSignals:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
-        from ckptbench.estimator import workers  # (imported by then where a pool is built: no torch)
+        from ckptbench.estimator import workers  # (imported by then where workers are forked: no torch)
 
-        if workers.building():  # a pool of workers half made: the signal comes again once it can be terminated
+        if workers.building():  # workers half forked: the signal comes again once every one can be stopped
             workers.hold(signum)
             return
         if not self.stopping:

@@ -338,7 +338,7 @@ class Estimator:
             keys = [self._estimate_key(points[j], budget_bytes, budget_is_cap) for j in order[lo:hi]]
             return found, self.cache.write_many(zip(keys, found, strict=True))
 
-        with relaxed():  # (what the pool itself makes, here)
+        with relaxed():  # (what sharing the parts makes, here)
             done: dict[int, tuple[list[Estimate], int]] = dict(map_pieces(run, parts, workers=n)) if todo else {}
         new = dict(zip(order, (e for i in range(len(done)) for e in done[i][0]), strict=True))
         for j, e in new.items():

@@ -86,7 +86,7 @@ class _Failed:
 
 
 def _send_held() -> None:
-    """Send again the stop signal held while a pool was being built (the command's handler raises it now)."""
+    """Send again the stop signal held while workers were forked (the command's handler raises it now)."""
     if _held:
         signum = _held[0]
         _held.clear()
@@ -96,7 +96,7 @@ def _send_held() -> None:
 def _mark_worker() -> None:
     global _in_worker, _building
     _in_worker, _building = True, False
-    # Ctrl-C reaches the whole process group: the parent alone answers it (it stops the pool); a worker's own
+    # Ctrl-C reaches the whole process group: the parent alone answers it (it stops the workers); a worker's own
     # KeyboardInterrupt would print a traceback per worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
