@@ -247,10 +247,10 @@ def test_sigterm_stops_an_estimate_and_its_workers_at_once(tmp_path: Path) -> No
             and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"] == []
 
 
-_SIGNAL_WHILE_A_POOL_IS_BUILT = """
+_SIGNAL_WHILE_WORKERS_ARE_FORKED = """
 import multiprocessing, multiprocessing.context, os, signal, time
 from ckptbench.cli.common import CommandSignals, Stopped
-from ckptbench.estimator.workers import map_pieces
+from ckptbench.estimator.workers import map_pieces, share_pieces
 real = multiprocessing.context.ForkProcess.start
 def start(self):
     real(self)  # forked, not yet kept to be stopped
@@ -258,47 +258,25 @@ def start(self):
 multiprocessing.context.ForkProcess.start = start
 try:
     with CommandSignals():
-        for _ in map_pieces(lambda i: time.sleep(5), 4, workers=3):
+        for _ in {pieces}:
             pass
 except Stopped:
     print("stopped", len(multiprocessing.active_children()), flush=True)
 """
 
 
-def test_a_stop_signal_while_a_pool_is_built_stops_it_once_it_can_be_terminated() -> None:
-    """A SIGTERM while an estimate's workers are forked (``map_pieces``: after the first started, before the second)
-    is held until they are all kept, then stops the command: every worker is stopped at once. Raised where it came
+@pytest.mark.parametrize("pieces", [
+    "map_pieces(lambda i: time.sleep(5), 4, workers=3)",
+    "share_pieces(lambda q, i: time.sleep(5), [2, 2], here=(1, 0), there=(0, 1), workers=3)",
+])
+def test_a_stop_signal_while_workers_are_forked_stops_every_one(pieces: str) -> None:
+    """A SIGTERM while an estimate's workers are forked (after the first started, before the second) is held until
+    they are all kept, then stops the command: every worker is stopped at once, none is left. Raised where it came
     (inside multiprocessing.Pool's constructor, when the workers were a pool), it left the workers running, and a pool
     thread that forked new ones as fast as they were stopped, which the exit waited on with no end (seen once in CI);
     a pool stopped right after it was built once waited with no end to be terminated (in CI)."""
-    done = subprocess.run([sys.executable, "-c", _SIGNAL_WHILE_A_POOL_IS_BUILT], capture_output=True, text=True,
-                          env=ENV, timeout=60)
-    assert done.stdout == "stopped 0\n", (done.stdout, done.stderr)
-
-
-_SIGNAL_WHILE_PIECES_ARE_SHARED = """
-import multiprocessing, multiprocessing.context, os, signal, time
-from ckptbench.cli.common import CommandSignals, Stopped
-from ckptbench.estimator.workers import share_pieces
-real = multiprocessing.context.ForkProcess.start
-def start(self):
-    real(self)  # forked, not yet kept to be stopped
-    os.kill(os.getpid(), signal.SIGTERM)
-multiprocessing.context.ForkProcess.start = start
-try:
-    with CommandSignals():
-        for _ in share_pieces(lambda q, i: time.sleep(5), [4], here=(0,), there=(0,), workers=3):
-            pass
-except Stopped:
-    print("stopped", len(multiprocessing.active_children()), flush=True)
-"""
-
-
-def test_a_stop_signal_while_pieces_are_shared_stops_every_process() -> None:
-    """A SIGTERM as ``share_pieces`` forks its processes (after the first one started, before the second) is held
-    until they are all kept, then stops the command: every one is stopped at once, none is left."""
-    done = subprocess.run([sys.executable, "-c", _SIGNAL_WHILE_PIECES_ARE_SHARED], capture_output=True, text=True,
-                          env=ENV, timeout=60)
+    done = subprocess.run([sys.executable, "-c", _SIGNAL_WHILE_WORKERS_ARE_FORKED.format(pieces=pieces)],
+                          capture_output=True, text=True, env=ENV, timeout=60)
     assert done.stdout == "stopped 0\n", (done.stdout, done.stderr)
 
 
