@@ -368,7 +368,7 @@ def test_a_device_to_normalise_or_the_accelerator_takes_pytorchs_constructor(mon
     assert unindexed.device == torch.device("cuda", 0) and not made
     fm.new_fake(mode, torch.empty(2, device="meta"), torch.device("cuda", 0))
     assert len(made) == 1
-    monkeypatch.setattr(fm, "_accelerator", ["cuda"])
+    monkeypatch.setattr(fm, "_ACCELERATOR", "cuda")
     fm.new_fake(mode, torch.empty(2, device="meta"), torch.device("cuda", 0))
     assert len(made) == 1
 

@@ -259,14 +259,13 @@ def _fake_attributes() -> dict[str, Any] | None:
 
 
 _ATTRIBUTES = _fake_attributes()
-_accelerator: list[str | None] = []  # this process's accelerator type (None: none), asked once
-
-
 def _accelerator_type() -> str | None:
-    if not _accelerator:
-        found = torch.accelerator.current_accelerator(True) if hasattr(torch, "accelerator") else None
-        _accelerator.append(None if found is None else found.type)
-    return _accelerator[0]
+    """This process's accelerator's device type (None: none)."""
+    found = torch.accelerator.current_accelerator(True) if hasattr(torch, "accelerator") else None
+    return None if found is None else found.type
+
+
+_ACCELERATOR = _accelerator_type()  # (the import's check below needs it: asked here once)
 
 
 def _plain_new(mode: FakeTensorMode, elem: torch.Tensor, device: torch.device) -> FakeTensor:
@@ -290,7 +289,7 @@ def new_fake(mode: FakeTensorMode, elem: torch.Tensor, device: torch.device) -> 
     device is normalised already (an index where its type takes one) and not this process's accelerator, and
     PyTorch's debug traces are off; else by PyTorch's constructor."""
     if (FAST_NEW and (device.index is not None or device.type == "cpu") and not fake_tensor.FakeTensorConfig.debug
-            and device.type != _accelerator_type()):
+            and device.type != _ACCELERATOR):
         return _plain_new(mode, elem, device)
     return FakeTensor(mode, elem, device)
 
@@ -326,7 +325,7 @@ def _plain_new_works() -> bool:
             mode = FakeTensorMode()
             mode._allow_unsafe_data_ptr_access = unsafe
             for device in (torch.device("cpu"), torch.device("cuda", 0)):
-                if device.type == _accelerator_type():
+                if device.type == _ACCELERATOR:
                     continue
                 for grad in (False, True):  # each its own meta tensor: the guard is set on the storage
                     mine = _plain_new(mode, torch.empty(2, 3, device="meta", requires_grad=grad), device)
