@@ -568,6 +568,28 @@ def test_tracing_is_imported_with_the_collector_paused_and_frozen_only_where_ask
     assert found.stdout.split() == ["0", "0", "True", str(frozen and not torch_first)]
 
 
+@pytest.mark.parametrize("command_line", [False, True])
+def test_the_command_lines_tracing_import_leaves_scipy_out_of_transformers_and_restores_its_switch(
+        command_line: bool) -> None:
+    """estimator/optional_imports.py: in the command line's process, transformers is imported for tracing without
+    scipy (its object-detection losses' import of scipy.optimize, 0.2-0.3 s of a cold command), its switch told the
+    truth again after; the causal LM loss is there as always. A caller's process (the Python API's) imports
+    transformers as it is."""
+    script = (
+        "import sys\n"
+        "from ckptbench.estimator import collector\n"
+        + ("collector.freeze_imports()\n" if command_line else "")
+        + "collector.import_for_tracing()\n"
+        "import transformers.utils as utils, transformers.utils.import_utils as found\n"
+        "from transformers.loss.loss_utils import LOSS_MAPPING\n"
+        "assert utils.is_scipy_available is found.is_scipy_available and utils.is_scipy_available()\n"
+        "assert 'ForCausalLM' in LOSS_MAPPING\n"
+        "print('scipy' in sys.modules)\n"
+    )
+    found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert found.stdout.split() == [str(not command_line)]
+
+
 def test_traces_and_replays_collect_the_young_generation_less_often_and_restore_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """estimator/collector.py ``relaxed``: while the estimator traces (here, one process) the youngest generation is
