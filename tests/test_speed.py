@@ -549,7 +549,10 @@ def test_tracing_is_imported_with_the_collector_paused_and_frozen_only_where_ask
     """estimator/collector.py: torch and transformers imported for tracing with no collection during the import (they
     made the collector walk the heap again and again: 0.5 s); frozen after where the command line asks for it and
     this import brought torch in (where torch came first, a model built with it may be alive: nothing is frozen); a
-    caller's process (the Python API's) keeps its collector as it was."""
+    caller's process (the Python API's) keeps its collector as it was. estimator/optional_imports.py: in the command
+    line's process transformers is imported without scipy (its object-detection losses' import of scipy.optimize,
+    0.2-0.3 s of a cold command), its switch told the truth again after, the causal LM loss there as always; a
+    caller's process imports transformers as it is."""
     script = (
         "import gc, sys\n"
         + ("import torch\n" if torch_first else "")
@@ -562,24 +565,6 @@ def test_tracing_is_imported_with_the_collector_paused_and_frozen_only_where_ask
         "assert 'torch' in sys.modules and 'transformers' in sys.modules\n"
         "during, after = runs.count(False), runs.count(True)\n"
         "print(during, after if gc.get_freeze_count() else 0, gc.isenabled(), gc.get_freeze_count() > 0)\n"
-    )
-    found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True)
-    # no collection during the import; frozen, none after it in the import either (it would walk what was imported)
-    assert found.stdout.split() == ["0", "0", "True", str(frozen and not torch_first)]
-
-
-@pytest.mark.parametrize("command_line", [False, True])
-def test_the_command_lines_tracing_import_leaves_scipy_out_of_transformers_and_restores_its_switch(
-        command_line: bool) -> None:
-    """estimator/optional_imports.py: in the command line's process, transformers is imported for tracing without
-    scipy (its object-detection losses' import of scipy.optimize, 0.2-0.3 s of a cold command), its switch told the
-    truth again after; the causal LM loss is there as always. A caller's process (the Python API's) imports
-    transformers as it is."""
-    script = (
-        "import sys\n"
-        "from ckptbench.estimator import collector\n"
-        + ("collector.freeze_imports()\n" if command_line else "")
-        + "collector.import_for_tracing()\n"
         "import transformers.utils as utils, transformers.utils.import_utils as found\n"
         "from transformers.loss.loss_utils import LOSS_MAPPING\n"
         "assert utils.is_scipy_available is found.is_scipy_available and utils.is_scipy_available()\n"
@@ -587,7 +572,9 @@ def test_the_command_lines_tracing_import_leaves_scipy_out_of_transformers_and_r
         "print('scipy' in sys.modules)\n"
     )
     found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True)
-    assert found.stdout.split() == [str(not command_line)]
+    # no collection during the import; frozen, none after it in the import either (it would walk what was imported);
+    # scipy left out where the command line asked
+    assert found.stdout.split() == ["0", "0", "True", str(frozen and not torch_first), str(not frozen)]
 
 
 def test_traces_and_replays_collect_the_young_generation_less_often_and_restore_it(
