@@ -19,6 +19,7 @@ import sys
 from collections.abc import Iterator
 
 _LOSSES = "transformers.loss"  # the package whose modules ask, once each, at their import
+_SWITCH = "is_scipy_available"  # what they ask: the name they import from transformers.utils
 
 
 @contextlib.contextmanager
@@ -33,15 +34,15 @@ def without_scipy_for_transformers() -> Iterator[None]:
     except ImportError:  # no transformers: the import that follows says so
         yield
         return
-    asked = getattr(utils, "is_scipy_available", None)
+    asked = getattr(utils, _SWITCH, None)
     if asked is None:
         yield
         return
-    utils.is_scipy_available = _not_installed
+    setattr(utils, _SWITCH, _not_installed)
     try:
         yield
     finally:
-        utils.is_scipy_available = asked
+        setattr(utils, _SWITCH, asked)
 
 
 def _not_installed() -> bool:
