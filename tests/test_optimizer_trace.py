@@ -3,6 +3,11 @@ and the amp precisions (fp32 weights) run one optimizer trace, and their estimat
 
 from __future__ import annotations
 
+import importlib.util
+from typing import Any
+
+import pytest
+
 from ckptbench.config.grid import Point
 from ckptbench.estimator.estimator import Estimator, card
 from tests.conftest import tiny_config
@@ -59,3 +64,80 @@ def test_an_optimizer_traces_steps_are_read_once_and_are_its_own() -> None:
         assert list(later) == segment_events(optim, "opt")  # none for fused AdamW: it steps in place
         assert optimizer_steps(optim)[0] is first  # read once
     assert optimizer_steps(traces[0]) != optimizer_steps(traces[1])
+
+
+def _renamed(events: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Events with their ids numbered in order of first appearance (what an id stands for, not its number)."""
+    names: dict[int, int] = {}
+    return [(op, names.setdefault(eid, len(names)), nbytes) for op, eid, nbytes in events]
+
+
+def _as_read(optim: Any) -> tuple[Any, ...]:
+    """Everything an estimate reads of a whole model's optimizer trace (estimator.py, assembly.py, replay.py)."""
+    from ckptbench.estimator.event_assembly import segment_events
+
+    return (
+        optim.static, [optim.get(label) for label in ("grads", "opt", "zero")],
+        _renamed(segment_events(optim, "opt_first", exclude=optim.host)), _renamed(segment_events(optim, "opt")),
+        optim.build, optim.ops("opt"), optim.ops("zero"),
+    )
+
+
+def _traced_after_a_later_step(cfg: Any, point: Point) -> Any:
+    """The optimizer trace as it was made before the first step came first: the state made by preparing, the later
+    step traced, then a new optimizer's first step (the reference of ``trace_optimizer``)."""
+    from dataclasses import replace
+
+    import torch
+
+    from ckptbench.estimator import optim_8bit
+    from ckptbench.estimator.device_model import kernel_model
+    from ckptbench.estimator.fake_mode import fake_mode
+    from ckptbench.estimator.step_trace import GRADS, TRANSIENT
+    from ckptbench.estimator.trace import _event_id, _prepare, _result, creation_order, fake_process_group
+    from ckptbench.estimator.tracker import StepTracker
+    from ckptbench.train.optimizers import build_optimizer
+
+    tracker = StepTracker(kernel_model("cuda"))
+    with (optim_8bit.traceable(point.optimizer, target="cuda"), fake_process_group(point.parallel) as mesh,
+          fake_mode() as mode):
+        model, _, params, opt = _prepare(cfg, point, tracker, None, mode, mesh)
+        static = tuple(tracker.by_cat)
+        with tracker:
+            tracker.tag = GRADS
+            tracker.mark("grads")
+            for p in params if not point.optimizer_in_backward else []:
+                p.grad = torch.zeros_like(p)
+            tracker.tag = TRANSIENT
+            tracker.mark("opt")
+            opt.step()
+            tracker.mark("zero")
+            opt.zero_grad(set_to_none=cfg.zero_grad_to_none)
+            tracker.mark("end")
+            first = build_optimizer(point, params, lr=cfg.lr, zero_grad_to_none=cfg.zero_grad_to_none)
+            tracker.mark("grads_first")
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            tracker.mark("opt_first")
+            first.step()
+            tracker.mark("after_first")
+            host = frozenset(_event_id(tracker, t) for t in tracker.kernels.host_resident(first))
+    return replace(_result(tracker, static), build=creation_order(model), host=host)
+
+
+@pytest.mark.parametrize("zero_grad_to_none", [True, False])
+def test_the_first_step_traced_first_leaves_what_an_estimate_reads_as_it_was(zero_grad_to_none: bool) -> None:
+    """trace_optimizer traces the optimizer's first step first and the later step from the state it leaves (the
+    whole model's state made once, not twice: a third of the trace): every figure an estimate reads of it is the one
+    the trace made the other way gave, for every optimizer, in backward or not, gradients kept or set to None."""
+    from ckptbench.estimator.trace import trace_optimizer
+
+    sweep = {"layout": ["none"], "batch_size": [2], "seq_len": [64], "precision": ["bf16", "amp_bf16"],
+             "optimizer": ["adamw_fused", "adamw_foreach", "sgd", "adafactor", "adamw_8bit"],
+             "optimizer_in_backward": [False, True]}
+    cfg = tiny_config(device="cuda", sweep=sweep, zero_grad_to_none=zero_grad_to_none)
+    for point in cfg.points_list():
+        if point.optimizer == "adamw_8bit" and importlib.util.find_spec("bitsandbytes") is None:
+            continue
+        now = trace_optimizer(cfg, point, target="cuda")
+        assert _as_read(now) == _as_read(_traced_after_a_later_step(cfg, point)), point

@@ -73,7 +73,8 @@ def _build(cfg: SweepConfig, point: Point, num_layers: int | None, mode: FakeTen
     spec = cfg.model
     if num_layers is not None:
         spec = spec.model_copy(update={"overrides": {**spec.overrides, "num_hidden_layers": num_layers}})
-    model: Any = build_model(spec, device=_CPU, dtype=param_dtype(point.precision), seed=cfg.seed)
+    # (no weights re-initialised: a fake tensor holds no values, and a trace reads none)
+    model: Any = build_model(spec, device=_CPU, dtype=param_dtype(point.precision), seed=cfg.seed, reset=False)
     if point.lora != "none":
         with swappable_fake_parameters(mode):
             model = apply_lora(model, rank=int(point.lora[1:]), spec=cfg.lora)
@@ -81,9 +82,11 @@ def _build(cfg: SweepConfig, point: Point, num_layers: int | None, mode: FakeTen
 
 
 def _prepare(
-    cfg: SweepConfig, point: Point, tracker: StepTracker, num_layers: int | None, mode: FakeTensorMode, mesh: Any
+    cfg: SweepConfig, point: Point, tracker: StepTracker, num_layers: int | None, mode: FakeTensorMode, mesh: Any,
+    *, with_state: bool = True,
 ) -> tuple[Any, Sharded, list[torch.nn.Parameter], torch.optim.Optimizer]:
-    """Build (and shard) the fake model and its optimizer state (as after warm-up) and count them."""
+    """Build (and shard) the fake model and its optimizer state (as after warm-up; ``with_state=False``: the optimizer
+    without its state, which its first step makes) and count them."""
     model = _build(cfg, point, num_layers, mode)
     tracker.adopt(model.parameters(), PARAMS)
     tracker.adopt(model.buffers(), OTHER)
@@ -93,12 +96,13 @@ def _prepare(
     complete_fake_buckets(sharded)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = build_optimizer(point, params, lr=cfg.lr, zero_grad_to_none=cfg.zero_grad_to_none)
-    with tracker:
-        for p in params:
-            p.grad = torch.zeros_like(p)
-        opt.step()
-        opt.zero_grad(set_to_none=cfg.zero_grad_to_none)
-    _adopt_state(tracker, params, opt)
+    if with_state:
+        with tracker:
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            opt.step()
+            opt.zero_grad(set_to_none=cfg.zero_grad_to_none)
+        _adopt_state(tracker, params, opt)
     return model, sharded, params, opt
 
 
@@ -268,9 +272,11 @@ def trace_optimizer(
 
     With the optimizer in backward the step after backward finds no gradient (each was applied and
     freed by its hook during the backward, which ``trace_step`` traces): no gradient is made here.
-    After 'end', the same model's first optimizer step (which creates the optimizer state) is traced
-    with a new optimizer: segments 'grads_first' and 'opt_first', for the allocator replay's first
-    warm-up step (in backward too: its ``step()`` steps every parameter that holds a gradient).
+    First, the optimizer's first step (which creates its state) is traced: segments 'grads_first' and 'opt_first',
+    for the allocator replay's first warm-up step (in backward too: its ``step()`` steps every parameter that holds a
+    gradient); then, from the state it leaves (as ``_prepare`` leaves a short model's: the same step on zero
+    gradients, counted alike), the later step: 'grads', 'opt', 'zero'. (Traced after a later step, with an optimizer
+    of its own, the first step made the same requests: the whole model's state was made twice, a third of the trace.)
     """
     _check_optimizer_estimable(point)
     tracker = StepTracker(kernel_model(target))
@@ -278,7 +284,17 @@ def trace_optimizer(
         optim_8bit.traceable(point.optimizer, target=target), fake_process_group(point.parallel, rank=rank) as mesh,
         fake_mode() as mode,
     ):
-        model, _sharded, params, opt = _prepare(cfg, point, tracker, None, mode, mesh)
+        model, _sharded, params, opt = _prepare(cfg, point, tracker, None, mode, mesh, with_state=False)
+        with tracker:  # under ``_prepare``'s tag, so what the step keeps is counted as there
+            tracker.mark("grads_first")
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            tracker.mark("opt_first")
+            opt.step()
+            tracker.mark("after_first")
+            host = frozenset(_event_id(tracker, t) for t in tracker.kernels.host_resident(opt))
+            opt.zero_grad(set_to_none=cfg.zero_grad_to_none)
+        _adopt_state(tracker, params, opt)
         static = tuple(tracker.by_cat)
         with tracker:
             tracker.tag = GRADS
@@ -291,14 +307,6 @@ def trace_optimizer(
             tracker.mark("zero")
             opt.zero_grad(set_to_none=cfg.zero_grad_to_none)
             tracker.mark("end")
-            first = build_optimizer(point, params, lr=cfg.lr, zero_grad_to_none=cfg.zero_grad_to_none)
-            tracker.mark("grads_first")
-            for p in params:
-                p.grad = torch.zeros_like(p)
-            tracker.mark("opt_first")
-            first.step()
-            tracker.mark("after_first")
-            host = frozenset(_event_id(tracker, t) for t in tracker.kernels.host_resident(first))
     return replace(_result(tracker, static), build=creation_order(model), host=host)
 
 

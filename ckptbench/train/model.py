@@ -93,14 +93,17 @@ def _construct(cfg: PretrainedConfig) -> PreTrainedModel:
     return model
 
 
-def build_model(spec: ModelSpec, *, device: torch.device, dtype: torch.dtype, seed: int) -> PreTrainedModel:
-    """Construct the model directly on ``device`` in ``dtype`` (no CPU round trip), in train mode."""
+def build_model(spec: ModelSpec, *, device: torch.device, dtype: torch.dtype, seed: int,
+                reset: bool = True) -> PreTrainedModel:
+    """Construct the model directly on ``device`` in ``dtype`` (no CPU round trip), in train mode, its weights
+    re-initialised from ``seed`` (``reset=False``: as constructed, for fake tensors, which hold no values)."""
     cfg = hf_config(spec)
     # Parameters are allocated on the device in the final dtype: a 7B model builds in seconds on a GPU.
     with torch.device(device), _default_dtype(dtype):
         model = _construct(cfg)
     model.train()
-    reset_weights(model, seed=seed, std=cfg.initializer_range)
+    if reset:
+        reset_weights(model, seed=seed, std=cfg.initializer_range)
     return model
 
 
