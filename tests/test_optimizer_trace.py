@@ -88,13 +88,18 @@ def _traced_after_a_later_step(cfg: Any, point: Point) -> Any:
     step traced, then a new optimizer's first step (the reference of ``trace_optimizer``)."""
     from dataclasses import replace
 
-    import torch
-
     from ckptbench.estimator import optim_8bit
     from ckptbench.estimator.device_model import kernel_model
     from ckptbench.estimator.fake_mode import fake_mode
-    from ckptbench.estimator.step_trace import GRADS, TRANSIENT
-    from ckptbench.estimator.trace import _event_id, _prepare, _result, creation_order, fake_process_group
+    from ckptbench.estimator.step_trace import TRANSIENT
+    from ckptbench.estimator.trace import (
+        _prepare,
+        _result,
+        creation_order,
+        fake_process_group,
+        first_optimizer_step,
+        later_optimizer_step,
+    )
     from ckptbench.estimator.tracker import StepTracker
     from ckptbench.train.optimizers import build_optimizer
 
@@ -103,25 +108,12 @@ def _traced_after_a_later_step(cfg: Any, point: Point) -> Any:
           fake_mode() as mode):
         model, _, params, opt = _prepare(cfg, point, tracker, None, mode, mesh)
         static = tuple(tracker.by_cat)
+        later_optimizer_step(tracker, params, opt, in_backward=point.optimizer_in_backward,
+                             set_to_none=cfg.zero_grad_to_none)
+        first = build_optimizer(point, params, lr=cfg.lr, zero_grad_to_none=cfg.zero_grad_to_none)
         with tracker:
-            tracker.tag = GRADS
-            tracker.mark("grads")
-            for p in params if not point.optimizer_in_backward else []:
-                p.grad = torch.zeros_like(p)
             tracker.tag = TRANSIENT
-            tracker.mark("opt")
-            opt.step()
-            tracker.mark("zero")
-            opt.zero_grad(set_to_none=cfg.zero_grad_to_none)
-            tracker.mark("end")
-            first = build_optimizer(point, params, lr=cfg.lr, zero_grad_to_none=cfg.zero_grad_to_none)
-            tracker.mark("grads_first")
-            for p in params:
-                p.grad = torch.zeros_like(p)
-            tracker.mark("opt_first")
-            first.step()
-            tracker.mark("after_first")
-            host = frozenset(_event_id(tracker, t) for t in tracker.kernels.host_resident(first))
+            host = first_optimizer_step(tracker, params, first)
     return replace(_result(tracker, static), build=creation_order(model), host=host)
 
 

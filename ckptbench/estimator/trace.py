@@ -286,28 +286,43 @@ def trace_optimizer(
     ):
         model, _sharded, params, opt = _prepare(cfg, point, tracker, None, mode, mesh, with_state=False)
         with tracker:  # under ``_prepare``'s tag, so what the step keeps is counted as there
-            tracker.mark("grads_first")
-            for p in params:
-                p.grad = torch.zeros_like(p)
-            tracker.mark("opt_first")
-            opt.step()
-            tracker.mark("after_first")
-            host = frozenset(_event_id(tracker, t) for t in tracker.kernels.host_resident(opt))
+            host = first_optimizer_step(tracker, params, opt)
             opt.zero_grad(set_to_none=cfg.zero_grad_to_none)
         _adopt_state(tracker, params, opt)
         static = tuple(tracker.by_cat)
-        with tracker:
-            tracker.tag = GRADS
-            tracker.mark("grads")
-            for p in params if not point.optimizer_in_backward else []:
-                p.grad = torch.zeros_like(p)
-            tracker.tag = TRANSIENT
-            tracker.mark("opt")
-            opt.step()
-            tracker.mark("zero")
-            opt.zero_grad(set_to_none=cfg.zero_grad_to_none)
-            tracker.mark("end")
+        later_optimizer_step(tracker, params, opt, in_backward=point.optimizer_in_backward,
+                             set_to_none=cfg.zero_grad_to_none)
     return replace(_result(tracker, static), build=creation_order(model), host=host)
+
+
+def first_optimizer_step(tracker: StepTracker, params: list[torch.nn.Parameter], opt: torch.optim.Optimizer
+                         ) -> frozenset[int]:
+    """Trace an optimizer's first step, which makes its state (the tracker counting): every gradient made
+    ('grads_first'), the step ('opt_first'), until 'after_first'; the event ids of the state it keeps on the host."""
+    tracker.mark("grads_first")
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    tracker.mark("opt_first")
+    opt.step()
+    tracker.mark("after_first")
+    return frozenset(_event_id(tracker, t) for t in tracker.kernels.host_resident(opt))
+
+
+def later_optimizer_step(tracker: StepTracker, params: list[torch.nn.Parameter], opt: torch.optim.Optimizer, *,
+                         in_backward: bool, set_to_none: bool) -> None:
+    """Trace a step of an optimizer whose state exists: every gradient made ('grads'; none for an optimizer in
+    backward), the step ('opt'), zero_grad ('zero'), until 'end'."""
+    with tracker:
+        tracker.tag = GRADS
+        tracker.mark("grads")
+        for p in params if not in_backward else []:
+            p.grad = torch.zeros_like(p)
+        tracker.tag = TRANSIENT
+        tracker.mark("opt")
+        opt.step()
+        tracker.mark("zero")
+        opt.zero_grad(set_to_none=set_to_none)
+        tracker.mark("end")
 
 
 def _event_id(tracker: StepTracker, t: torch.Tensor) -> int:
