@@ -45,8 +45,9 @@ class Case:
 
 
 # The machine's reference, the same program for both versions: the import issue 38 quotes (3.1 s on the machine its
-# bars were set on), which no cold command can be faster than. Read the other figures against it: the machines these
-# benches ran on took 2.3 to 3.5 s for it, hour by hour. The process ends without the interpreter's teardown, as
+# bars were set on), which no cold command can be faster than. Read the other figures against it: the machine of
+# results/tool-speed/2026-12-06-session11 took 3.2 s for it there, 3.2 to 3.7 s that session hour by hour (the
+# earlier sessions' machines were faster at imports). The process ends without the interpreter's teardown, as
 # ckptbench's commands do (cli/process_end.py): with torch loaded the teardown alone took about a second.
 IMPORT_FLOOR = "import os, torch\nfrom transformers import LlamaForCausalLM\nLlamaForCausalLM.__init__\nos._exit(0)"
 

@@ -1,5 +1,6 @@
 """The whole model's optimizer trace is shared by the precisions whose weights have the same dtype (issue 24): fp32
-and the amp precisions (fp32 weights) run one optimizer trace, and their estimates are those of separate traces."""
+and the amp precisions (fp32 weights) run one optimizer trace, and their estimates are those of separate traces. Its
+first step, traced first (issue 38: the state made once), leaves every figure an estimate reads as the old order did."""
 
 from __future__ import annotations
 
