@@ -92,7 +92,6 @@ def _traced_after_a_later_step(cfg: Any, point: Point) -> Any:
     from ckptbench.estimator import optim_8bit
     from ckptbench.estimator.device_model import kernel_model
     from ckptbench.estimator.fake_mode import fake_mode
-    from ckptbench.estimator.step_trace import TRANSIENT
     from ckptbench.estimator.trace import (
         _prepare,
         _result,
@@ -111,9 +110,8 @@ def _traced_after_a_later_step(cfg: Any, point: Point) -> Any:
         static = tuple(tracker.by_cat)
         later_optimizer_step(tracker, params, opt, in_backward=point.optimizer_in_backward,
                              set_to_none=cfg.zero_grad_to_none)
-        first = build_optimizer(point, params, lr=cfg.lr, zero_grad_to_none=cfg.zero_grad_to_none)
-        with tracker:
-            tracker.tag = TRANSIENT
+        with tracker:  # (after 'end', as the later step left the tag)
+            first = build_optimizer(point, params, lr=cfg.lr, zero_grad_to_none=cfg.zero_grad_to_none)
             host = first_optimizer_step(tracker, params, first)
     return replace(_result(tracker, static), build=creation_order(model), host=host)
 
