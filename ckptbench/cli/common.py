@@ -222,6 +222,7 @@ class CommandSignals:
         self.stopping = False
         self.pid = os.getpid()
         self.previous: dict[int, Any] = {}
+        self.previous_hook: Any = None
 
     _fork_hook = False  # _default_in_forked_child registered (once per process: it cannot be taken back)
 
@@ -231,6 +232,7 @@ class CommandSignals:
             CommandSignals._fork_hook = True
         if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
             self.previous = {sig: signal.signal(sig, self._handle) for sig in taken_signals()}
+            self.previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
         # A signal that came while the command's modules were imported (cli/__init__.py held it) stops it now.
         held = [sig for handler in self.previous.values() for sig in getattr(handler, "held", ())]
         if held:
@@ -245,14 +247,27 @@ class CommandSignals:
             return
         from ckptbench.estimator import workers  # (imported by then where workers are forked: no torch)
 
-        if workers.building():  # workers half forked: the signal comes again once every one can be stopped
+        if workers.building():  # workers half forked, or a trace running: it comes again once that is over
             workers.hold(signum)
             return
         if not self.stopping:
             self.stopping, self.signum = True, signum
             raise Stopped(signum)
 
+    def _unraisable(self, info: sys.UnraisableHookArgs) -> None:
+        """A ``Stopped`` raised where Python cannot raise it (the signal came while a weak reference's callback or a
+        ``__del__`` ran: a fake tensor's storage freed in a trace, estimator/live_storage.py) is dropped there, with
+        an "Exception ignored" traceback, and the command went on to its end as if no signal had come (CI, once; 1 in
+        40 SIGTERMs to a cold estimate on a loaded 2-core machine): it is sent again, to land in ordinary code."""
+        if isinstance(info.exc_value, Stopped) and self.stopping and os.getpid() == self.pid:
+            self.stopping = False
+            send_again_soon(self.signum)
+            return
+        (self.previous_hook or sys.__unraisablehook__)(info)
+
     def __exit__(self, *exc: object) -> None:
+        if sys.unraisablehook == self._unraisable:
+            sys.unraisablehook = self.previous_hook or sys.__unraisablehook__
         for sig, handler in self.previous.items():
             # A sweep whose final status is written ignores signals until the process ends (cli/runs.py
             # Interrupts.keep_after_exit): that stays.
@@ -260,6 +275,14 @@ class CommandSignals:
                 # The early hold (cli/__init__.py) has done its work: the handler from before it comes back.
                 handler = getattr(handler, "original", {}).get(sig, handler)
                 signal.signal(sig, handler if handler is not None else signal.SIG_DFL)  # None: set outside Python
+
+
+def send_again_soon(signum: int) -> None:
+    """Send ``signum`` to this process again a moment later, from another thread (a stop signal raised where Python
+    can only drop it, inside a finalizer: not from there, where it would land in the same finalizer again)."""
+    again = threading.Timer(0.05, os.kill, (os.getpid(), signum))
+    again.daemon = True
+    again.start()
 
 
 def _default_in_forked_child() -> None:
@@ -289,6 +312,23 @@ def stop_children() -> None:
             child.join(timeout=2)
 
 
+def _stopped_under(exc: BaseException) -> KeyboardInterrupt | None:
+    """The stop signal (``Stopped``, or Ctrl-C's KeyboardInterrupt) an error was raised while handling, if any: a
+    signal is raised between any two bytecodes, also in the middle of a library's own bookkeeping (torch's stack of
+    dispatch modes, left half popped: its ``with`` block's exit then raised "trying to pop from empty mode stack"),
+    and an error raised while it unwound the command is the signal's doing, not a failure of its own."""
+    seen: set[int] = set()
+    found: BaseException | None = exc
+    while found is not None and id(found) not in seen:
+        if isinstance(found, KeyboardInterrupt):
+            return found
+        if found.__suppress_context__:  # raised on purpose in place of what it was handling ("from None")
+            return None
+        seen.add(id(found))
+        found = found.__context__
+    return None
+
+
 def stopped_exit(command: str | None, signum: int) -> typer.Exit:
     """After a stop signal in a command that does not say more itself: one line on stderr, exit 130 or 143. What
     a command writes is written whole or not at all (results/store.py atomic_file), so nothing is left cut."""
@@ -313,6 +353,11 @@ class Group(TyperGroup):
         except KeyboardInterrupt as exc:  # before click, which would print an empty line and abort
             signum = getattr(exc, "signum", signal.SIGINT)
             raise stopped_exit(ctx.invoked_subcommand, signum) from None
+        except Exception as exc:
+            stop = None if isinstance(exc, (typer.Exit, ClickException)) else _stopped_under(exc)
+            if stop is None:  # (a command's own exit, also one it chose for a signal: cli/runs.py interrupted)
+                raise
+            raise stopped_exit(ctx.invoked_subcommand, getattr(stop, "signum", signal.SIGINT)) from None
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("standalone_mode", True) is False:

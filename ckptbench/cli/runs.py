@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import shlex
 import signal
 import sys
-import threading
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -17,7 +15,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.markup import escape
 
-from ckptbench.cli.common import STOP_SIGNALS, Stopped, err, path_option, signal_exit_code
+from ckptbench.cli.common import STOP_SIGNALS, Stopped, err, path_option, send_again_soon, signal_exit_code
 from ckptbench.errors import CkptbenchError
 
 if TYPE_CHECKING:  # the sweep imports torch; the CLI stays fast to start
@@ -66,11 +64,8 @@ class Interrupts:
         if not (dropped and self.fired and not self.finishing):
             self.previous_hook(info)
             return
-        # Not from here (we may still be inside the finalizer): from another thread, a moment later.
         self.fired = False
-        again = threading.Timer(0.05, os.kill, (os.getpid(), self.signum))
-        again.daemon = True
-        again.start()
+        send_again_soon(self.signum)
 
     def __exit__(self, *exc: object) -> None:
         sys.unraisablehook = self.previous_hook

@@ -60,7 +60,7 @@ from ckptbench.estimator.record import CATEGORIES, Estimate, EstimateProgress, R
 from ckptbench.estimator.replay import StreamTooShort, fast_steps, full_steps, predict_reserved
 from ckptbench.estimator.step_trace import GRADS, OPTIMIZER_STATE, OTHER, PARAMS, StepTrace, add, only
 from ckptbench.estimator.trace_cache import TraceCache, TraceFailed, default_cache
-from ckptbench.estimator.workers import Background, map_pieces, share_pieces, worker_count
+from ckptbench.estimator.workers import Background, held_while_tracing, map_pieces, share_pieces, worker_count
 from ckptbench.results.record import PredictedOom, Prediction
 from ckptbench.results.store import Run
 from ckptbench.train.flops import CHECKPOINTED_PASS, OpCosts
@@ -231,9 +231,12 @@ class Estimator:
 
         done = 1
         import_for_tracing()  # before the fork: the forked processes share the import (not one each)
-        with relaxed():  # the young collections a trace's fake tensors make (estimator/collector.py)
-            for (q, i), made in share_pieces(lambda q, i: self._run_groups([queues[q][i]]), [len(p) for p in queues],
-                                             here=(1, 0), there=(0, 1), first=run_first, workers=workers):
+        pieces = share_pieces(lambda q, i: self._run_groups([queues[q][i]]), [len(p) for p in queues],
+                              here=(1, 0), there=(0, 1), first=run_first, workers=workers)
+        # (closed on the way out: what stops this loop (a stop signal in ``report``'s progress) leaves no process
+        # forked behind it until the exception is let go of)
+        with relaxed(), contextlib.closing(pieces):  # relaxed: the young collections a trace's fake tensors make
+            for (q, i), made in pieces:
                 self._take(made)
                 for _ in queues[q][i]:  # each trace of the piece: progress does not depend on the grouping
                     done += 1
@@ -376,7 +379,8 @@ class Estimator:
     def _guarded(self, kind: str, key: Any, trace: Callable[[Point], None], point: Point) -> Callable[[], None]:
         def run() -> None:
             try:
-                trace(point)
+                with held_while_tracing():  # a stop signal waits for the trace's end (estimator/workers.py)
+                    trace(point)
             except (TechniqueUnavailable, ModuleNotFoundError) as exc:
                 self._failed[key] = str(exc).splitlines()[0]
                 if isinstance(exc, TechniqueUnavailable):  # a refusal of this code and these libraries: kept too

@@ -15,6 +15,7 @@ piece is a pure function of the parent's state.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing
 import multiprocessing.connection
@@ -24,7 +25,7 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, TypeVar
@@ -39,11 +40,31 @@ _in_worker = False
 # and the exit waited on them with no end.
 _building = False
 _held: list[int] = []
+_tracing = 0  # traces running in this process (``held_while_tracing``)
 
 
 def building() -> bool:
-    """Whether this process is forking its workers now (a stop signal is then held until they are all kept)."""
-    return _building
+    """Whether a stop signal must wait now: this process is forking its workers (until they are all kept to be
+    stopped) or running a trace (``held_while_tracing``)."""
+    return _building or _tracing > 0
+
+
+@contextlib.contextmanager
+def held_while_tracing() -> Iterator[None]:
+    """A stop signal that comes inside the block is held to its end, and raised there. A trace runs torch's and
+    transformers' code, which Python calls back from C++ in the middle of torch's own bookkeeping: raised there, the
+    command's ``Stopped`` aborted the process (a dispatch rule's lookup: pybind11's terminate, exit -6), left torch's
+    stack of dispatch modes half popped (the unwinding then failed with "trying to pop from empty mode stack"), or
+    was dropped inside a fake storage's weak-reference callback (the command went on to its end): 3 of 100 SIGTERMs
+    to a cold estimate on a loaded 2-core machine. A trace takes 0.1 to 1 s: the stop waits at most that long."""
+    global _tracing
+    _tracing += 1
+    try:
+        yield
+    finally:
+        _tracing -= 1
+        if not _tracing and not _building:
+            _send_held()
 
 
 def hold(signum: int) -> None:
@@ -93,15 +114,35 @@ def _send_held() -> None:
         os.kill(os.getpid(), signum)
 
 
-def _mark_worker() -> None:
+def _mark_worker(parent: int) -> None:
     global _in_worker, _building
     _in_worker, _building = True, False
     # Ctrl-C reaches the whole process group: the parent alone answers it (it stops the workers); a worker's own
     # KeyboardInterrupt would print a traceback per worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _end_with(parent)
 
 
-def map_pieces(task: Callable[[int], R], count: int, *, workers: int | None = None) -> Iterator[tuple[int, R]]:
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when the thread that forked it ends
+
+
+def _end_with(parent: int) -> None:
+    """This forked process is killed when ``parent`` (the process that forked it, whose forking thread waits for
+    its workers) ends, however it ends. A worker blocked sending a result larger than a pipe's buffer otherwise
+    outlived a parent that ended without stopping it (its own copy of the pipe's reading end kept the pipe open): it
+    held the command's stderr open, and a caller reading it to its end waited with no end (CI, once)."""
+    try:
+        import ctypes  # (Linux: the only system workers are forked on)
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it ended before the request was made
+        os._exit(1)
+
+
+def map_pieces(task: Callable[[int], R], count: int, *, workers: int | None = None
+               ) -> Generator[tuple[int, R], None, None]:
     """``(i, task(i))`` for i in 0..count-1, as each finishes (in order when they run here): ``share_pieces`` with one
     queue, taken in order by this process and ``workers - 1`` forked ones.
 
@@ -110,14 +151,16 @@ def map_pieces(task: Callable[[int], R], count: int, *, workers: int | None = No
     end to be terminated, in CI: likely on its task queue's lock, which its ``terminate`` takes and a worker waiting
     for its first task holds.)
     """
-    for (_, i), result in share_pieces(lambda _, i: task(i), [count], here=(0,), there=(0,), workers=workers):
-        yield i, result
+    pieces = share_pieces(lambda _, i: task(i), [count], here=(0,), there=(0,), workers=workers)
+    with contextlib.closing(pieces):  # its processes stopped as this generator ends, whatever ends it
+        for (_, i), result in pieces:
+            yield i, result
 
 
 def share_pieces(
     task: Callable[[int, int], R], sizes: Sequence[int], *, here: Sequence[int], there: Sequence[int],
     first: Callable[[], None] | None = None, workers: int | None = None,
-) -> Iterator[tuple[tuple[int, int], R]]:
+) -> Generator[tuple[tuple[int, int], R], None, None]:
     """Pieces in queues (``sizes[q]`` of them in queue ``q``; piece ``i`` of it is ``task(q, i)``), shared between
     this process and ``workers - 1`` forked ones (None: one per core in all): each takes the next piece of the first
     queue in its order that has one left (``here``: this process's order, ``there``: the forked ones'), so that
@@ -165,7 +208,8 @@ def share_pieces(
                 _building = True
                 for _ in range(n - 1):
                     receive, send = context.Pipe(duplex=False)
-                    process = context.Process(target=_share, args=(task, take, there, send), daemon=True)
+                    process = context.Process(target=_share, args=(task, take, there, send, os.getpid()),
+                                              daemon=True)
                     process.start()
                     send.close()
                     processes.append(process)
@@ -221,9 +265,9 @@ def share_pieces(
 
 
 def _share(task: Callable[[int, int], Any], take: Callable[[Sequence[int]], tuple[int, int] | None],
-           order: Sequence[int], send: Any) -> None:
+           order: Sequence[int], send: Any, parent: int) -> None:
     """A forked process of ``share_pieces``: the pieces it takes, each result (or why it failed) sent back."""
-    _mark_worker()
+    _mark_worker(parent)
     try:
         while (piece := take(order)) is not None:
             try:
@@ -275,7 +319,7 @@ class Background(Generic[R]):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)  # forking with threads: see share_pieces
                 _building = True
-                process = context.Process(target=_background, args=(task, send), daemon=True)
+                process = context.Process(target=_background, args=(task, send, os.getpid()), daemon=True)
                 process.start()
         finally:
             _building = False
@@ -316,9 +360,9 @@ class Background(Generic[R]):
         self._stop()
 
 
-def _background(task: Callable[[], Any], send: Any) -> None:
+def _background(task: Callable[[], Any], send: Any, parent: int) -> None:
     """The forked process of a ``Background``: the task's result and the warnings it raised, or why it failed."""
-    _mark_worker()
+    _mark_worker(parent)
     try:
         with warnings.catch_warnings(record=True) as caught:  # under the filters this process had at the fork
             result = task()
