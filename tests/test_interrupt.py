@@ -289,7 +289,7 @@ print("; ".join(said))
 
 def test_a_stop_signal_waits_for_the_trace_and_every_trace_job_holds_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """Raised inside a trace, ``Stopped`` aborted the process (pybind11 terminate, -6) or left torch's dispatch
-    modes broken (3 of 100 SIGTERMs to a cold estimate under load): a signal inside ``held_while_tracing`` is raised
+    modes broken (3 of 142 SIGTERMs to a cold estimate under load): a signal inside ``held_while_tracing`` is raised
     at its end; the Estimator runs each trace under it."""
     found = subprocess.run([sys.executable, "-c", _STOP_WHILE_TRACING], capture_output=True, text=True, cwd=REPO,
                            env=ENV, timeout=60)

@@ -55,7 +55,7 @@ def held_while_tracing() -> Iterator[None]:
     transformers' code, which Python calls back from C++ in the middle of torch's own bookkeeping: raised there, the
     command's ``Stopped`` aborted the process (a dispatch rule's lookup: pybind11's terminate, exit -6), left torch's
     stack of dispatch modes half popped (the unwinding then failed with "trying to pop from empty mode stack"), or
-    was dropped inside a fake storage's weak-reference callback (the command went on to its end): 3 of 100 SIGTERMs
+    was dropped inside a fake storage's weak-reference callback (the command went on to its end): 3 of 142 SIGTERMs
     to a cold estimate on a loaded 2-core machine. A trace takes 0.1 to 1 s: the stop waits at most that long."""
     global _tracing
     _tracing += 1
