@@ -63,8 +63,7 @@ def held_while_tracing() -> Iterator[None]:
         yield
     finally:
         _tracing -= 1
-        if not _tracing and not _building:
-            _send_held()
+        _send_held()
 
 
 def hold(signum: int) -> None:
@@ -107,8 +106,9 @@ class _Failed:
 
 
 def _send_held() -> None:
-    """Send again the stop signal held while workers were forked (the command's handler raises it now)."""
-    if _held:
+    """Send again the stop signal held while workers were forked or a trace ran (the command's handler raises it now),
+    once nothing holds it any more."""
+    if _held and not building():
         signum = _held[0]
         _held.clear()
         os.kill(os.getpid(), signum)
