@@ -182,6 +182,77 @@ def test_estimate_golden(width: int) -> None:
     golden(f"estimate-tiny-{width}.txt", text)
 
 
+# ------------------------------------------------------------------ plain text: the body joined here, as rich would
+
+
+class _AsciiFile(io.StringIO):
+    encoding = "ascii"  # rich then draws its boxes in ASCII
+
+
+def _both(table: FitTable, width: int, file: type[io.StringIO] = io.StringIO) -> tuple[str, str, bool]:
+    """What a plain console prints of ``table`` (its body joined by FitTable) and of rich's own table, unstripped;
+    whether the first left its body to rich."""
+    texts, by_rich = [], []
+    original = FitTable._table
+
+    def made(self: FitTable, *args: object, rows: bool = True) -> object:
+        by_rich.append(rows)
+        return original(self, *args, rows=rows)  # type: ignore[arg-type]
+
+    for renderable in (table, table.table(width)):
+        console = Console(file=file(), width=width, color_system=None, legacy_windows=False)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(FitTable, "_table", made)
+            console.print(renderable)
+        texts.append(console.file.getvalue())  # type: ignore[attr-defined]
+    return texts[0], texts[1], any(by_rich)
+
+
+def _tables() -> Iterator[tuple[str, FitTable]]:
+    estimates, measured = estimates_like(TINY)
+    yield "estimate", estimate_table(estimates, name="tiny-capped", measured=measured)
+    yield "summary", summary_table(load_run(SYNTHETIC))
+    cols = [Column("name", wrap=True, min_width=6, breaks="@"), Column("value", numeric=True),
+            Column("note", priority=2, wrap=True, min_width=8), Column("extra", priority=3)]
+    rows = [{"name": "every:2@selective, last:6", "value": "1,234.5 GiB", "note": "a few words that wrap here",
+             "extra": "x"},
+            {"name": "none", "value": "7", "note": "", "extra": ""},
+            {"name": "all", "value": "12 s  ", "note": "one\ntwo lines", "extra": "yes"},
+            {"name": "ascii ×", "value": "1", "note": "-", "extra": "-"}]  # a wider character: rich's own path
+    yield "mixed", FitTable(rows, cols, title="a [bold]title[/] that is long enough to wrap at forty columns",
+                            caption="a caption", styles=[None, "yellow", None, None], title_justify="left")
+    yield "plain rows", FitTable(rows[:3], cols, caption="only a caption")
+    yield "no rows", FitTable([], cols, title="empty")
+
+
+@pytest.mark.parametrize("width", [24, 40, 57, 80, 120, 200])
+def test_plain_tables_print_what_rich_prints_byte_for_byte(width: int) -> None:
+    for name, table in _tables():
+        for file in (io.StringIO, _AsciiFile):
+            mine, theirs, by_rich = _both(table, width, file)
+            assert mine == theirs, f"{name} at {width} columns ({file.__name__})"
+            # what this compares: the body joined here, except where a cell needs rich (a wider character) or the
+            # terminal is too narrow for the columns (their headers wrap)
+            fit = fit_columns(table.columns, table.rows, width)
+            narrow = sum(fit.widths) + 3 * len(fit.widths) + 1 > width or any(
+                w < len(c.name) for c, w in zip(fit.columns, fit.widths, strict=True))
+            assert by_rich == (name == "mixed" or narrow), f"{name} at {width} columns"
+
+
+def test_a_plain_console_takes_the_joined_body_a_coloured_one_rich() -> None:
+    from ckptbench.render import tables
+
+    estimates, measured = estimates_like(TINY)
+    table = estimate_table(estimates, name="tiny-capped", measured=measured)
+    fit = fit_columns(table.columns, table.rows, 200)
+    assert tables._plain_lines(table.rows, fit) is not None  # what the byte-for-byte test compares is this path
+    # a character rich measures or changes: the whole table left to rich
+    assert tables._plain_lines([{c.name: "a\tb" for c in fit.columns}], fit) is None
+    coloured = Console(file=io.StringIO(), width=200, force_terminal=True, color_system="truecolor")
+    coloured.print(table)
+    assert "\x1b[" in coloured.file.getvalue()  # type: ignore[attr-defined]  # rich's styles: bold header, yellow rows
+
+
 # ------------------------------------------------------------------ the width of stdout
 
 

@@ -18,9 +18,11 @@ import re
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from rich import box
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, JustifyMethod, RenderResult
 from rich.measure import Measurement
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
@@ -242,30 +244,110 @@ class FitTable:
 
     def table(self, width: int) -> Table:
         """The rich table for a console ``width`` columns wide."""
-        fit = fit_columns(self.columns, self.rows, width)
-        captions = [self.caption] if self.caption else []
-        if fit.left_out:
-            captions.append(f"not shown at {width} columns: {', '.join(fit.left_out)} ({self.complete_hint})")
+        return self._table(width, fit_columns(self.columns, self.rows, width))
+
+    def _table(self, width: int, fit: Fit, *, rows: bool = True) -> Table:
+        """The rich table of ``fit`` (``rows=False``: its title, header and caption only)."""
         table = Table(title=rich_safe(self.title) if self.title else None,
-                      caption=rich_safe("\n".join(captions)) or None, header_style="bold",
+                      caption=rich_safe(self._caption(width, fit)) or None, header_style="bold",
                       title_justify=self.title_justify)
-        narrow = sum(fit.widths) + _overhead(len(fit.widths)) > width or any(
-            w < cell_len(c.name) for c, w in zip(fit.columns, fit.widths, strict=True))
+        narrow = _narrow(fit, width)
         for col, w in zip(fit.columns, fit.widths, strict=True):
             # A header wider than its column (a narrow terminal) wraps: never its cells, which fit.
             table.add_column(col.name, justify="right" if col.numeric else "left", width=w,
                              no_wrap=not col.wrap and not narrow, overflow="fold")
-        for row, style in zip(self.rows, self.styles, strict=True):
-            cells = (wrap_text(row.get(c.name, ""), w, breaks=c.breaks) if c.wrap else row.get(c.name, "")
-                     for c, w in zip(fit.columns, fit.widths, strict=True))
-            table.add_row(*(Text(cell) for cell in cells), style=style)
+        for row, style in zip(self.rows, self.styles, strict=True) if rows else ():
+            table.add_row(*(Text(cell) for cell in _cells(row, fit)), style=style)
         return table
 
+    def _caption(self, width: int, fit: Fit) -> str:
+        captions = [self.caption] if self.caption else []
+        if fit.left_out:
+            captions.append(f"not shown at {width} columns: {', '.join(fit.left_out)} ({self.complete_hint})")
+        return "\n".join(captions)
+
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield self.table(options.max_width)
+        width = options.max_width
+        fit = fit_columns(self.columns, self.rows, width)
+        lines = _plain_lines(self.rows, fit) if console.color_system is None and not _narrow(fit, width) else None
+        plain = None if lines is None else _plain_table(self._table(width, fit, rows=False), lines, fit.widths,
+                                                         console, options)
+        if plain is None:
+            yield self._table(width, fit)
+        else:
+            yield from plain
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
         return Measurement.get(console, options, self.table(options.max_width))
+
+
+def _narrow(fit: Fit, width: int) -> bool:
+    """Whether even the fit's columns overflow ``width``, or a header is wider than its column (it then wraps)."""
+    return sum(fit.widths) + _overhead(len(fit.widths)) > width or any(
+        w < cell_len(c.name) for c, w in zip(fit.columns, fit.widths, strict=True))
+
+
+def _cells(row: dict[str, str], fit: Fit) -> list[str]:
+    """A row's cells as the fit shows them (wrapping columns folded to their width)."""
+    return [wrap_text(row.get(c.name, ""), w, breaks=c.breaks) if c.wrap else row.get(c.name, "")
+            for c, w in zip(fit.columns, fit.widths, strict=True)]
+
+
+# A console without colours or styles shows a table as plain text: the body's lines are joined here, as rich lays them
+# out (the fit's widths, one space of padding each side, text left or numbers right, a cell's lines from the top), in
+# a few string operations per row rather than rich's renderables per cell: the 704-point estimate's table took 0.45 s
+# of its 10.7 s in rich, on a 2-core machine. Title, header, borders and caption are still rich's own; a cell rich
+# would change (a control character, a tab, a line wider than its column, a trailing newline) leaves the whole table
+# to rich. tests/test_tables.py holds both to the same bytes.
+PlainRow = list[list[str]]  # a row's cells, each as its lines padded to the column's width
+
+
+def _plain_lines(rows: Sequence[dict[str, str]], fit: Fit) -> list[PlainRow] | None:
+    """Every body row's cells as padded lines, or None where one cell needs rich's own rendering."""
+    widths, right = fit.widths, [c.numeric for c in fit.columns]
+    out: list[PlainRow] = []
+    for row in rows:
+        cells: PlainRow = []
+        for text, w, numeric in zip(_cells(row, fit), widths, right, strict=True):
+            if not text.isascii() or not text.replace("\n", "").isprintable() or text.endswith("\n"):
+                return None  # (rich measures other characters by cells, expands tabs, drops control codes)
+            lines = text.split("\n")
+            if any(len(line) > w for line in lines):
+                return None
+            cells.append([line.rstrip().rjust(w) if numeric else line.ljust(w) for line in lines])
+        out.append(cells)
+    return out
+
+
+def _plain_table(frame: Table, rows: list[PlainRow], widths: Sequence[int], console: Console,
+                 options: ConsoleOptions) -> list[Segment] | None:
+    """``frame`` (the table without rows: title, header, caption) with ``rows`` as its body (content ``widths``), as
+    rich renders the whole table: rich draws the line under the header, then the bottom line, also where no row comes
+    between them; the body goes between the two. None where rich drew something else there."""
+    shell = list(console.render(frame, options))
+    if not rows:
+        return shell
+    lines = list(Segment.split_lines(shell))
+    table_box = (frame.box or box.HEAVY_HEAD).substitute(
+        options, safe=console.safe_box if frame.safe_box is None else frame.safe_box)
+    spans = [w + 2 for w in widths]
+    texts = ["".join(s.text for s in line) for line in lines]
+    head = table_box.get_row(spans, "head", edge=True)  # (the top line may read as the bottom: ASCII draws both alike)
+    at = texts.index(head) + 1 if head in texts else 0
+    if not at or at >= len(texts) or texts[at] != table_box.get_bottom(spans):
+        return None
+    out: list[Segment] = []
+    for line in lines[:at]:
+        out += [*line, Segment.line()]
+    for n, cells in enumerate(rows):
+        left, mid, right = ((table_box.foot_left, table_box.foot_vertical, table_box.foot_right) if n == len(rows) - 1
+                            else (table_box.mid_left, table_box.mid_vertical, table_box.mid_right))
+        for i in range(max(len(cell) for cell in cells)):
+            parts = [f" {cell[i]} " if i < len(cell) else " " * span for cell, span in zip(cells, spans, strict=True)]
+            out += [Segment(left + mid.join(parts) + right), Segment.line()]
+    for line in lines[at:]:
+        out += [*line, Segment.line()]
+    return out
 
 
 def status_style(status: str) -> str | None:
