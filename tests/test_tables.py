@@ -189,9 +189,10 @@ class _AsciiFile(io.StringIO):
     encoding = "ascii"  # rich then draws its boxes in ASCII
 
 
-def _both(table: FitTable, width: int, file: type[io.StringIO] = io.StringIO) -> tuple[str, str, bool]:
-    """What a plain console prints of ``table`` (its body joined by FitTable) and of rich's own table, unstripped;
-    whether the first left its body to rich."""
+def _both(table: FitTable, width: int, file: type[io.StringIO] = io.StringIO, *, colour: bool = False
+          ) -> tuple[str, str, bool]:
+    """What a console prints of ``table`` (its body joined by FitTable) and of rich's own table, unstripped; whether
+    the first left its body to rich. ``colour``: a truecolor terminal, else a console without colours."""
     texts, by_rich = [], []
     original = FitTable._table
 
@@ -200,7 +201,8 @@ def _both(table: FitTable, width: int, file: type[io.StringIO] = io.StringIO) ->
         return original(self, *args, rows=rows)  # type: ignore[arg-type]
 
     for renderable in (table, table.table(width)):
-        console = Console(file=file(), width=width, color_system=None, legacy_windows=False)
+        console = Console(file=file(), width=width, color_system="truecolor" if colour else None,
+                          force_terminal=colour, legacy_windows=False)
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(FitTable, "_table", made)
             console.print(renderable)
@@ -228,18 +230,19 @@ def _tables() -> Iterator[tuple[str, FitTable]]:
 @pytest.mark.parametrize("width", [24, 40, 57, 80, 120, 200])
 def test_plain_tables_print_what_rich_prints_byte_for_byte(width: int) -> None:
     for name, table in _tables():
-        for file in (io.StringIO, _AsciiFile):
-            mine, theirs, by_rich = _both(table, width, file)
-            assert mine == theirs, f"{name} at {width} columns ({file.__name__})"
-            # what this compares: the body joined here, except where a cell needs rich (a wider character) or the
-            # terminal is too narrow for the columns (their headers wrap)
+        for file, colour in ((io.StringIO, False), (_AsciiFile, False), (io.StringIO, True)):
+            mine, theirs, by_rich = _both(table, width, file, colour=colour)
+            assert mine == theirs, f"{name} at {width} columns ({file.__name__}, colour {colour})"
+            # what this compares: the body joined here, except where a cell needs rich (a wider character), the
+            # terminal is too narrow for the columns (their headers wrap), or colours show a row's style
             fit = fit_columns(table.columns, table.rows, width)
             narrow = sum(fit.widths) + 3 * len(fit.widths) + 1 > width or any(
                 w < len(c.name) for c, w in zip(fit.columns, fit.widths, strict=True))
-            assert by_rich == (name == "mixed" or narrow), f"{name} at {width} columns"
+            styled = colour and any(table.styles)
+            assert by_rich == (name == "mixed" or narrow or styled), f"{name} at {width} columns, colour {colour}"
 
 
-def test_a_plain_console_takes_the_joined_body_a_coloured_one_rich() -> None:
+def test_plain_rows_take_the_joined_body_a_character_rich_measures_does_not() -> None:
     from ckptbench.render import tables
 
     estimates, measured = estimates_like(TINY)
@@ -250,7 +253,7 @@ def test_a_plain_console_takes_the_joined_body_a_coloured_one_rich() -> None:
     assert tables._plain_lines([{c.name: "a\tb" for c in fit.columns}], fit) is None
     coloured = Console(file=io.StringIO(), width=200, force_terminal=True, color_system="truecolor")
     coloured.print(table)
-    assert "\x1b[" in coloured.file.getvalue()  # type: ignore[attr-defined]  # rich's styles: bold header, yellow rows
+    assert "\x1b[" in coloured.file.getvalue()  # type: ignore[attr-defined]  # rich's styles: the bold header
 
 
 # ------------------------------------------------------------------ the width of stdout

@@ -269,7 +269,10 @@ class FitTable:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
         fit = fit_columns(self.columns, self.rows, width)
-        lines = _plain_lines(self.rows, fit) if console.color_system is None and not _narrow(fit, width) else None
+        # (a coloured console too where no row has a style of its own: rich's cells are then as plain; the header's
+        # bold, the title's and the caption's styles are rich's)
+        joined = (console.color_system is None or not any(self.styles)) and not _narrow(fit, width)
+        lines = _plain_lines(self.rows, fit) if joined else None
         plain = None if lines is None else _plain_table(self._table(width, fit, rows=False), lines, fit.widths,
                                                          console, options)
         if plain is None:
@@ -293,12 +296,13 @@ def _cells(row: dict[str, str], fit: Fit) -> list[str]:
             for c, w in zip(fit.columns, fit.widths, strict=True)]
 
 
-# A console without colours or styles shows a table as plain text: the body's lines are joined here, as rich lays them
-# out (the fit's widths, one space of padding each side, text left or numbers right, a cell's lines from the top), in
-# a few string operations per row rather than rich's renderables per cell: the 704-point estimate's table took 0.45 s
-# of its 10.7 s in rich, on a 2-core machine. Title, header, borders and caption are still rich's own; a cell rich
-# would change (a control character, a tab, a line wider than its column, a trailing newline) leaves the whole table
-# to rich. tests/test_tables.py holds both to the same bytes.
+# A table whose rows are plain text (a console without colours, or rows without a style of their own) has its body's
+# lines joined here, as rich lays them out (the fit's widths, one space of padding each side, text left or numbers
+# right, a cell's lines from the top), in a few string operations per row rather than rich's renderables per cell: the
+# 704-point estimate's table took 0.45 s of its 10.7 s in rich, on a 2-core machine. Title, header, borders and
+# caption are still rich's own; a cell rich would change (a character other than printable ASCII, a tab, a line wider
+# than its column, a trailing newline) leaves the whole table to rich. tests/test_tables.py holds both to the same
+# bytes, with and without colours.
 PlainRow = list[list[str]]  # a row's cells, each as its lines padded to the column's width
 
 
