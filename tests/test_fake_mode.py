@@ -12,6 +12,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, _CacheKeyState
 
 from ckptbench.estimator import fake_mode as fm
+from ckptbench.estimator import op_costs
 from ckptbench.estimator import trace as trace_module
 from ckptbench.estimator.events import ALLOC
 from ckptbench.estimator.trace import trace_step
@@ -285,11 +286,33 @@ def _bursts_sorted(events: Any) -> list[Any]:
 def test_a_step_traces_identically_under_pytorchs_own_mode(precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = tiny_config(sweep={"layout": ["every:2"], "batch_size": [2], "seq_len": [32], "precision": [precision]})
     point = cfg.points_list()[0]
+    op_costs._BY_KEY.clear()
     fast = trace_step(cfg, point, target="cuda")
-    monkeypatch.setattr(trace_module, "fake_mode", FakeTensorMode)
+    assert op_costs._BY_KEY  # the ops' costs were kept by their keys (and read back: a layer's ops repeat)
+    again = trace_step(cfg, point, target="cuda")  # every op's cost from the memo
+    monkeypatch.setattr(trace_module, "fake_mode", FakeTensorMode)  # no key: every op's cost worked out
     slow = trace_step(cfg, point, target="cuda")
     assert fast.events and _bursts_sorted(fast.events) == _bursts_sorted(slow.events)
     assert fast.segments == slow.segments and fast.static == slow.static
+    assert fast.op_costs == again.op_costs == slow.op_costs and fast.op_costs
+
+
+def test_the_op_key_is_the_cached_op_asked_for_never_a_view_or_an_op_run_to_answer_it() -> None:
+    mode = fm.FastKeyFakeTensorMode()
+    with mode:
+        x = torch.empty(4, 6)
+        assert mode.op_key() is not None  # empty's own (taken: nothing is left for the next op)
+        x + x
+        key = mode.op_key()
+        assert key is not None and FakeTensorMode.cache.get(key) is not None
+        assert mode.op_key() is None  # taken once
+        x.view(24)  # a view answered directly: no key, and not the add's again
+        assert mode.op_key() is None
+        x + x  # a cache hit: the same key
+        assert mode.op_key() == key
+        torch.nn.functional.silu(x)  # an op of its own, whatever it runs to answer it
+        silu = mode.op_key()
+        assert silu is not None and silu != key and silu.key[1] is aten.silu.default
 
 
 def test_an_older_pytorch_without_the_key_gets_the_plain_mode(monkeypatch: pytest.MonkeyPatch) -> None:

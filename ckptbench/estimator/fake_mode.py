@@ -90,6 +90,7 @@ _VIEW_CHECKS: dict[Any, tuple[Any, ...]] = {
 _PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
 _MAKE_SUBCLASS = torch.Tensor._make_subclass
 _DISABLE_TORCH_DISPATCH = torch._C._DisableTorchDispatch
+_BYPASS_ENTRY = getattr(fake_tensor, "_DispatchCacheBypassEntry", None)  # the cache's entry for an op it does not cache
 
 
 # The ops PyTorch's uncached path answers with their meta kernel, and those it answers otherwise (a decomposition, its
@@ -142,9 +143,33 @@ class FastKeyFakeTensorMode(FakeTensorMode):
 
     __torch_dispatch__ = unguarded(vars(FakeTensorMode).get("__torch_dispatch__", FakeTensorMode.__torch_dispatch__))
 
+    _ckptbench_depth = 0  # how deep dispatch is nested: 1 for an op the mode above (the tracker) asked for
+    _ckptbench_key: Any = None  # the key of that op, once made
+
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         return False  # a trace never compiles (TorchDispatchMode.__init_subclass__ would wrap the method above again)
+
+    def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        depth = self._ckptbench_depth
+        if not depth:
+            self._ckptbench_key = None
+        self._ckptbench_depth = depth + 1
+        try:
+            return super().dispatch(func, types, args, kwargs)
+        finally:
+            self._ckptbench_depth = depth
+
+    def op_key(self) -> Any:
+        """The dispatch-cache key of the op this mode last answered for the mode above it (not one of the ops it ran
+        to answer it), where the cache holds an entry for it: the op's outputs are then a function of the key (a view
+        answered directly, an op the cache bypasses: None). What the tracker's op costs are kept by
+        (estimator/op_costs.py)."""
+        key, self._ckptbench_key = self._ckptbench_key, None
+        if key is None or _BYPASS_ENTRY is None:
+            return None
+        entry = FakeTensorMode.cache.get(key)
+        return key if entry is not None and not isinstance(entry, _BYPASS_ENTRY) else None
 
     def _cached_dispatch_impl(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         if (func is _UNSAFE_VIEW or func in DIRECT_VIEWS) and not kwargs and self.shape_env is None:
@@ -223,7 +248,10 @@ class FastKeyFakeTensorMode(FakeTensorMode):
                     self._describe(key, (value,))
         except _Fallback:
             return super()._cache_key(state, func, args, kwargs)
-        return fake_tensor._DispatchCacheKey(tuple(key))
+        made = fake_tensor._DispatchCacheKey(tuple(key))
+        if self._ckptbench_depth == 1:
+            self._ckptbench_key = made
+        return made
 
     def _describe(self, key: list[object], args: Any) -> None:
         key.append(len(args))
@@ -349,6 +377,7 @@ def _overridable() -> bool:
         "_get_output_tensor_from_cache_entry": ["self", "state", "entry", "key", "func", "args"],
         "_dispatch_impl": ["self", "func", "types", "args", "kwargs"],
         "wrap_meta_outputs_with_default_device_logic": ["self", "r", "func", "flat_args", "device"],
+        "dispatch": ["self", "func", "types", "args", "kwargs"],
     }
     for name, parameters in expected.items():
         method = getattr(FakeTensorMode, name, None)

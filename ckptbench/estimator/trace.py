@@ -183,6 +183,7 @@ def trace_step(
         eager_transformers(), prepared.mode if prepared is not None else fake_mode() as mode,
         contextlib.ExitStack() as stack,
     ):
+        tracker.op_key = getattr(mode, "op_key", None)  # (FastKeyFakeTensorMode's; a plain mode keeps no key)
         if prepared is None:
             model, sharded, params, opt = _prepare(cfg, point, tracker, num_layers, mode, mesh)
             prepared = _Prepared(mode, model, sharded, params, opt)
@@ -284,6 +285,7 @@ def trace_optimizer(
         optim_8bit.traceable(point.optimizer, target=target), fake_process_group(point.parallel, rank=rank) as mesh,
         fake_mode() as mode,
     ):
+        tracker.op_key = getattr(mode, "op_key", None)
         model, _sharded, params, opt = _prepare(cfg, point, tracker, None, mode, mesh, with_state=False)
         with tracker:  # under ``_prepare``'s tag, so what the step keeps is counted as there
             host = first_optimizer_step(tracker, params, opt)
