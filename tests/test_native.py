@@ -365,6 +365,32 @@ def test_a_process_replayed_in_c_is_the_general_rules(monkeypatch: pytest.Monkey
 
 
 @WITH_NATIVE
+def test_of_cached_blocks_of_one_size_a_request_takes_the_lowest_address_in_c_as_by_the_general_rules() -> None:
+    """One 20 MiB segment in five 4 MiB blocks; the first, third and fifth freed: three cached blocks of one size. A
+    4 MiB request takes the lowest (at 0), so that freeing the fourth merges it with the third and fifth into 12 MiB,
+    which a 12 MiB request then takes: 20 MiB reserved. Had it taken the highest, the fourth would merge with the
+    third alone (8 MiB) and the 12 MiB request would need a segment of its own: 32 MiB."""
+    step = StepEvents()
+    step.begin("start")
+    step.begin("pre@0")
+    a, b, c, d, e = (step.alloc(4 * MIB) for _ in range(5))
+    for key in (a, c, e):
+        step.free(key)
+    x = step.alloc(4 * MIB)
+    step.free(d)
+    y = step.alloc(12 * MIB)
+    for key in (b, x, y):
+        step.free(key)
+    step.begin("opt")
+    step.begin("zero")
+    process = ProcessModel(warmup_steps=1, measured_steps=1, workspaces=(), build=(), batch_bytes=512)
+    limit = DeviceLimit(GIB, 1.0, 0)
+    in_c = replay_point(step, step, process, parse_alloc_conf(""), limit)
+    assert in_c == replay_point(step, step, process, parse_alloc_conf(""), limit, in_c=False)
+    assert in_c.peak_reserved_bytes == 20 * MIB + 2 * MIB  # (and the batch's small segment)
+
+
+@WITH_NATIVE
 @pytest.mark.parametrize("total_mib", [27, 30, 60])
 def test_a_retry_that_fits_and_one_that_does_not_are_replayed_in_c_as_by_the_general_rules(total_mib: int) -> None:
     """3 MiB leaves a whole cached 20 MiB segment; 25 MiB then needs a new 26 MiB one, over the limit with it: the
