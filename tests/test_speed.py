@@ -551,8 +551,9 @@ def test_tracing_is_imported_with_the_collector_paused_and_frozen_only_where_ask
     this import brought torch in (where torch came first, a model built with it may be alive: nothing is frozen); a
     caller's process (the Python API's) keeps its collector as it was. estimator/optional_imports.py: in the command
     line's process transformers is imported without scipy (its object-detection losses' import of scipy.optimize,
-    0.2-0.3 s of a cold command), its switch told the truth again after, the causal LM loss there as always; a
-    caller's process imports transformers as it is."""
+    0.2-0.3 s of a cold command), its switch told the truth again after, the causal LM loss there as always, and its
+    models folder scanned once (0.23 s), transformers.models holding what a scan of its own finds; a caller's process
+    imports transformers as it is."""
     script = (
         "import gc, sys\n"
         + ("import torch\n" if torch_first else "")
@@ -570,11 +571,33 @@ def test_tracing_is_imported_with_the_collector_paused_and_frozen_only_where_ask
         "assert utils.is_scipy_available is found.is_scipy_available and utils.is_scipy_available()\n"
         "assert 'ForCausalLM' in LOSS_MAPPING\n"
         "print('scipy' in sys.modules)\n"
+        # transformers' scan of its models folder: made once where the command line asked (the second import took the
+        # cached one), and what transformers.models holds is a scan of its own, made afresh
+        "print(found.create_import_structure_from_path.cache_info().hits)\n"
+        "assert found.define_import_structure.__qualname__ == 'define_import_structure'  # (put back)\n"
+        + _MODELS_DIGEST
     )
     found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True)
     # no collection during the import; frozen, none after it in the import either (it would walk what was imported);
-    # scipy left out where the command line asked
-    assert found.stdout.split() == ["0", "0", "True", str(frozen and not torch_first), str(not frozen)]
+    # scipy left out where the command line asked; the models folder scanned once there, transformers.models holding
+    # what a plain import of it holds
+    assert found.stdout.split() == ["0", "0", "True", str(frozen and not torch_first), str(not frozen),
+                                    "1" if frozen else "0", _plain_models_digest()]
+
+
+# What transformers.models holds (each module's names, in order: the lists follow set order, which varies by process).
+_MODELS_DIGEST = (
+    "import hashlib\n"
+    "held = sys.modules['transformers.models']._import_structure\n"
+    "print(hashlib.sha256(repr(sorted((k, sorted(v)) for k, v in held.items())).encode()).hexdigest())\n"
+)
+
+
+@functools.cache
+def _plain_models_digest() -> str:
+    """``_MODELS_DIGEST`` of a process that imports transformers.models and nothing of ckptbench."""
+    script = "import sys, transformers.models\n" + _MODELS_DIGEST
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def test_traces_and_replays_collect_the_young_generation_less_often_and_restore_it(

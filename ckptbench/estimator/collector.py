@@ -33,7 +33,7 @@ import importlib
 import sys
 from collections.abc import Iterator
 
-from ckptbench.estimator.optional_imports import without_scipy_for_transformers
+from ckptbench.estimator.optional_imports import models_scanned_once, without_scipy_for_transformers
 
 _TRACING = "ckptbench.estimator.trace"
 RELAXED_THRESHOLD = 20_000  # net allocations between collections of the youngest generation (Python's default: 700)
@@ -63,11 +63,12 @@ def import_for_tracing() -> None:
     """Import estimator/trace.py (torch, transformers and ckptbench's training code with it) with the cyclic garbage
     collector paused, unless it was imported already; frozen after where ``freeze_imports`` asked and this import
     brought torch in (see the module docstring). Where it asked (the command line's process), transformers is
-    imported without scipy (estimator/optional_imports.py)."""
+    imported without scipy, its models folder scanned once (estimator/optional_imports.py)."""
     if _TRACING in sys.modules:
         return
     torch_is_new = "torch" not in sys.modules
-    with gc_paused(), without_scipy_for_transformers() if _freeze else contextlib.nullcontext():
+    with (gc_paused(), without_scipy_for_transformers() if _freeze else contextlib.nullcontext(),
+          models_scanned_once() if _freeze else contextlib.nullcontext()):
         importlib.import_module(_TRACING)
         if _freeze and torch_is_new:
             gc.freeze()  # before the collector runs again: no collection walks what was imported
