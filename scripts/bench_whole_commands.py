@@ -1,7 +1,7 @@
 """ckptbench's own speed, measured as a user waits: whole commands (interpreter start and imports included), run as
 subprocesses, before and after a change, interleaved on the same machine.
 
-    python scripts/bench_tool.py --before <git-rev> [--repeats 3] [--out results/tool-speed/<date>-whole-commands]
+    python scripts/bench_whole_commands.py --before <git-rev> [--repeats 3] [--out results/tool-speed/<name>]
 
 The "before" code is a ``git worktree`` of the revision (the same virtual environment: torch, transformers and the
 built C part are shared; the worktree's own C part is built when it has one). Each case runs ``--repeats`` times;
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     lines = [
         "# ckptbench's own speed: whole commands, as a user waits",
         "",
-        f"Written by `python scripts/bench_tool.py --before {opts.before}` on {meta['written']}: "
+        f"Written by `python scripts/bench_whole_commands.py --before {opts.before}` on {meta['written']}: "
         f"{meta['machine']}, Python {meta['python']}; before = `{before_sha[:10]}`, after = `{after_sha[:10]}`"
         f"{' with uncommitted changes' if dirty else ''}. Each case ran {opts.repeats} times per version, the two "
         "versions alternating; seconds of the whole command (interpreter, imports, work), median and range. "
