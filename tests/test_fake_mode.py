@@ -301,18 +301,20 @@ def test_the_op_key_is_the_cached_op_asked_for_never_a_view_or_an_op_run_to_answ
     mode = fm.FastKeyFakeTensorMode()
     with mode:
         x = torch.empty(4, 6)
-        assert mode.op_key() is not None  # empty's own (taken: nothing is left for the next op)
+        assert mode.op_key(aten.empty.memory_format) is not None  # empty's own (taken: nothing is left for the next)
         x + x
-        key = mode.op_key()
+        key = mode.op_key(aten.add.Tensor)
         assert key is not None and FakeTensorMode.cache.get(key) is not None
-        assert mode.op_key() is None  # taken once
+        assert mode.op_key(aten.add.Tensor) is None  # taken once
         x.view(24)  # a view answered directly: no key, and not the add's again
-        assert mode.op_key() is None
+        assert mode.op_key(aten.view.default) is None
         x + x  # a cache hit: the same key
-        assert mode.op_key() == key
+        assert mode.op_key(aten.add.Tensor) == key
+        x + x
+        assert mode.op_key(aten.mul.Tensor) is None  # asked for another op: not its key
         torch.nn.functional.silu(x)  # an op of its own, whatever it runs to answer it
-        silu = mode.op_key()
-        assert silu is not None and silu != key and silu.key[1] is aten.silu.default
+        silu = mode.op_key(aten.silu.default)
+        assert silu is not None and silu != key
 
 
 def test_an_older_pytorch_without_the_key_gets_the_plain_mode(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -160,13 +160,13 @@ class FastKeyFakeTensorMode(FakeTensorMode):
         finally:
             self._ckptbench_depth = depth
 
-    def op_key(self) -> Any:
-        """The dispatch-cache key of the op this mode last answered for the mode above it (not one of the ops it ran
-        to answer it), where the cache holds an entry for it: the op's outputs are then a function of the key (a view
-        answered directly, an op the cache bypasses: None). What the tracker's op costs are kept by
-        (estimator/op_costs.py)."""
+    def op_key(self, func: Any) -> Any:
+        """The dispatch-cache key of ``func``, the op this mode last answered for the mode above it (not one of the
+        ops it ran to answer it), where the cache holds an entry for it: the op's outputs are then a function of the
+        key (a view answered directly, an op the cache bypasses, another op's key: None). Taken once. What the
+        tracker's op costs are kept by (estimator/op_costs.py)."""
         key, self._ckptbench_key = self._ckptbench_key, None
-        if key is None or _BYPASS_ENTRY is None:
+        if key is None or _BYPASS_ENTRY is None or key.key[1] is not func:
             return None
         entry = FakeTensorMode.cache.get(key)
         return key if entry is not None and not isinstance(entry, _BYPASS_ENTRY) else None

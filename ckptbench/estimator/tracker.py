@@ -78,7 +78,7 @@ class StepTracker(CountingMode):
         self.ops = OpCounter()  # each op's FLOPs and bytes per segment (no memory counted there)
         # The fake mode's key of the op just dispatched, where it has one (FastKeyFakeTensorMode.op_key): what the op
         # counter keeps an op's cost by. Set by the trace once the mode is made.
-        self.op_key: Callable[[], Any] | None = None
+        self.op_key: Callable[[Any], Any] | None = None
         # Storage metadata: (category, number of the segment that allocated it, allocation event id).
         self.storages: LiveStorageCounter[tuple[int, int, int]] = LiveStorageCounter(
             round_bytes=kernels.block_bytes, on_release=self._released, on_resize=self._resized
@@ -248,7 +248,7 @@ class StepTracker(CountingMode):
         if func is _UNSCALE:
             self._zero_flags.add(storage_key(args[1]))
         out = func(*args, **(kwargs or {}))
-        self.ops.count(func, args, kwargs, out, self._label, self.op_key() if self.op_key is not None else None)
+        self.ops.count(func, args, kwargs, out, self._label, self.op_key(func) if self.op_key is not None else None)
         category = self.tag
         if category == TRANSIENT and torch.is_grad_enabled():
             category = ACTIVATIONS  # checkpoint recomputation runs with grad enabled inside backward
