@@ -33,7 +33,7 @@ import importlib
 import sys
 from collections.abc import Iterator
 
-from ckptbench.estimator.optional_imports import models_scanned_once, without_scipy_for_transformers
+from ckptbench.estimator.optional_imports import lighter_transformers_import
 
 _TRACING = "ckptbench.estimator.trace"
 RELAXED_THRESHOLD = 20_000  # net allocations between collections of the youngest generation (Python's default: 700)
@@ -53,8 +53,8 @@ def gc_paused() -> Iterator[None]:
 
 
 def freeze_imports() -> None:
-    """Let ``import_for_tracing`` freeze what it imports, and leave out what transformers imports for models
-    ckptbench never builds (the command line: its process ends with the command)."""
+    """Let ``import_for_tracing`` freeze what it imports, and import transformers without what it does for models
+    ckptbench never builds (estimator/optional_imports.py; the command line: its process ends with the command)."""
     global _freeze
     _freeze = True
 
@@ -67,8 +67,7 @@ def import_for_tracing() -> None:
     if _TRACING in sys.modules:
         return
     torch_is_new = "torch" not in sys.modules
-    with (gc_paused(), without_scipy_for_transformers() if _freeze else contextlib.nullcontext(),
-          models_scanned_once() if _freeze else contextlib.nullcontext()):
+    with gc_paused(), lighter_transformers_import() if _freeze else contextlib.nullcontext():
         importlib.import_module(_TRACING)
         if _freeze and torch_is_new:
             gc.freeze()  # before the collector runs again: no collection walks what was imported

@@ -34,6 +34,14 @@ _DEFINE = "define_import_structure"  # what transformers.models asks for its str
 
 
 @contextlib.contextmanager
+def lighter_transformers_import() -> Iterator[None]:
+    """Inside the block, transformers imported for the first time without scipy and with its models folder scanned
+    once (the module docstring): what the command line's tracing import asks for."""
+    with without_scipy_for_transformers(), models_scanned_once():
+        yield
+
+
+@contextlib.contextmanager
 def without_scipy_for_transformers() -> Iterator[None]:
     """Inside the block, transformers' modules imported for the first time see scipy as not installed (where
     transformers' losses were imported already, or it has no such switch, nothing changes)."""
