@@ -163,7 +163,7 @@ LONGEST_FIRST = [
     "h200", "test_families", "test_cluster", "test_sharded", "test_robust_inputs", "test_accumulation",
     "test_windows", "isolated", "test_speed", "test_prepared_reuse", "test_damaged_runs", "advise",
     "test_search", "answers", "test_tune", "test_interrupt", "test_fuzz_runs", "test_recommend", "report",
-    "test_techniques", "test_axes", "test_campaign", "test_fresh", "test_tables",
+    "test_techniques", "test_axes", "test_campaign", "test_fresh", "test_tracer", "test_tables",
 ]
 
 

@@ -30,6 +30,7 @@ from ckptbench.config.layouts import parse_layout
 from ckptbench.estimator.estimator import Estimator, Learned, run_op_costs
 from ckptbench.estimator.record import Estimate, EstimateProgress
 from ckptbench.estimator.trace_cache import default_cache
+from ckptbench.estimator.tracer import where_imported
 from ckptbench.estimator.workers import Background
 from ckptbench.results.store import load_run
 from ckptbench.train.switches import transformers_switches
@@ -153,7 +154,11 @@ def _switches() -> tuple[bool, bool]:
     """``transformers_switches``, kept in the trace cache (it depends on the transformers version, which keys it),
     read once per process (every snippet of an answer asks)."""
     cache = default_cache()
-    return transformers_switches() if cache is None else cache.memo(("transformers_switches",), transformers_switches)
+
+    def switches() -> tuple[bool, bool]:  # by the command's tracer where one runs (estimator/tracer.py), else here
+        return where_imported(transformers_switches)
+
+    return switches() if cache is None else cache.memo(("transformers_switches",), switches)
 
 
 def setup_of(point: Point, num_layers: int) -> Setup:

@@ -11,21 +11,38 @@ def _hold_signals_until_the_command_starts() -> None:
     tenths of a second) is held, and the command stops on it with its one line as soon as it starts (cli/common.py
     CommandSignals). Before, a Ctrl-C then printed a KeyboardInterrupt traceback and SIGTERM or SIGHUP ended the
     process silently (issue 35). A signal the parent set to be ignored (nohup's SIGHUP) stays ignored."""
-    import os
     import signal
-    import sys
     import threading
 
-    main = sys.modules.get("__main__")
-    by_module = getattr(getattr(main, "__spec__", None), "name", None) == "ckptbench.__main__"
-    by_script = os.path.basename(sys.argv[0] if sys.argv else "").removesuffix(".exe") == "ckptbench"
-    if not (by_module or by_script) or threading.current_thread() is not threading.main_thread():
+    if not _command_process() or threading.current_thread() is not threading.main_thread():
         return
     held = HeldSignals()
     for name in ("SIGINT", "SIGTERM", "SIGHUP"):
         sig = getattr(signal, name, None)
         if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
             held.original[sig] = signal.signal(sig, held)
+
+
+def _command_process() -> bool:
+    """Whether this is the ``ckptbench`` process itself (the console script or ``python -m ckptbench``)."""
+    import os
+    import sys
+
+    main = sys.modules.get("__main__")
+    by_module = getattr(getattr(main, "__spec__", None), "name", None) == "ckptbench.__main__"
+    by_script = os.path.basename(sys.argv[0] if sys.argv else "").removesuffix(".exe") == "ckptbench"
+    return by_module or by_script
+
+
+def _start_the_tracer() -> None:
+    """In the ``ckptbench`` process itself, for a command that traces: its tracer, forked before the command line's
+    modules are imported, imports torch and transformers beside them (estimator/tracer.py)."""
+    import sys
+
+    if _command_process():
+        from ckptbench.estimator import tracer
+
+        tracer.start(sys.argv[1:])
 
 
 class HeldSignals:
@@ -40,3 +57,4 @@ class HeldSignals:
 
 
 _hold_signals_until_the_command_starts()
+_start_the_tracer()

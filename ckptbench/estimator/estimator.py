@@ -60,6 +60,7 @@ from ckptbench.estimator.record import CATEGORIES, Estimate, EstimateProgress, R
 from ckptbench.estimator.replay import StreamTooShort, fast_steps, full_steps, predict_reserved
 from ckptbench.estimator.step_trace import GRADS, OPTIMIZER_STATE, OTHER, PARAMS, StepTrace, add, only
 from ckptbench.estimator.trace_cache import TraceCache, TraceFailed, default_cache
+from ckptbench.estimator.tracer import Pending, Tracer, TracerGone, first_call, release_unused, serving, where_imported
 from ckptbench.estimator.workers import Background, held_while_tracing, map_pieces, share_pieces, worker_count
 from ckptbench.results.record import PredictedOom, Prediction
 from ckptbench.results.store import Run
@@ -123,11 +124,8 @@ class Estimator:
 
     def _uniform_layers(self) -> bool:
         """Whether every decoder layer is built alike (train/model.py: transformers' config says), kept in the cache."""
-        def uniform() -> bool:
-            import_for_tracing()  # torch and transformers: only when the cache does not know
-            from ckptbench.train.model import uniform_layers
-
-            return uniform_layers(self.cfg.model)
+        def uniform() -> bool:  # by the command's tracer where one runs (estimator/tracer.py), else here
+            return where_imported(_uniform_layers, self.cfg.model)
 
         key = ("uniform_layers", self.cfg.model.model_dump_json())
         return uniform() if self.cache is None else self.cache.memo(key, uniform)
@@ -204,7 +202,11 @@ class Estimator:
         trace either way."""
         optimizer, steps = self._optimizer_groups(points), self._step_groups(points)
         if not optimizer and not steps:
+            release_unused()  # the command's first traces were on disk: its tracer would only take cores
             return 0
+        ran = self._trace_there(points, on_progress=on_progress, workers=workers)
+        if ran is not None:
+            return ran
         if steps:  # the first step trace first (_in_order)
             first, step_groups, opt_groups = steps[0][0], [steps[0][1:], *steps[1:]], optimizer
         else:
@@ -255,6 +257,11 @@ class Estimator:
         without taking them stops the processes, and they run again when asked for. Each trace is heard of by
         ``on_progress`` as it is taken. Where this Estimator has prepared no short model yet (nothing traced here),
         ``take`` runs them, as ``run_traces`` does."""
+        tracer = serving()
+        if tracer is not None:
+            with self._traced_by(tracer, points, on_progress=on_progress, workers=workers) as take_there:
+                yield take_there
+            return
         if not self._prepared:
             # No short model prepared here yet (every earlier trace was on disk): each forked process would import
             # torch and transformers, pay a first trace's one-time costs and prepare its own model; ``run_traces`` at
@@ -288,6 +295,77 @@ class Estimator:
                         on_progress(EstimateProgress(done, len(jobs), label))
 
             yield take
+
+    @contextlib.contextmanager
+    def _traced_by(
+        self, tracer: Tracer, points: Sequence[Point], *, on_progress: Callable[[EstimateProgress], None] | None,
+        workers: int | None,
+    ) -> Iterator[Callable[[], None]]:
+        """``traced_beside``'s traces run by the command's tracer, in a process it forks for them; ``take`` adds them
+        here (where the tracer did not answer, it runs them here, as ``run_traces`` does)."""
+        jobs = self.jobs(points)
+        if not jobs:
+            yield lambda: None
+            return
+        try:
+            pending: Pending | None = tracer.submit(_traced_in_tracer, *self._asked(points, workers))
+        except TracerGone:
+            pending = None
+        taken = False
+
+        def take() -> None:
+            nonlocal taken
+            if taken:
+                return
+            taken = True
+            try:
+                if pending is None:
+                    raise TracerGone("not submitted")
+                _, learned = pending.result()
+                self.learn(learned)
+            except TracerGone:
+                self.run_traces(points, workers=workers)
+            if on_progress is not None:
+                for done, (label, _) in enumerate(jobs, start=1):
+                    on_progress(EstimateProgress(done, len(jobs), label))
+
+        try:
+            yield take
+        finally:
+            if pending is not None:
+                pending.close()
+
+    def _trace_there(self, points: Sequence[Point], *, on_progress: Callable[[EstimateProgress], None] | None,
+                     workers: int | None) -> int | None:
+        """``run_traces`` by the command's tracer (estimator/tracer.py): in the tracer itself the first time (what a
+        first trace pays once is paid there, for every later call), then in the process it forks for this process's
+        calls (its session); what they made is learnt here. How many traces ran, or None where no tracer took them
+        (they run here then)."""
+        tracer = serving()
+        if tracer is None:
+            return None
+        try:
+            ran, learned = tracer.call(_traced_in_tracer, *self._asked(points, workers), here=first_call(),
+                                       on_progress=on_progress)
+        except TracerGone:
+            return None
+        self.learn(learned)
+        return int(ran)
+
+    def _asked(self, points: Sequence[Point], workers: int | None) -> tuple[Any, ...]:
+        """What the tracer needs to run the traces ``points`` need as this Estimator would: its settings, cache and
+        every shape's layer classes (which name the short models), the points and the workers."""
+        spec = (self.cfg, self.target, self.method, self.rank, self.cache)
+        classes = {shape: set(found) for shape, found in self._classes.items()}
+        return spec, classes, list(points), workers
+
+    def _run_jobs(self, points: Sequence[Point]) -> None:
+        """The traces ``points`` still need, run before the caller goes on: by the command's tracer where one runs,
+        else here, one after the other."""
+        jobs = self.jobs(points)
+        if jobs and self._trace_there(points, on_progress=None, workers=1) is None:
+            for _, job in jobs:
+                job()
 
     def _run_relaxed(self, groups: Sequence[Sequence[Job]]) -> dict[str, dict[Any, Any]]:
         """``_run_groups`` under ``relaxed`` collections (as ``run_traces`` runs its traces)."""
@@ -466,8 +544,7 @@ class Estimator:
     def predict(self, point: Point, *, budget_bytes: int | None = None, budget_is_cap: bool = False) -> Estimate:
         """The estimate of one point, its traces run here first where they have not run: the one memoised "predict
         this point" every caller asks (advise, the answers' predictions, a sweep's searches)."""
-        for _, job in self.jobs([point]):  # none when its traces ran (jobs also registers a new shape's classes)
-            job()
+        self._run_jobs([point])  # none when its traces ran (jobs also registers a new shape's classes)
         return self.estimate(point, budget_bytes=budget_bytes, budget_is_cap=budget_is_cap)
 
     def predict_many(self, points: Sequence[Point], *, budget_bytes: int | None = None, budget_is_cap: bool = False,
@@ -562,8 +639,7 @@ class Estimator:
     def op_costs(self, point: Point) -> OpCosts | None:
         """Every op of the point's step (class, FLOPs, bytes: estimator/op_costs.py), its recomputation where its
         layout recomputes, its traces run here first where they have not; None when it could not be traced."""
-        for _, job in self.jobs([point]):
-            job()
+        self._run_jobs([point])
         trace_key = self._trace_key(point)
         if self._failed.get(_optim_key(point)) or self._failed.get(trace_key):
             return None
@@ -652,6 +728,36 @@ def _optim_key(point: Point) -> tuple[Any, ...]:
 
 def _label(point: Point, what: str) -> str:
     return f"{point.precision} b={point.batch_size} s={point.seq_len}: {what}"
+
+
+# The tracer's Estimators (estimator/tracer.py), by what their traces depend on: each keeps its traces and its prepared
+# short models from call to call (a call forked from the tracer starts from them).
+_SERVED: dict[tuple[Any, ...], Estimator] = {}
+
+
+def _traced_in_tracer(spec: tuple[Any, ...], classes: dict[tuple[Any, ...], set[str]], points: list[Point],
+                      workers: int | None, *, progress: Callable[[EstimateProgress], None] | None = None
+                      ) -> tuple[int, Learned]:
+    """In the tracer: ``run_traces`` of ``points`` by its Estimator of ``spec`` (given the asking Estimator's layer
+    classes, so that the short models are the ones it would trace), and what that Estimator learnt by it."""
+    cfg, target, method, rank, cache = spec
+    key = (cfg.model_dump_json(), target, method, rank, cache)
+    est = _SERVED.get(key)
+    if est is None:
+        est = _SERVED[key] = Estimator(cfg, target=target, method=method, rank=rank, cache=cache)
+    est.learn(Learned({}, classes))
+    known = est.known()
+    ran = est.run_traces(points, on_progress=progress, workers=workers)
+    return ran, est.learned_since(known)
+
+
+def _uniform_layers(model: Any) -> bool:
+    """Whether the model's decoder layers are built alike (``Estimator._uniform_layers``): torch and transformers
+    imported for it (only when the cache does not know)."""
+    import_for_tracing()
+    from ckptbench.train.model import uniform_layers
+
+    return uniform_layers(model)
 
 
 def estimate_points(

@@ -120,13 +120,13 @@ def _mark_worker(parent: int) -> None:
     # Ctrl-C reaches the whole process group: the parent alone answers it (it stops the workers); a worker's own
     # KeyboardInterrupt would print a traceback per worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _end_with(parent)
+    end_with(parent)
 
 
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when the thread that forked it ends
 
 
-def _end_with(parent: int) -> None:
+def end_with(parent: int) -> None:
     """This forked process is killed when ``parent`` (the process that forked it, whose forking thread waits for
     its workers) ends, however it ends. A worker blocked sending a result larger than a pipe's buffer otherwise
     outlived a parent that ended without stopping it (its own copy of the pipe's reading end kept the pipe open): it
