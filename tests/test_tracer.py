@@ -173,7 +173,39 @@ def test_the_command_process_imports_no_torch_and_answers_as_without_it(tmp_path
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stderr.strip().splitlines()[-1]) == []
     assert (tmp_path / "cache" / "traces").is_dir()  # the traces kept on disk (by the tracer)
+    assert len(list((tmp_path / "cache").rglob("*.asked"))) == 1  # the model answered: asked again, no tracer
     monkeypatch.setenv(trace_cache.ENV_DIR, str(tmp_path / "alone"))
     alone = CliRunner(env={"COLUMNS": "120"}).invoke(app, ask)
     assert alone.exit_code == 0, alone.output
     assert done.stdout == alone.stdout
+
+
+def test_a_subject_answered_before_starts_no_tracer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command on a subject answered with this cache (advise's model, estimate's config) starts no tracer: its traces
+    are likely on disk. Another model does; ``cache clear`` forgets what was answered."""
+    monkeypatch.setenv(trace_cache.ENV_DIR, str(tmp_path))
+    monkeypatch.setenv(WORKERS_ENV, "2")
+    monkeypatch.delenv(tracer.TRACER_ENV, raising=False)
+    monkeypatch.setattr(tracer, "torch_here", lambda: False)
+    forked: list[str] = []
+    monkeypatch.setattr(Tracer, "fork", classmethod(lambda cls: forked.append("forked")))
+
+    def started(*argv: str) -> bool:
+        monkeypatch.setattr(tracer, "_tracer", None)
+        forked.clear()
+        tracer.start(list(argv))
+        return bool(forked)
+
+    ask = ("advise", "--model", "llama-7b", "--gpu", "a100-80gb")
+    assert started(*ask)
+    tracer.answered()
+    assert not started(*ask) and not started("advise", "--gpu", "h100-80gb", "--model=llama-7b", "--batch", "4")
+    assert started("advise", "--model", "mistral-7b")
+    config = tmp_path / "c.yaml"
+    config.write_text("name: c\n")
+    assert started("estimate", str(config))
+    tracer.answered()
+    monkeypatch.chdir(tmp_path)
+    assert not started("estimate", "c.yaml")  # the same file
+    trace_cache.TraceCache(tmp_path).clear()
+    assert started(*ask) and not list(tmp_path.rglob("*.asked"))

@@ -110,6 +110,7 @@ def advise_cmd(
     except CkptbenchError as exc:
         raise fail(exc) from None
     from ckptbench.advise.advice import advise
+    from ckptbench.estimator import tracer
     from ckptbench.render.advise import advise_json_text, advise_markdown, advise_renderable
 
     try:
@@ -117,6 +118,7 @@ def advise_cmd(
             advice = advise(request, on_progress=bar.update)
     except CkptbenchError as exc:
         raise fail(exc) from None
+    tracer.answered()  # its traces are on disk: a question on the same model starts no tracer
     if fmt is AdviseFormat.table:
         out.print(advise_renderable(advice))
     else:

@@ -76,6 +76,7 @@ def estimate(
     """
     from ckptbench.analysis.step_time import StepTimeModel
     from ckptbench.config.load import with_parallel
+    from ckptbench.estimator import tracer
     from ckptbench.estimator.estimator import estimate_config, points_op_costs, resolve_target, run_op_costs
     from ckptbench.estimator.gpus import gpu_for_name, gpu_model
     from ckptbench.render.estimate import RENDERERS, estimate_table
@@ -108,6 +109,7 @@ def estimate(
                 cfg, target=target, budget_bytes=budget_bytes, method="full" if full else "fast",
                 gpu=card if gpu is not None else None, default_gpu=card, on_progress=bar.update, workers=workers,
             )
+        tracer.answered()  # its traces are on disk: the next estimate of it starts no tracer
         times = None
         if times_from:
             # Fitted inside the runs' measured cells; elsewhere modelled (or transferred) from each point's op costs.

@@ -37,11 +37,11 @@ import sys
 import tempfile
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
 ENV_DIR = "CKPTBENCH_CACHE_DIR"
+MARKERS = "asked"  # <root>/traces/asked/: which commands' subjects were answered here (estimator/tracer.py)
 ENV_MAX = "CKPTBENCH_CACHE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 2 * 1024**3
 FORMAT = 1  # what an entry holds; a new layout is a new version
@@ -68,6 +68,8 @@ def code_hash() -> str:
 
 
 def _version_of(package: str) -> str | None:
+    from importlib import metadata  # (here: the command line reads the cache's root before anything else)
+
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
@@ -258,7 +260,8 @@ class TraceCache:
         """Remove every entry (of every version) and the temporary files of interrupted writes; what was removed."""
         before = self.size()
         for path in self.traces.rglob("*") if self.traces.is_dir() else ():
-            if path.is_file() and (path.suffix == ".pickle" or path.name.endswith(".tmp") or path == self._count):
+            if path.is_file() and (path.suffix in (".pickle", ".asked") or path.name.endswith(".tmp")
+                                   or path == self._count):
                 with contextlib.suppress(OSError):
                     path.unlink()
         self._remove_empty_dirs()
