@@ -281,20 +281,12 @@ class Estimator:
         with contextlib.ExitStack() as stack:
             asides = [stack.enter_context(Background(functools.partial(self._run_relaxed, groups[i::ways]),
                                                      workers=workers)) for i in range(ways)]
-            taken = False
 
-            def take() -> None:
-                nonlocal taken
-                if taken:
-                    return
-                taken = True
+            def taken() -> None:
                 for aside in asides:
                     self._take(aside.result())
-                if on_progress is not None:
-                    for done, (label, _) in enumerate(jobs, start=1):
-                        on_progress(EstimateProgress(done, len(jobs), label))
 
-            yield take
+            yield _take_once(taken, jobs, on_progress)
 
     @contextlib.contextmanager
     def _traced_by(
@@ -311,13 +303,8 @@ class Estimator:
             pending: Pending | None = tracer.submit(_traced_in_tracer, *self._asked(points, workers))
         except TracerGone:
             pending = None
-        taken = False
 
-        def take() -> None:
-            nonlocal taken
-            if taken:
-                return
-            taken = True
+        def taken() -> None:
             try:
                 if pending is None:
                     raise TracerGone("not submitted")
@@ -325,12 +312,9 @@ class Estimator:
                 self.learn(learned)
             except TracerGone:
                 self.run_traces(points, workers=workers)
-            if on_progress is not None:
-                for done, (label, _) in enumerate(jobs, start=1):
-                    on_progress(EstimateProgress(done, len(jobs), label))
 
         try:
-            yield take
+            yield _take_once(taken, jobs, on_progress)
         finally:
             if pending is not None:
                 pending.close()
@@ -728,6 +712,25 @@ def _optim_key(point: Point) -> tuple[Any, ...]:
 
 def _label(point: Point, what: str) -> str:
     return f"{point.precision} b={point.batch_size} s={point.seq_len}: {what}"
+
+
+def _take_once(take: Callable[[], None], jobs: Sequence[Job], on_progress: Callable[[EstimateProgress], None] | None
+               ) -> Callable[[], None]:
+    """A ``traced_beside`` block's ``take``: ``take()`` the first time it is called (later calls do nothing), then
+    each of ``jobs`` heard of by ``on_progress``."""
+    done = False
+
+    def once() -> None:
+        nonlocal done
+        if done:
+            return
+        done = True
+        take()
+        if on_progress is not None:
+            for i, (label, _) in enumerate(jobs, start=1):
+                on_progress(EstimateProgress(i, len(jobs), label))
+
+    return once
 
 
 # The tracer's Estimators (estimator/tracer.py), by what their traces depend on: each keeps its traces and its prepared
