@@ -140,7 +140,8 @@ def test_estimates_with_the_tracer_equal_those_without(served: Tracer) -> None:
     accumulated = [dataclasses.replace(p, micro_batches=2) for p in points]
     other_batch = [dataclasses.replace(p, batch_size=3) for p in points]
     there = Estimator(cfg, target="cuda", cache=None)
-    assert there.run_traces(points) > 0
+    heard_there: list[Any] = []
+    assert there.run_traces(points, on_progress=heard_there.append) > 0
     with there.traced_beside(accumulated) as take:
         there.predict(other_batch[0])  # (a call of its own while the traces beside run)
         take()
@@ -148,7 +149,10 @@ def test_estimates_with_the_tracer_equal_those_without(served: Tracer) -> None:
         assert not there.jobs(asked)
     tracer._tracer = None  # the same estimates made here
     here = Estimator(cfg, target="cuda", cache=None)
-    here.run_traces([*points, *accumulated, *other_batch[:1]], workers=1)
+    heard_here: list[Any] = []
+    here.run_traces(points, workers=1, on_progress=heard_here.append)
+    assert heard_there == heard_here  # each trace heard of once, the first before the tracer has it
+    here.run_traces([*accumulated, *other_batch[:1]], workers=1)
     for p in (*points, *accumulated, other_batch[0]):
         assert there.estimate(p) == here.estimate(p), p
 

@@ -204,7 +204,9 @@ class Estimator:
         if not optimizer and not steps:
             release_unused()  # the command's first traces were on disk: its tracer would only take cores
             return 0
-        ran = self._trace_there(points, on_progress=on_progress, workers=workers)
+        total = sum(len(group) for group in (*optimizer, *steps))
+        ran = self._trace_there(points, on_progress=on_progress, workers=workers,
+                                first=EstimateProgress(0, total, (steps or optimizer)[0][0][0]))
         if ran is not None:
             return ran
         if steps:  # the first step trace first (_in_order)
@@ -320,17 +322,22 @@ class Estimator:
                 pending.close()
 
     def _trace_there(self, points: Sequence[Point], *, on_progress: Callable[[EstimateProgress], None] | None,
-                     workers: int | None) -> int | None:
+                     workers: int | None, first: EstimateProgress | None = None) -> int | None:
         """``run_traces`` by the command's tracer (estimator/tracer.py): in the tracer itself the first time (what a
         first trace pays once is paid there, for every later call), then in the process it forks for this process's
         calls (its session); what they made is learnt here. How many traces ran, or None where no tracer took them
-        (they run here then)."""
+        (they run here then). ``first``, the progress the traces start with, is heard of at once (the tracer's own
+        report of it comes once it has imported torch: seconds later the first time)."""
         tracer = serving()
         if tracer is None:
             return None
+        hear = on_progress
+        if on_progress is not None and first is not None:
+            on_progress(first)
+            hear = lambda report: None if report == first else on_progress(report)  # noqa: E731
         try:
             ran, learned = tracer.call(_traced_in_tracer, *self._asked(points, workers), here=first_call(),
-                                       on_progress=on_progress)
+                                       on_progress=hear)
         except TracerGone:
             return None
         self.learn(learned)
