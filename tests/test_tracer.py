@@ -8,6 +8,7 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import warnings
@@ -213,3 +214,16 @@ def test_a_subject_answered_before_starts_no_tracer(tmp_path: Path, monkeypatch:
     assert not started("estimate", "c.yaml")  # the same file
     trace_cache.TraceCache(tmp_path).clear()
     assert started(*ask) and not list(tmp_path.rglob("*.asked"))
+
+
+def test_a_tracer_that_ended_leaves_the_traces_here(served: Tracer) -> None:
+    """The tracer killed (out of memory, a signal): the next call finds it gone and the traces run here, the same."""
+    os.kill(served.pid, signal.SIGKILL)
+    os.waitpid(served.pid, 0)
+    cfg, points = _points()
+    there = Estimator(cfg, target="cuda", cache=None)
+    assert there.run_traces(points) > 0 and served.gone
+    tracer._tracer = None
+    here = Estimator(cfg, target="cuda", cache=None)
+    here.run_traces(points, workers=1)
+    assert [there.estimate(p) for p in points] == [here.estimate(p) for p in points]
