@@ -2,24 +2,28 @@
 the command line imports itself, reads its arguments and works out what to ask, then runs the calls the command's
 processes send it (their traces) and sends back what they made.
 
-A trace needs torch, transformers and ckptbench's training code: their import takes 2.1-2.2 s of one core on a 2-core
+A trace needs torch, transformers and ckptbench's training code: their import takes 2.1-2.3 s of one core on a 2-core
 machine (estimator/collector.py), and the command line's own start (typer, rich, the question's config and plan)
-0.35 s before it; one after the other, as they were, the second core idled through both. Forked first (cli/__init__.py,
-before the command line's modules are imported), the tracer imports them beside the command line's start, and the
-command's process never imports torch to trace: its replays fork from a small process.
+0.35-0.4 s before it; one after the other, as they were, the second core idled through both. Forked first
+(cli/__init__.py, before the command line's modules are imported: the tracer runs inside that import and never returns
+from it), the tracer imports them beside the command line's start, and the command's process never imports torch to
+trace: its replays fork from a small process. The thread's question cold: 5.0 -> 4.9 s (it imports what the command
+line imports too, which the import in the command's process found loaded: the gain is that start less those).
 
 What crosses: a call (a module-level function and its arguments, pickled by name), the progress it reports, then its
 result and the warnings it raised, over a Unix socket in the abstract namespace, each connection authenticated by a key
 only the command's processes hold (multiprocessing.connection: no other process can send it a call). A call that asks
 for it (``here``: the command's first traces) runs in the tracer itself, so that what a first trace pays once
-(fake-tensor caches, transformers' lazy imports, the short models prepared) is paid there once; every other call runs
-in a process forked from the tracer for it, so that several run side by side (an advice's accumulation traces beside
+(fake-tensor caches, transformers' lazy imports, the short models prepared) is paid there once; a process's later
+calls run in one process the tracer forks for its connection (a session: what each call made is kept for the next),
+a call beside (``submit``) in one of its own, so that several run side by side (an advice's accumulation traces beside
 its largest-batch probes), each from that state.
 
 Never more than a move of work: where no tracer runs (``CKPTBENCH_TRACER=0``, one worker asked for, no fork, a program
 or a test that imports ckptbench), where it ended, or where a call failed there, the call runs in the asking process as
 before (each call is a pure function of its arguments: the same result either way). A command whose first traces were
-all on disk releases it unused (``release_unused``): the traces it may still need run in its own process.
+all on disk releases it unused (``release_unused``), and a command on a subject answered with this cache before starts
+none (``start``, ``answered``): the traces it may still need run in its own process.
 """
 
 from __future__ import annotations
