@@ -12,8 +12,10 @@ estimator refuses (a technique it does not trace) is kept as that refusal. The e
 are kept beside them, under what each depends on (the Estimator's ``_estimate_key``: the card and the budget too).
 
 Layout: ``<root>/traces/<version>/<kk>/<key>.pickle``, where ``<version>`` hashes the versions above and ``<key>``
-what the trace depends on. A file holds its full key and versions and is used only when both match (a hash collision
-or a file of another version is ignored). Files are written to a temporary name and renamed (a killed command
+what the trace depends on; ``<root>/traces/asked/<subject>.asked``, empty files that say a command on that subject
+answered with this cache (estimator/tracer.py: no tracer for it), neither counted nor bounded, removed by ``clear``.
+A file holds its full key and versions and is used only when both match (a hash collision or a file of another
+version is ignored). Files are written to a temporary name and renamed (a killed command
 leaves no half-written entry that is read), and a full or read-only disk only costs the cache, never the answer.
 The folder is bounded (``CKPTBENCH_CACHE_MAX_BYTES``, default 2 GiB): past the bound the least recently used
 entries go, and the folders of other versions first. What it holds is counted in ``<root>/traces/size`` as entries are
