@@ -43,9 +43,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 ENV_DIR = "CKPTBENCH_CACHE_DIR"
-MARKERS = "asked"  # <root>/traces/asked/: which commands' subjects were answered here (estimator/tracer.py)
 ENV_MAX = "CKPTBENCH_CACHE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 2 * 1024**3
+_MARKER = ".asked"  # a subject's marker (``marker``): not an entry, removed by ``clear``
 FORMAT = 1  # what an entry holds; a new layout is a new version
 _OFF = ("off", "none", "0", "no", "false")
 # What traces, or refuses to (a technique whose library is missing or cannot be traced: its refusal is kept too).
@@ -139,6 +139,10 @@ class TraceCache:
     @property
     def version_dir(self) -> Path:
         return self.traces / _digest(repr(versions()))
+
+    def marker(self, subject: str) -> Path:
+        """The file that says a command on ``subject`` answered with this cache (estimator/tracer.py)."""
+        return self.traces / "asked" / f"{_digest(subject)}{_MARKER}"
 
     def _path(self, key_text: str) -> Path:
         name = _digest(key_text)
@@ -262,7 +266,7 @@ class TraceCache:
         """Remove every entry (of every version) and the temporary files of interrupted writes; what was removed."""
         before = self.size()
         for path in self.traces.rglob("*") if self.traces.is_dir() else ():
-            if path.is_file() and (path.suffix in (".pickle", ".asked") or path.name.endswith(".tmp")
+            if path.is_file() and (path.suffix in (".pickle", _MARKER) or path.name.endswith(".tmp")
                                    or path == self._count):
                 with contextlib.suppress(OSError):
                     path.unlink()

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
 import itertools
 import os
 import signal
@@ -224,10 +223,10 @@ def answered() -> None:
 def _subject_marker(argv: Sequence[str]) -> Path | None:
     """The file that says a command on ``argv``'s subject answered with this trace cache (None: the cache is off).
     The subject: advise's ``--model``; estimate's words but its options (the config, resolved)."""
-    from ckptbench.estimator.trace_cache import MARKERS, default_root
+    from ckptbench.estimator.trace_cache import default_cache
 
-    root = default_root()
-    if root is None:
+    cache = default_cache()
+    if cache is None:
         return None
     command = next(word for word in argv if not word.startswith("-"))
     if command == "advise":
@@ -235,8 +234,7 @@ def _subject_marker(argv: Sequence[str]) -> Path | None:
         subject = [*given, *(w.partition("=")[2] for w in argv if w.startswith("--model="))][-1:]
     else:
         subject = [os.path.abspath(w) if os.path.exists(w) else w for w in argv if not w.startswith("-")]
-    text = "\0".join([command, *subject])
-    return root / "traces" / MARKERS / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.asked"
+    return cache.marker("\0".join([command, *subject]))
 
 
 def serving() -> Tracer | None:
