@@ -1,6 +1,6 @@
-"""Stage 10's summary: every reserved prediction next to its measurement, fresh vs in-process, trace replays.
+"""Stages 02 and 10 summed up: each reserved prediction next to its measurement, fresh vs in-process, trace replays.
 
-    python scripts/allocator_summary.py R      # R: the stage's results folder (scripts/gpu_stages/10-allocator.sh)
+    python scripts/allocator_summary.py R      # R: a stage's results folder (scripts/gpu_stages/02-*.sh, 10-*.sh)
 
 Writes R/allocator_summary.md and prints it. Predictions are the ones each record carries (made before
 the point ran); nothing here is estimated anew except the trace replays, which are exact or fail.
@@ -118,7 +118,7 @@ def axis(root: Path) -> list[str]:
 
 def main(argv: list[str]) -> int:
     root = Path(argv[1]) if len(argv) > 1 else Path(".")
-    parts: list[Any] = ["# Stage 10: predicted vs measured reserved memory", ""]
+    parts: list[Any] = ["# Predicted vs measured reserved memory", ""]
     for section in (trace_replays, fresh_vs_inprocess, search, axis):
         parts += section(root)
     text = "\n".join(parts) + "\n"

@@ -4,12 +4,14 @@
 # stage, so that a stage cut off by a time limit does not cost the earlier ones.
 #
 #   scripts/gpu_check.sh [OUT_DIR]        # on a GPU machine (OUT_DIR defaults to $OUT or /tmp/ckptbench-gpu)
+#                                         # writes OUT_DIR/gpu_results.tar.gz, gpu_check.log, and the allocator
+#                                         # traces and snapshots as gpu_traces.tgz.part-NN (15 MiB parts)
 #   DRY=1 scripts/gpu_check.sh /tmp/dry   # every stage in tiny form on the CPU (plumbing; seconds per stage)
 #   ONLY="05 20" ...                      # only these stages (numbers or names)
 #   FORCE=1 ...                           # run stages even when their results are committed
 #   GPU_BUDGET_S=780 ...                  # stop starting stages whose estimate no longer fits; stop a running
 #                                         # stage (SIGINT: its finished points stay) when the budget is spent
-#   CAMPAIGN=name ...                     # results/<name>/ (default h200-campaign; dry-campaign with DRY=1)
+#   CAMPAIGN=name ...                     # results/<name>/ (default gpu-campaign; dry-campaign with DRY=1)
 #   STAGES=dir COMMITTED=dir ...          # other stage scripts / committed results (tests: tests/test_campaign.py)
 #
 # A stage runs as `bash scripts/gpu_stages/NN-name.sh` from the repository root with the environment
@@ -19,13 +21,15 @@
 #   DRY  1 on CPU: tiny configs, seconds
 # and exits 0 when its work is done; then the driver writes R/DONE, otherwise R/INCOMPLETE. A stage is
 # committed when results/$CAMPAIGN/NN-name/ holds a DONE file, or a run.json somewhere below and no INCOMPLETE.
-# A '# gpu-seconds: N' line in a stage is its estimated GPU time (printed, and used with GPU_BUDGET_S).
+# A '# gpu-seconds: N' line in a stage is its estimated GPU time (printed, and used with GPU_BUDGET_S). A stage
+# with a '# required:' line must pass: when it fails, no later stage starts (a broken CUDA path would spend the
+# session's GPU minutes on numbers nobody can trust); the summary says so.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${1:-${OUT:-/tmp/ckptbench-gpu}}
 STAGES=${STAGES:-scripts/gpu_stages}
 COMMITTED=${COMMITTED:-results}
-CAMPAIGN=${CAMPAIGN:-$([ -n "${DRY:-}" ] && echo dry-campaign || echo h200-campaign)}
+CAMPAIGN=${CAMPAIGN:-$([ -n "${DRY:-}" ] && echo dry-campaign || echo gpu-campaign)}
 WORK=$(mktemp -d /tmp/ckptbench-gpu-XXXX)
 ROOT=$WORK/results/$CAMPAIGN
 LOG=$ROOT/gpu_check.log
@@ -36,11 +40,19 @@ export CK="$PY -m ckptbench"
 [ -n "$DRY" ] && export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # tiny CPU steps: threads only contend
 START=$(date +%s)
 SUMMARY=()
+STOPPED=""
 
 log() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
-pack() {
-  tar czf "$OUT_DIR/gpu_results.tar.gz" -C "$WORK" results && cp "$LOG" "$OUT_DIR/gpu_check.log"
-  local size; size=$(stat -c %s "$OUT_DIR/gpu_results.tar.gz")
+pack() {  # the results without the big files; those (allocator traces, snapshots) in parts of at most 15 MiB
+  local big size
+  tar czf "$OUT_DIR/gpu_results.tar.gz" -C "$WORK" --exclude='*.json.gz' --exclude='*.pickle' results && cp "$LOG" "$OUT_DIR/gpu_check.log"
+  big=$(cd "$WORK" && find results \( -name '*.json.gz' -o -name '*.pickle' \) | sort)
+  rm -f "$OUT_DIR"/gpu_traces.tgz.part-*
+  if [ -n "$big" ]; then
+    # shellcheck disable=SC2086  # one argument per file (names are ours: no spaces)
+    tar czf "$WORK/gpu_traces.tgz" -C "$WORK" $big && split -b 15M -d "$WORK/gpu_traces.tgz" "$OUT_DIR/gpu_traces.tgz.part-"
+  fi
+  size=$(stat -c %s "$OUT_DIR/gpu_results.tar.gz")
   [ "$size" -gt $((15 * 1024 * 1024)) ] && log "warning: gpu_results.tar.gz is $size bytes; the device tool brings back 16 MiB per file"
   return 0
 }
@@ -61,6 +73,7 @@ run_stage() {
   local file=$1 name num est why left rc t0 secs
   name=$(basename "$file" .sh); num=${name%%-*}; est=$(estimate_of "$file")
   if ! wanted "$name" "$num"; then SUMMARY+=("$name: skipped (not in ONLY)"); return; fi
+  if [ -n "$STOPPED" ]; then SUMMARY+=("$name: not started ($STOPPED failed: a required stage)"); return; fi
   why=$(committed "$name")
   if [ -n "$why" ] && [ -z "${FORCE:-}" ]; then SUMMARY+=("$name: skipped ($why)"); log "skip $name: $why"; return; fi
   left=""
@@ -81,6 +94,9 @@ run_stage() {
   rc=${PIPESTATUS[0]}; secs=$(($(date +%s) - t0))
   if [ "$rc" -eq 0 ]; then echo "$name done in ${secs} s" > "$R/DONE"; else echo "exit $rc after ${secs} s" > "$R/INCOMPLETE"; fi
   SUMMARY+=("$name: ran, exit $rc, ${secs} s (estimate ${est:-?} s)")
+  if [ "$rc" -ne 0 ] && grep -q '^# required:' "$file"; then
+    STOPPED=$name; log "stage $name is required and failed: no later stage starts"
+  fi
   log "stage $name: exit $rc after ${secs} s"
   pack
 }
@@ -103,4 +119,4 @@ fi
 log "summary ($(($(date +%s) - START)) s in all)"
 printf '  %s\n' "${SUMMARY[@]}" | tee -a "$LOG"
 pack
-echo "wrote $OUT_DIR/gpu_results.tar.gz and $OUT_DIR/gpu_check.log (unpack at the repository root: tar xzf ...)"
+echo "wrote $OUT_DIR/gpu_results.tar.gz, $OUT_DIR/gpu_check.log and any gpu_traces.tgz.part-NN (unpack at the repository root: tar xzf gpu_results.tar.gz; cat gpu_traces.tgz.part-* | tar xz)"

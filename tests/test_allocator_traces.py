@@ -27,7 +27,7 @@ RECORDED = sorted(TRACES.glob("*.json.gz"))
 @pytest.mark.parametrize(
     "path",
     RECORDED or [pytest.param(None, marks=pytest.mark.skip(
-        reason="no allocator trace recorded on a GPU is committed yet (scripts/gpu_stages/10-allocator.sh "
+        reason="no allocator trace recorded on a GPU is committed yet (scripts/gpu_stages/02-allocator-traces.sh "
                "records them; copy its traces/*.json.gz to tests/fixtures/allocator_traces/)"))],
     ids=[p.name for p in RECORDED] or ["none-committed"],
 )
