@@ -1,6 +1,7 @@
 /* The replayed caching allocator's fast path in C: the free-block lists and ``serve``'s default-settings loop, on
-   allocator.py's objects; and ``replay``, a point's whole process under the default settings on C structs of its own
-   (its section below says how it relates to the general rules).
+   allocator.py's objects; ``replay``, a point's whole process under the default settings on C structs of its own
+   (its section below says how it relates to the general rules); and ``assemble``, a full model's step made from a
+   short model's template as event_assembly.EventAssembler makes it (its reference), its requests packed.
 
    Optional: setup.py builds it when a compiler is there. allocator.py's general rules (``malloc``/``free``) are the
    reference and are always present; this loop serves the requests it can exactly as they would, and stops at the
@@ -997,6 +998,447 @@ static PyObject *shift_events(PyObject *Py_UNUSED(module), PyObject *const *args
     Py_RETURN_NONE;
 }
 
+/* -- assemble: a full model's step from a short model's template, on integer tables ------------------------------ */
+
+/* assemble(tables, layer_of, micro, labels, releases, optimizer, repeat, alloc_op, free_op, opt_label) ->
+ * (packed, bounds, workspaces, next_key) or None (``packed``: the requests as int64 (op, key, bytes) triples): event_assembly.EventAssembler.run (the reference, which this follows
+ * step for step), on the tables ``ShortTemplate.native_tables`` packs once per template (int64, little-endian,
+ * header below). A full segment's keys are its first key plus each allocation's rank among its template's allocations
+ * (the copies give keys in program order), so no dictionary of keys is made. ``layer_of``: the template layer of each
+ * full layer (int64); ``labels``: each full segment's label, by index (``segment_index``); ``releases``: (full segment,
+ * template id) pairs, by segment, ids descending (the shared tensors freed at a segment's end, as ``_releases_into``
+ * orders them); ``optimizer``: the optimizer step as (code, value) pairs (COPY_ALLOC: bytes; COPY_LOCAL: the rank of
+ * the allocation it frees). None where the reference would raise or look up something that is not there: the
+ * caller then runs the reference, which raises as it always did. */
+
+enum { K_START, K_PRE, K_FWD, K_HEAD, K_LOGITS, K_EXIT, K_BACK, K_BWD, K_TAIL, K_ZERO, K_OTHER, N_KINDS };
+enum { H_L, H_T, H_NTID, H_NEID, H_TID_OF, H_TID_META, H_PROG_INDEX, H_PROG, H_RULES, H_OUT_INDEX, H_OUT, H_CX_INDEX,
+       H_CX, H_ALLOC, H_SIZE = 16 };
+#define RULE_MISSING 0
+#define RULE_CROSSING 1
+#define RULE_ROLE 2
+#define RULE_OTHER 3
+#define COPY_PLACED 2
+
+typedef struct {
+    const long long *d;
+    long long L, T, ntid, neid, nd;
+    Py_ssize_t n, micro, block, nseg;
+    const long long *layer_of;
+    long long *base, *done;
+    int *tid;
+    long long *ev; /* (op, key, bytes) triples */
+    Py_ssize_t nev, cap_ev;
+    long long *bd; /* (event index, segment index; -1: the optimizer step) pairs */
+    Py_ssize_t nbd, cap_bd;
+    long long *ws;
+    Py_ssize_t nws, cap_ws;
+    long long next_key;
+    int nomem;
+} Asm;
+
+static int grow(long long **buf, Py_ssize_t *cap, Py_ssize_t need, Asm *a) {
+    if (need <= *cap) return 0;
+    Py_ssize_t cap2 = *cap ? *cap : 1024;
+    while (cap2 < need) cap2 *= 2;
+    long long *b = PyMem_Realloc(*buf, (size_t)cap2 * sizeof(long long));
+    if (b == NULL) {
+        a->nomem = 1;
+        return -1;
+    }
+    *buf = b;
+    *cap = cap2;
+    return 0;
+}
+
+static int push_ev(Asm *a, long long op, long long key, long long nbytes) {
+    if (grow(&a->ev, &a->cap_ev, 3 * (a->nev + 1), a) < 0) return -1;
+    long long *e = a->ev + 3 * a->nev++;
+    e[0] = op;
+    e[1] = key;
+    e[2] = nbytes;
+    return 0;
+}
+
+static int push_bd(Asm *a, long long seg) {
+    if (grow(&a->bd, &a->cap_bd, 2 * (a->nbd + 1), a) < 0) return -1;
+    a->bd[2 * a->nbd] = a->nev;
+    a->bd[2 * a->nbd + 1] = seg;
+    a->nbd++;
+    return 0;
+}
+
+static int push_ws(Asm *a, long long key) {
+    if (grow(&a->ws, &a->cap_ws, a->nws + 1, a) < 0) return -1;
+    a->ws[a->nws++] = key;
+    return 0;
+}
+
+static inline const long long *hdr(const Asm *a) { return a->d; }
+
+/* The template id of (kind, template layer or -1, template micro-batch or -1), or -1 (no such segment: no events). */
+static long long tid_of(const Asm *a, long long kind, long long t, long long tm) {
+    if (kind < 0 || kind >= N_KINDS || t < -1 || t >= a->L || tm < -1 || tm >= a->T) return -1;
+    return a->d[hdr(a)[H_TID_OF] + (kind * (a->L + 1) + (t + 1)) * (a->T + 1) + (tm + 1)];
+}
+
+/* The index of full segment (kind, layer or -1, micro-batch or -1), or -1 where the step has none. */
+static Py_ssize_t seg_index(const Asm *a, long long kind, long long j, long long m) {
+    if (kind == K_START || kind == K_ZERO) return (j == -1 && m == -1) ? (kind == K_START ? 0 : 1) : -1;
+    if (m < 0 || m >= a->micro) return -1;
+    Py_ssize_t at = 2 + (Py_ssize_t)m * a->block;
+    if (kind == K_FWD || kind == K_BWD) {
+        if (j < 0 || j >= a->n) return -1;
+        return at + 6 + (kind == K_BWD ? a->n : 0) + (Py_ssize_t)j;
+    }
+    if (j != -1) return -1;
+    switch (kind) {
+    case K_PRE: return at;
+    case K_HEAD: return at + 1;
+    case K_LOGITS: return at + 2;
+    case K_EXIT: return at + 3;
+    case K_BACK: return at + 4;
+    case K_TAIL: return at + 5;
+    default: return -1;
+    }
+}
+
+/* keys[(kind, j, m)][eid]: the key a full segment gave template allocation ``eid``; -1 where the reference has none
+ * (the segment not made yet, made from another template, or the allocation not reached yet). */
+static long long key_of(const Asm *a, long long kind, long long j, long long m, long long eid) {
+    Py_ssize_t s = seg_index(a, kind, j, m);
+    if (s < 0 || a->tid[s] < 0 || eid < 0 || eid >= a->neid) return -1;
+    const long long *al = a->d + hdr(a)[H_ALLOC] + 2 * eid;
+    if (al[0] != a->tid[s] || al[1] < 0 || al[1] >= a->done[s]) return -1;
+    return a->base[s] + al[1];
+}
+
+static int free_key(Asm *a, long long key, long long free_op) { return key < 0 ? -1 : push_ev(a, free_op, key, 0); }
+
+/* EventAssembler._micros_at: up to ``cap`` micro-batches into ``out`` (-1 for None); their count. */
+static Py_ssize_t micros_at(const Asm *a, long long lm, long long tm, long long made, long long *out, Py_ssize_t cap) {
+    if (made == -1) {
+        out[0] = -1;
+        return 1;
+    }
+    if (lm != -1 && tm != -1) {
+        out[0] = lm - (tm - made);
+        return 1;
+    }
+    if (made < a->T - 1) {
+        out[0] = made;
+        return 1;
+    }
+    if (a->micro - made > cap) return -1;
+    Py_ssize_t k = 0;
+    for (long long m = made; m < a->micro; m++) out[k++] = m;
+    return k;
+}
+
+static int output_free(Asm *a, long long kind, long long j, long long micro, long long index, long long free_op) {
+    if (j != -1 && (j < 0 || j >= a->n)) return -1;
+    long long tm = micro == -1 ? -1 : (micro < a->T - 1 ? micro : a->T - 1);
+    long long t = tid_of(a, kind, j == -1 ? -1 : a->layer_of[j], tm);
+    if (t < 0) return -1;
+    const long long *oi = a->d + hdr(a)[H_OUT_INDEX] + 2 * t;
+    if (index < 0 || index >= oi[1]) return -1;
+    long long eid = a->d[hdr(a)[H_OUT] + oi[0] + index];
+    return free_key(a, key_of(a, kind, j, micro, eid), free_op);
+}
+
+static int role_free(Asm *a, long long lk, long long lj, long long yk, long long index, long long micro,
+                     long long free_op) {
+    if (yk == K_FWD) {
+        long long below = lj != -1 ? lj - 1 : (long long)a->n - 1;
+        return below < 0 ? 0 : output_free(a, K_FWD, below, micro, index, free_op);
+    }
+    long long above = lj != -1 ? lj + 1 : 0;
+    if (lk == K_BWD && above >= a->n) return output_free(a, K_BACK, -1, micro, index, free_op);
+    return output_free(a, K_BWD, above, micro, index, free_op);
+}
+
+/* One full segment, as EventAssembler._segment: its program, the frees its rules place, its releases. */
+static int segment(Asm *a, Py_ssize_t s, long long kind, long long j, long long lm, long long t,
+                   const long long *rel, Py_ssize_t nrel, long long alloc_op, long long free_op) {
+    if (push_bd(a, s) < 0) return -1;
+    a->base[s] = a->next_key;
+    a->tid[s] = t < 0 ? -1 : (int)t; /* no template segment: no events, no keys (a lookup into it fails, as there) */
+    a->done[s] = 0;
+    static const long long none_index[2] = {0, 0};
+    const long long *meta = t < 0 ? NULL : a->d + hdr(a)[H_TID_META] + 3 * t;
+    long long tt = meta ? meta[1] : -1, tm = meta ? meta[2] : -1;
+    const long long *pi = t < 0 ? none_index : a->d + hdr(a)[H_PROG_INDEX] + 2 * t;
+    const long long *prog = a->d + hdr(a)[H_PROG] + 4 * pi[0];
+    int expanded = 0;
+    long long ms[256];
+    for (long long i = 0; i < pi[1]; i++) {
+        const long long *e = prog + 4 * i;
+        switch (e[0]) {
+        case COPY_ALLOC: {
+            long long key = a->next_key++;
+            a->done[s]++;
+            if (push_ev(a, alloc_op, key, e[1]) < 0) return -1;
+            if (e[2] && push_ws(a, key) < 0) return -1;
+            break;
+        }
+        case COPY_LOCAL:
+            if (e[1] < 0 || e[1] >= a->done[s]) return -1;
+            if (push_ev(a, free_op, a->base[s] + e[1], 0) < 0) return -1;
+            break;
+        case COPY_FORWARD:
+            if (free_key(a, key_of(a, K_FWD, j, lm, e[2]), free_op) < 0) return -1;
+            break;
+        case COPY_PLACED: {
+            const long long *r = a->d + hdr(a)[H_RULES] + 7 * e[1];
+            long long how = r[0], yk = r[1], yt = r[2], ym = r[3], index = r[4], error = r[5], eid = r[6];
+            if (error) return -1;
+            if (how == RULE_CROSSING) {
+                if (expanded) break;
+                expanded = 1;
+                /* EventAssembler._expand_crossings: each layer allocation this template frees, once per full layer
+                 * of its template layer, in layer order */
+                for (Py_ssize_t fj = 0; fj < a->n; fj++) {
+                    long long lt = a->layer_of[fj];
+                    if (lt < 0 || lt >= a->L) return -1;
+                    const long long *ci = a->d + hdr(a)[H_CX_INDEX] + 2 * (t * a->L + lt);
+                    const long long *cx = a->d + hdr(a)[H_CX] + 3 * ci[0];
+                    for (long long c = 0; c < ci[1]; c++) {
+                        Py_ssize_t k = micros_at(a, lm, tm, cx[3 * c + 1], ms, 256);
+                        if (k < 0) return -1;
+                        for (Py_ssize_t q = 0; q < k; q++)
+                            if (free_key(a, key_of(a, cx[3 * c], fj, ms[q], cx[3 * c + 2]), free_op) < 0) return -1;
+                    }
+                }
+                break;
+            }
+            Py_ssize_t k = micros_at(a, lm, tm, ym, ms, 256);
+            if (k < 0) return -1;
+            if (how == RULE_ROLE) {
+                for (Py_ssize_t q = 0; q < k; q++)
+                    if (role_free(a, kind, j, yk, index, ms[q], free_op) < 0) return -1;
+            } else if (how == RULE_OTHER && yt != -1 && yt == tt && j != -1) {
+                for (Py_ssize_t q = 0; q < k; q++)
+                    if (free_key(a, key_of(a, yk, j, ms[q], eid), free_op) < 0) return -1;
+            } else if (how == RULE_OTHER && yt == -1 && tt == -1) {
+                for (Py_ssize_t q = 0; q < k; q++)
+                    if (free_key(a, key_of(a, yk, -1, ms[q], eid), free_op) < 0) return -1;
+            } else {
+                return -1;
+            }
+            break;
+        }
+        default:
+            return -1;
+        }
+    }
+    /* EventAssembler._releases_into: the shared tensors placed at this segment's end (ids descending) */
+    if (lm == -1) return 0;
+    for (Py_ssize_t q = 0; q < nrel; q++) {
+        long long eid = rel[q];
+        if (eid < 0 || eid >= a->neid) return -1;
+        long long at = a->d[hdr(a)[H_ALLOC] + 2 * eid];
+        if (at < 0) return -1;
+        const long long *m = a->d + hdr(a)[H_TID_META] + 3 * at;
+        if (m[1] != -1 || m[2] == -1) return -1;
+        long long tmk = lm < a->T - 1 ? lm : a->T - 1;
+        if (free_key(a, key_of(a, m[0], -1, lm - (tmk - m[2]), eid), free_op) < 0) return -1;
+    }
+    return 0;
+}
+
+/* EventAssembler._repeat: micro-batch kk as a copy of kk - 1, keys moved on; 1 when made so, 0 when not. */
+static int repeat_micro(Asm *a, Py_ssize_t kk, const long long *starts) {
+    long long e_prev = starts[3 * (kk - 1)], b_prev = starts[3 * (kk - 1) + 1], k_prev = starts[3 * (kk - 1) + 2];
+    long long k_before = starts[3 * (kk - 2) + 2];
+    long long step = a->next_key - k_prev;
+    if (step != k_prev - k_before) return 0;
+    long long at = a->nev - e_prev;
+    Py_ssize_t nb = a->nbd;
+    for (Py_ssize_t b = (Py_ssize_t)b_prev; b < nb; b++) {
+        long long s = a->bd[2 * b + 1];
+        if (s < 2 || s + a->block >= a->nseg) return -1;
+        long long ns = s + a->block;
+        if (grow(&a->bd, &a->cap_bd, 2 * (a->nbd + 1), a) < 0) return -1;
+        a->bd[2 * a->nbd] = a->bd[2 * b] + at;
+        a->bd[2 * a->nbd + 1] = ns;
+        a->nbd++;
+        a->base[ns] = a->base[s] + step;
+        a->tid[ns] = a->tid[s];
+        a->done[ns] = a->done[s];
+    }
+    Py_ssize_t nw = a->nws;
+    for (Py_ssize_t w = 0; w < nw; w++)
+        if (a->ws[w] >= k_prev && push_ws(a, a->ws[w] + step) < 0) return -1;
+    Py_ssize_t end = a->nev;
+    if (grow(&a->ev, &a->cap_ev, 3 * (a->nev + (end - (Py_ssize_t)e_prev)), a) < 0) return -1;
+    for (Py_ssize_t i = (Py_ssize_t)e_prev; i < end; i++) {
+        long long *src = a->ev + 3 * i, *dst = a->ev + 3 * a->nev++;
+        dst[0] = src[0];
+        dst[1] = src[1] >= k_before ? src[1] + step : src[1];
+        dst[2] = src[2];
+    }
+    a->next_key += step;
+    return 1;
+}
+
+static int bytes_view(PyObject *obj, const long long **out, Py_ssize_t *n) {
+    if (!PyBytes_CheckExact(obj) || PyBytes_GET_SIZE(obj) % (Py_ssize_t)sizeof(long long)) {
+        PyErr_SetString(PyExc_TypeError, "assemble: tables, layer_of, releases and optimizer are int64 bytes");
+        return -1;
+    }
+    *out = (const long long *)PyBytes_AS_STRING(obj);
+    *n = PyBytes_GET_SIZE(obj) / (Py_ssize_t)sizeof(long long);
+    return 0;
+}
+
+static PyObject *assemble(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "assemble(tables, layer_of, micro, labels, releases, optimizer, repeat, "
+                                         "alloc_op, free_op, opt_label)");
+        return NULL;
+    }
+    Asm a;
+    memset(&a, 0, sizeof a);
+    const long long *layer_of, *rel, *opt;
+    Py_ssize_t nd, nl, nrel, nopt;
+    if (bytes_view(args[0], &a.d, &nd) < 0 || bytes_view(args[1], &layer_of, &nl) < 0 ||
+        bytes_view(args[4], &rel, &nrel) < 0 || bytes_view(args[5], &opt, &nopt) < 0)
+        return NULL;
+    PyObject *labels = args[3], *opt_label = args[9];
+    Py_ssize_t micro = PyLong_AsSsize_t(args[2]);
+    if (micro == -1 && PyErr_Occurred()) return NULL;
+    int repeat = PyObject_IsTrue(args[6]);
+    if (repeat < 0) return NULL;
+    long long alloc_op = PyLong_AsLongLong(args[7]), free_op = PyLong_AsLongLong(args[8]);
+    if (PyErr_Occurred()) return NULL;
+    if (nd < H_SIZE || !PyList_CheckExact(labels) || micro < 1 || nrel % 2 || nopt % 2) Py_RETURN_NONE;
+    a.nd = nd;
+    a.L = a.d[H_L];
+    a.T = a.d[H_T];
+    a.ntid = a.d[H_NTID];
+    a.neid = a.d[H_NEID];
+    a.n = nl;
+    a.micro = micro;
+    a.layer_of = layer_of;
+    a.block = 6 + 2 * a.n;
+    a.nseg = 2 + a.micro * a.block;
+    if (a.L < 1 || a.T < 1 || PyList_GET_SIZE(labels) != a.nseg) Py_RETURN_NONE;
+    PyObject *result = NULL, *events = NULL, *bounds = NULL, *wss = NULL;
+    long long *starts = NULL, *rel_eids = NULL;
+    Py_ssize_t *rel_at = NULL;
+    a.base = PyMem_Calloc((size_t)a.nseg, sizeof(long long));
+    a.done = PyMem_Calloc((size_t)a.nseg, sizeof(long long));
+    a.tid = PyMem_Malloc((size_t)a.nseg * sizeof(int));
+    starts = PyMem_Malloc((size_t)(3 * a.micro) * sizeof(long long));
+    rel_at = PyMem_Calloc((size_t)(a.nseg + 1), sizeof(Py_ssize_t));
+    if (a.base == NULL || a.done == NULL || a.tid == NULL || starts == NULL || rel_at == NULL) {
+        a.nomem = 1;
+        goto fail;
+    }
+    for (Py_ssize_t s = 0; s < a.nseg; s++) a.tid[s] = -2; /* not made yet */
+    /* the releases by segment: rel_at[s] .. rel_at[s + 1] */
+    for (Py_ssize_t q = 0; q < nrel / 2; q++) {
+        long long s = rel[2 * q];
+        if (s < 0 || s >= a.nseg || (q && s < rel[2 * (q - 1)])) goto none;
+        rel_at[s + 1]++;
+    }
+    for (Py_ssize_t s = 0; s < a.nseg; s++) rel_at[s + 1] += rel_at[s];
+    rel_eids = PyMem_Malloc((size_t)(nrel / 2 + 1) * sizeof(long long));
+    if (rel_eids == NULL) {
+        a.nomem = 1;
+        goto fail;
+    }
+    for (Py_ssize_t q = 0; q < nrel / 2; q++) rel_eids[q] = rel[2 * q + 1];
+#define SEG(s, kind, j, m, t)                                                                                            \
+    if (segment(&a, (s), (kind), (j), (m), (t), rel_eids + rel_at[(s)], rel_at[(s) + 1] - rel_at[(s)], alloc_op,         \
+                free_op) < 0)                                                                                             \
+        goto none;
+    SEG(0, K_START, -1, -1, tid_of(&a, K_START, -1, -1));
+    static const long long globals_[6] = {K_PRE, K_HEAD, K_LOGITS, K_EXIT, K_BACK, K_TAIL};
+    for (Py_ssize_t kk = 0; kk < a.micro; kk++) {
+        starts[3 * kk] = a.nev;
+        starts[3 * kk + 1] = a.nbd;
+        starts[3 * kk + 2] = a.next_key;
+        long long tm = kk < a.T - 1 ? kk : a.T - 1;
+        if (repeat && kk >= 3 && tm == 1) {
+            int r = repeat_micro(&a, kk, starts);
+            if (r < 0) goto none;
+            if (r) continue;
+        }
+        Py_ssize_t at = 2 + kk * a.block;
+        SEG(at, K_PRE, -1, kk, tid_of(&a, K_PRE, -1, tm));
+        for (Py_ssize_t j = 0; j < a.n; j++) {
+            SEG(at + 6 + j, K_FWD, j, kk, tid_of(&a, K_FWD, a.layer_of[j], tm));
+        }
+        for (int g = 1; g < 5; g++) {
+            SEG(at + g, globals_[g], -1, kk, tid_of(&a, globals_[g], -1, tm));
+        }
+        for (Py_ssize_t j = a.n - 1; j >= 0; j--) {
+            SEG(at + 6 + a.n + j, K_BWD, j, kk, tid_of(&a, K_BWD, a.layer_of[j], tm));
+        }
+        SEG(at + 5, K_TAIL, -1, kk, tid_of(&a, K_TAIL, -1, tm));
+    }
+    /* StepEvents.add_optimizer: the whole model's optimizer step, its own allocations and frees */
+    if (push_bd(&a, -1) < 0) goto fail;
+    {
+        long long obase = a.next_key, odone = 0;
+        for (Py_ssize_t q = 0; q < nopt / 2; q++) {
+            long long code = opt[2 * q], v = opt[2 * q + 1];
+            if (code == COPY_ALLOC) {
+                odone++;
+                if (push_ev(&a, alloc_op, a.next_key++, v) < 0) goto fail;
+            } else if (code == COPY_LOCAL && v >= 0 && v < odone) {
+                if (push_ev(&a, free_op, obase + v, 0) < 0) goto fail;
+            } else {
+                goto none;
+            }
+        }
+    }
+    SEG(1, K_ZERO, -1, -1, tid_of(&a, K_ZERO, -1, -1));
+#undef SEG
+    /* the Python objects: the requests packed (int64 triples), (index, label) bounds, the workspace keys */
+    events = PyBytes_FromStringAndSize((const char *)a.ev, (Py_ssize_t)(3 * a.nev * (Py_ssize_t)sizeof(long long)));
+    bounds = PyList_New(a.nbd);
+    wss = PyList_New(a.nws);
+    if (events == NULL || bounds == NULL || wss == NULL) goto fail;
+    for (Py_ssize_t b = 0; b < a.nbd; b++) {
+        long long s = a.bd[2 * b + 1];
+        PyObject *label = s < 0 ? opt_label : PyList_GET_ITEM(labels, (Py_ssize_t)s);
+        PyObject *t = Py_BuildValue("(LO)", a.bd[2 * b], label);
+        if (t == NULL) goto fail;
+        PyList_SET_ITEM(bounds, b, t);
+    }
+    for (Py_ssize_t w = 0; w < a.nws; w++) {
+        PyObject *k = PyLong_FromLongLong(a.ws[w]);
+        if (k == NULL) goto fail;
+        PyList_SET_ITEM(wss, w, k);
+    }
+    result = Py_BuildValue("(NNNL)", events, bounds, wss, a.next_key);
+    events = bounds = wss = NULL;
+    goto done;
+none:
+    if (a.nomem) goto fail;
+    result = Py_NewRef(Py_None);
+    goto done;
+fail:
+    if (a.nomem && !PyErr_Occurred()) PyErr_NoMemory();
+    result = NULL;
+done:
+    Py_XDECREF(events);
+    Py_XDECREF(bounds);
+    Py_XDECREF(wss);
+    PyMem_Free(a.base);
+    PyMem_Free(a.done);
+    PyMem_Free(a.tid);
+    PyMem_Free(a.ev);
+    PyMem_Free(a.bd);
+    PyMem_Free(a.ws);
+    PyMem_Free(starts);
+    PyMem_Free(rel_at);
+    PyMem_Free(rel_eids);
+    return result;
+}
+
 /* -- replay: a point's whole process under the default settings, on C structs ----------------------------------- */
 /* replay.replay_point's loop (no micro-batches skipped) and the general rules' default-settings path, with the blocks,
    the free lists and the live requests held here rather than as allocator.py's objects: no Python object is made per
@@ -1303,7 +1745,7 @@ static int na_free(NAlloc *a, int block) {
     return nl_insert(pool, b->size, b->addr, block);
 }
 
-/* One step's requests as read from a StepEvents' list: whether each allocates, its key, its bytes; and which of them
+/* One step's requests as read from a StepEvents' list (or its packed requests): whether each allocates, its key, its bytes; and which of them
    the optimizer step makes (its state: kept for good). */
 typedef struct {
     char *alloc;
@@ -1323,8 +1765,10 @@ static void nstep_free(NStep *s) {
 /* 1 read, 0 not a plain stream (the caller replays it in Python), -1 error. ``max_key``: raised to its largest key. */
 static int nstep_read(PyObject *events, Py_ssize_t state_begin, Py_ssize_t state_end, long alloc_op, NStep *s,
                       int *max_key) {
-    if (!PyList_CheckExact(events)) return 0;
-    Py_ssize_t n = PyList_GET_SIZE(events);
+    int packed = PyBytes_CheckExact(events); /* StepEvents.packed: int64 (op, key, bytes) triples */
+    if (!packed && !PyList_CheckExact(events)) return 0;
+    if (packed && PyBytes_GET_SIZE(events) % (Py_ssize_t)(3 * sizeof(long long))) return 0;
+    Py_ssize_t n = packed ? PyBytes_GET_SIZE(events) / (Py_ssize_t)(3 * sizeof(long long)) : PyList_GET_SIZE(events);
     s->n = n;
     s->state_begin = state_begin;
     s->state_end = state_end;
@@ -1334,6 +1778,17 @@ static int nstep_read(PyObject *events, Py_ssize_t state_begin, Py_ssize_t state
     if (s->alloc == NULL || s->key == NULL || s->bytes == NULL) {
         PyErr_NoMemory();
         return -1;
+    }
+    if (packed) {
+        const long long *e = (const long long *)PyBytes_AS_STRING(events);
+        for (Py_ssize_t i = 0; i < n; i++, e += 3) {
+            if (e[1] < 0 || e[1] >= MAX_KEY || e[2] < 0 || e[2] > MAX_REQUEST) return 0;
+            s->alloc[i] = e[0] == alloc_op;
+            s->key[i] = (int)e[1];
+            s->bytes[i] = e[2];
+            if (e[1] > *max_key) *max_key = (int)e[1];
+        }
+        return 1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *ev = PyList_GET_ITEM(events, i);
@@ -1547,6 +2002,11 @@ static PyMethodDef module_methods[] = {
      "(its index; len(requests) when none is). ``segments``: None (leave a request that needs a new segment), or "
      "(allowed bytes or -1, what the device has, large_segment_size, the next segment's address, "
      "Stats.segment_events or None) to make new segments while there is room."},
+    {"assemble", (PyCFunction)(void (*)(void))assemble, METH_FASTCALL,
+     "assemble(tables, layer_of, micro, labels, releases, optimizer, repeat, alloc_op, free_op, opt_label) -> "
+     "(packed, bounds, workspaces, next_key) or None: event_assembly.EventAssembler.run on integer tables, its "
+     "requests packed as int64 (op, key, bytes) triples "
+     "(ShortTemplate.native_tables); None where the reference would raise (run it then)."},
     {"copy_program", (PyCFunction)(void (*)(void))copy_program, METH_FASTCALL,
      "copy_program(program, start, events, own, workspaces, next_key, alloc_op, free_op) -> (next_key, index): "
      "event_assembly's copies of a template segment's allocations and local frees from ``start``, up to the first "

@@ -25,8 +25,8 @@ container (``StepEvents``), its labels and a fully traced step are estimator/eve
 from __future__ import annotations
 
 import functools
+from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ckptbench.estimator.events import ALLOC, FREE
@@ -63,6 +63,13 @@ class ShortTemplate:
         self._programs: dict[str, list[tuple[int, int, int, bool]]] = {}
         self._crossings: dict[str, dict[int, list[tuple[str, int | None, int]]]] = {}
         self._rules: dict[str, dict[int, Rule]] = {}
+        self._native: bytes | bool | None = False  # native_tables, made once (False: not yet)
+
+    def native(self) -> bytes | None:
+        """``native_tables`` of this template, made once."""
+        if self._native is False:
+            self._native = native_tables(self)
+        return self._native if isinstance(self._native, bytes) else None
 
     def program(self, template: str) -> list[tuple[int, int, int, bool]]:
         """Segment ``template``'s events as the assembler copies them: ``(COPY_ALLOC, id, bytes, workspace)``;
@@ -161,6 +168,113 @@ class ShortTemplate:
         return any(op != ALLOC and key == eid for op, key, _ in self.segments.get(make_label("bwd", layer, 0), []))
 
 
+# The kinds of segment the C assembler knows (_replay_native.c's K_*): any other label is K_OTHER (never looked up).
+_KINDS = {"start": 0, "pre": 1, "fwd": 2, "head": 3, "logits": 4, "exit": 5, "back": 6, "bwd": 7, "tail": 8, "zero": 9}
+_K_OTHER = len(_KINDS)
+_HEADER = 16  # the tables' header: L, T, template count, id count, then the offsets of each table
+
+
+def native_tables(tmpl: ShortTemplate) -> bytes | None:
+    """The template as the C assembler reads it (``_replay_native.assemble``), int64: a header, each template
+    segment's kind, layer and micro-batch (-1: none) and its id by (kind, layer, micro-batch), its program (COPY_ALLOC:
+    bytes and workspace; COPY_LOCAL: the rank of the allocation it frees among the segment's allocations;
+    COPY_FORWARD: the id; COPY_PLACED: its rule), the rules (how, kind, layer, micro-batch, role index, whether it
+    raises, id), each segment's outputs (roles), its crossing frees by template layer, and each id's segment and
+    rank. None where an id is negative (the C side indexes by id)."""
+    labels = list(tmpl.segments)
+    tid = {label: i for i, label in enumerate(labels)}
+    meta: list[int] = []
+    for label in labels:
+        kind, layer, micro = parse_label(label)
+        meta += [_KINDS.get(kind, _K_OTHER), -1 if layer is None else layer, -1 if micro is None else micro]
+    L, T = len(tmpl.classes), tmpl.micro_batches
+    rank: dict[int, tuple[int, int]] = {}
+    for label in labels:
+        allocs = 0
+        for op, eid, _ in tmpl.segments[label]:
+            if op == ALLOC:
+                rank[eid] = (tid[label], allocs)
+                allocs += 1
+    tid_of = [-1] * (_K_OTHER + 1) * (L + 1) * (T + 1)
+    for i in range(len(labels)):
+        code, layer, micro = meta[3 * i : 3 * i + 3]
+        if code != _K_OTHER and -1 <= layer < L and -1 <= micro < T:
+            tid_of[(code * (L + 1) + layer + 1) * (T + 1) + micro + 1] = i
+    prog_index: list[int] = []
+    prog: list[int] = []
+    rules: list[int] = []
+    out_index: list[int] = []
+    outs: list[int] = []
+    cx_index: list[int] = []
+    cx: list[int] = []
+    ids: list[int] = list(rank)
+    for label in labels:
+        program, placed = tmpl.program(label), tmpl.rules(label)
+        prog_index += [len(prog) // 4, len(program)]
+        for code, eid, nbytes, workspace in program:
+            ids.append(eid)
+            if code == COPY_ALLOC:
+                prog += [code, nbytes, int(workspace), 0]
+            elif code == COPY_LOCAL:
+                prog += [code, rank[eid][1], eid, 0]
+            elif code == COPY_FORWARD:
+                prog += [code, 0, eid, 0]
+            else:
+                how, kind, layer, micro, index, error = placed[eid]
+                prog += [code, len(rules) // 7, eid, 0]
+                rules += [how, _KINDS.get(kind, _K_OTHER), -1 if layer is None else layer,
+                          -1 if micro is None else micro, index, int(error is not None), eid]
+        found = tmpl.outputs.get(label, [])
+        out_index += [len(outs), len(found)]
+        outs += found
+        ids += found
+        crossings = tmpl.crossing_frees(label)
+        for t in range(L):
+            entries = crossings.get(t, [])
+            cx_index += [len(cx) // 3, len(entries)]
+            for kind, micro, eid in entries:
+                cx += [_KINDS.get(kind, _K_OTHER), -1 if micro is None else micro, eid]
+                ids.append(eid)
+    ids += [eid for _, _, eid in tmpl.releases]
+    if ids and min(ids) < 0:
+        return None
+    neid = max(ids, default=-1) + 1
+    alloc = [-1, -1] * neid
+    for eid, (t, r) in rank.items():
+        alloc[2 * eid : 2 * eid + 2] = [t, r]
+    parts = [tid_of, meta, prog_index, prog, rules, out_index, outs, cx_index, cx, alloc]
+    header = [L, T, len(labels), neid]
+    at = _HEADER
+    for part in parts:
+        header.append(at)
+        at += len(part)
+    header += [0] * (_HEADER - len(header))
+    data = array("q", header)
+    for part in parts:
+        data.extend(part)
+    return data.tobytes()
+
+
+@functools.lru_cache(maxsize=64)
+def segment_labels(n: int, micro: int) -> tuple[list[str], dict[str, int]]:
+    """Every full segment's label by the C assembler's index (start, zero, then per micro-batch: pre, head, logits,
+    exit, back, tail, each layer's forward, each layer's backward), and the index of each label."""
+    labels = ["start", "zero"]
+    for kk in range(micro):
+        labels += [f"{g}@{kk}" for g in ("pre", "head", "logits", "exit", "back", "tail")]
+        labels += [f"fwd:{j}@{kk}" for j in range(n)]
+        labels += [f"bwd:{j}@{kk}" for j in range(n)]
+    return labels, {label: i for i, label in enumerate(labels)}
+
+
+def _assemble() -> Callable[..., tuple[bytes, list[tuple[int, str]], list[int], int] | None] | None:
+    """``EventAssembler.run`` in C (``_replay_native.assemble``), or None (as ``_copy_program``)."""
+    from ckptbench.estimator import allocator
+
+    native = allocator.NATIVE
+    return None if native is None else getattr(native, "assemble", None)
+
+
 def _copy_program() -> Callable[..., tuple[int, int]] | None:
     """The C loop of ``EventAssembler._segment``'s copies (``_replay_native.copy_program``), or None where the C part
     is not used (not built, CKPTBENCH_NATIVE=0: read each time, tests switch it off)."""
@@ -198,6 +312,19 @@ class EventAssembler:
     def run(self, optimizer_step: Sequence[tuple[int, int, int]], *, repeat: bool = True) -> StepEvents:
         """The step: start, every micro-batch, the optimizer step (given, whole model), zero_grad. ``repeat``:
         micro-batches from the fourth on copy the one before (``_repeat``) rather than their templates."""
+        native = _assemble()
+        tables = self.tmpl.native() if native is not None else None
+        if tables is not None and native is not None:
+            labels, index = segment_labels(self.n, self.micro)
+            releases = sorted(((index[label], eid) for label, placed in self._placed.items() if label in index
+                               for _, _, eid in placed), key=lambda x: (x[0], -x[1]))
+            found = native(tables, array("q", self.layer_of).tobytes(), self.micro, labels,
+                           array("q", [v for pair in releases for v in pair]).tobytes(),
+                           _optimizer_native(optimizer_step), repeat, ALLOC, FREE, "opt")
+            if found is not None:  # else: the rules below raise where the C loop stopped (or copy what it cannot)
+                packed, bounds, workspaces, next_key = found
+                self.out = StepEvents(None, bounds, set(workspaces), next_key, packed=packed)
+                return self.out
         out = self.out
         self._segment("start", "start")
         starts: list[tuple[int, int, int]] = []  # each micro-batch's first event, bound and key
@@ -453,6 +580,61 @@ def _optimizer_program(events: Sequence[tuple[int, int, int]]) -> list[tuple[int
     return of_trace(_OPTIMIZER_PROGRAMS, id(events), events, compiled, kept=8)
 
 
+_OPTIMIZER_NATIVE: dict[int, tuple[Sequence[tuple[int, int, int]], bytes]] = {}
+
+
+def _optimizer_native(events: Sequence[tuple[int, int, int]]) -> bytes:
+    """An optimizer step as the C assembler copies it: (COPY_ALLOC, bytes) or (COPY_LOCAL, the rank of the allocation
+    it frees), int64 (made once per optimizer step, ``_optimizer_program``'s checks first)."""
+
+    def packed() -> bytes:
+        ranks: dict[int, int] = {}
+        out: list[int] = []
+        for code, eid, nbytes, _ in _optimizer_program(events):
+            if code == COPY_ALLOC:
+                ranks[eid] = len(ranks)
+                out += [code, nbytes]
+            else:
+                out += [code, ranks[eid]]
+        return array("q", out).tobytes()
+
+    return of_trace(_OPTIMIZER_NATIVE, id(events), events, packed, kept=8)
+
+
+_EVENT_BYTES = 24  # a packed request: op, key, bytes as int64
+_OPTIMIZER_RELATIVE: dict[int, tuple[Sequence[tuple[int, int, int]], tuple[list[int], int]]] = {}
+
+
+def _optimizer_relative(events: Sequence[tuple[int, int, int]]) -> tuple[list[int], int]:
+    """An optimizer step's requests as ``add_optimizer`` makes them from key 0, flat (op, key, bytes), and how many
+    keys it allocates (made once per optimizer step)."""
+
+    def made() -> tuple[list[int], int]:
+        keys: dict[int, int] = {}
+        flat: list[int] = []
+        for code, eid, nbytes, _ in _optimizer_program(events):
+            if code == COPY_ALLOC:
+                keys[eid] = len(keys)
+                flat += [ALLOC, keys[eid], nbytes]
+            else:
+                flat += [FREE, keys[eid], 0]
+        return flat, len(keys)
+
+    return of_trace(_OPTIMIZER_RELATIVE, id(events), events, made, kept=8)
+
+
+def _optimizer_packed(events: Sequence[tuple[int, int, int]], first_key: int) -> bytes:
+    """``add_optimizer``'s requests from key ``first_key``, packed."""
+    flat = array("q", _optimizer_relative(events)[0])
+    for i in range(1, len(flat), 3):
+        flat[i] += first_key
+    return flat.tobytes()
+
+
+def _optimizer_allocations(events: Sequence[tuple[int, int, int]]) -> int:
+    return _optimizer_relative(events)[1]
+
+
 class AssemblyError(Exception):
     """The short trace has a free this assembly does not know how to place (use the full trace)."""
 
@@ -470,17 +652,53 @@ def make_label(kind: str, layer: int | None, micro: int | None) -> str:
     return body if micro is None else f"{body}@{micro}"
 
 
-@dataclass
 class StepEvents:
-    """One training step's requests, keys unique within the step, with the segment each starts."""
+    """One training step's requests, keys unique within the step, with the segment each starts.
 
-    events: list[FullEvent] = field(default_factory=list)
-    bounds: list[tuple[int, str]] = field(default_factory=list)  # (index of the first event, label)
-    workspaces: set[int] = field(default_factory=set)
-    next_key: int = 0
-    # Micro-batches the step stands for beyond those it holds: repeats of its later ones, which the replay
-    # skips without their requests (estimator/replay.py, ``fast_steps(compact=True)``).
-    extra_micro_batches: int = 0
+    The requests are ``events``, (op, key, bytes) tuples; the C assembler (``EventAssembler.run``) gives them packed
+    instead, int64 triples in ``packed`` (what the C replay reads, no tuple made), and ``events`` unpacks them the first
+    time it is read (the list is the step's requests from then on: ``packed`` is dropped)."""
+
+    def __init__(self, events: list[FullEvent] | None = None, bounds: list[tuple[int, str]] | None = None,
+                 workspaces: set[int] | None = None, next_key: int = 0, extra_micro_batches: int = 0, *,
+                 packed: bytes | None = None) -> None:
+        self._events = events if events is not None or packed is not None else []
+        self.packed = packed if events is None else None
+        self.bounds = bounds if bounds is not None else []  # (index of the first event, label)
+        self.workspaces = workspaces if workspaces is not None else set()
+        self.next_key = next_key
+        # Micro-batches the step stands for beyond those it holds: repeats of its later ones, which the replay
+        # skips without their requests (estimator/replay.py, ``fast_steps(compact=True)``).
+        self.extra_micro_batches = extra_micro_batches
+
+    @property
+    def events(self) -> list[FullEvent]:
+        if self._events is None:
+            flat = array("q", self.packed or b"")
+            self._events = list(zip(flat[0::3], flat[1::3], flat[2::3], strict=True))
+            self.packed = None
+        return self._events
+
+    @events.setter
+    def events(self, value: list[FullEvent]) -> None:
+        self._events, self.packed = value, None
+
+    @property
+    def n_events(self) -> int:
+        """How many requests the step makes (without unpacking them)."""
+        return len(self._events) if self._events is not None else len(self.packed or b"") // _EVENT_BYTES
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StepEvents):
+            return NotImplemented
+        return (self.events, self.bounds, self.workspaces, self.next_key, self.extra_micro_batches) == (
+            other.events, other.bounds, other.workspaces, other.next_key, other.extra_micro_batches)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value (as the dataclass it was)
+
+    def __repr__(self) -> str:
+        return (f"StepEvents({self.n_events} events, {len(self.bounds)} segments, next_key={self.next_key}, "
+                f"extra_micro_batches={self.extra_micro_batches})")
 
     def begin(self, label: str) -> None:
         self.bounds.append((len(self.events), label))
@@ -515,7 +733,7 @@ class StepEvents:
         """(position in ``bounds``, first event, end event) of segment ``label``."""
         for i, (start, name) in enumerate(self.bounds):
             if name == label:
-                end = self.bounds[i + 1][0] if i + 1 < len(self.bounds) else len(self.events)
+                end = self.bounds[i + 1][0] if i + 1 < len(self.bounds) else self.n_events
                 return i, start, end
         raise KeyError(label)
 
@@ -532,6 +750,13 @@ class StepEvents:
     def with_optimizer(self, optimizer_step: Sequence[tuple[int, int, int]]) -> StepEvents:
         """The same step with another optimizer step (the first one, which creates the state)."""
         at, start, end = self._segment_at("opt")
+        if self.packed is not None:  # the same, on the packed requests
+            made = _optimizer_packed(optimizer_step, self.next_key)
+            packed = self.packed[: start * _EVENT_BYTES] + made + self.packed[end * _EVENT_BYTES :]
+            shift = len(made) // _EVENT_BYTES - (end - start)
+            return StepEvents(None, [*self.bounds[: at + 1], *((i + shift, name) for i, name in self.bounds[at + 1 :])],
+                              set(self.workspaces), self.next_key + _optimizer_allocations(optimizer_step),
+                              self.extra_micro_batches, packed=packed)
         out = StepEvents(list(self.events[:start]), list(self.bounds[:at]), set(self.workspaces), self.next_key,
                          self.extra_micro_batches)
         out.add_optimizer(optimizer_step)

@@ -386,7 +386,7 @@ def _replay_in_c(
         return None
     allowed = limit.allowed_bytes
     found = native.replay(
-        first.events, first_state, steady.events, steady_state, tuple(process.workspaces), tuple(process.build),
+        _requests(first), first_state, _requests(steady), steady_state, tuple(process.workspaces), tuple(process.build),
         process.batch_bytes, process.warmup_steps, process.measured_steps, -1 if allowed is None else allowed,
         limit.total_bytes - limit.outside_bytes, settings.large_segment_size, ALLOC,
     )
@@ -404,6 +404,12 @@ def _replay_in_c(
         events = first if phase == 1 else steady
         where = OomPrediction(name, _Run._where(events, index), nbytes, allocated, reserved)
     return ReplayResult(peak_allocated, peak_reserved, retries, where)
+
+
+def _requests(step: StepEvents) -> bytes | list[tuple[int, int, int]]:
+    """A step's requests as the C replay reads them: packed where the C assembler made them (no tuple made), else the
+    list."""
+    return step.packed if step.packed is not None else step.events
 
 
 TOKEN_BYTES = 8  # the batch: int64 token ids (train.step.make_batch)
