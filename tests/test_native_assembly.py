@@ -135,7 +135,7 @@ def test_a_step_the_c_loop_cannot_make_is_left_to_the_rules(traced: tuple[Any, l
     assert tables is not None
     labels, _ = event_assembly.segment_labels(num_layers, 3)
     layer_of = event_assembly.array("q", [0] * num_layers).tobytes()
-    opt = event_assembly._optimizer_native(segment_events(short, "opt"))
+    opt = event_assembly._optimizer_relative(segment_events(short, "opt"))[0]
     args = (tables, layer_of, 3, labels, b"", opt, True, ALLOC, FREE, "opt")
     assert NATIVE.assemble(*args) is not None
     assert NATIVE.assemble(tables, layer_of, 3, labels[:-1], b"", opt, True, ALLOC, FREE, "opt") is None
@@ -145,7 +145,7 @@ def test_a_step_the_c_loop_cannot_make_is_left_to_the_rules(traced: tuple[Any, l
     with pytest.raises(TypeError):
         NATIVE.assemble(list(tables), layer_of, 3, labels, b"", opt, True, ALLOC, FREE, "opt")
     # an optimizer step freeing what it did not allocate
-    bad_opt = event_assembly.array("q", [1, 0]).tobytes()
+    bad_opt = event_assembly.array("q", [FREE, 0, 0]).tobytes()
     assert NATIVE.assemble(tables, layer_of, 3, labels, b"", bad_opt, True, ALLOC, FREE, "opt") is None
 
 
@@ -178,8 +178,8 @@ def test_assembling_leaves_no_objects_or_memory_behind(traced: tuple[Any, list[s
     tables = short_template(short, classes, 5).native()
     labels, _ = event_assembly.segment_labels(num_layers, 5)
     layer_of = event_assembly.array("q", [0] * num_layers).tobytes()
-    opt = event_assembly._optimizer_native(segment_events(short, "opt"))
-    bad_opt = event_assembly.array("q", [1, 0]).tobytes()
+    opt = event_assembly._optimizer_relative(segment_events(short, "opt"))[0]
+    bad_opt = event_assembly.array("q", [FREE, 0, 0]).tobytes()
 
     def rounds(n: int) -> None:
         for _ in range(n):

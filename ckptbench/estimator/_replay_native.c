@@ -1007,8 +1007,8 @@ static PyObject *shift_events(PyObject *Py_UNUSED(module), PyObject *const *args
  * (the copies give keys in program order), so no dictionary of keys is made. ``layer_of``: the template layer of each
  * full layer (int64); ``labels``: each full segment's label, by index (``segment_index``); ``releases``: (full segment,
  * template id) pairs, by segment, ids descending (the shared tensors freed at a segment's end, as ``_releases_into``
- * orders them); ``optimizer``: the optimizer step as (code, value) pairs (COPY_ALLOC: bytes; COPY_LOCAL: the rank of
- * the allocation it frees). None where the reference would raise or look up something that is not there: the
+ * orders them); ``optimizer``: the optimizer step's requests packed with keys from 0 (``_optimizer_relative``: a
+ * free's key is the rank of the allocation it frees). None where the reference would raise or look up something that is not there: the
  * caller then runs the reference, which raises as it always did. */
 
 enum { K_START, K_PRE, K_FWD, K_HEAD, K_LOGITS, K_EXIT, K_BACK, K_BWD, K_TAIL, K_ZERO, K_OTHER, N_KINDS };
@@ -1311,7 +1311,7 @@ static PyObject *assemble(PyObject *Py_UNUSED(module), PyObject *const *args, Py
     if (repeat < 0) return NULL;
     long long alloc_op = PyLong_AsLongLong(args[7]), free_op = PyLong_AsLongLong(args[8]);
     if (PyErr_Occurred()) return NULL;
-    if (nd < H_SIZE || !PyList_CheckExact(labels) || micro < 1 || nrel % 2 || nopt % 2) Py_RETURN_NONE;
+    if (nd < H_SIZE || !PyList_CheckExact(labels) || micro < 1 || nrel % 2 || nopt % 3) Py_RETURN_NONE;
     a.nd = nd;
     a.L = a.d[H_L];
     a.T = a.d[H_T];
@@ -1382,13 +1382,13 @@ static PyObject *assemble(PyObject *Py_UNUSED(module), PyObject *const *args, Py
     if (push_bd(&a, -1) < 0) goto fail;
     {
         long long obase = a.next_key, odone = 0;
-        for (Py_ssize_t q = 0; q < nopt / 2; q++) {
-            long long code = opt[2 * q], v = opt[2 * q + 1];
-            if (code == COPY_ALLOC) {
+        for (Py_ssize_t q = 0; q < nopt / 3; q++) {
+            const long long *e = opt + 3 * q; /* (op, key from 0, bytes) */
+            if (e[0] == alloc_op && e[1] == odone) {
                 odone++;
-                if (push_ev(&a, alloc_op, a.next_key++, v) < 0) goto fail;
-            } else if (code == COPY_LOCAL && v >= 0 && v < odone) {
-                if (push_ev(&a, free_op, obase + v, 0) < 0) goto fail;
+                if (push_ev(&a, alloc_op, a.next_key++, e[2]) < 0) goto fail;
+            } else if (e[0] == free_op && e[1] >= 0 && e[1] < odone) {
+                if (push_ev(&a, free_op, obase + e[1], 0) < 0) goto fail;
             } else {
                 goto none;
             }

@@ -320,7 +320,7 @@ class EventAssembler:
                                for _, _, eid in placed), key=lambda x: (x[0], -x[1]))
             found = native(tables, array("q", self.layer_of).tobytes(), self.micro, labels,
                            array("q", [v for pair in releases for v in pair]).tobytes(),
-                           _optimizer_native(optimizer_step), repeat, ALLOC, FREE, "opt")
+                           _optimizer_relative(optimizer_step)[0], repeat, ALLOC, FREE, "opt")
             if found is not None:  # else: the rules below raise where the C loop stopped (or copy what it cannot)
                 packed, bounds, workspaces, next_key = found
                 self.out = StepEvents(None, bounds, set(workspaces), next_key, packed=packed)
@@ -580,36 +580,16 @@ def _optimizer_program(events: Sequence[tuple[int, int, int]]) -> list[tuple[int
     return of_trace(_OPTIMIZER_PROGRAMS, id(events), events, compiled, kept=8)
 
 
-_OPTIMIZER_NATIVE: dict[int, tuple[Sequence[tuple[int, int, int]], bytes]] = {}
-
-
-def _optimizer_native(events: Sequence[tuple[int, int, int]]) -> bytes:
-    """An optimizer step as the C assembler copies it: (COPY_ALLOC, bytes) or (COPY_LOCAL, the rank of the allocation
-    it frees), int64 (made once per optimizer step, ``_optimizer_program``'s checks first)."""
-
-    def packed() -> bytes:
-        ranks: dict[int, int] = {}
-        out: list[int] = []
-        for code, eid, nbytes, _ in _optimizer_program(events):
-            if code == COPY_ALLOC:
-                ranks[eid] = len(ranks)
-                out += [code, nbytes]
-            else:
-                out += [code, ranks[eid]]
-        return array("q", out).tobytes()
-
-    return of_trace(_OPTIMIZER_NATIVE, id(events), events, packed, kept=8)
-
-
 _EVENT_BYTES = 24  # a packed request: op, key, bytes as int64
-_OPTIMIZER_RELATIVE: dict[int, tuple[Sequence[tuple[int, int, int]], tuple[list[int], int]]] = {}
+_OPTIMIZER_RELATIVE: dict[int, tuple[Sequence[tuple[int, int, int]], tuple[bytes, int]]] = {}
 
 
-def _optimizer_relative(events: Sequence[tuple[int, int, int]]) -> tuple[list[int], int]:
-    """An optimizer step's requests as ``add_optimizer`` makes them from key 0, flat (op, key, bytes), and how many
-    keys it allocates (made once per optimizer step)."""
+def _optimizer_relative(events: Sequence[tuple[int, int, int]]) -> tuple[bytes, int]:
+    """An optimizer step's requests as ``add_optimizer`` makes them from key 0, packed (a free's key is then the rank
+    of the allocation it frees: how the C assembler copies it), and how many keys it allocates (made once per
+    optimizer step, ``_optimizer_program``'s checks first)."""
 
-    def made() -> tuple[list[int], int]:
+    def made() -> tuple[bytes, int]:
         keys: dict[int, int] = {}
         flat: list[int] = []
         for code, eid, nbytes, _ in _optimizer_program(events):
@@ -618,7 +598,7 @@ def _optimizer_relative(events: Sequence[tuple[int, int, int]]) -> tuple[list[in
                 flat += [ALLOC, keys[eid], nbytes]
             else:
                 flat += [FREE, keys[eid], 0]
-        return flat, len(keys)
+        return array("q", flat).tobytes(), len(keys)
 
     return of_trace(_OPTIMIZER_RELATIVE, id(events), events, made, kept=8)
 
@@ -629,10 +609,6 @@ def _optimizer_packed(events: Sequence[tuple[int, int, int]], first_key: int) ->
     for i in range(1, len(flat), 3):
         flat[i] += first_key
     return flat.tobytes()
-
-
-def _optimizer_allocations(events: Sequence[tuple[int, int, int]]) -> int:
-    return _optimizer_relative(events)[1]
 
 
 class AssemblyError(Exception):
@@ -755,7 +731,7 @@ class StepEvents:
             packed = self.packed[: start * _EVENT_BYTES] + made + self.packed[end * _EVENT_BYTES :]
             shift = len(made) // _EVENT_BYTES - (end - start)
             return StepEvents(None, [*self.bounds[: at + 1], *((i + shift, name) for i, name in self.bounds[at + 1 :])],
-                              set(self.workspaces), self.next_key + _optimizer_allocations(optimizer_step),
+                              set(self.workspaces), self.next_key + _optimizer_relative(optimizer_step)[1],
                               self.extra_micro_batches, packed=packed)
         out = StepEvents(list(self.events[:start]), list(self.bounds[:at]), set(self.workspaces), self.next_key,
                          self.extra_micro_batches)
