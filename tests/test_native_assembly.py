@@ -6,18 +6,25 @@ it cannot make is made by the rules."""
 from __future__ import annotations
 
 import dataclasses
+import gc
+import tracemalloc
+from array import array
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from ckptbench.config.alloc_conf import parse_alloc_conf
 from ckptbench.config.layouts import parse_layout
 from ckptbench.estimator import event_assembly
+from ckptbench.estimator import replay as replay_module
 from ckptbench.estimator.allocator import NATIVE, DeviceLimit
 from ckptbench.estimator.assembly import layer_classes, plans_for, short_model_classes
 from ckptbench.estimator.event_assembly import EventAssembler, StepEvents, segment_events, short_template
 from ckptbench.estimator.events import ALLOC, FREE
+from ckptbench.estimator.record import CATEGORIES
 from ckptbench.estimator.replay import ProcessModel, fast_steps, replay_point
+from ckptbench.estimator.step_trace import StepTrace
 from ckptbench.estimator.trace import trace_step
 from tests._native import WITH_NATIVE
 from tests.conftest import tiny_config
@@ -41,13 +48,15 @@ def traced(request: pytest.FixtureRequest) -> Iterator[tuple[Any, list[str], int
 
 
 def _by_rules(template: Any, full: list[str], count: int, opt: Any, *, repeat: bool = True) -> StepEvents:
-    """The step as the Python rules make it (the C assembler not asked)."""
-    saved = event_assembly._assemble
-    event_assembly._assemble = lambda: None
-    try:
-        return EventAssembler(template, full, count).run(opt, repeat=repeat)
-    finally:
-        event_assembly._assemble = saved
+    """The step as the Python rules make it (the C assembler not asked; its copy loops still are)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(event_assembly, "_native", lambda name: None if name == "assemble" else NATIVE_PART(name))
+        step = EventAssembler(template, full, count).run(opt, repeat=repeat)
+    assert step.packed is None  # made by the rules: a list
+    return step
+
+
+NATIVE_PART = event_assembly._native
 
 
 def test_c_assembly_is_the_rules_assembly(traced: tuple[Any, list[str], int, dict[int, Any]]) -> None:
@@ -88,8 +97,6 @@ def test_packed_steps_replay_as_their_lists(traced: tuple[Any, list[str], int, d
         assert first.packed is not None and first == listed.with_optimizer(first_opt), layout
         for limit in (DeviceLimit(2**40, None), DeviceLimit(steady_peak(listed) * 2, None),
                       DeviceLimit(steady_peak(listed) // 3, None)):
-            from ckptbench.config.alloc_conf import parse_alloc_conf
-
             settings = parse_alloc_conf("")
             packed_result = replay_point(first, steady, process, settings, limit)
             list_result = replay_point(listed.with_optimizer(first_opt), listed, process, settings, limit)
@@ -114,8 +121,6 @@ def steady_peak(step: StepEvents) -> int:
 
 def test_packed_requests_unpack_on_first_read() -> None:
     flat = [ALLOC, 0, 512, ALLOC, 1, 1024, FREE, 0, 0]
-    from array import array
-
     step = StepEvents(None, [(0, "start")], set(), 2, packed=array("q", flat).tobytes())
     assert step.n_events == 3 and step.packed is not None
     assert step.events == [(ALLOC, 0, 512), (ALLOC, 1, 1024), (FREE, 0, 0)]
@@ -134,34 +139,29 @@ def test_a_step_the_c_loop_cannot_make_is_left_to_the_rules(traced: tuple[Any, l
     tables = template.native()
     assert tables is not None
     labels, _ = event_assembly.segment_labels(num_layers, 3)
-    layer_of = event_assembly.array("q", [0] * num_layers).tobytes()
+    layer_of = array("q", [0] * num_layers).tobytes()
     opt = event_assembly._optimizer_relative(segment_events(short, "opt"))[0]
     args = (tables, layer_of, 3, labels, b"", opt, True, ALLOC, FREE, "opt")
     assert NATIVE.assemble(*args) is not None
     assert NATIVE.assemble(tables, layer_of, 3, labels[:-1], b"", opt, True, ALLOC, FREE, "opt") is None
     # a release in a segment whose tensor was not made by a global segment: the rules raise, the C loop declines
-    bad_release = event_assembly.array("q", [len(labels) - 1, 0]).tobytes()
+    bad_release = array("q", [len(labels) - 1, 0]).tobytes()
     assert NATIVE.assemble(tables, layer_of, 3, labels, bad_release, opt, True, ALLOC, FREE, "opt") is None
     with pytest.raises(TypeError):
         NATIVE.assemble(list(tables), layer_of, 3, labels, b"", opt, True, ALLOC, FREE, "opt")
     # an optimizer step freeing what it did not allocate
-    bad_opt = event_assembly.array("q", [FREE, 0, 0]).tobytes()
+    bad_opt = array("q", [FREE, 0, 0]).tobytes()
     assert NATIVE.assemble(tables, layer_of, 3, labels, b"", bad_opt, True, ALLOC, FREE, "opt") is None
 
 
-def test_fast_steps_hold_packed_requests(traced: tuple[Any, list[str], int, dict[int, Any]]) -> None:
+def test_fast_steps_hold_packed_requests(traced: tuple[Any, list[str], int, dict[int, Any]],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
     cfg, classes, num_layers, shorts = traced
     point = dataclasses.replace(cfg.points_list()[0], layout="all", micro_batches=3)
     full = layer_classes(parse_layout(point.layout, num_layers))
     optim = shorts[2]  # (its 'opt' segment stands for the optimizer trace's here)
-    from ckptbench.estimator import replay as replay_module
-
-    saved = replay_module.optimizer_steps
-    replay_module.optimizer_steps = lambda _: (tuple(segment_events(optim, "opt")),) * 2  # type: ignore[assignment]
-    try:
-        first, steady = fast_steps(shorts[2], classes, full, 3, optim)
-    finally:
-        replay_module.optimizer_steps = saved
+    monkeypatch.setattr(replay_module, "optimizer_steps", lambda _: (tuple(segment_events(optim, "opt")),) * 2)
+    first, steady = fast_steps(shorts[2], classes, full, 3, optim)
     assert first.packed is not None and steady.packed is not None
     assert replay_module._requests(steady) is steady.packed
 
@@ -169,17 +169,14 @@ def test_fast_steps_hold_packed_requests(traced: tuple[Any, list[str], int, dict
 def test_assembling_leaves_no_objects_or_memory_behind(traced: tuple[Any, list[str], int, dict[int, Any]]) -> None:
     """``assemble`` counts its references by hand: made 300 times, and declined 300 times (a stream it cannot make),
     it leaves no object and no memory behind."""
-    import gc
-    import tracemalloc
-
     _, classes, num_layers, shorts = traced
     assert NATIVE is not None
     short = shorts[2]
     tables = short_template(short, classes, 5).native()
     labels, _ = event_assembly.segment_labels(num_layers, 5)
-    layer_of = event_assembly.array("q", [0] * num_layers).tobytes()
+    layer_of = array("q", [0] * num_layers).tobytes()
     opt = event_assembly._optimizer_relative(segment_events(short, "opt"))[0]
-    bad_opt = event_assembly.array("q", [FREE, 0, 0]).tobytes()
+    bad_opt = array("q", [FREE, 0, 0]).tobytes()
 
     def rounds(n: int) -> None:
         for _ in range(n):
@@ -200,3 +197,61 @@ def test_assembling_leaves_no_objects_or_memory_behind(traced: tuple[Any, list[s
     tracemalloc.stop()
     assert grown < 64 * 1024, grown
     assert len(gc.get_objects()) - objects < 50
+
+
+def _hand_made_trace() -> StepTrace:
+    """A 3-layer short model's two micro-batches, made by hand: each layer's forward keeps a tensor that the same
+    layer's backward frees one micro-batch later (a rule no traced LLaMA step has needed yet: the same layer, an
+    earlier micro-batch), besides its local tensors and the gradient handed down."""
+    labels: list[str] = ["start"]
+    for m in (0, 1):
+        labels += [f"pre@{m}", *(f"fwd:{t}@{m}" for t in range(3)), *(f"{g}@{m}" for g in ("head", "logits", "exit",
+                                                                                          "back")),
+                   *(f"bwd:{t}@{m}" for t in (2, 1, 0)), f"tail@{m}"]
+    labels += ["opt", "zero", "end"]
+    seg = {label: i for i, label in enumerate(labels)}
+    events: list[tuple[int, int, int, int]] = []
+    eid = 0
+
+    def alloc(label: str, nbytes: int) -> int:
+        nonlocal eid
+        eid += 1
+        events.append((ALLOC, eid, nbytes, seg[label]))
+        return eid
+
+    kept: dict[tuple[int, int], int] = {}
+    for m in (0, 1):
+        for t in range(3):
+            local = alloc(f"fwd:{t}@{m}", 4096 * (t + 1))
+            events.append((FREE, local, 0, seg[f"fwd:{t}@{m}"]))
+            kept[(t, m)] = alloc(f"fwd:{t}@{m}", 1 << 20)
+        for t in (2, 1, 0):
+            if m == 1:  # the tensor the same layer's forward kept one micro-batch ago
+                events.append((FREE, kept[(t, 0)], 0, seg[f"bwd:{t}@1"]))
+            scratch = alloc(f"bwd:{t}@{m}", 8192)
+            events.append((FREE, scratch, 0, seg[f"bwd:{t}@{m}"]))
+    state = alloc("opt", 1 << 16)
+    events.append((FREE, state, 0, seg["opt"]))
+    return StepTrace(segments=(), static=(0,) * len(CATEGORIES), events=tuple(events), labels=tuple(labels))
+
+
+def test_a_free_of_an_earlier_micro_batchs_forward_is_placed_alike() -> None:
+    """The same-layer rule for a tensor made a micro-batch earlier (no traced step exercises it): at two micro-batches
+    the C assembly places each free where the rules do, in every full layer copying the middle template layer. From
+    three on, the rules find no such tensor in the micro-batch before (its template is the second micro-batch's, which
+    made another) and raise; the C loop declines them, so the same error is raised."""
+    short = _hand_made_trace()
+    opt = segment_events(short, "opt")
+    full = ["none"] * 6
+    template = short_template(short, ["none", "none", "none"], 2)
+    fast = EventAssembler(template, full, 2).run(opt)
+    assert fast.packed is not None
+    assert fast == _by_rules(template, full, 2, opt)
+    frees = sum(1 for op, _, _ in fast.events if op == FREE)
+    assert sum(1 for op, _, _ in fast.events if op == ALLOC) - frees == 6  # the last micro-batch's kept tensors
+    for count in (3, 5):
+        template = short_template(short, ["none", "none", "none"], count)
+        with pytest.raises(KeyError):
+            _by_rules(template, full, count, opt)
+        with pytest.raises(KeyError):
+            EventAssembler(template, full, count).run(opt)

@@ -1001,28 +1001,28 @@ static PyObject *shift_events(PyObject *Py_UNUSED(module), PyObject *const *args
 /* -- assemble: a full model's step from a short model's template, on integer tables ------------------------------ */
 
 /* assemble(tables, layer_of, micro, labels, releases, optimizer, repeat, alloc_op, free_op, opt_label) ->
- * (packed, bounds, workspaces, next_key) or None (``packed``: the requests as int64 (op, key, bytes) triples): event_assembly.EventAssembler.run (the reference, which this follows
- * step for step), on the tables ``ShortTemplate.native_tables`` packs once per template (int64, little-endian,
- * header below). A full segment's keys are its first key plus each allocation's rank among its template's allocations
- * (the copies give keys in program order), so no dictionary of keys is made. ``layer_of``: the template layer of each
- * full layer (int64); ``labels``: each full segment's label, by index (``segment_index``); ``releases``: (full segment,
- * template id) pairs, by segment, ids descending (the shared tensors freed at a segment's end, as ``_releases_into``
- * orders them); ``optimizer``: the optimizer step's requests packed with keys from 0 (``_optimizer_relative``: a
- * free's key is the rank of the allocation it frees). None where the reference would raise or look up something that is not there: the
+ * (packed, bounds, workspaces, next_key) or None: event_assembly.EventAssembler.run (the reference, which this follows
+ * step for step), on the tables ``event_assembly.native_tables`` packs once per template (int64, header below);
+ * ``packed``: the step's requests as int64 (op, key, bytes) triples. A full segment's keys are its first key plus each
+ * allocation's rank among its template's allocations (the copies give keys in program order), so no dictionary of
+ * keys is made. ``layer_of``: the template layer of each full layer (int64); ``labels``: each full segment's label, by
+ * index (``seg_index``; ``event_assembly.segment_labels``); ``releases``: (full segment, template id) pairs, by
+ * segment, ids descending (the shared tensors freed at a segment's end, as ``_releases_into`` orders them);
+ * ``optimizer``: the optimizer step's requests packed with keys from 0 (``_optimizer_relative``: a free's key is the
+ * rank of the allocation it frees). None where the reference would raise or look up something that is not there: the
  * caller then runs the reference, which raises as it always did. */
 
 enum { K_START, K_PRE, K_FWD, K_HEAD, K_LOGITS, K_EXIT, K_BACK, K_BWD, K_TAIL, K_ZERO, K_OTHER, N_KINDS };
 enum { H_L, H_T, H_NTID, H_NEID, H_TID_OF, H_TID_META, H_PROG_INDEX, H_PROG, H_RULES, H_OUT_INDEX, H_OUT, H_CX_INDEX,
        H_CX, H_ALLOC, H_SIZE = 16 };
-#define RULE_MISSING 0
-#define RULE_CROSSING 1
+#define RULE_CROSSING 1 /* event_assembly's rules (_MISSING, 0, always raises: its ``error`` is set) */
 #define RULE_ROLE 2
 #define RULE_OTHER 3
 #define COPY_PLACED 2
 
 typedef struct {
     const long long *d;
-    long long L, T, ntid, neid, nd;
+    long long L, T, neid;
     Py_ssize_t n, micro, block, nseg;
     const long long *layer_of;
     long long *base, *done;
@@ -1074,12 +1074,10 @@ static int push_ws(Asm *a, long long key) {
     return 0;
 }
 
-static inline const long long *hdr(const Asm *a) { return a->d; }
-
 /* The template id of (kind, template layer or -1, template micro-batch or -1), or -1 (no such segment: no events). */
 static long long tid_of(const Asm *a, long long kind, long long t, long long tm) {
     if (kind < 0 || kind >= N_KINDS || t < -1 || t >= a->L || tm < -1 || tm >= a->T) return -1;
-    return a->d[hdr(a)[H_TID_OF] + (kind * (a->L + 1) + (t + 1)) * (a->T + 1) + (tm + 1)];
+    return a->d[a->d[H_TID_OF] + (kind * (a->L + 1) + (t + 1)) * (a->T + 1) + (tm + 1)];
 }
 
 /* The index of full segment (kind, layer or -1, micro-batch or -1), or -1 where the step has none. */
@@ -1108,7 +1106,7 @@ static Py_ssize_t seg_index(const Asm *a, long long kind, long long j, long long
 static long long key_of(const Asm *a, long long kind, long long j, long long m, long long eid) {
     Py_ssize_t s = seg_index(a, kind, j, m);
     if (s < 0 || a->tid[s] < 0 || eid < 0 || eid >= a->neid) return -1;
-    const long long *al = a->d + hdr(a)[H_ALLOC] + 2 * eid;
+    const long long *al = a->d + a->d[H_ALLOC] + 2 * eid;
     if (al[0] != a->tid[s] || al[1] < 0 || al[1] >= a->done[s]) return -1;
     return a->base[s] + al[1];
 }
@@ -1140,9 +1138,9 @@ static int output_free(Asm *a, long long kind, long long j, long long micro, lon
     long long tm = micro == -1 ? -1 : (micro < a->T - 1 ? micro : a->T - 1);
     long long t = tid_of(a, kind, j == -1 ? -1 : a->layer_of[j], tm);
     if (t < 0) return -1;
-    const long long *oi = a->d + hdr(a)[H_OUT_INDEX] + 2 * t;
+    const long long *oi = a->d + a->d[H_OUT_INDEX] + 2 * t;
     if (index < 0 || index >= oi[1]) return -1;
-    long long eid = a->d[hdr(a)[H_OUT] + oi[0] + index];
+    long long eid = a->d[a->d[H_OUT] + oi[0] + index];
     return free_key(a, key_of(a, kind, j, micro, eid), free_op);
 }
 
@@ -1165,10 +1163,10 @@ static int segment(Asm *a, Py_ssize_t s, long long kind, long long j, long long 
     a->tid[s] = t < 0 ? -1 : (int)t; /* no template segment: no events, no keys (a lookup into it fails, as there) */
     a->done[s] = 0;
     static const long long none_index[2] = {0, 0};
-    const long long *meta = t < 0 ? NULL : a->d + hdr(a)[H_TID_META] + 3 * t;
+    const long long *meta = t < 0 ? NULL : a->d + a->d[H_TID_META] + 3 * t;
     long long tt = meta ? meta[1] : -1, tm = meta ? meta[2] : -1;
-    const long long *pi = t < 0 ? none_index : a->d + hdr(a)[H_PROG_INDEX] + 2 * t;
-    const long long *prog = a->d + hdr(a)[H_PROG] + 4 * pi[0];
+    const long long *pi = t < 0 ? none_index : a->d + a->d[H_PROG_INDEX] + 2 * t;
+    const long long *prog = a->d + a->d[H_PROG] + 4 * pi[0];
     int expanded = 0;
     long long ms[256];
     for (long long i = 0; i < pi[1]; i++) {
@@ -1189,7 +1187,7 @@ static int segment(Asm *a, Py_ssize_t s, long long kind, long long j, long long 
             if (free_key(a, key_of(a, K_FWD, j, lm, e[2]), free_op) < 0) return -1;
             break;
         case COPY_PLACED: {
-            const long long *r = a->d + hdr(a)[H_RULES] + 7 * e[1];
+            const long long *r = a->d + a->d[H_RULES] + 7 * e[1];
             long long how = r[0], yk = r[1], yt = r[2], ym = r[3], index = r[4], error = r[5], eid = r[6];
             if (error) return -1;
             if (how == RULE_CROSSING) {
@@ -1200,8 +1198,8 @@ static int segment(Asm *a, Py_ssize_t s, long long kind, long long j, long long 
                 for (Py_ssize_t fj = 0; fj < a->n; fj++) {
                     long long lt = a->layer_of[fj];
                     if (lt < 0 || lt >= a->L) return -1;
-                    const long long *ci = a->d + hdr(a)[H_CX_INDEX] + 2 * (t * a->L + lt);
-                    const long long *cx = a->d + hdr(a)[H_CX] + 3 * ci[0];
+                    const long long *ci = a->d + a->d[H_CX_INDEX] + 2 * (t * a->L + lt);
+                    const long long *cx = a->d + a->d[H_CX] + 3 * ci[0];
                     for (long long c = 0; c < ci[1]; c++) {
                         Py_ssize_t k = micros_at(a, lm, tm, cx[3 * c + 1], ms, 256);
                         if (k < 0) return -1;
@@ -1216,12 +1214,10 @@ static int segment(Asm *a, Py_ssize_t s, long long kind, long long j, long long 
             if (how == RULE_ROLE) {
                 for (Py_ssize_t q = 0; q < k; q++)
                     if (role_free(a, kind, j, yk, index, ms[q], free_op) < 0) return -1;
-            } else if (how == RULE_OTHER && yt != -1 && yt == tt && j != -1) {
+            } else if (how == RULE_OTHER && ((yt != -1 && yt == tt && j != -1) || (yt == -1 && tt == -1))) {
+                /* the same layer's forward (saved activations), or a global segment's allocation */
                 for (Py_ssize_t q = 0; q < k; q++)
-                    if (free_key(a, key_of(a, yk, j, ms[q], eid), free_op) < 0) return -1;
-            } else if (how == RULE_OTHER && yt == -1 && tt == -1) {
-                for (Py_ssize_t q = 0; q < k; q++)
-                    if (free_key(a, key_of(a, yk, -1, ms[q], eid), free_op) < 0) return -1;
+                    if (free_key(a, key_of(a, yk, yt == -1 ? -1 : j, ms[q], eid), free_op) < 0) return -1;
             } else {
                 return -1;
             }
@@ -1236,9 +1232,9 @@ static int segment(Asm *a, Py_ssize_t s, long long kind, long long j, long long 
     for (Py_ssize_t q = 0; q < nrel; q++) {
         long long eid = rel[q];
         if (eid < 0 || eid >= a->neid) return -1;
-        long long at = a->d[hdr(a)[H_ALLOC] + 2 * eid];
+        long long at = a->d[a->d[H_ALLOC] + 2 * eid];
         if (at < 0) return -1;
-        const long long *m = a->d + hdr(a)[H_TID_META] + 3 * at;
+        const long long *m = a->d + a->d[H_TID_META] + 3 * at;
         if (m[1] != -1 || m[2] == -1) return -1;
         long long tmk = lm < a->T - 1 ? lm : a->T - 1;
         if (free_key(a, key_of(a, m[0], -1, lm - (tmk - m[2]), eid), free_op) < 0) return -1;
@@ -1312,10 +1308,8 @@ static PyObject *assemble(PyObject *Py_UNUSED(module), PyObject *const *args, Py
     long long alloc_op = PyLong_AsLongLong(args[7]), free_op = PyLong_AsLongLong(args[8]);
     if (PyErr_Occurred()) return NULL;
     if (nd < H_SIZE || !PyList_CheckExact(labels) || micro < 1 || nrel % 2 || nopt % 3) Py_RETURN_NONE;
-    a.nd = nd;
     a.L = a.d[H_L];
     a.T = a.d[H_T];
-    a.ntid = a.d[H_NTID];
     a.neid = a.d[H_NEID];
     a.n = nl;
     a.micro = micro;
@@ -1349,12 +1343,15 @@ static PyObject *assemble(PyObject *Py_UNUSED(module), PyObject *const *args, Py
         goto fail;
     }
     for (Py_ssize_t q = 0; q < nrel / 2; q++) rel_eids[q] = rel[2 * q + 1];
-#define SEG(s, kind, j, m, t)                                                                                            \
-    if (segment(&a, (s), (kind), (j), (m), (t), rel_eids + rel_at[(s)], rel_at[(s) + 1] - rel_at[(s)], alloc_op,         \
-                free_op) < 0)                                                                                             \
-        goto none;
-    SEG(0, K_START, -1, -1, tid_of(&a, K_START, -1, -1));
-    static const long long globals_[6] = {K_PRE, K_HEAD, K_LOGITS, K_EXIT, K_BACK, K_TAIL};
+    /* a full segment (kind, layer or -1, micro-batch or -1) copying template (kind, template layer, tm) */
+#define SEG(kind, j, m, tm)                                                                                    \
+    {                                                                                                          \
+        Py_ssize_t s_ = seg_index(&a, (kind), (j), (m));                                                       \
+        if (s_ < 0 || segment(&a, s_, (kind), (j), (m), tid_of(&a, (kind), (j) == -1 ? -1 : a.layer_of[(j)], (tm)), \
+                              rel_eids + rel_at[s_], rel_at[s_ + 1] - rel_at[s_], alloc_op, free_op) < 0)       \
+            goto none;                                                                                         \
+    }
+    SEG(K_START, -1, -1, -1);
     for (Py_ssize_t kk = 0; kk < a.micro; kk++) {
         starts[3 * kk] = a.nev;
         starts[3 * kk + 1] = a.nbd;
@@ -1365,18 +1362,14 @@ static PyObject *assemble(PyObject *Py_UNUSED(module), PyObject *const *args, Py
             if (r < 0) goto none;
             if (r) continue;
         }
-        Py_ssize_t at = 2 + kk * a.block;
-        SEG(at, K_PRE, -1, kk, tid_of(&a, K_PRE, -1, tm));
-        for (Py_ssize_t j = 0; j < a.n; j++) {
-            SEG(at + 6 + j, K_FWD, j, kk, tid_of(&a, K_FWD, a.layer_of[j], tm));
-        }
-        for (int g = 1; g < 5; g++) {
-            SEG(at + g, globals_[g], -1, kk, tid_of(&a, globals_[g], -1, tm));
-        }
-        for (Py_ssize_t j = a.n - 1; j >= 0; j--) {
-            SEG(at + 6 + a.n + j, K_BWD, j, kk, tid_of(&a, K_BWD, a.layer_of[j], tm));
-        }
-        SEG(at + 5, K_TAIL, -1, kk, tid_of(&a, K_TAIL, -1, tm));
+        SEG(K_PRE, -1, kk, tm);
+        for (Py_ssize_t j = 0; j < a.n; j++) SEG(K_FWD, j, kk, tm);
+        SEG(K_HEAD, -1, kk, tm);
+        SEG(K_LOGITS, -1, kk, tm);
+        SEG(K_EXIT, -1, kk, tm);
+        SEG(K_BACK, -1, kk, tm);
+        for (Py_ssize_t j = a.n - 1; j >= 0; j--) SEG(K_BWD, j, kk, tm);
+        SEG(K_TAIL, -1, kk, tm);
     }
     /* StepEvents.add_optimizer: the whole model's optimizer step, its own allocations and frees */
     if (push_bd(&a, -1) < 0) goto fail;
@@ -1394,7 +1387,7 @@ static PyObject *assemble(PyObject *Py_UNUSED(module), PyObject *const *args, Py
             }
         }
     }
-    SEG(1, K_ZERO, -1, -1, tid_of(&a, K_ZERO, -1, -1));
+    SEG(K_ZERO, -1, -1, -1);
 #undef SEG
     /* the Python objects: the requests packed (int64 triples), (index, label) bounds, the workspace keys */
     events = PyBytes_FromStringAndSize((const char *)a.ev, (Py_ssize_t)(3 * a.nev * (Py_ssize_t)sizeof(long long)));
@@ -1745,8 +1738,8 @@ static int na_free(NAlloc *a, int block) {
     return nl_insert(pool, b->size, b->addr, block);
 }
 
-/* One step's requests as read from a StepEvents' list (or its packed requests): whether each allocates, its key, its bytes; and which of them
-   the optimizer step makes (its state: kept for good). */
+/* One step's requests as read from a StepEvents' list (or its packed requests): whether each allocates, its key, its
+   bytes; and which of them the optimizer step makes (its state: kept for good). */
 typedef struct {
     char *alloc;
     int *key;

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 from array import array
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ckptbench.estimator.events import ALLOC, FREE
 from ckptbench.estimator.step_trace import StepTrace
@@ -267,30 +267,14 @@ def segment_labels(n: int, micro: int) -> tuple[list[str], dict[str, int]]:
     return labels, {label: i for i, label in enumerate(labels)}
 
 
-def _assemble() -> Callable[..., tuple[bytes, list[tuple[int, str]], list[int], int] | None] | None:
-    """``EventAssembler.run`` in C (``_replay_native.assemble``), or None (as ``_copy_program``)."""
-    from ckptbench.estimator import allocator
-
-    native = allocator.NATIVE
-    return None if native is None else getattr(native, "assemble", None)
-
-
-def _copy_program() -> Callable[..., tuple[int, int]] | None:
-    """The C loop of ``EventAssembler._segment``'s copies (``_replay_native.copy_program``), or None where the C part
-    is not used (not built, CKPTBENCH_NATIVE=0: read each time, tests switch it off)."""
+def _native(name: str) -> Any:
+    """A function of the C part (``_replay_native``: ``assemble``, ``EventAssembler.run`` in C; ``copy_program``, the
+    copies of ``_segment``; ``shift_events``, ``_repeat``'s copy), or None where the C part is not used (not built,
+    CKPTBENCH_NATIVE=0: read each time, tests switch it off)."""
     from ckptbench.estimator import allocator  # the C part, loaded and checked against its source there
 
     native = allocator.NATIVE
-    return None if native is None else native.copy_program
-
-
-def _shift_events() -> Callable[[list[tuple[int, int, int]], int, int, int], None] | None:
-    """``_repeat``'s copy of a micro-batch's events in C (``_replay_native.shift_events``), or None (as
-    ``_copy_program``)."""
-    from ckptbench.estimator import allocator
-
-    native = allocator.NATIVE
-    return None if native is None else native.shift_events
+    return None if native is None else getattr(native, name)
 
 
 class EventAssembler:
@@ -301,7 +285,7 @@ class EventAssembler:
         self.layer_of = [template.template_layer(j, full) for j in range(self.n)]
         self.out = StepEvents()
         self.keys: dict[str, dict[int, int]] = {}  # full label -> {template event id: key}
-        self.copy = _copy_program()
+        self.copy = _native("copy_program")
         self._placed: dict[str, list[tuple[str, str, int]]] = {}  # full label -> the releases freed at its end
         for kk in range(self.micro):
             tm = min(kk, template.micro_batches - 1)
@@ -312,9 +296,9 @@ class EventAssembler:
     def run(self, optimizer_step: Sequence[tuple[int, int, int]], *, repeat: bool = True) -> StepEvents:
         """The step: start, every micro-batch, the optimizer step (given, whole model), zero_grad. ``repeat``:
         micro-batches from the fourth on copy the one before (``_repeat``) rather than their templates."""
-        native = _assemble()
+        native = _native("assemble")
         tables = self.tmpl.native() if native is not None else None
-        if tables is not None and native is not None:
+        if tables is not None:
             labels, index = segment_labels(self.n, self.micro)
             releases = sorted(((index[label], eid) for label, placed in self._placed.items() if label in index
                                for _, _, eid in placed), key=lambda x: (x[0], -x[1]))
@@ -359,7 +343,7 @@ class EventAssembler:
         for (_, label), (_, new) in zip(bounds[b_prev:], copied, strict=True):
             self.keys[new] = {eid: key + step for eid, key in self.keys[label].items()}
         out.workspaces.update([key + step for key in out.workspaces if key >= k_prev])
-        shift = _shift_events()
+        shift = _native("shift_events")
         if shift is not None:  # the same copies, in C
             shift(events, e_prev, k_before, step)
         else:
@@ -694,7 +678,7 @@ class StepEvents:
         """The whole model's optimizer step, traced apart: its own allocations and frees (copied as a segment's
         program: compiled once per optimizer step, ``_optimizer_program``, the copies in C where it is built)."""
         self.begin("opt")
-        program, copy = _optimizer_program(events), _copy_program()
+        program, copy = _optimizer_program(events), _native("copy_program")
         if copy is not None:
             self.next_key, _ = copy(program, 0, self.events, {}, self.workspaces, self.next_key, ALLOC, FREE, None)
             return
